@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up kvlab in .venv and pull the default model. Idempotent: a second run is quick.
+#   scripts/setup.sh          # kvlab and the default model
+#   scripts/setup.sh --dev    # plus the test tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=""
+[ "${1:-}" = "--dev" ] && extras="[dev]"
+
+python3 -m venv .venv 2>/dev/null || true
+# shellcheck disable=SC1091
+. .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+
+# torch first, so nothing later pulls a second (multi-GB) build: the CPU wheel here,
+# the default CUDA build where an NVIDIA GPU is present.
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    python -m pip install --quiet torch
+  else
+    python -m pip install --quiet "torch==2.13.0"
+  fi
+fi
+
+python -m pip install --quiet -e ".${extras}"
+kvlab models pull smollm2-135m
