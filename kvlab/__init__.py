@@ -1,0 +1,3 @@
+"""kvlab: a lab bench for KV-cache compression."""
+
+__version__ = "0.1.0"

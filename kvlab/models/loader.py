@@ -1,0 +1,101 @@
+"""Load a resolved checkpoint into memory with the facts the rest of kvlab needs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as transformers_logging
+
+from .arch import ModelArch, model_arch
+from .cache import read_manifest
+from .registry import Progress
+from .resolve import resolve_model
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}  # fmt: skip
+
+
+@dataclass(kw_only=True)
+class LoadedModel(ModelArch):
+    """A model in eval mode, its tokenizer, where they came from, and its architecture facts."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str  # as the caller named it
+    path: Path
+    device: str
+    dtype: str  # "float32", "bfloat16", "float16"
+    has_chat_template: bool
+    model_id: str  # "<name>@<fingerprint>", for provenance records
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str) -> str:
+    """float32 on CPU: bf16 matmuls run ~100x slower than fp32 on these CPUs; bf16 on GPUs."""
+    return "float32" if device == "cpu" else "bfloat16"
+
+
+def load_model(
+    name_or_path: str | Path,
+    device: str | None = None,
+    dtype: str | None = None,
+    attn_implementation: str = "sdpa",
+    progress: Progress | None = None,
+) -> LoadedModel:
+    """Resolve ``name_or_path`` (see :func:`resolve_model`) and load model and tokenizer."""
+    path = resolve_model(name_or_path, progress)
+    device = device or default_device()
+    dtype = dtype or default_dtype(device.split(":")[0])
+    try:
+        torch_dtype = _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"Unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}") from None
+    transformers_logging.disable_progress_bar()  # a per-tensor bar on every (1 s) load is noise in logs and CLIs
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    arch = model_arch(model.config)
+    name = str(name_or_path)
+    return LoadedModel(
+        **vars(arch),
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        path=path,
+        device=device,
+        dtype=str(torch_dtype).removeprefix("torch."),
+        has_chat_template=bool(tokenizer.chat_template),
+        model_id=f"{Path(name).name}@{model_fingerprint(path)}",
+    )
+
+
+def model_fingerprint(path: Path) -> str:
+    """A short content id of a checkpoint, cheap enough to compute on every load.
+
+    Hashes config.json (minus the transformers version that wrote it), the source GGUF's sha256
+    when kvlab converted the model, and each safetensors file's name, size and header (tensor
+    names, dtypes, shapes, offsets). Hashing the weights themselves would take seconds per GB.
+    The same model converted on two hosts gets the same id.
+    """
+    config = json.loads((path / "config.json").read_text())
+    config.pop("transformers_version", None)
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    digest.update(read_manifest(path).get("gguf_sha256", "").encode())
+    for file in sorted(path.glob("*.safetensors")):
+        with file.open("rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            header = f.read(header_len)
+        digest.update(json.dumps([file.name, file.stat().st_size]).encode() + header)
+    return digest.hexdigest()[:12]
