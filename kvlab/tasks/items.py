@@ -1,0 +1,52 @@
+"""TaskItem: one prompt with its expected answer, engine-agnostic."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class TaskItem:
+    """One test item.
+
+    The prompt is ``context + question``, concatenated verbatim (no separator is added).
+    The KV cache of ``context`` is what an experiment compresses; ``question`` is fed
+    after compression and ends with the answer prefix, so a completion model answers
+    directly. For ``kind == "perplexity"``, ``question`` is empty and the engine measures
+    the likelihood of ``continuation``, appended verbatim after the prompt.
+
+    ``context_length`` is the target prompt length in tokens (for jsonl, the measured
+    one); ``metadata["prompt_tokens"]`` holds the measured
+    ``tokens(context) + tokens(question)``, each tokenized without special tokens.
+    """
+
+    task: str
+    item_id: str
+    context: str
+    question: str
+    answer: str
+    context_length: int
+    depth: float | None
+    max_new_tokens: int
+    kind: Literal["generate", "perplexity"] = "generate"
+    continuation: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def prompt(self) -> str:
+        """The full text a completion model is given."""
+        return self.context + self.question
+
+
+def item_rng(seed: int, item_id: str) -> random.Random:
+    """A generator private to one item: same (seed, item_id), same item, whatever else
+    the spec asks for; string seeds are hashed with SHA-512, so stable across processes."""
+    return random.Random(f"{seed}:{item_id}")
+
+
+def depth_label(depth: float) -> str:
+    """``0.5`` -> ``"0.50"``; more digits only when two decimals would lose precision."""
+    short = f"{depth:.2f}"
+    return short if float(short) == depth else repr(depth)

@@ -1,0 +1,97 @@
+"""Multi-key needle retrieval (RULER niah_multikey style), completion style.
+
+``num_pairs`` lines "The special magic number for <adjective-noun> is: 1234567." are
+scattered through the haystack; the question asks for one of them. The queried pair
+sits at the item's depth, the distractors at random depths.
+
+Default ``num_pairs = 4``: SmolLM2-135M scores 5/10 with 10 pairs and 0/10 with 40
+even uncompressed, so 10 pairs would leave no headroom to see compression hurt.
+"""
+
+from __future__ import annotations
+
+from kvlab.tasks.haystack import Needle, Tokenizer, fit_to_length, load_haystack, render_context, token_depth
+from kvlab.tasks.items import TaskItem, depth_label, item_rng
+from kvlab.tasks.spec import TaskSpec
+
+PREFIX = (
+    "Some special magic numbers are hidden within the following text. Make sure to "
+    "memorize it. I will quiz you about the numbers afterwards.\n\n"
+)
+DEFAULT_MAX_NEW_TOKENS = 12  # " 1234567." is 8-9 tokens in digit-splitting tokenizers
+
+ADJECTIVES = (
+    "amber", "ancient", "bitter", "brave", "bright", "calm", "clever", "cold", "crimson",
+    "curious", "dusty", "eager", "early", "fancy", "gentle", "golden", "grand", "green",
+    "hidden", "hollow", "humble", "icy", "jolly", "lazy", "little", "lively", "lucky",
+    "misty", "modern", "noble", "old", "pale", "proud", "quiet", "rapid", "rustic",
+    "silent", "silver", "simple", "sleepy", "smooth", "sturdy", "sunny", "swift", "tall",
+    "tender", "vivid", "warm", "wild", "wise",
+)
+NOUNS = (
+    "anchor", "apple", "badger", "banner", "basket", "beacon", "bridge", "candle", "canyon",
+    "castle", "cedar", "comet", "cottage", "falcon", "feather", "forest", "fountain",
+    "garden", "glacier", "harbor", "hammer", "island", "jacket", "kettle", "ladder",
+    "lantern", "meadow", "mirror", "mountain", "needle", "orchard", "otter", "pebble",
+    "pepper", "piano", "pillow", "pond", "river", "saddle", "shadow", "spoon", "thunder",
+    "tiger", "tower", "violin", "wagon", "walnut", "window", "wizard", "yarn",
+)
+
+
+def needle_text(key: str, value: str) -> str:
+    return f"The special magic number for {key} is: {value}."
+
+
+def question_text(key: str) -> str:
+    return (
+        f"\nWhat is the special magic number for {key} mentioned in the provided text? "
+        f"The special magic number for {key} mentioned in the provided text is"
+    )
+
+
+def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
+    """``num_items`` items per context length; the queried pair's depth is round-robin."""
+    haystack = load_haystack()
+    items = []
+    for length in spec.context_lengths:
+        for i in range(spec.num_items):
+            depth = spec.depths[i % len(spec.depths)]
+            item_id = f"multikey/L{length}/d{depth_label(depth)}/i{i}"
+            rng = item_rng(seed, item_id)
+            pairs = rng.sample(range(len(ADJECTIVES) * len(NOUNS)), spec.num_pairs)
+            keys = [f"{ADJECTIVES[p // len(NOUNS)]}-{NOUNS[p % len(NOUNS)]}" for p in pairs]
+            values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), spec.num_pairs)]
+            depths = [depth] + [rng.random() for _ in keys[1:]]
+            needles = sorted(
+                (Needle(needle_text(k, v), d) for k, v, d in zip(keys, values, depths)),
+                key=lambda n: n.depth,
+            )
+            target = needle_text(keys[0], values[0])
+            question = question_text(keys[0])
+            start = haystack.random_start(rng)
+            fitted = fit_to_length(
+                tokenizer,
+                length,
+                question,
+                lambda n: render_context(haystack, PREFIX, start, n, needles),
+            )
+            items.append(
+                TaskItem(
+                    task="multikey",
+                    item_id=item_id,
+                    context=fitted.context,
+                    question=question,
+                    answer=values[0],
+                    context_length=length,
+                    depth=depth,
+                    max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+                    metadata={
+                        "prompt_tokens": fitted.prompt_tokens,
+                        "needle_token_depth": token_depth(tokenizer, fitted.context, target),
+                        "haystack_start": start,
+                        "key": keys[0],
+                        "num_pairs": spec.num_pairs,
+                    },
+                )
+            )
+    return items

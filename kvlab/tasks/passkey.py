@@ -1,0 +1,62 @@
+"""Passkey retrieval (needle in a haystack), completion style.
+
+Prompt: instruction, haystack prose with the needle
+"The pass key is 71432. Remember it. 71432 is the pass key." at the item's depth,
+then "\\nWhat is the pass key? The pass key is". Completion style, not chat: the
+135M default model fails chat-style needle prompts even with an uncompressed cache.
+"""
+
+from __future__ import annotations
+
+from kvlab.tasks.haystack import Needle, Tokenizer, fit_to_length, load_haystack, render_context, token_depth
+from kvlab.tasks.items import TaskItem, depth_label, item_rng
+from kvlab.tasks.spec import TaskSpec
+
+PREFIX = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and "
+    "memorize it. I will quiz you about the important information there.\n\n"
+)
+QUESTION = "\nWhat is the pass key? The pass key is"
+DEFAULT_MAX_NEW_TOKENS = 10  # " 71432." is 6-7 tokens in digit-splitting tokenizers
+
+
+def needle_text(key: str) -> str:
+    return f"The pass key is {key}. Remember it. {key} is the pass key."
+
+
+def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
+    """``num_items`` items per context length; depths assigned round-robin."""
+    haystack = load_haystack()
+    items = []
+    for length in spec.context_lengths:
+        for i in range(spec.num_items):
+            depth = spec.depths[i % len(spec.depths)]
+            item_id = f"passkey/L{length}/d{depth_label(depth)}/i{i}"
+            rng = item_rng(seed, item_id)
+            key = str(rng.randint(10_000, 99_999))
+            start = haystack.random_start(rng)
+            needle = Needle(needle_text(key), depth)
+            fitted = fit_to_length(
+                tokenizer,
+                length,
+                QUESTION,
+                lambda n: render_context(haystack, PREFIX, start, n, [needle]),
+            )
+            items.append(
+                TaskItem(
+                    task="passkey",
+                    item_id=item_id,
+                    context=fitted.context,
+                    question=QUESTION,
+                    answer=key,
+                    context_length=length,
+                    depth=depth,
+                    max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+                    metadata={
+                        "prompt_tokens": fitted.prompt_tokens,
+                        "needle_token_depth": token_depth(tokenizer, fitted.context, needle.text),
+                        "haystack_start": start,
+                    },
+                )
+            )
+    return items

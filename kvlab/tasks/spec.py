@@ -1,0 +1,90 @@
+"""TaskSpec: which task items to generate, validated before any work starts."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TaskName = Literal["passkey", "multikey", "variable_tracking", "perplexity", "jsonl"]
+
+MIN_CONTEXT_LENGTH = 128
+MAX_CONTEXT_LENGTH = 131072
+
+
+class TaskSpec(BaseModel):
+    """What to generate: one task, at one or more prompt lengths.
+
+    Fields that a task does not use are ignored by it (``num_pairs`` for passkey, ...),
+    except ``path``, which only ``jsonl`` accepts, so that a typo in the task name
+    cannot silently turn a user's file into a synthetic task.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: TaskName
+    context_lengths: list[int] = Field(
+        default=[1024],
+        min_length=1,
+        description="Target prompt lengths (context + question) in tokens of the model's "
+        f"tokenizer, each in {MIN_CONTEXT_LENGTH}..{MAX_CONTEXT_LENGTH}. Ignored by jsonl.",
+    )
+    depths: list[float] = Field(
+        default=[0.1, 0.5, 0.9],
+        min_length=1,
+        description="Needle depths as a fraction of the context, each in [0, 1] "
+        "(passkey; multikey: depth of the queried pair).",
+    )
+    num_items: int = Field(
+        default=10,
+        ge=1,
+        description="Items per context length. jsonl: reads at most this many lines if set, "
+        "otherwise the whole file.",
+    )
+    num_pairs: int = Field(default=4, ge=2, le=1000, description="multikey: key-value pairs.")
+    num_chains: int = Field(default=1, ge=1, le=100, description="variable_tracking: chains.")
+    num_hops: int = Field(default=4, ge=1, le=100, description="variable_tracking: hops per chain.")
+    continuation_tokens: int = Field(
+        default=64, ge=8, le=8192, description="perplexity: held-out continuation length in tokens."
+    )
+    path: str | None = Field(default=None, description="jsonl: path of the JSONL file (required).")
+    max_new_tokens: int | None = Field(
+        default=None, ge=1, le=4096, description="Generation budget; default depends on the task."
+    )
+
+    @field_validator("context_lengths")
+    @classmethod
+    def _check_lengths(cls, lengths: list[int]) -> list[int]:
+        bad = [n for n in lengths if not MIN_CONTEXT_LENGTH <= n <= MAX_CONTEXT_LENGTH]
+        if bad:
+            raise ValueError(
+                f"each context length must be in {MIN_CONTEXT_LENGTH}..{MAX_CONTEXT_LENGTH} "
+                f"tokens, got {bad}"
+            )
+        if len(set(lengths)) != len(lengths):
+            raise ValueError(f"context lengths must be distinct, got {lengths}")
+        return lengths
+
+    @field_validator("depths")
+    @classmethod
+    def _check_depths(cls, depths: list[float]) -> list[float]:
+        bad = [d for d in depths if not 0.0 <= d <= 1.0]
+        if bad:
+            raise ValueError(f"each depth must be a fraction in [0, 1], got {bad}")
+        if len(set(depths)) != len(depths):
+            raise ValueError(f"depths must be distinct, got {depths}")
+        return depths
+
+    @model_validator(mode="after")
+    def _check_path(self) -> TaskSpec:
+        if self.name == "jsonl" and not self.path:
+            raise ValueError(
+                "path: the jsonl task needs `path` = a JSONL file with one "
+                '{"context": ..., "question": ..., "answer": ...} object per line'
+            )
+        if self.name != "jsonl" and self.path is not None:
+            raise ValueError(
+                f"path: only the jsonl task reads a file; remove `path` or set name = 'jsonl' "
+                f"(got name = {self.name!r})"
+            )
+        return self

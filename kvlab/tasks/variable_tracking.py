@@ -1,0 +1,93 @@
+"""Variable tracking (RULER vt), completion style.
+
+Each chain is ``num_hops + 1`` statements "VAR QPWXZ = 12345." then
+"VAR KJHGF = VAR QPWXZ." and so on, in order at increasing random depths of the
+haystack; ``num_chains - 1`` further chains with other values are distractors.
+The question asks for every variable holding the first chain's value (RULER's form);
+the answer is those names, space-separated, and the score is the fraction recalled.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+
+from kvlab.tasks.haystack import Needle, Tokenizer, fit_to_length, load_haystack, render_context
+from kvlab.tasks.items import TaskItem, item_rng
+from kvlab.tasks.spec import TaskSpec
+
+PREFIX = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
+
+
+def question_text(value: str, num_names: int) -> str:
+    return (
+        f"\nQuestion: Find all variables that are assigned the value {value} in the text "
+        "above. Answer: According to the chain(s) of variable assignment in the text above, "
+        f"{num_names} variables are assigned the value {value}, they are:"
+    )
+
+
+def default_max_new_tokens(num_hops: int) -> int:
+    """About 5 tokens per " VAR ABCDE," plus slack."""
+    return 5 * (num_hops + 1) + 8
+
+
+def _names(rng: random.Random, count: int) -> list[str]:
+    names: list[str] = []
+    while len(names) < count:
+        name = "".join(rng.choices(string.ascii_uppercase, k=5))
+        if name not in names and name != "VAR":
+            names.append(name)
+    return names
+
+
+def _chain(names: list[str], value: str) -> list[str]:
+    first = f"VAR {names[0]} = {value}."
+    return [first] + [f"VAR {b} = VAR {a}." for a, b in zip(names, names[1:])]
+
+
+def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
+    """``num_items`` items per context length; ``depths`` is not used."""
+    haystack = load_haystack()
+    per_chain = spec.num_hops + 1
+    items = []
+    for length in spec.context_lengths:
+        for i in range(spec.num_items):
+            item_id = f"variable_tracking/L{length}/i{i}"
+            rng = item_rng(seed, item_id)
+            names = _names(rng, spec.num_chains * per_chain)
+            values = [str(v) for v in rng.sample(range(10_000, 100_000), spec.num_chains)]
+            needles = []
+            for c, value in enumerate(values):
+                chain_names = names[c * per_chain : (c + 1) * per_chain]
+                depths = sorted(rng.random() for _ in chain_names)
+                needles += [Needle(s, d) for s, d in zip(_chain(chain_names, value), depths)]
+            needles.sort(key=lambda n: n.depth)  # stable: a chain's statements stay in order
+            question = question_text(values[0], per_chain)
+            start = haystack.random_start(rng)
+            fitted = fit_to_length(
+                tokenizer,
+                length,
+                question,
+                lambda n: render_context(haystack, PREFIX, start, n, needles),
+            )
+            items.append(
+                TaskItem(
+                    task="variable_tracking",
+                    item_id=item_id,
+                    context=fitted.context,
+                    question=question,
+                    answer=" ".join(names[:per_chain]),
+                    context_length=length,
+                    depth=None,
+                    max_new_tokens=spec.max_new_tokens or default_max_new_tokens(spec.num_hops),
+                    metadata={
+                        "prompt_tokens": fitted.prompt_tokens,
+                        "haystack_start": start,
+                        "value": values[0],
+                        "num_chains": spec.num_chains,
+                        "num_hops": spec.num_hops,
+                    },
+                )
+            )
+    return items
