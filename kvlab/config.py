@@ -1,0 +1,306 @@
+"""Experiment configuration: pydantic models, sweep expansion and TOML in/out.
+
+Terms (see DESIGN.md): ``ratio`` in an eviction config is kvpress's
+``compression_ratio`` -- the *fraction of context tokens removed*.  The
+*compression ratio* reported in results is ``baseline bytes / physical bytes``
+(``kvlab.compress.accounting``).  The two are never mixed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kvlab.tasks.spec import TaskSpec
+
+QuantDtype = Literal["none", "int8", "int4", "int2", "fp8_e4m3", "fp8_e5m2"]
+EvictionMethod = Literal[
+    "none",
+    "streaming_llm",
+    "snapkv",
+    "tova",
+    "knorm",
+    "observed_attention",
+    "expected_attention",
+    "random",
+    "keydiff",
+    "pyramidkv",
+]
+BackendKind = Literal["embedded", "openai_compat", "vllm", "sglang"]
+
+QUANT_DTYPES: tuple[str, ...] = QuantDtype.__args__  # type: ignore[attr-defined]
+EVICTION_METHODS: tuple[str, ...] = EvictionMethod.__args__  # type: ignore[attr-defined]
+GROUP_SIZES = (32, 64, 128)
+
+#: Common names users type for methods, mapped to the canonical kvlab name.
+EVICTION_ALIASES = {
+    "h2o": "observed_attention",
+    "streamingllm": "streaming_llm",
+    "streaming": "streaming_llm",
+    "expected": "expected_attention",
+    "fp8": "fp8_e4m3",
+}
+
+#: Scorers whose score does not depend on the budget, so one score serves a
+#: whole sweep and a global threshold is meaningful.  StreamingLLM is purely
+#: positional and PyramidKV sets its own per-layer budgets.
+THRESHOLD_METHODS = ("snapkv", "tova", "knorm", "observed_attention", "expected_attention", "random", "keydiff")
+
+
+class ConfigError(ValueError):
+    """A spec that cannot run, with a message that names the field and the allowed values."""
+
+
+class KVCacheConfig(BaseModel):
+    """One KV-cache configuration: quantization of what is kept, after optional token eviction.
+
+    Quantization (``quant``): integer codes of ``int8/int4/int2`` are packed into bytes with a
+    scale and zero point per group (KIVI: keys grouped per channel along ``group_size`` tokens,
+    values per token along ``group_size`` channels), the last ``residual_length`` tokens stay
+    16-bit.  ``fp8_*`` stores one byte per element with a per-head scale.
+
+    Eviction (``evict``): a kvpress scorer ranks context tokens per head; exactly one budget is
+    given: ``ratio`` (fraction removed, kvpress's ``compression_ratio``), ``keep_fraction``
+    (top-k: fraction kept) or ``threshold`` (evict tokens whose normalised score falls below this
+    quantile of all scores of the model, so layers may keep different counts).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = ""
+    quant: QuantDtype = "none"
+    group_size: Literal[32, 64, 128] = 64
+    residual_length: Annotated[int, Field(ge=0, le=8192)] = 64
+    key_axis: Literal["channel", "token"] = "channel"
+    evict: EvictionMethod = "none"
+    ratio: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    keep_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    threshold: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    query_aware: bool = False
+    window_size: Annotated[int, Field(ge=1, le=1024)] = 64
+    n_sink: Annotated[int, Field(ge=0, le=1024)] = 4
+
+    @field_validator("quant", "evict", mode="before")
+    @classmethod
+    def _canonical_name(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            key = value.strip().lower().replace("-", "_")
+            return EVICTION_ALIASES.get(key, key)
+        return value
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> KVCacheConfig:
+        budgets = {k: v for k, v in (("ratio", self.ratio), ("keep_fraction", self.keep_fraction),
+                                     ("threshold", self.threshold)) if v is not None}
+        if self.evict == "none":
+            if budgets:
+                raise ValueError(
+                    f"{', '.join(budgets)} given but evict = 'none'; choose an eviction method "
+                    f"({', '.join(EVICTION_METHODS[1:])}) or drop the budget"
+                )
+            if self.query_aware:
+                raise ValueError("query_aware = true needs an eviction method (evict)")
+        else:
+            if len(budgets) != 1:
+                raise ValueError(
+                    f"evict = '{self.evict}' needs exactly one budget: ratio (fraction removed), "
+                    f"keep_fraction (top-k fraction kept) or threshold (score quantile); got "
+                    f"{', '.join(budgets) or 'none'}"
+                )
+            if self.threshold is not None and self.evict not in THRESHOLD_METHODS:
+                raise ValueError(
+                    f"threshold works with score-based methods ({', '.join(THRESHOLD_METHODS)}), "
+                    f"not '{self.evict}'; use ratio or keep_fraction"
+                )
+        return self
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.quant == "none" and self.evict == "none"
+
+    @property
+    def removed_fraction(self) -> float | None:
+        """Fraction of context tokens to remove per head, or None (none / threshold: decided by scores)."""
+        if self.ratio is not None:
+            return self.ratio
+        if self.keep_fraction is not None:
+            return 1.0 - self.keep_fraction
+        return None
+
+    @property
+    def label(self) -> str:
+        """The config's name, or a readable one derived from its settings."""
+        return self.name or describe(self)
+
+
+def describe(config: KVCacheConfig) -> str:
+    """A short, unique-enough label such as ``int4+snapkv:r0.75``."""
+    parts = []
+    if config.quant != "none":
+        quant = config.quant
+        if config.quant.startswith("int"):
+            quant += f"/g{config.group_size}"
+            if config.residual_length:
+                quant += f"/r{config.residual_length}"
+        parts.append(quant)
+    if config.evict != "none":
+        if config.ratio is not None:
+            budget = f"r{config.ratio:g}"
+        elif config.keep_fraction is not None:
+            budget = f"top{config.keep_fraction:g}"
+        else:
+            budget = f"q{config.threshold:g}"
+        parts.append(f"{config.evict}:{budget}" + ("/qa" if config.query_aware else ""))
+    return "+".join(parts) or "baseline"
+
+
+BASELINE = KVCacheConfig(name="baseline")
+
+
+class SweepGrid(BaseModel):
+    """A grid over quantization x eviction method x budget, expanded into configs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    quant: list[QuantDtype] = ["none"]
+    evict: list[EvictionMethod] = ["none"]
+    ratios: list[Annotated[float, Field(gt=0.0, lt=1.0)]] = [0.5]
+    group_size: Literal[32, 64, 128] = 64
+    residual_length: Annotated[int, Field(ge=0, le=8192)] = 64
+    query_aware: bool = False
+
+    @field_validator("quant", "evict", mode="before")
+    @classmethod
+    def _canonical_names(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [KVCacheConfig._canonical_name(v) for v in value]
+        return value
+
+    def expand(self) -> list[KVCacheConfig]:
+        configs = []
+        for quant, method in itertools.product(self.quant, self.evict):
+            ratios: list[float | None] = [None] if method == "none" else list(self.ratios)
+            for ratio in ratios:
+                configs.append(KVCacheConfig(
+                    quant=quant, evict=method, ratio=ratio, group_size=self.group_size,
+                    residual_length=self.residual_length,
+                    query_aware=self.query_aware and method != "none",
+                ))
+        return configs
+
+
+class BackendSpec(BaseModel):
+    """Where the model runs.  Secrets never live here: ``api_key_env`` names an environment variable."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: BackendKind = "embedded"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    base_url: str | None = None
+    model_id: str | None = None
+    api_key_env: str = "KVLAB_API_KEY"
+
+
+class ExperimentSpec(BaseModel):
+    """A whole experiment: one model and backend, a task suite, and the configs to compare."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "experiment"
+    model: str = "smollm2-135m"
+    seed: int = 0
+    backend: BackendSpec = BackendSpec()
+    tasks: list[TaskSpec] = Field(min_length=1)
+    configs: list[KVCacheConfig] = []
+    sweep: SweepGrid | None = None
+    max_context_length: Annotated[int, Field(ge=128)] | None = None
+    tags: list[str] = []
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> ExperimentSpec:
+        if not self.configs and self.sweep is None:
+            raise ValueError("give at least one [[configs]] entry or a [sweep] grid")
+        if self.max_context_length is not None:
+            too_long = sorted({n for t in self.tasks for n in t.context_lengths if n > self.max_context_length})
+            if too_long:
+                raise ValueError(
+                    f"context_lengths {too_long} exceed max_context_length = {self.max_context_length}"
+                )
+        labels = [c.label for c in self.all_configs()]
+        duplicates = sorted({lbl for lbl in labels if labels.count(lbl) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate config names {duplicates}: give each [[configs]] entry a distinct name")
+        return self
+
+    def all_configs(self) -> list[KVCacheConfig]:
+        """Explicit configs then the sweep grid, deduplicated, with the baseline first.
+
+        The baseline (no quantization, no eviction) is always run: every result is judged
+        against it, and it tells whether the model can do the task at all.
+        """
+        seen: dict[KVCacheConfig, None] = {}
+        for config in [*self.configs, *(self.sweep.expand() if self.sweep else [])]:
+            seen.setdefault(config, None)
+        configs = list(seen)
+        baselines = [c for c in configs if c.is_baseline]
+        others = [c for c in configs if not c.is_baseline]
+        return (baselines[:1] or [BASELINE]) + others
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """One line per problem, each naming the field path, e.g. ``configs.2.quant: Input should be ...``."""
+    lines = []
+    for problem in error.errors():
+        path = ".".join(str(p) for p in problem["loc"]) or "spec"
+        message = problem["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {message}")
+    return "\n".join(lines)
+
+
+def parse_spec(data: dict[str, Any]) -> ExperimentSpec:
+    """Validate a spec dict, raising :class:`ConfigError` with a readable message."""
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error)) from None
+
+
+def load_spec(path: str | Path) -> tuple[ExperimentSpec, list[str]]:
+    """Read a TOML spec (native or seed-blog shaped) and return it with any warnings."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"spec file not found: {path}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    from kvlab.seed_format import is_seed_style, translate_seed_spec
+
+    if is_seed_style(data):
+        data, warnings = translate_seed_spec(data)
+        return parse_spec(data), warnings
+    return parse_spec(data), []
+
+
+def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
+    """A TOML-ready dict (None values dropped: TOML has no null)."""
+    return _drop_none(spec.model_dump(mode="json"))
+
+
+def dump_spec(spec: ExperimentSpec) -> str:
+    return tomli_w.dumps(spec_to_dict(spec))
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
