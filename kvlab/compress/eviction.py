@@ -1,0 +1,187 @@
+"""Token eviction: kvpress scorers run once during the shared prefill, budgets applied per config.
+
+kvpress presses score and drop tokens inside a forward hook, one press per prefill.  kvlab
+sweeps many budgets over the same prefill, so it calls each press's own ``score`` in a hook
+(exactly the arguments kvpress passes), keeps the scores, and applies each config's budget
+afterwards: ``ratio``/``keep_fraction`` keep the top tokens per head (kvpress's
+``ScorerPress.compress``), ``threshold`` keeps tokens above a global score quantile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from kvpress import (
+    ExpectedAttentionPress,
+    KeyDiffPress,
+    KnormPress,
+    ObservedAttentionPress,
+    PyramidKVPress,
+    RandomPress,
+    ScorerPress,
+    SnapKVPress,
+    StreamingLLMPress,
+    TOVAPress,
+)
+from kvpress.utils import compute_n_kept
+from torch import nn
+
+from kvlab.config import KVCacheConfig
+
+#: kvlab name -> kvpress press class and the paper it implements (shown in the UI and CLI).
+PRESSES: dict[str, tuple[type[ScorerPress], str]] = {
+    "streaming_llm": (StreamingLLMPress, "StreamingLLM: attention sinks + recent window (arXiv:2309.17453)"),
+    "snapkv": (SnapKVPress, "SnapKV: attention of the last window of queries (arXiv:2404.14469)"),
+    "tova": (TOVAPress, "TOVA: attention of the last token (arXiv:2401.06104)"),
+    "knorm": (KnormPress, "Knorm: low key norm = important (arXiv:2406.11430)"),
+    "observed_attention": (ObservedAttentionPress, "H2O: accumulated observed attention (arXiv:2306.14048)"),
+    "expected_attention": (ExpectedAttentionPress, "Expected attention of future queries (kvpress)"),
+    "random": (RandomPress, "Random eviction: a floor to compare against"),
+    "keydiff": (KeyDiffPress, "KeyDiff: keys least similar to the mean key (arXiv:2504.15364)"),
+    "pyramidkv": (PyramidKVPress, "PyramidKV: SnapKV scores, budgets shrinking with depth (arXiv:2406.02069)"),
+}
+
+#: Methods that need the full attention matrix of the prefill (computed eagerly).
+NEEDS_ATTENTION_WEIGHTS = frozenset({"observed_attention"})
+
+
+@dataclass(frozen=True)
+class ScorerKey:
+    """What determines a scorer's scores (not its budget): configs sharing a key share scores."""
+
+    method: str
+    window_size: int = 0
+    n_sink: int = 0
+
+
+def scorer_key(config: KVCacheConfig) -> ScorerKey | None:
+    """The prefill scorer a config needs; None for no eviction and for positional StreamingLLM."""
+    if config.evict in ("none", "streaming_llm"):
+        return None
+    if config.evict in ("snapkv", "pyramidkv"):
+        return ScorerKey("snapkv", window_size=config.window_size)
+    if config.evict == "expected_attention":
+        return ScorerKey("expected_attention", n_sink=config.n_sink)
+    return ScorerKey(config.evict)
+
+
+def make_scorer(key: ScorerKey, seed: int) -> ScorerPress:
+    if key.method == "snapkv":
+        return SnapKVPress(window_size=key.window_size)
+    if key.method == "expected_attention":
+        return ExpectedAttentionPress(n_sink=key.n_sink)
+    if key.method == "random":
+        return RandomPress(seed=seed)
+    return PRESSES[key.method][0]()
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    base = model.model.language_model if hasattr(model.model, "language_model") else model.model
+    return [layer.self_attn for layer in base.layers]
+
+
+@contextmanager
+def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
+                   skip_layers: tuple[bool, ...]) -> Iterator[dict[ScorerKey, list[torch.Tensor | None]]]:
+    """During one prefill, compute every scorer's per-layer scores ``[B, kv_heads, T]``.
+
+    Hooks run after each attention layer, when the cache holds that layer's keys and values,
+    and call each press's ``score`` as kvpress's own hook would.  Layers in ``skip_layers``
+    (sliding window) are not scored: they are never evicted.
+    """
+    modules = attention_modules(model)
+    scores: dict[ScorerKey, list[torch.Tensor | None]] = {k: [None] * len(modules) for k in keys}
+    scorers = {k: make_scorer(k, seed) for k in keys}
+    base = model.model.language_model if hasattr(model.model, "language_model") else model.model
+    for scorer in scorers.values():
+        scorer.post_init_from_model(model)
+    want_weights = any(k.method in NEEDS_ATTENTION_WEIGHTS for k in keys)
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+        layer = module.layer_idx
+        cache = kwargs["past_key_values"].layers[layer]
+        for key, scorer in scorers.items():
+            with torch.no_grad():
+                scores[key][layer] = scorer.score(module, kwargs["hidden_states"], cache.keys, cache.values,
+                                                  output[1], kwargs).float()
+
+    handles = []
+    try:
+        for module, skip in zip(modules, skip_layers, strict=True):
+            if skip or not keys:
+                continue
+            module.rotary_emb = base.rotary_emb  # as kvpress's press context does
+            module.kvlab_return_weights = want_weights
+            handles.append(module.register_forward_hook(hook, with_kwargs=True))
+        yield scores
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module in modules:
+            module.kvlab_return_weights = False
+
+
+def _protect(scores: torch.Tensor, evictable: int) -> torch.Tensor:
+    """Scores with positions from ``evictable`` on (the question, in query-aware mode) always kept."""
+    if evictable >= scores.shape[-1]:
+        return scores
+    scores = scores.clone()
+    scores[..., evictable:] = float("inf")
+    return scores
+
+
+def _top_indices(scores: torch.Tensor, n_kept: int) -> torch.Tensor:
+    """Indices of the ``n_kept`` best tokens per head, in position order (recency stays meaningful)."""
+    return scores.topk(n_kept, dim=-1).indices.sort(dim=-1).values
+
+
+def _standardized(scores: torch.Tensor, evictable: int) -> torch.Tensor:
+    part = scores[..., :evictable]
+    return (part - part.mean()) / part.std().clamp(min=1e-12)
+
+
+def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None], layer_keys: list[torch.Tensor],
+                  modules: list[nn.Module], evictable: int, skip_layers: tuple[bool, ...]) -> list[torch.Tensor | None]:
+    """Per layer, the kept token indices ``[B, kv_heads, k]`` (None: keep everything).
+
+    ``evictable`` is how many leading tokens may be evicted (the context); later tokens are
+    always kept.  Budgets count evictable tokens only.
+    """
+    kept: list[torch.Tensor | None] = [None] * len(layer_keys)
+    active = [i for i, skip in enumerate(skip_layers) if not skip]
+    if config.evict == "none":
+        return kept
+    protected = layer_keys[active[0]].shape[-2] - evictable
+    if config.threshold is not None:
+        standardized = {i: _standardized(layer_scores[i], evictable) for i in active}
+        pooled = torch.cat([s.flatten() for s in standardized.values()])
+        cut = torch.quantile(pooled.double()[:: max(1, pooled.numel() // 2_000_000)], config.threshold).item()
+        for i in active:
+            n_kept = max(1, round((standardized[i] > cut).sum(dim=-1).float().mean().item()))
+            kept[i] = _top_indices(_protect(layer_scores[i], evictable), n_kept + protected)
+        return kept
+    removed = config.removed_fraction
+    for i in active:
+        if config.evict == "streaming_llm":
+            press = StreamingLLMPress(compression_ratio=removed, n_sink=config.n_sink)
+            scores = press.score(modules[i], None, layer_keys[i][:, :, :evictable], None, None, {})
+            scores = torch.cat([scores, scores.new_ones(*scores.shape[:-1], protected)], dim=-1)
+        else:
+            scores = layer_scores[i]
+        if config.evict == "pyramidkv":
+            n_kept = PyramidKVPress(compression_ratio=removed, window_size=config.window_size).get_layer_budget(
+                modules[i], evictable)
+        else:
+            n_kept = compute_n_kept(evictable, removed)
+        kept[i] = _top_indices(_protect(scores, evictable), min(n_kept, evictable) + protected)
+    return kept
+
+
+def gather_tokens(tensor: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
+    """``tensor[b, h, indices[b, h], :]``; a new tensor, the input is not modified."""
+    if indices is None:
+        return tensor
+    return tensor.gather(2, indices.unsqueeze(-1).expand(-1, -1, -1, tensor.shape[-1]))

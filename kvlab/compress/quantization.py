@@ -1,0 +1,104 @@
+"""Real quantized storage: packed integer codes with scales and zero points, and fp8.
+
+Nothing here fake-quantizes: a :class:`QuantizedBlock` holds only the packed codes and
+their (de)quantization parameters, and ``dequantize`` rebuilds the floats when attention
+needs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from kvlab.compress.accounting import FP8_MAX, INT_BITS
+
+FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+Axis = Literal["channel", "token"]
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack unsigned ``bits``-bit codes (uint8, last dim divisible by 8 // bits) into bytes."""
+    if bits == 8:
+        return codes
+    per_byte = 8 // bits
+    grouped = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per_byte, per_byte)
+    shifts = torch.arange(per_byte, device=codes.device, dtype=torch.uint8) * bits
+    return (grouped << shifts).sum(dim=-1, dtype=torch.uint8)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of :func:`pack_codes`."""
+    if bits == 8:
+        return packed
+    per_byte = 8 // bits
+    shifts = torch.arange(per_byte, device=packed.device, dtype=torch.uint8) * bits
+    mask = (1 << bits) - 1
+    codes = (packed.unsqueeze(-1) >> shifts) & mask
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)
+
+
+@dataclass
+class QuantizedBlock:
+    """Quantized K or V of one layer for a run of tokens: ``[batch, heads, tokens, head_dim]``."""
+
+    codes: torch.Tensor  # uint8 packed codes, or float8
+    scale: torch.Tensor
+    zero: torch.Tensor | None  # int formats: the group minimum; fp8: None
+    fmt: str
+    axis: Axis
+    group: int
+    tokens: int
+    head_dim: int
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.codes, self.scale] + ([self.zero] if self.zero is not None else [])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def quantize(x: torch.Tensor, fmt: str, axis: Axis, group: int) -> QuantizedBlock:
+    """Quantize ``x`` ``[B, H, T, D]``.
+
+    Integer formats are asymmetric min-max per group: ``axis="channel"`` groups ``group``
+    consecutive tokens of one channel (KIVI keys; T must be a multiple of ``group``),
+    ``axis="token"`` groups ``group`` consecutive channels of one token (KIVI values).
+    fp8 scales each head and run of ``group`` tokens by its absolute maximum.
+    """
+    batch, heads, tokens, head_dim = x.shape
+    xf = x.float()
+    if fmt in FP8_DTYPES:
+        fmax = FP8_MAX[fmt]
+        grouped = xf.reshape(batch, heads, tokens // group, group, head_dim)
+        scale = (grouped.abs().amax(dim=(3, 4), keepdim=True) / fmax).clamp(min=1e-12)
+        codes = (grouped / scale).clamp(-fmax, fmax).to(FP8_DTYPES[fmt]).reshape(batch, heads, tokens, head_dim)
+        return QuantizedBlock(codes, scale, None, fmt, axis, group, tokens, head_dim)
+    bits = INT_BITS[fmt]
+    levels = (1 << bits) - 1
+    if axis == "channel":
+        grouped = xf.reshape(batch, heads, tokens // group, group, head_dim)
+        lo, hi = grouped.amin(dim=3, keepdim=True), grouped.amax(dim=3, keepdim=True)
+    else:
+        grouped = xf.reshape(batch, heads, tokens, head_dim // group, group)
+        lo, hi = grouped.amin(dim=4, keepdim=True), grouped.amax(dim=4, keepdim=True)
+    scale = ((hi - lo) / levels).clamp(min=1e-8)
+    codes = ((grouped - lo) / scale).round().clamp(0, levels).to(torch.uint8)
+    packed = pack_codes(codes.reshape(batch, heads, tokens, head_dim), bits)
+    return QuantizedBlock(packed, scale.half(), lo.half(), fmt, axis, group, tokens, head_dim)
+
+
+def dequantize(block: QuantizedBlock, dtype: torch.dtype) -> torch.Tensor:
+    """Rebuild ``[B, H, T, D]`` floats from a block."""
+    if block.fmt in FP8_DTYPES:
+        batch, heads, tokens, head_dim = block.codes.shape
+        grouped = block.codes.float().reshape(batch, heads, tokens // block.group, block.group, head_dim)
+        return (grouped * block.scale).reshape(batch, heads, tokens, head_dim).to(dtype)
+    codes = unpack_codes(block.codes, INT_BITS[block.fmt]).float()
+    batch, heads, tokens, head_dim = codes.shape
+    if block.axis == "channel":
+        grouped = codes.reshape(batch, heads, tokens // block.group, block.group, head_dim)
+    else:
+        grouped = codes.reshape(batch, heads, tokens, head_dim // block.group, block.group)
+    values = grouped * block.scale.float() + block.zero.float()
+    return values.reshape(batch, heads, tokens, head_dim).to(dtype)
