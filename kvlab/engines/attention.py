@@ -1,0 +1,54 @@
+"""The ``kvlab`` attention implementation for transformers models.
+
+Why not plain ``sdpa``: after eviction each layer can hold a different number of tokens
+(threshold budgets, PyramidKV), but transformers builds one attention mask for all layers
+from the first layer's length.  For batch-1 decoding without padding the mask is fully
+determined by the query and key lengths (new tokens attend to every kept token and
+causally to each other), so full-attention layers build it themselves, per layer.
+Sliding-window layers keep the mask transformers made.  A module flagged with
+``kvlab_return_weights`` also returns its attention weights (for H2O scoring).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+ATTN_IMPLEMENTATION = "kvlab"
+
+
+def _lower_right_causal(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """Boolean mask where query i (the i-th of the last q_len tokens) sees keys up to kv_len - q_len + i."""
+    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(diagonal=kv_len - q_len)
+
+
+def kvlab_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                            scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if getattr(module, "is_sliding", False):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if getattr(module, "kvlab_return_weights", False):
+        groups = query.shape[1] // key.shape[1]
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scale
+        weights = weights.masked_fill(~_lower_right_causal(q_len, kv_len, query.device), float("-inf"))
+        weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+        output = torch.matmul(weights, repeat_kv(value, groups))
+        return output.transpose(1, 2).contiguous(), weights
+    mask = None if q_len in (1, kv_len) else _lower_right_causal(q_len, kv_len, query.device)
+    output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                            is_causal=q_len == kv_len and q_len > 1,
+                                            enable_gqa=query.shape[1] != key.shape[1])
+    return output.transpose(1, 2).contiguous(), None
+
+
+def install(model: nn.Module) -> None:
+    """Register the implementation (idempotent) and switch ``model`` to it."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, kvlab_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)

@@ -1,0 +1,184 @@
+"""The embedded engine: a transformers model in this process, with kvlab's compressed cache.
+
+For each item the prefill runs **once** per prompt layout (query-agnostic: the context;
+query-aware: context and question) while every eviction scorer of the sweep records its
+scores; then each config gets its own compressed copy of that cache and decodes from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from itertools import groupby
+from typing import Any
+
+import psutil
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from kvlab.compress.accounting import (
+    CacheGeometry,
+    analytic_kv_bytes,
+    baseline_kv_bytes,
+    check_fits,
+    compression_ratio,
+)
+from kvlab.compress.cache import KVLabCache, build_compressed_cache
+from kvlab.compress.eviction import attention_modules, collect_scores, gather_tokens, scorer_key, select_tokens
+from kvlab.config import ConfigError, KVCacheConfig
+from kvlab.engines import attention
+from kvlab.models import LoadedModel
+from kvlab.results import ItemResult
+from kvlab.tasks import TaskItem
+
+
+class EmbeddedEngine:
+    name = "embedded"
+
+    def __init__(self, loaded: LoadedModel, seed: int = 0):
+        self.loaded = loaded
+        self.seed = seed
+        self.model = loaded.model
+        self.device = torch.device(loaded.device)
+        attention.install(self.model)
+        self.modules = attention_modules(self.model)
+        self.geometry = CacheGeometry(
+            num_layers=loaded.num_layers, num_kv_heads=loaded.num_kv_heads, head_dim=loaded.head_dim,
+            layer_windows=tuple(loaded.sliding_window if sliding else None for sliding in loaded.layer_is_sliding),
+        )
+        eos = self.model.generation_config.eos_token_id
+        self.stop_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.name, "model": self.loaded.name, "model_path": str(self.loaded.path),
+                "device": str(self.device), "dtype": self.loaded.dtype, "model_id": self.loaded.model_id}
+
+    def close(self) -> None:
+        """Nothing to release beyond the model, which the caller owns."""
+
+    def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
+        if any(self.geometry.sliding_layers) and any(c.evict != "none" for c in configs):
+            raise ConfigError(
+                f"{self.loaded.name} has sliding-window layers; kvpress eviction presses do not support its "
+                "text-only model class (wrong output in our checks). Use quantization only (evict = 'none') "
+                "on this model, or a model without sliding windows such as smollm2-135m"
+            )
+        for config in configs:
+            problem = check_fits(config, self.geometry.head_dim)
+            if problem:
+                raise ConfigError(f"{config.label}: {problem}")
+
+    # -- one item ---------------------------------------------------------------------------
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=special)["input_ids"]
+
+    def evaluate(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> Iterator[ItemResult]:
+        context = self._encode(item.context, special=True)
+        if item.kind == "perplexity":
+            continuation = self._encode(item.continuation, special=False)
+            # The last context token is fed after compression, so every continuation token is
+            # predicted from the compressed cache.
+            layouts = {False: (context[:-1], context[-1:] + continuation[:-1], continuation)}
+            configs = [c.model_copy(update={"query_aware": False}) if c.query_aware else c for c in configs]
+        else:
+            question = self._encode(item.question, special=False)
+            layouts = {False: (context, question, None), True: (context + question[:-1], question[-1:], None)}
+        prompt_tokens = len(context) + (len(continuation) if item.kind == "perplexity" else len(question))
+        by_layout = groupby(sorted(configs, key=lambda c: c.query_aware), key=lambda c: c.query_aware)
+        for query_aware, group in by_layout:
+            prefix, suffix, targets = layouts[query_aware]
+            evictable = len(context) - (1 if item.kind == "perplexity" else 0)
+            yield from self._evaluate_layout(item, list(group), prefix, suffix, targets, evictable, prompt_tokens)
+
+    @torch.no_grad()
+    def _evaluate_layout(self, item: TaskItem, configs: list[KVCacheConfig], prefix: list[int], suffix: list[int],
+                         targets: list[int] | None, evictable: int, prompt_tokens: int) -> Iterator[ItemResult]:
+        device = self.device
+        keys = {k for k in map(scorer_key, configs) if k is not None}
+        cache = DynamicCache(config=self.model.config)
+        start = time.perf_counter()
+        with collect_scores(self.model, keys, self.seed, self.geometry.sliding_layers) as scores:
+            self.model.model(input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True)
+        prefill_s = time.perf_counter() - start
+        layer_keys = [layer.keys for layer in cache.layers]
+        layer_values = [layer.values for layer in cache.layers]
+        for config in configs:
+            yield self._run_config(item, config, scores.get(scorer_key(config)) or [None] * len(layer_keys),
+                                   layer_keys, layer_values, prefix, suffix, targets, evictable, prompt_tokens,
+                                   prefill_s)
+
+    def _run_config(self, item: TaskItem, config: KVCacheConfig, layer_scores: list[torch.Tensor | None],
+                    layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], prefix: list[int],
+                    suffix: list[int], targets: list[int] | None, evictable: int, prompt_tokens: int,
+                    prefill_s: float) -> ItemResult:
+        device = self.device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        kept = select_tokens(config, layer_scores, layer_keys, self.modules, evictable, self.geometry.sliding_layers)
+        layer_kv = [(gather_tokens(k, idx), gather_tokens(v, idx)) for k, v, idx in zip(layer_keys, layer_values, kept)]
+        cache = build_compressed_cache(config, layer_kv, self.geometry.layer_windows, seen_tokens=len(prefix))
+        del layer_kv
+        compress_s = time.perf_counter() - start
+
+        physical = cache.physical_bytes
+        kept_tokens = cache.kept_tokens()
+        analytic = analytic_kv_bytes(config, self.geometry, kept_tokens)
+        baseline = baseline_kv_bytes(self.geometry, len(prefix))
+        full_layers = [n for n, sliding in zip(kept_tokens, self.geometry.sliding_layers) if not sliding]
+        kept_mean = sum(full_layers) / len(full_layers)
+        protected = len(prefix) - evictable
+        kept_fraction = (kept_mean - protected) / evictable
+
+        start = time.perf_counter()
+        positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=device).unsqueeze(0)
+        out = self.model(input_ids=torch.tensor([suffix], device=device), past_key_values=cache,
+                         position_ids=positions, logits_to_keep=0 if targets is not None else 1)
+        first_s = time.perf_counter() - start
+        nll = None
+        generated_ids: list[int] = []
+        decode_s = 0.0
+        if targets is not None:
+            nll = F.cross_entropy(out.logits[0].float(), torch.tensor(targets, device=device), reduction="sum").item()
+        else:
+            generated_ids, decode_s = self._decode(cache, out.logits[0, -1], len(prefix) + len(suffix),
+                                                   item.max_new_tokens)
+        return ItemResult(
+            item_id=item.item_id, task=item.task, config_name=config.label,
+            config=config.model_dump(mode="json"), seed=self.seed, context_length=item.context_length,
+            depth=item.depth, prompt_tokens=prompt_tokens, context_tokens=len(prefix), kept_tokens=kept_mean,
+            kept_fraction=kept_fraction, baseline_kv_bytes=baseline, physical_kv_bytes=physical,
+            analytic_kv_bytes=analytic, compression_ratio=compression_ratio(baseline, physical),
+            peak_kv_bytes=cache.peak_bytes,
+            generated=self.tokenizer.decode(generated_ids, skip_special_tokens=True), answer=item.answer,
+            output_tokens=len(generated_ids), ttft_s=prefill_s + compress_s + first_s,
+            tpot_s=decode_s / (len(generated_ids) - 1) if len(generated_ids) > 1 else None,
+            prefill_s=prefill_s, compress_s=compress_s, decode_s=decode_s,
+            peak_memory_bytes=self._peak_memory(), nll=nll,
+            nll_tokens=len(targets) if targets is not None else None,
+        )
+
+    def _decode(self, cache: KVLabCache, logits: torch.Tensor, position: int,
+                max_new_tokens: int) -> tuple[list[int], float]:
+        """Greedy decoding until a stop token or ``max_new_tokens``; returns ids and the time after the first."""
+        next_id = int(logits.argmax())
+        generated = [next_id]
+        start = time.perf_counter()
+        while next_id not in self.stop_ids and len(generated) < max_new_tokens:
+            out = self.model(input_ids=torch.tensor([[next_id]], device=self.device), past_key_values=cache,
+                             position_ids=torch.tensor([[position]], device=self.device))
+            position += 1
+            next_id = int(out.logits[0, -1].argmax())
+            generated.append(next_id)
+        return generated, time.perf_counter() - start
+
+    def _peak_memory(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        return psutil.Process().memory_info().rss
