@@ -1,0 +1,120 @@
+"""Embedded engine benchmark: shared prefill, kvpress parity, byte accounting.
+
+Prints, measured side by side in one run on the same model and items:
+  (a) wall time of one sweep (prefill shared across configs) / each config run on its own;
+  (b) our per-item time / kvpress's own pipeline, for the same press, model and items;
+  (c) physical / analytic KV bytes for every config.
+
+Usage: python benchmarks/engine_bench.py [--items 4] [--length 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from kvlab.config import KVCacheConfig
+from kvlab.engines.embedded import EmbeddedEngine
+from kvlab.models import DEFAULT_MODEL, load_model
+from kvlab.tasks import generate_items
+from kvlab.tasks.spec import TaskSpec
+
+SWEEP = [
+    KVCacheConfig(name="baseline"),
+    KVCacheConfig(name="int8", quant="int8"),
+    KVCacheConfig(name="int4", quant="int4"),
+    KVCacheConfig(name="int2", quant="int2"),
+    KVCacheConfig(name="streaming-50", evict="streaming_llm", ratio=0.5),
+    KVCacheConfig(name="snapkv-50", evict="snapkv", ratio=0.5),
+    KVCacheConfig(name="h2o-50", evict="observed_attention", ratio=0.5),
+    KVCacheConfig(name="int4+snapkv-75", quant="int4", evict="snapkv", ratio=0.75),
+]
+ALL_COMBINATIONS = [
+    KVCacheConfig(quant=q, evict=e, ratio=None if e == "none" else 0.5)
+    for q in ("none", "int8", "int4", "int2", "fp8_e4m3", "fp8_e5m2")
+    for e in ("none", "streaming_llm", "snapkv", "tova", "knorm", "observed_attention", "expected_attention",
+              "random", "keydiff", "pyramidkv")
+] + [KVCacheConfig(quant="int4", evict="knorm", threshold=0.5),
+     KVCacheConfig(quant="int2", evict="snapkv", keep_fraction=0.25, query_aware=True)]
+
+
+def timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def bench_shared_prefill(engine: EmbeddedEngine, items) -> None:
+    shared_times, separate_times = [], []
+    for item in items:
+        _, shared = timed(lambda: list(engine.evaluate(item, SWEEP)))
+        separate = sum(timed(lambda c=c: list(engine.evaluate(item, [c])))[1] for c in SWEEP)
+        shared_times.append(shared)
+        separate_times.append(separate)
+    shared, separate = sum(shared_times), sum(separate_times)
+    print(f"(a) sweep of {len(SWEEP)} configs x {len(items)} items: shared prefill {shared:.1f} s, "
+          f"each config alone {separate:.1f} s -> ratio {shared / separate:.3f} (target <= 0.35)")
+
+
+def bench_kvpress_parity(engine: EmbeddedEngine, items) -> None:
+    from kvpress import KVPressTextGenerationPipeline, SnapKVPress, StreamingLLMPress
+
+    tokenizer = engine.tokenizer
+    template = tokenizer.chat_template
+    tokenizer.chat_template = None  # completion-style prompts, as kvlab uses (see DESIGN.md)
+    pipe = KVPressTextGenerationPipeline(model=engine.model, tokenizer=tokenizer)
+    try:
+        for name, press, config in [
+            ("snapkv-50", SnapKVPress(compression_ratio=0.5), KVCacheConfig(evict="snapkv", ratio=0.5)),
+            ("streaming-50", StreamingLLMPress(compression_ratio=0.5), KVCacheConfig(evict="streaming_llm", ratio=0.5)),
+        ]:
+            ours, theirs, agree = [], [], 0
+            for item in items:
+                results, t_ours = timed(lambda: list(engine.evaluate(item, [config])))
+                # kvpress adds the BOS itself and a "\n" after the question; give it the same text.
+                answer, t_theirs = timed(lambda: pipe(item.context, question=item.question.rstrip("\n"), press=press,
+                                                      max_new_tokens=item.max_new_tokens)["answer"])
+                ours.append(t_ours)
+                theirs.append(t_theirs)
+                agree += results[0].generated.strip()[:5] == answer.strip()[:5]
+            print(f"(b) {name}: kvlab {statistics.fmean(ours):.2f} s/item, kvpress pipeline "
+                  f"{statistics.fmean(theirs):.2f} s/item -> ratio {statistics.fmean(ours) / statistics.fmean(theirs):.3f}"
+                  f" (target <= 1.0); same answer on {agree}/{len(items)} items")
+    finally:
+        tokenizer.chat_template = template
+
+
+def bench_bytes(engine: EmbeddedEngine, item) -> None:
+    print(f"(c) physical / analytic KV bytes, {len(ALL_COMBINATIONS)} configs on one {item.context_length}-token item:")
+    worst = 0.0
+    for result in engine.evaluate(item, ALL_COMBINATIONS):
+        ratio = result.physical_kv_bytes / result.analytic_kv_bytes
+        worst = max(worst, abs(ratio - 1))
+        print(f"    {result.config_name:45} physical {result.physical_kv_bytes:>10,d} B  analytic "
+              f"{result.analytic_kv_bytes:>10,d} B  -> {ratio:.4f}   compression {result.compression_ratio:5.2f}x")
+    print(f"    worst deviation {worst:.4%} (target <= 1%)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=4)
+    parser.add_argument("--length", type=int, default=1024)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    engine = EmbeddedEngine(load_model(args.model), seed=0)
+    spec = TaskSpec(name="passkey", context_lengths=[args.length], num_items=args.items)
+    items = generate_items(spec, engine.tokenizer, seed=0)
+    print(f"model {args.model}, {len(items)} passkey items at {args.length} tokens, torch threads "
+          f"{torch.get_num_threads()}")
+    list(engine.evaluate(items[0], SWEEP[:1]))  # warm-up
+    bench_shared_prefill(engine, items)
+    bench_kvpress_parity(engine, items)
+    bench_bytes(engine, items[0])
+
+
+if __name__ == "__main__":
+    main()

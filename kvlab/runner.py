@@ -1,0 +1,95 @@
+"""Runs an experiment: items x configs -> scored ItemResults, with a summary per config."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tqdm import tqdm
+
+from kvlab.analysis import ConfigSummary, summarize
+from kvlab.config import BASELINE, ConfigError, ExperimentSpec, KVCacheConfig, spec_to_dict
+from kvlab.engines.base import Engine
+from kvlab.provenance import environment
+from kvlab.results import ItemResult
+from kvlab.tasks import TaskItem, generate_items, score_item
+
+
+@dataclass
+class ExperimentRun:
+    spec: ExperimentSpec
+    configs: list[KVCacheConfig]
+    results: list[ItemResult]
+    engine: dict[str, Any]
+    environment: dict[str, Any]
+    started_at: str
+    wall_s: float
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def baseline_name(self) -> str:
+        return self.configs[0].label
+
+    def summaries(self) -> list[ConfigSummary]:
+        return summarize(self.results, self.baseline_name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": spec_to_dict(self.spec), "seed": self.spec.seed, "engine": self.engine,
+            "environment": self.environment, "started_at": self.started_at, "wall_s": self.wall_s,
+            "warnings": self.warnings, "configs": [c.model_dump(mode="json") | {"label": c.label} for c in self.configs],
+            "summary": [s.to_dict() for s in self.summaries()],
+            "results": [r.to_dict() for r in self.results],
+        }
+
+
+def build_engine(spec: ExperimentSpec) -> Engine:
+    """The engine a spec asks for (the model is loaded here)."""
+    if spec.backend.kind != "embedded":
+        raise ConfigError(f"backend.kind = '{spec.backend.kind}' is not available in this version; "
+                          "use backend.kind = 'embedded' (or `kvlab run --backend embedded`)")
+    from kvlab.engines.embedded import EmbeddedEngine
+    from kvlab.models import load_model
+
+    device = None if spec.backend.device == "auto" else spec.backend.device
+    dtype = None if spec.backend.dtype == "auto" else spec.backend.dtype
+    return EmbeddedEngine(load_model(spec.model, device=device, dtype=dtype), seed=spec.seed)
+
+
+def build_items(spec: ExperimentSpec, tokenizer: Any, limit: int | None = None) -> list[TaskItem]:
+    items = [item for task in spec.tasks for item in generate_items(task, tokenizer, spec.seed)]
+    return items[:limit] if limit else items
+
+
+def score(item: TaskItem, result: ItemResult) -> ItemResult:
+    if item.kind == "generate" and result.error is None:
+        result.score = score_item(item, result.generated)
+    return result
+
+
+def run_experiment(spec: ExperimentSpec, engine: Engine | None = None,
+                   on_result: Callable[[ItemResult], None] | None = None, progress: bool = False,
+                   limit: int | None = None, items: Sequence[TaskItem] | None = None) -> ExperimentRun:
+    """Run every config on every item.  ``on_result`` sees each scored result as it lands."""
+    configs = spec.all_configs()
+    warnings = [] if any(c.is_baseline for c in [*spec.configs, *(spec.sweep.expand() if spec.sweep else [])]) \
+        else [f"no baseline config in the spec: added '{BASELINE.label}' (no quantization, no eviction)"]
+    started = time.perf_counter()
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    engine = engine or build_engine(spec)
+    engine.check_configs(configs)
+    items = list(items) if items is not None else build_items(spec, engine.tokenizer, limit)
+    results: list[ItemResult] = []
+    with tqdm(total=len(items) * len(configs), disable=not progress, unit="eval", desc=spec.name) as bar:
+        for item in items:
+            for result in engine.evaluate(item, configs):
+                results.append(score(item, result))
+                if on_result:
+                    on_result(result)
+                bar.update(1)
+    return ExperimentRun(spec=spec, configs=configs, results=results, engine=engine.describe(),
+                         environment=environment(), started_at=started_at,
+                         wall_s=time.perf_counter() - started, warnings=warnings)

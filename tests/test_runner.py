@@ -1,0 +1,71 @@
+"""End to end on the real model: the runner, the CLI, JSON output and summaries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvlab.analysis import pareto_front, summarize, sweet_spot
+from kvlab.cli import main
+from kvlab.config import parse_spec
+from kvlab.runner import run_experiment
+
+pytestmark = pytest.mark.model
+
+SPEC = {
+    "name": "e2e", "seed": 5,
+    "tasks": [{"name": "passkey", "context_lengths": [384], "depths": [0.5], "num_items": 2, "max_new_tokens": 7}],
+    "configs": [{"name": "int4", "quant": "int4"}, {"name": "streaming-90", "evict": "streaming_llm", "ratio": 0.9}],
+}
+
+
+def test_sweep_end_to_end_is_deterministic(engine):
+    spec = parse_spec(SPEC)
+    first = run_experiment(spec, engine=engine)
+    second = run_experiment(spec, engine=engine)
+    assert [c.label for c in first.configs] == ["baseline", "int4", "streaming-90"]
+    assert len(first.results) == 2 * 3
+    assert [(r.score, r.generated, r.physical_kv_bytes) for r in first.results] == \
+        [(r.score, r.generated, r.physical_kv_bytes) for r in second.results]
+    assert any("no baseline config" in w for w in first.warnings)
+    summaries = {s.config_name: s for s in first.summaries()}
+    assert summaries["baseline"].accuracy == 1.0 and summaries["baseline"].compression_ratio == pytest.approx(1.0)
+    assert summaries["streaming-90"].kept_fraction == pytest.approx(0.1, abs=0.02)
+    # streaming keeps 10%: the mid-context needle is gone
+    assert summaries["streaming-90"].accuracy == 0.0
+    assert summaries["streaming-90"].test == "mcnemar-exact"
+    assert summaries["int4"].compression_ratio > 1.5  # 384 tokens: up to 127 of them in the 16-bit residual
+    front = [s.config_name for s in pareto_front(first.summaries())]
+    assert "streaming-90" in front and sweet_spot(first.summaries()).config_name == "int4"
+
+
+def test_cli_run_prints_table_and_writes_json(tmp_path, capsys, engine, monkeypatch):
+    import tomli_w
+
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(tomli_w.dumps(SPEC))
+    monkeypatch.setattr("kvlab.runner.build_engine", lambda spec: engine)
+    out = tmp_path / "run.json"
+    assert main(["run", str(spec_path), "--json", str(out), "--quiet", "--limit", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "baseline" in printed and "95% CI" in printed and "passkey@384" in printed
+    data = json.loads(out.read_text())
+    assert data["spec"]["name"] == "e2e" and data["seed"] == 5
+    assert {"versions", "git_commit", "hardware"} <= data["environment"].keys()
+    assert data["environment"]["versions"]["kvpress"] == "0.5.5"
+    assert len(data["results"]) == 3 and len(data["summary"]) == 3
+    assert summarize([]) == []
+
+
+def test_cli_errors_are_messages_not_tracebacks(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[tasks]]\nname = "passkey"\n[[configs]]\nquant = "int3"\n')
+    assert main(["run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: configs.0.quant") and "Traceback" not in err
+    assert main(["run", str(tmp_path / "nope.toml")]) == 2
+    other = tmp_path / "other.toml"
+    other.write_text('[backend]\nkind = "vllm"\n[[tasks]]\nname = "passkey"\n[[configs]]\nname = "b"\n')
+    assert main(["run", str(other)]) == 2
+    assert "not available in this version" in capsys.readouterr().err
