@@ -62,7 +62,7 @@ def test_same_seed_same_items_different_seed_different_items(name):
     assert first == generate_items(spec, WS, seed=7)
     other = generate_items(spec, WS, seed=8)
     assert [i.item_id for i in first] == [i.item_id for i in other]
-    assert all(a.context != b.context for a, b in zip(first, other))
+    assert all(a.context != b.context for a, b in zip(first, other, strict=True))
 
 
 def test_an_item_does_not_depend_on_how_many_items_are_asked_for():
@@ -72,7 +72,9 @@ def test_an_item_does_not_depend_on_how_many_items_are_asked_for():
 
 
 def test_item_ids_are_unique_and_depths_round_robin():
-    spec = TaskSpec(name="passkey", context_lengths=[256, 512], depths=[0.0, 0.25, 1.0], num_items=4)
+    spec = TaskSpec(
+        name="passkey", context_lengths=[256, 512], depths=[0.0, 0.25, 1.0], num_items=4
+    )
     items = generate_items(spec, WS, 0)
     assert len({i.item_id for i in items}) == len(items) == 8
     assert [i.depth for i in items[:4]] == [0.0, 0.25, 1.0, 0.0]
@@ -94,7 +96,9 @@ def test_prompt_length_within_two_percent_of_target(tokenizer, name, length):
 
 
 def test_shortest_length_is_within_a_word_of_target(tokenizer):
-    for item in generate_items(TaskSpec(name="passkey", context_lengths=[128], num_items=3), tokenizer, 0):
+    for item in generate_items(
+        TaskSpec(name="passkey", context_lengths=[128], num_items=3), tokenizer, 0
+    ):
         assert 124 <= item.metadata["prompt_tokens"] <= 128
 
 
@@ -122,7 +126,9 @@ def test_passkey_needle_once_at_its_depth(tokenizer):
 def test_multikey_pairs_once_each_and_query_matches_answer():
     spec = TaskSpec(name="multikey", context_lengths=[1024], num_pairs=6, num_items=3)
     for item in generate_items(spec, WS, 2):
-        pairs = re.findall(r"The special magic number for ([a-z]+-[a-z]+) is: (\d{7})\.", item.context)
+        pairs = re.findall(
+            r"The special magic number for ([a-z]+-[a-z]+) is: (\d{7})\.", item.context
+        )
         assert len(pairs) == 6 and len(dict(pairs)) == 6
         assert len({value for _, value in pairs}) == 6
         key = item.metadata["key"]
@@ -140,7 +146,7 @@ def test_variable_tracking_chain_in_order_and_answer_is_all_names():
         assert len(names) == 4
         assert item.context.count(value) == 1
         statements = [f"VAR {names[0]} = {value}."] + [
-            f"VAR {b} = VAR {a}." for a, b in zip(names, names[1:])
+            f"VAR {b} = VAR {a}." for a, b in zip(names, names[1:], strict=False)
         ]
         positions = [item.context.index(s) for s in statements]
         assert positions == sorted(positions)
@@ -176,7 +182,12 @@ def _write(tmp_path: Path, lines: list[str]) -> str:
 
 def test_jsonl_items_in_file_order_with_measured_length(tmp_path):
     rows = [
-        {"context": "Paris is the capital of France.", "question": "\nQ: capital? A:", "answer": "Paris", "id": "a"},
+        {
+            "context": "Paris is the capital of France.",
+            "question": "\nQ: capital? A:",
+            "answer": "Paris",
+            "id": "a",
+        },
         {"context": "Two plus two is four.", "question": "\nSum:", "answer": "four", "source": "x"},
     ]
     path = _write(tmp_path, [json.dumps(r) for r in rows] + [""])
@@ -191,9 +202,15 @@ def test_jsonl_items_in_file_order_with_measured_length(tmp_path):
 @pytest.mark.parametrize(
     ("lines", "message"),
     [
-        (['{"context": "c", "question": "q", "answer": "a"}', "{oops"], r"items\.jsonl:2: not valid JSON"),
+        (
+            ['{"context": "c", "question": "q", "answer": "a"}', "{oops"],
+            r"items\.jsonl:2: not valid JSON",
+        ),
         (['{"context": "c", "answer": "a"}'], r":1: missing key\(s\) \['question'\]"),
-        (['{"context": "c", "question": "q", "answer": 3}'], r":1: 'answer' must be a non-empty string"),
+        (
+            ['{"context": "c", "question": "q", "answer": 3}'],
+            r":1: 'answer' must be a non-empty string",
+        ),
         (["[1, 2]"], r":1: expected a JSON object, got list"),
         (
             ['{"context": "c", "question": "q", "answer": "a", "id": 1}'] * 2,
@@ -220,9 +237,19 @@ def test_jsonl_missing_file(tmp_path):
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"name": "passkey", "context_length": [1024]}, r"context_length\n\s+Extra inputs are not permitted"),
-        ({"name": "needle"}, r"name\n\s+Input should be 'passkey', 'multikey', 'variable_tracking', 'perplexity' or 'jsonl'"),
-        ({"name": "passkey", "context_lengths": [64]}, r"context_lengths\n.*128\.\.131072 tokens, got \[64\]"),
+        (
+            {"name": "passkey", "context_length": [1024]},
+            r"context_length\n\s+Extra inputs are not permitted",
+        ),
+        (
+            {"name": "needle"},
+            r"name\n\s+Input should be 'passkey', 'multikey', 'variable_tracking', "
+            r"'perplexity' or 'jsonl'",
+        ),
+        (
+            {"name": "passkey", "context_lengths": [64]},
+            r"context_lengths\n.*128\.\.131072 tokens, got \[64\]",
+        ),
         ({"name": "passkey", "context_lengths": []}, r"context_lengths\n.*at least 1 item"),
         ({"name": "passkey", "depths": [0.5, 1.5]}, r"depths\n.*\[0, 1\], got \[1\.5\]"),
         ({"name": "multikey", "num_pairs": 1}, r"num_pairs\n.*greater than or equal to 2"),
@@ -246,14 +273,32 @@ def test_spec_defaults():
 
 
 def _item(task: str, answer: str, kind: str = "generate") -> TaskItem:
-    return TaskItem(task=task, item_id=f"{task}/x", context="", question="", answer=answer,
-                    context_length=128, depth=None, max_new_tokens=8, kind=kind)
+    return TaskItem(
+        task=task,
+        item_id=f"{task}/x",
+        context="",
+        question="",
+        answer=answer,
+        context_length=128,
+        depth=None,
+        max_new_tokens=8,
+        kind=kind,
+    )
 
 
 @pytest.mark.parametrize(
     ("generated", "score"),
-    [(" 71432.", 1.0), ("71432", 1.0), (": 71432 is the key", 1.0), (" **71432**", 1.0),
-     (" the key: 71432", 1.0), (" 714321", 0.0), (" 7143", 0.0), (" 12345 or 71432", 0.0), ("", 0.0)],
+    [
+        (" 71432.", 1.0),
+        ("71432", 1.0),
+        (": 71432 is the key", 1.0),
+        (" **71432**", 1.0),
+        (" the key: 71432", 1.0),
+        (" 714321", 0.0),
+        (" 7143", 0.0),
+        (" 12345 or 71432", 0.0),
+        ("", 0.0),
+    ],
 )
 def test_number_scoring_takes_the_first_number(generated, score):
     assert score_item(_item("passkey", "71432"), generated) == score
@@ -269,8 +314,14 @@ def test_variable_tracking_scores_recall_of_whole_names():
 
 @pytest.mark.parametrize(
     ("answer", "generated", "score"),
-    [("Paris", " paris", 1.0), ("Paris", " Paris. It is in France", 1.0), ("New  York", "new york!", 1.0),
-     ("Paris", " Parisian", 0.0), ("Paris", " It is Paris", 0.0), ("U.S.A.", " u s a", 1.0)],
+    [
+        ("Paris", " paris", 1.0),
+        ("Paris", " Paris. It is in France", 1.0),
+        ("New  York", "new york!", 1.0),
+        ("Paris", " Parisian", 0.0),
+        ("Paris", " It is Paris", 0.0),
+        ("U.S.A.", " u s a", 1.0),
+    ],
 )
 def test_jsonl_scoring_is_normalized_prefix_match(answer, generated, score):
     assert score_item(_item("jsonl", answer), generated) == score

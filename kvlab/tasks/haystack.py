@@ -81,7 +81,11 @@ class Needle:
 
 
 def render_context(
-    haystack: Haystack, prefix: str, start: int, n_words: int, needles: Sequence[Needle]
+    haystack: Haystack,
+    prefix: str,
+    start: int,
+    n_words: int,
+    needles: Sequence[Needle] = (),
 ) -> str:
     """``prefix`` + ``n_words`` haystack words with each needle at the nearest sentence break.
 

@@ -43,7 +43,9 @@ def read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
             except json.JSONDecodeError as error:
                 raise JsonlTaskError(f"{where}: not valid JSON ({error.msg})") from None
             if not isinstance(record, dict):
-                raise JsonlTaskError(f"{where}: expected a JSON object, got {type(record).__name__}")
+                raise JsonlTaskError(
+                    f"{where}: expected a JSON object, got {type(record).__name__}"
+                )
             missing = [key for key in REQUIRED_KEYS if key not in record]
             if missing:
                 raise JsonlTaskError(

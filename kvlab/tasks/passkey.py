@@ -3,12 +3,22 @@
 Prompt: instruction, haystack prose with the needle
 "The pass key is 71432. Remember it. 71432 is the pass key." at the item's depth,
 then "\\nWhat is the pass key? The pass key is". Completion style, not chat: the
-135M default model fails chat-style needle prompts even with an uncompressed cache.
+135M default model fails chat-style needle prompts even with an uncompressed cache,
+and scores 5/5 on this prompt at 1k tokens (depths 0.1-0.9, greedy, float32).
 """
 
 from __future__ import annotations
 
-from kvlab.tasks.haystack import Needle, Tokenizer, fit_to_length, load_haystack, render_context, token_depth
+from functools import partial
+
+from kvlab.tasks.haystack import (
+    Needle,
+    Tokenizer,
+    fit_to_length,
+    load_haystack,
+    render_context,
+    token_depth,
+)
 from kvlab.tasks.items import TaskItem, depth_label, item_rng
 from kvlab.tasks.spec import TaskSpec
 
@@ -40,7 +50,7 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
                 tokenizer,
                 length,
                 QUESTION,
-                lambda n: render_context(haystack, PREFIX, start, n, [needle]),
+                partial(render_context, haystack, PREFIX, start, needles=[needle]),
             )
             items.append(
                 TaskItem(

@@ -9,7 +9,9 @@ continuation's negative log-likelihood given the (compressed) context cache.
 
 from __future__ import annotations
 
-from kvlab.tasks.haystack import Tokenizer, fit_to_length, load_haystack
+from functools import partial
+
+from kvlab.tasks.haystack import Tokenizer, fit_to_length, load_haystack, render_context
 from kvlab.tasks.items import TaskItem, item_rng
 from kvlab.tasks.spec import TaskSpec
 
@@ -23,14 +25,14 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
             item_id = f"perplexity/L{length}/i{i}"
             start = haystack.random_start(item_rng(seed, item_id))
             fitted = fit_to_length(
-                tokenizer, length, "", lambda n: " ".join(haystack.window(start, n))
+                tokenizer, length, "", partial(render_context, haystack, "", start)
             )
             after = start + fitted.n_words
             continuation = fit_to_length(
                 tokenizer,
                 spec.continuation_tokens,
                 "",
-                lambda n: " " + " ".join(haystack.window(after, n)),
+                partial(render_context, haystack, " ", after),
             )
             items.append(
                 TaskItem(

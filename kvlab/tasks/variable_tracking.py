@@ -5,12 +5,19 @@ Each chain is ``num_hops + 1`` statements "VAR QPWXZ = 12345." then
 haystack; ``num_chains - 1`` further chains with other values are distractors.
 The question asks for every variable holding the first chain's value (RULER's form);
 the answer is those names, space-separated, and the score is the fraction recalled.
+
+This is beyond a 135M model: uncompressed SmolLM2-135M recalls 0.2-0.45 of the
+names at 1k tokens (5 items; 0.44 with a BOS token, 0.20 without; 0.27 with
+``num_hops=2``), and a single-answer form ("what is the value of VAR X?") scored
+0-0.2, so the standard form and RULER's defaults are kept.
+Read it as a relative measure on SmolLM2, an absolute one on bigger models.
 """
 
 from __future__ import annotations
 
 import random
 import string
+from functools import partial
 
 from kvlab.tasks.haystack import Needle, Tokenizer, fit_to_length, load_haystack, render_context
 from kvlab.tasks.items import TaskItem, item_rng
@@ -28,8 +35,8 @@ def question_text(value: str, num_names: int) -> str:
 
 
 def default_max_new_tokens(num_hops: int) -> int:
-    """About 5 tokens per " VAR ABCDE," plus slack."""
-    return 5 * (num_hops + 1) + 8
+    """12 tokens per name: small models answer "1. VAR ABCDE = 12345. 2. ..." verbosely."""
+    return 12 * (num_hops + 1) + 8
 
 
 def _names(rng: random.Random, count: int) -> list[str]:
@@ -43,7 +50,7 @@ def _names(rng: random.Random, count: int) -> list[str]:
 
 def _chain(names: list[str], value: str) -> list[str]:
     first = f"VAR {names[0]} = {value}."
-    return [first] + [f"VAR {b} = VAR {a}." for a, b in zip(names, names[1:])]
+    return [first] + [f"VAR {b} = VAR {a}." for a, b in zip(names, names[1:], strict=False)]
 
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
@@ -61,7 +68,9 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
             for c, value in enumerate(values):
                 chain_names = names[c * per_chain : (c + 1) * per_chain]
                 depths = sorted(rng.random() for _ in chain_names)
-                needles += [Needle(s, d) for s, d in zip(_chain(chain_names, value), depths)]
+                needles += [
+                    Needle(s, d) for s, d in zip(_chain(chain_names, value), depths, strict=True)
+                ]
             needles.sort(key=lambda n: n.depth)  # stable: a chain's statements stay in order
             question = question_text(values[0], per_chain)
             start = haystack.random_start(rng)
@@ -69,7 +78,7 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
                 tokenizer,
                 length,
                 question,
-                lambda n: render_context(haystack, PREFIX, start, n, needles),
+                partial(render_context, haystack, PREFIX, start, needles=needles),
             )
             items.append(
                 TaskItem(
