@@ -104,9 +104,12 @@ def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
         layer = module.layer_idx
         cache = kwargs["past_key_values"].layers[layer]
         for key, scorer in scorers.items():
+            # output[1] is the attention summed over queries (kvlab.engines.attention), which only
+            # H2O reads; SnapKV and TOVA compute their window attention themselves when given None.
+            attentions = output[1] if key.method in NEEDS_ATTENTION_WEIGHTS else None
             with torch.no_grad():
                 scores[key][layer] = scorer.score(module, kwargs["hidden_states"], cache.keys, cache.values,
-                                                  output[1], kwargs).float()
+                                                  attentions, kwargs).float()
 
     handles = []
     try:

@@ -5,8 +5,13 @@ Why not plain ``sdpa``: after eviction each layer can hold a different number of
 from the first layer's length.  For batch-1 decoding without padding the mask is fully
 determined by the query and key lengths (new tokens attend to every kept token and
 causally to each other), so full-attention layers build it themselves, per layer.
-Sliding-window layers keep the mask transformers made.  A module flagged with
-``kvlab_return_weights`` also returns its attention weights (for H2O scoring).
+Sliding-window layers keep the mask transformers made.
+
+A module flagged with ``kvlab_return_weights`` also returns, in place of the full
+``[B, heads, q, k]`` attention matrix, its sum over queries ``[B, heads, 1, k]``: the only
+statistic H2O (kvpress's ObservedAttentionPress: ``attentions.sum(2)``) uses, computed a block
+of queries at a time instead of materializing a q x k matrix per head (at 2K tokens that
+matrix made the prefill 2-3x slower on CPU).
 """
 
 from __future__ import annotations
@@ -32,19 +37,29 @@ def kvlab_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
     if getattr(module, "is_sliding", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     q_len, kv_len = query.shape[2], key.shape[2]
-    if getattr(module, "kvlab_return_weights", False):
-        groups = query.shape[1] // key.shape[1]
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        weights = torch.matmul(query, repeat_kv(key, groups).transpose(2, 3)) * scale
-        weights = weights.masked_fill(~_lower_right_causal(q_len, kv_len, query.device), float("-inf"))
-        weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
-        output = torch.matmul(weights, repeat_kv(value, groups))
-        return output.transpose(1, 2).contiguous(), weights
+    weights = _attention_received(query, key, scaling) if getattr(module, "kvlab_return_weights", False) \
+        else None
     mask = None if q_len in (1, kv_len) else _lower_right_causal(q_len, kv_len, query.device)
     output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
                                             is_causal=q_len == kv_len and q_len > 1,
                                             enable_gqa=query.shape[1] != key.shape[1])
-    return output.transpose(1, 2).contiguous(), None
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def _attention_received(query: torch.Tensor, key: torch.Tensor, scaling: float | None,
+                        block: int = 256) -> torch.Tensor:
+    """Causal softmax attention summed over queries, ``[B, heads, 1, kv_len]``, in query blocks."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    keys_t = repeat_kv(key, query.shape[1] // key.shape[1]).transpose(2, 3)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    offset = kv_len - q_len
+    total = query.new_zeros(query.shape[0], query.shape[1], 1, kv_len, dtype=torch.float32)
+    for start in range(0, q_len, block):
+        scores = torch.matmul(query[:, :, start:start + block], keys_t).mul_(scale)
+        rows = torch.arange(start, start + scores.shape[2], device=query.device).unsqueeze(1) + offset
+        scores.masked_fill_(torch.arange(kv_len, device=query.device) > rows, float("-inf"))
+        total += torch.softmax(scores, dim=-1, dtype=torch.float32).sum(dim=2, keepdim=True)
+    return total.to(query.dtype)
 
 
 def install(model: nn.Module) -> None:
