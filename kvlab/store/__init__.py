@@ -1,0 +1,30 @@
+"""The experiment store: experiments, their trials, item results, telemetry and events, in SQLite
+(one machine, ``db/kvlab.sqlite``) or PostgreSQL (several hosts, ``KVLAB_DATABASE_URL``).
+
+Usage::
+
+    store = Store()                       # a new, empty database gets the schema
+    experiment_id = store.create_experiment(spec, kvlab.provenance.environment())
+    trials = store.claim_trials("host-1:worker-0")   # a worker takes configs of the oldest experiment
+"""
+
+from kvlab.store.errors import ExperimentNotFoundError, SchemaOutdatedError, StoreError, TrialNotFoundError
+from kvlab.store.migrate import head_revision
+from kvlab.store.records import (
+    LEVELS,
+    PHASES,
+    SOURCES,
+    STATUSES,
+    TERMINAL_STATUSES,
+    EventRecord,
+    ExperimentRecord,
+    TelemetrySample,
+    TrialRecord,
+)
+from kvlab.store.repository import Store
+
+__all__ = [
+    "LEVELS", "PHASES", "SOURCES", "STATUSES", "TERMINAL_STATUSES",
+    "EventRecord", "ExperimentNotFoundError", "ExperimentRecord", "SchemaOutdatedError", "Store",
+    "StoreError", "TelemetrySample", "TrialNotFoundError", "TrialRecord", "head_revision",
+]

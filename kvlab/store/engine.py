@@ -1,0 +1,158 @@
+"""Which database, how to connect to it, and what its failures mean to a user.
+
+The URL is the ``url`` argument, else ``$KVLAB_DATABASE_URL``, else the SQLite file
+``<repo>/db/kvlab.sqlite``.  Passwords never appear in messages: every URL shown is masked.
+
+SQLite connections get WAL (readers never block the writer), a 30 s busy timeout, foreign keys
+and ``synchronous=NORMAL``.  pysqlite's own transaction handling is switched off and kvlab emits
+``BEGIN`` itself, so that writes can take the write lock up front with ``BEGIN IMMEDIATE``
+(the ``WRITE`` execution option): a deferred transaction that reads and then writes fails with
+``database is locked`` without waiting once another writer committed in between.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import URL, Engine, create_engine, event, exc, make_url
+from sqlalchemy.engine import Connection
+
+import kvlab
+from kvlab.store.errors import StoreError
+
+REPO_ROOT = Path(kvlab.__file__).resolve().parent.parent
+DEFAULT_SQLITE_PATH = REPO_ROOT / "db" / "kvlab.sqlite"
+URL_ENV = "KVLAB_DATABASE_URL"
+SUPPORTED_DIALECTS = ("sqlite", "postgresql")
+#: Execution option: this transaction writes (SQLite: ``BEGIN IMMEDIATE``).
+WRITE = "kvlab_write"
+BUSY_TIMEOUT_MS = 30_000
+PG_CONNECT_TIMEOUT_S = 10
+
+
+def mask(url: str | URL) -> str:
+    """The URL with its password replaced by ``***`` (also for strings that do not parse)."""
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (exc.ArgumentError, ValueError):
+        return re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", url)
+
+
+def resolve_url(url: str | None = None) -> URL:
+    """Parse the store URL; PostgreSQL URLs without a driver get psycopg (kvlab's dependency)."""
+    raw = url or os.environ.get(URL_ENV)
+    if not raw:
+        DEFAULT_SQLITE_PATH.parent.mkdir(parents=True, exist_ok=True)
+        return URL.create("sqlite", database=str(DEFAULT_SQLITE_PATH))
+    try:
+        parsed = make_url(raw)
+    except (exc.ArgumentError, ValueError):  # ValueError: a port that is not a number
+        raise StoreError(
+            f"malformed database URL {mask(raw)!r}: expected dialect[+driver]://[user[:password]@]host"
+            "[:port]/database, e.g. sqlite:///db/kvlab.sqlite or postgresql://user:pw@host:5432/kvlab"
+        ) from None
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in SUPPORTED_DIALECTS:
+        raise StoreError(f"database URL {mask(parsed)!r}: kvlab's store runs on SQLite or PostgreSQL, "
+                         f"not {parsed.get_backend_name()!r}")
+    return parsed
+
+
+def create_store_engine(url: URL) -> Engine:
+    """An engine with kvlab's connection settings (see the module docstring)."""
+    kwargs: dict[str, Any] = {}
+    if url.get_backend_name() == "postgresql":
+        kwargs["pool_pre_ping"] = True  # workers live for days; the server may restart under them
+        if "connect_timeout" not in url.query:
+            kwargs["connect_args"] = {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+    try:
+        engine = create_engine(url, **kwargs)
+    except (exc.ArgumentError, exc.NoSuchModuleError, ImportError) as error:
+        raise StoreError(f"cannot use the database URL {mask(url)!r}: {error}") from None
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
+    return engine
+
+
+def _sqlite_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+    dbapi_connection.isolation_level = None  # kvlab emits BEGIN itself (_sqlite_begin)
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys = ON")
+    try:
+        cursor.execute("PRAGMA journal_mode = WAL")
+    except sqlite3.OperationalError as error:
+        # A read-only file that is not in WAL mode yet can still be read; writes report it.
+        if "readonly" not in str(error):
+            raise
+    cursor.execute("PRAGMA synchronous = NORMAL")
+    cursor.close()
+
+
+def _sqlite_begin(connection: Connection) -> None:
+    immediate = connection.get_execution_options().get(WRITE, False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def shown_url(url: str | None = None) -> str:
+    """The URL as the user gave it (or the default), password masked: what messages show."""
+    raw = url or os.environ.get(URL_ENV)
+    return mask(raw) if raw else mask(URL.create("sqlite", database=str(DEFAULT_SQLITE_PATH)))
+
+
+@contextmanager
+def translate_errors(url: URL, shown: str) -> Iterator[None]:
+    """Turn driver errors into :class:`StoreError` messages that name the database (``shown``).
+
+    Integrity errors pass through: they mean a bug or a race the caller handles.
+    """
+    try:
+        yield
+    except exc.IntegrityError:
+        raise
+    except exc.DBAPIError as error:
+        raise describe_error(url, shown, error) from error
+
+
+def describe_error(url: URL, shown: str, error: exc.DBAPIError) -> StoreError:
+    reason = _first_line(error.orig)
+    if url.get_backend_name() == "sqlite":
+        path = url.database or ":memory:"
+        if url.query.get("uri") == "true":
+            path = path.removeprefix("file:")
+        if "file is not a database" in reason:
+            return StoreError(f"{path} is not a SQLite database (corrupt, or another kind of file): "
+                              f"move it away, or point {URL_ENV} at another database")
+        if getattr(error.orig, "sqlite_errorname", "") == "SQLITE_READONLY_DIRECTORY":
+            return StoreError(f"the database {path} and its directory are read-only: SQLite cannot create "
+                              f"its WAL index ({path}-shm), so it cannot even read it. Make the directory "
+                              f"writable, copy the file elsewhere, or read it as an immutable snapshot: "
+                              f"sqlite:///file:{path}?immutable=1&uri=true")
+        if "readonly" in reason or "read-only" in reason:
+            return StoreError(f"the database {path} is read-only (file permissions, or mode=ro / immutable "
+                              f"in the URL): kvlab can read it but not write to it")
+        if "unable to open database file" in reason:
+            return StoreError(f"cannot open the SQLite database {path}: does its directory exist, "
+                              "and may this user read and write it?")
+        if "database is locked" in reason:
+            return StoreError(f"the database {path} is locked by another process (kvlab waits up to "
+                              f"{BUSY_TIMEOUT_MS // 1000} s for a write lock)")
+    elif error.connection_invalidated or (isinstance(error, exc.OperationalError) and error.statement is None):
+        return StoreError(f"cannot reach the database at {shown}: {reason}")
+    return StoreError(f"database error at {shown}: {reason}")
+
+
+def _first_line(error: BaseException | None) -> str:
+    text = str(error or "").strip()
+    text = text.removeprefix("connection failed: ")
+    return text.splitlines()[0].strip() if text else type(error).__name__

@@ -1,0 +1,123 @@
+"""Plain records the store hands out and takes in: detached from any session, safe to keep.
+
+Statuses of experiments and trials: ``queued -> running -> done | failed | cancelled``; a running
+trial whose worker stops heartbeating goes back to ``queued`` (or to ``failed``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kvlab.config import ExperimentSpec, KVCacheConfig, parse_spec
+
+STATUSES = ("queued", "running", "done", "failed", "cancelled")
+TERMINAL_STATUSES = ("done", "failed", "cancelled")
+PHASES = ("load", "prefill", "compress", "decode", "idle", "score")
+SOURCES = ("cpu", "nvml", "server")
+LEVELS = ("info", "warning", "error")
+
+
+@dataclass
+class ExperimentRecord:
+    """An experiment row plus counts over its trials (``trials_*``) and their items (``items_*``)."""
+
+    id: int
+    name: str
+    tags: list[str]
+    notes: str
+    spec: dict[str, Any]
+    seed: int
+    model: str
+    backend_kind: str
+    versions: dict[str, Any]
+    git_commit: str | None
+    hardware: dict[str, Any]
+    status: str
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    trials_total: int = 0
+    trials_queued: int = 0
+    trials_running: int = 0
+    trials_done: int = 0
+    trials_failed: int = 0
+    trials_cancelled: int = 0
+    items_total: int = 0
+    items_done: int = 0
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def experiment_spec(self) -> ExperimentSpec:
+        """The stored spec, validated again (raises ``ConfigError`` if this kvlab no longer accepts it)."""
+        return parse_spec(self.spec)
+
+
+@dataclass
+class TrialRecord:
+    """One config of an experiment's sweep; ``position`` 0 is the baseline."""
+
+    id: int
+    experiment_id: int
+    position: int
+    config_name: str
+    config: dict[str, Any]
+    status: str
+    worker_id: str | None
+    claimed_at: datetime | None
+    heartbeat_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempts: int
+    error: str | None
+    items_total: int | None
+    items_done: int
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def kv_config(self) -> KVCacheConfig:
+        return KVCacheConfig.model_validate(self.config)
+
+
+@dataclass
+class TelemetrySample:
+    """One reading of a worker's resources.  ``ts`` is unix seconds; unknown readings stay None.
+
+    ``phase``: what the worker was doing (``load|prefill|compress|decode|idle|score``);
+    ``source``: where the readings came from (``cpu`` = psutil and kvlab's byte accounting,
+    ``nvml`` = the GPU driver, ``server`` = an inference server's ``/metrics``).
+    """
+
+    experiment_id: int
+    worker_id: str
+    ts: float
+    phase: str
+    source: str
+    trial_id: int | None = None
+    rss_bytes: int | None = None
+    cpu_percent: float | None = None
+    kv_bytes: int | None = None
+    gpu_memory_used_bytes: int | None = None
+    gpu_memory_total_bytes: int | None = None
+    gpu_utilization: float | None = None
+    gpu_power_w: float | None = None
+    gpu_temperature_c: float | None = None
+    process_gpu_memory_bytes: int | None = None
+
+
+@dataclass
+class EventRecord:
+    """A line of an experiment's log (``ts`` in unix seconds)."""
+
+    id: int
+    experiment_id: int
+    trial_id: int | None
+    ts: float
+    level: str
+    message: str
