@@ -50,12 +50,12 @@ def accuracy_interval(scores: Sequence[float]) -> tuple[float, float]:
 def paired_test(baseline: Sequence[float], other: Sequence[float]) -> tuple[str, float]:
     """(test name, two-sided p-value) for paired scores of the same items."""
     if all(s in (0.0, 1.0) for s in [*baseline, *other]):
-        lost = sum(1 for b, o in zip(baseline, other) if b == 1 and o == 0)
-        gained = sum(1 for b, o in zip(baseline, other) if b == 0 and o == 1)
+        lost = sum(1 for b, o in zip(baseline, other, strict=True) if b == 1 and o == 0)
+        gained = sum(1 for b, o in zip(baseline, other, strict=True) if b == 0 and o == 1)
         if lost + gained == 0:
             return ("mcnemar-exact", 1.0)
         return ("mcnemar-exact", float(stats.binomtest(lost, lost + gained, 0.5).pvalue))
-    diffs = [o - b for b, o in zip(baseline, other)]
+    diffs = [o - b for b, o in zip(baseline, other, strict=True)]
     if all(d == 0 for d in diffs):
         return ("wilcoxon", 1.0)
     return ("wilcoxon", float(stats.wilcoxon(diffs, zero_method="zsplit").pvalue))
@@ -119,7 +119,9 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
         nll_rows = [r for r in ok if r.nll is not None and r.nll_tokens]
         perplexity = (math.exp(sum(r.nll for r in nll_rows) / sum(r.nll_tokens for r in nll_rows))
                       if nll_rows else None)
-        mean = lambda attr: statistics.fmean(getattr(r, attr) for r in ok) if ok else math.nan  # noqa: E731
+        def mean(attr: str, rows: list[ItemResult] = ok) -> float:
+            return statistics.fmean(getattr(r, attr) for r in rows) if rows else math.nan
+
         baseline_bytes, physical_bytes = mean("baseline_kv_bytes"), mean("physical_kv_bytes")
         summaries.append(ConfigSummary(
             config_name=name, config=rows[0].config, n_items=len(rows), n_scored=len(scores),

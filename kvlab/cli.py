@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from kvlab.cli_store import add_store_commands
 from kvlab.config import ConfigError, load_spec
 
 
@@ -19,6 +20,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         spec = spec.model_copy(update={"backend": spec.backend.model_copy(update={"kind": args.backend})})
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    if args.background:
+        from kvlab.cli_store import submit_background
+
+        return submit_background(spec, warnings, args.workers)
     configs = spec.all_configs()
     print(f"{spec.name}: {len(configs)} configs on {spec.model} ({spec.backend.kind})", file=sys.stderr)
     run = run_experiment(spec, progress=not args.quiet, limit=args.limit)
@@ -69,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override the spec's backend kind")
     run.add_argument("--limit", type=int, help="run only the first N items (a quick check)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--background", action="store_true",
+                     help="store the experiment in the database and run it in local worker processes")
+    run.add_argument("--workers", type=int, default=1, help="with --background: local workers to start (0: none)")
     run.set_defaults(func=_cmd_run)
     models = sub.add_parser("models", help="list or pull models")
     models_sub = models.add_subparsers(dest="action", required=True)
@@ -78,16 +86,18 @@ def build_parser() -> argparse.ArgumentParser:
     models.set_defaults(func=_cmd_models)
     methods = sub.add_parser("methods", help="list quantization formats and eviction methods")
     methods.set_defaults(func=_cmd_methods)
+    add_store_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from kvlab.models import ModelNotAvailableError
+    from kvlab.store.errors import StoreError
 
     try:
         return args.func(args)
-    except (ConfigError, ModelNotAvailableError) as error:
+    except (ConfigError, ModelNotAvailableError, StoreError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -40,7 +40,8 @@ class ExperimentRun:
         return {
             "spec": spec_to_dict(self.spec), "seed": self.spec.seed, "engine": self.engine,
             "environment": self.environment, "started_at": self.started_at, "wall_s": self.wall_s,
-            "warnings": self.warnings, "configs": [c.model_dump(mode="json") | {"label": c.label} for c in self.configs],
+            "warnings": self.warnings,
+            "configs": [c.model_dump(mode="json") | {"label": c.label} for c in self.configs],
             "summary": [s.to_dict() for s in self.summaries()],
             "results": [r.to_dict() for r in self.results],
         }

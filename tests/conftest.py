@@ -1,9 +1,17 @@
-"""Shared fixtures: the real default model, loaded once per test session."""
+"""Shared fixtures: the real default model (loaded once per session) and empty databases."""
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Iterator
+
 import pytest
 import torch
+from sqlalchemy import create_engine, make_url
+
+PG_URL = os.environ.get("KVLAB_TEST_POSTGRES_URL")
+PG_SKIP = 'KVLAB_TEST_POSTGRES_URL not set: run `eval "$(bash scripts/postgres.sh)"`'
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +29,28 @@ def engine(smollm):
     from kvlab.engines.embedded import EmbeddedEngine
 
     return EmbeddedEngine(smollm, seed=0)
+
+
+@pytest.fixture(scope="session")
+def pg_admin():
+    if not PG_URL:
+        pytest.skip(PG_SKIP)
+    engine = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path) -> Iterator[str]:
+    """An empty database: a new SQLite file, or a new PostgreSQL schema (first on the search path)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'kvlab.sqlite'}"
+        return
+    admin = request.getfixturevalue("pg_admin")
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    url = make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    yield url.render_as_string(hide_password=False)
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, ConfigError, KVCacheConfig
+from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig
 from kvlab.tasks import TaskItem, generate_items, score_item
 from kvlab.tasks.spec import TaskSpec
 
@@ -71,7 +71,7 @@ def test_baseline_answers_passkey_and_scores(engine):
     items = generate_items(TaskSpec(name="passkey", context_lengths=[512], depths=[0.2, 0.8], num_items=2),
                            engine.tokenizer, seed=0)
     results = [next(engine.evaluate(it, [KVCacheConfig()])) for it in items]
-    assert [score_item(it, r.generated) for it, r in zip(items, results)] == [1.0, 1.0]
+    assert [score_item(it, r.generated) for it, r in zip(items, results, strict=True)] == [1.0, 1.0]
     for r in results:
         assert r.ttft_s > r.prefill_s > 0 and r.output_tokens >= 2 and r.tpot_s > 0
 
@@ -79,8 +79,8 @@ def test_baseline_answers_passkey_and_scores(engine):
 def test_perplexity_rises_under_heavy_quantization(engine):
     item = generate_items(TaskSpec(name="perplexity", context_lengths=[320], num_items=1, continuation_tokens=32),
                           engine.tokenizer, seed=0)[0]
-    baseline, crushed = engine.evaluate(item, [KVCacheConfig(), KVCacheConfig(quant="int2", residual_length=0,  # all 2-bit
-                                                                              group_size=32)])
+    all_2bit = KVCacheConfig(quant="int2", residual_length=0, group_size=32)
+    baseline, crushed = engine.evaluate(item, [KVCacheConfig(), all_2bit])
     assert baseline.nll_tokens == crushed.nll_tokens >= 30  # retokenized apart from the context: +-1
     assert crushed.nll > baseline.nll > 0
 

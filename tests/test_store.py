@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, event, make_url, text, update
+from sqlalchemy import event, text, update
 
 from kvlab.config import ExperimentSpec, KVCacheConfig, spec_to_dict
 from kvlab.results import ItemResult
@@ -40,37 +39,10 @@ from kvlab.store.engine import DEFAULT_SQLITE_PATH, resolve_url
 from kvlab.store.models import Base, TrialRow
 from kvlab.tasks.spec import TaskSpec
 
-PG_URL = os.environ.get("KVLAB_TEST_POSTGRES_URL")
-PG_SKIP = 'KVLAB_TEST_POSTGRES_URL not set: run `eval "$(bash scripts/postgres.sh)"`'
 ENV = {"versions": {"kvlab": "0.1.0"}, "git_commit": "abc123", "hardware": {"cpu": "test"}}
 
 
 # -- fixtures and builders --------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def pg_admin():
-    if not PG_URL:
-        pytest.skip(PG_SKIP)
-    engine = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path) -> Iterator[str]:
-    """An empty database: a new SQLite file, or a new PostgreSQL schema (first on the search path)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'kvlab.sqlite'}"
-        return
-    admin = request.getfixturevalue("pg_admin")
-    schema = f"test_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    url = make_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
-    yield url.render_as_string(hide_password=False)
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
-
 
 @pytest.fixture
 def store(db_url) -> Iterator[Store]:

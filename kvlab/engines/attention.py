@@ -55,10 +55,11 @@ def _attention_received(query: torch.Tensor, key: torch.Tensor, scaling: float |
     offset = kv_len - q_len
     total = query.new_zeros(query.shape[0], query.shape[1], 1, kv_len, dtype=torch.float32)
     for start in range(0, q_len, block):
-        scores = torch.matmul(query[:, :, start:start + block], keys_t).mul_(scale)
+        end = min(start + block, q_len) + offset  # keys after the block's last query are masked anyway
+        scores = torch.matmul(query[:, :, start:start + block], keys_t[..., :end]).mul_(scale)
         rows = torch.arange(start, start + scores.shape[2], device=query.device).unsqueeze(1) + offset
-        scores.masked_fill_(torch.arange(kv_len, device=query.device) > rows, float("-inf"))
-        total += torch.softmax(scores, dim=-1, dtype=torch.float32).sum(dim=2, keepdim=True)
+        scores.masked_fill_(torch.arange(end, device=query.device) > rows, float("-inf"))
+        total[..., :end] += torch.softmax(scores, dim=-1, dtype=torch.float32).sum(dim=2, keepdim=True)
     return total.to(query.dtype)
 
 

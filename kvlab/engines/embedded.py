@@ -47,6 +47,9 @@ class EmbeddedEngine:
             num_layers=loaded.num_layers, num_kv_heads=loaded.num_kv_heads, head_dim=loaded.head_dim,
             layer_windows=tuple(loaded.sliding_window if sliding else None for sliding in loaded.layer_is_sliding),
         )
+        self.phase = "idle"  # read by the telemetry sampler: load | prefill | compress | decode | idle
+        self.current_config: str | None = None  # label of the config being evaluated
+        self._live_cache: DynamicCache | KVLabCache | None = None
         eos = self.model.generation_config.eos_token_id
         self.stop_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
 
@@ -60,6 +63,16 @@ class EmbeddedEngine:
 
     def close(self) -> None:
         """Nothing to release beyond the model, which the caller owns."""
+
+    def current_kv_bytes(self) -> int | None:
+        """Bytes of the cache in use now (the prefill cache while prefilling); safe from another thread."""
+        cache = self._live_cache
+        if isinstance(cache, KVLabCache):
+            return cache.physical_bytes
+        if cache is not None:
+            return sum(t.numel() * t.element_size() for layer in list(cache.layers)
+                       for t in (layer.keys, layer.values) if t is not None)
+        return None
 
     def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
         if any(self.geometry.sliding_layers) and any(c.evict != "none" for c in configs):
@@ -102,6 +115,7 @@ class EmbeddedEngine:
         device = self.device
         keys = {k for k in map(scorer_key, configs) if k is not None}
         cache = DynamicCache(config=self.model.config)
+        self.phase, self.current_config, self._live_cache = "prefill", None, cache
         start = time.perf_counter()
         with collect_scores(self.model, keys, self.seed, self.geometry.sliding_layers) as scores:
             self.model.model(input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True)
@@ -109,9 +123,11 @@ class EmbeddedEngine:
         layer_keys = [layer.keys for layer in cache.layers]
         layer_values = [layer.values for layer in cache.layers]
         for config in configs:
+            self.current_config = config.label
             yield self._run_config(item, config, scores.get(scorer_key(config)) or [None] * len(layer_keys),
                                    layer_keys, layer_values, prefix, suffix, targets, evictable, prompt_tokens,
                                    prefill_s)
+        self.phase, self.current_config, self._live_cache = "idle", None, None
 
     def _run_config(self, item: TaskItem, config: KVCacheConfig, layer_scores: list[torch.Tensor | None],
                     layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], prefix: list[int],
@@ -120,9 +136,11 @@ class EmbeddedEngine:
         device = self.device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        self.phase = "compress"
         start = time.perf_counter()
         kept = select_tokens(config, layer_scores, layer_keys, self.modules, evictable, self.geometry.sliding_layers)
-        layer_kv = [(gather_tokens(k, idx), gather_tokens(v, idx)) for k, v, idx in zip(layer_keys, layer_values, kept)]
+        layer_kv = [(gather_tokens(k, idx), gather_tokens(v, idx))
+                    for k, v, idx in zip(layer_keys, layer_values, kept, strict=True)]
         cache = build_compressed_cache(config, layer_kv, self.geometry.layer_windows, seen_tokens=len(prefix))
         del layer_kv
         compress_s = time.perf_counter() - start
@@ -131,11 +149,12 @@ class EmbeddedEngine:
         kept_tokens = cache.kept_tokens()
         analytic = analytic_kv_bytes(config, self.geometry, kept_tokens)
         baseline = baseline_kv_bytes(self.geometry, len(prefix))
-        full_layers = [n for n, sliding in zip(kept_tokens, self.geometry.sliding_layers) if not sliding]
+        full_layers = [n for n, sliding in zip(kept_tokens, self.geometry.sliding_layers, strict=True) if not sliding]
         kept_mean = sum(full_layers) / len(full_layers)
         protected = len(prefix) - evictable
         kept_fraction = (kept_mean - protected) / evictable
 
+        self.phase, self._live_cache = "decode", cache
         start = time.perf_counter()
         positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=device).unsqueeze(0)
         out = self.model(input_ids=torch.tensor([suffix], device=device), past_key_values=cache,
@@ -148,7 +167,7 @@ class EmbeddedEngine:
             nll = F.cross_entropy(out.logits[0].float(), torch.tensor(targets, device=device), reduction="sum").item()
         else:
             generated_ids, decode_s = self._decode(cache, out.logits[0, -1], len(prefix) + len(suffix),
-                                                   item.max_new_tokens)
+                                                   item.max_new_tokens, item.stop)
         return ItemResult(
             item_id=item.item_id, task=item.task, config_name=config.label,
             config=config.model_dump(mode="json"), seed=self.seed, context_length=item.context_length,
@@ -164,13 +183,20 @@ class EmbeddedEngine:
             nll_tokens=len(targets) if targets is not None else None,
         )
 
-    def _decode(self, cache: KVLabCache, logits: torch.Tensor, position: int,
-                max_new_tokens: int) -> tuple[list[int], float]:
-        """Greedy decoding until a stop token or ``max_new_tokens``; returns ids and the time after the first."""
+    def _decode(self, cache: KVLabCache, logits: torch.Tensor, position: int, max_new_tokens: int,
+                stop: tuple[str, ...]) -> tuple[list[int], float]:
+        """Greedy decoding until an end token, a stop string or ``max_new_tokens``; returns the ids
+        and the time spent after the first token."""
         next_id = int(logits.argmax())
         generated = [next_id]
         start = time.perf_counter()
-        while next_id not in self.stop_ids and len(generated) < max_new_tokens:
+
+        def stopped() -> bool:
+            if next_id in self.stop_ids or len(generated) >= max_new_tokens:
+                return True
+            return bool(stop) and any(s in self.tokenizer.decode(generated) for s in stop)
+
+        while not stopped():
             out = self.model(input_ids=torch.tensor([[next_id]], device=self.device), past_key_values=cache,
                              position_ids=torch.tensor([[position]], device=self.device))
             position += 1

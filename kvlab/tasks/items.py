@@ -32,6 +32,7 @@ class TaskItem:
     max_new_tokens: int
     kind: Literal["generate", "perplexity"] = "generate"
     continuation: str = ""
+    stop: tuple[str, ...] = ()  # generation ends once the output contains one of these (as servers' `stop`)
     metadata: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @property

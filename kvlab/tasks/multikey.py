@@ -28,6 +28,7 @@ PREFIX = (
     "Some special magic numbers are hidden within the following text. Make sure to "
     "memorize it. I will quiz you about the numbers afterwards.\n\n"
 )
+ANSWER_STOP = (".", "\n")  # the number is complete at its full stop
 DEFAULT_MAX_NEW_TOKENS = 12  # " 1234567." is 8-9 tokens in digit-splitting tokenizers
 
 ADJECTIVES = (
@@ -186,6 +187,7 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
                     context_length=length,
                     depth=depth,
                     max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+                    stop=ANSWER_STOP,
                     metadata={
                         "prompt_tokens": fitted.prompt_tokens,
                         "needle_token_depth": token_depth(tokenizer, fitted.context, target),

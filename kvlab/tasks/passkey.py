@@ -1,7 +1,7 @@
 """Passkey retrieval (needle in a haystack), completion style.
 
 Prompt: instruction, haystack prose with the needle
-"The pass key is 71432. Remember it. 71432 is the pass key." at the item's depth,
+"The pass key is 71432. Remember it. 71432 is the pass key." as its own paragraph at the item's depth,
 then "\\nWhat is the pass key? The pass key is". Completion style, not chat: the
 135M default model fails chat-style needle prompts even with an uncompressed cache,
 and scores 5/5 on this prompt at 1k tokens (depths 0.1-0.9, greedy, float32).
@@ -27,11 +27,14 @@ PREFIX = (
     "memorize it. I will quiz you about the important information there.\n\n"
 )
 QUESTION = "\nWhat is the pass key? The pass key is"
+ANSWER_STOP = (".", "\n")  # the number is complete at its full stop
 DEFAULT_MAX_NEW_TOKENS = 10  # " 71432." is 6-7 tokens in digit-splitting tokenizers
 
 
 def needle_text(key: str) -> str:
-    return f"The pass key is {key}. Remember it. {key} is the pass key."
+    """The needle as a paragraph of its own: SmolLM2-135M finds it at 2K tokens 10/10 this way,
+    7/10 when it runs on inside a paragraph of the haystack."""
+    return f"\n\nThe pass key is {key}. Remember it. {key} is the pass key.\n\n"
 
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
@@ -62,6 +65,7 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
                     context_length=length,
                     depth=depth,
                     max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+                    stop=ANSWER_STOP,
                     metadata={
                         "prompt_tokens": fitted.prompt_tokens,
                         "needle_token_depth": token_depth(tokenizer, fitted.context, needle.text),

@@ -1,0 +1,172 @@
+"""CLI commands on the experiment store: worker, ls, show, cancel, rerun, export, db."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from kvlab.report import render
+
+DB_DIR = Path(__file__).resolve().parent.parent / "db"
+
+
+def _store():
+    from kvlab.store import Store
+
+    return Store()
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import torch
+
+    from kvlab.store import Store
+    from kvlab.worker import Worker, WorkerSettings
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = WorkerSettings(max_trials=args.max_trials, heartbeat_s=args.heartbeat_s,
+                              stale_after_s=args.stale_after_s, on_stale=args.on_stale,
+                              telemetry_hz=args.telemetry_hz, exit_when_idle=args.exit_when_idle)
+    worker = Worker(Store(), settings)
+    try:
+        worker.run()
+    except KeyboardInterrupt:
+        worker.stop()
+    return 0
+
+
+def submit_background(spec, warnings: list[str], workers: int) -> int:
+    """Store the experiment, start local workers, print how to follow it."""
+    from kvlab.launcher import start_local_workers
+    from kvlab.provenance import environment
+
+    store = _store()
+    experiment_id = store.create_experiment(spec, environment())
+    for warning in warnings:
+        store.log_event(experiment_id, warning, level="warning")
+    if workers:
+        start_local_workers(workers, DB_DIR / "logs", os.environ.get("KVLAB_DATABASE_URL"))
+    print(f"experiment {experiment_id} queued on {store.url} with {len(spec.all_configs())} trials; "
+          f"{workers} local worker(s) started")
+    print(f"follow it: kvlab show {experiment_id}    stop it: kvlab cancel {experiment_id}")
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    experiments = _store().list_experiments(status=args.status, search=args.search, tag=args.tag, limit=args.limit)
+    if not experiments:
+        print("no experiments yet: `kvlab run SPEC --background` queues one")
+        return 0
+    print(f"{'id':>5}  {'status':9}  {'trials':>9}  {'items':>11}  {'created':19}  name")
+    for e in experiments:
+        print(f"{e.id:>5}  {e.status:9}  {e.trials_done:>4}/{e.trials_total:<4}  {e.items_done:>5}/{e.items_total:<5}  "
+              f"{e.created_at:%Y-%m-%d %H:%M:%S}  {e.name}" + (f"  [{', '.join(e.tags)}]" if e.tags else ""))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from kvlab.analysis import summarize
+
+    store = _store()
+    experiment = store.get_experiment(args.id)
+    trials = store.trials(args.id)
+    print(f"experiment {experiment.id} '{experiment.name}': {experiment.status}, model {experiment.model} "
+          f"({experiment.backend_kind}), seed {experiment.seed}, commit {experiment.git_commit or '-'}")
+    print(f"{'trial':>6}  {'status':9}  {'items':>9}  {'att':>3}  config")
+    for t in trials:
+        print(f"{t.id:>6}  {t.status:9}  {t.items_done:>4}/{t.items_total or 0:<4}  {t.attempts:>3}  {t.config_name}"
+              + (f"   error: {t.error}" if t.error else ""))
+    results = store.item_results(args.id)
+    if results:
+        baseline = next((t.config_name for t in trials if t.position == 0), "baseline")
+        print()
+        print(render(summarize(results, baseline), results, baseline))
+    events = store.events(args.id)[-args.events:]
+    if events:
+        print("\nrecent events:")
+        for event in events:
+            print(f"  {event.level:7} {event.message}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    count = _store().cancel_experiment(args.id)
+    print(f"experiment {args.id}: {count} trial(s) cancelled")
+    return 0
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    from kvlab.provenance import environment
+
+    new_id = _store().rerun_experiment(args.id, environment())
+    print(f"experiment {new_id} queued (a rerun of {args.id}); start workers with `kvlab worker`")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from kvlab.export import experiment_document, results_csv
+
+    store = _store()
+    if args.format == "csv":
+        store.get_experiment(args.id)
+        text = results_csv(store.item_results(args.id))
+    else:
+        text = json.dumps(experiment_document(store, args.id), indent=1)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from kvlab.store import Store
+
+    store = Store(create=False, check=False)
+    if args.action == "upgrade":
+        before, after = store.upgrade()
+        print(f"{store.url}: schema {before or 'empty'} -> {after}")
+    else:
+        print(f"{store.url}: schema {store.schema_revision() or 'empty'}")
+    return 0
+
+
+def add_store_commands(sub: argparse._SubParsersAction) -> None:
+    worker = sub.add_parser("worker", help="run a worker that claims queued trials (KVLAB_DATABASE_URL)")
+    worker.add_argument("--max-trials", type=int, default=4, help="configs claimed together (they share prefills)")
+    worker.add_argument("--heartbeat-s", type=float, default=5.0)
+    worker.add_argument("--stale-after-s", type=float, default=60.0, help="requeue trials of silent workers after")
+    worker.add_argument("--on-stale", choices=["requeue", "fail"], default="requeue")
+    worker.add_argument("--telemetry-hz", type=float, default=1.0, help="sampling rate, 0.1..20")
+    worker.add_argument("--threads", type=int, help="torch CPU threads (split the cores between local workers)")
+    worker.add_argument("--exit-when-idle", action="store_true", help="stop when nothing is queued")
+    worker.set_defaults(func=cmd_worker)
+    ls = sub.add_parser("ls", help="list experiments")
+    ls.add_argument("--status", choices=["queued", "running", "done", "failed", "cancelled"])
+    ls.add_argument("--search", help="substring of the name")
+    ls.add_argument("--tag")
+    ls.add_argument("--limit", type=int, default=50)
+    ls.set_defaults(func=cmd_ls)
+    show = sub.add_parser("show", help="an experiment's trials, summary and events")
+    show.add_argument("id", type=int)
+    show.add_argument("--events", type=int, default=10, help="how many recent events to print")
+    show.set_defaults(func=cmd_show)
+    for name, func, text in (("cancel", cmd_cancel, "cancel an experiment's queued and running trials"),
+                             ("rerun", cmd_rerun, "queue the same spec again as a new experiment")):
+        command = sub.add_parser(name, help=text)
+        command.add_argument("id", type=int)
+        command.set_defaults(func=func)
+    export = sub.add_parser("export", help="an experiment's results as CSV or JSON")
+    export.add_argument("id", type=int)
+    export.add_argument("--format", choices=["csv", "json"], default="json")
+    export.add_argument("--out", help="file to write (default: stdout)")
+    export.set_defaults(func=cmd_export)
+    db = sub.add_parser("db", help="database schema")
+    db.add_argument("action", choices=["upgrade", "status"])
+    db.set_defaults(func=cmd_db)

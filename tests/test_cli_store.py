@@ -1,0 +1,87 @@
+"""The store commands of the CLI, on a real SQLite file, with results written as a worker would."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from kvlab.cli import main
+from kvlab.config import parse_spec
+from kvlab.provenance import environment
+from kvlab.results import ItemResult
+from kvlab.store import Store
+
+SPEC = {"name": "cli-store", "tags": ["nightly"], "tasks": [{"name": "passkey", "context_lengths": [256]}],
+        "configs": [{"name": "baseline"}, {"name": "int4", "quant": "int4"}]}
+
+
+def _result(config: str, item: str, score: float) -> ItemResult:
+    return ItemResult(
+        item_id=item, task="passkey", config_name=config, config={"name": config}, seed=0, context_length=256,
+        depth=0.5, prompt_tokens=256, context_tokens=250, kept_tokens=250.0, kept_fraction=1.0,
+        baseline_kv_bytes=1000, physical_kv_bytes=1000 if config == "baseline" else 300, analytic_kv_bytes=300,
+        compression_ratio=1.0, peak_kv_bytes=1000, generated=" 12345.", answer="12345", output_tokens=3,
+        ttft_s=0.2, tpot_s=0.05, prefill_s=0.1, compress_s=0.01, decode_s=0.1, peak_memory_bytes=None, score=score)
+
+
+@pytest.fixture
+def populated(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'kvlab.sqlite'}"
+    monkeypatch.setenv("KVLAB_DATABASE_URL", url)
+    store = Store(url)
+    experiment_id = store.create_experiment(parse_spec(SPEC), environment())
+    trials = store.claim_trials("w1", max_trials=2)
+    for trial in trials:
+        store.set_items_total(trial.id, 2)
+        for item in ("a", "b"):
+            store.add_item_result(trial.id, _result(trial.config_name, item, 1.0))
+        store.finish_trial(trial.id, "done", worker_id="w1")
+    return store, experiment_id
+
+
+def test_ls_show_export(populated, capsys):
+    store, experiment_id = populated
+    assert main(["ls"]) == 0
+    listing = capsys.readouterr().out
+    assert "cli-store" in listing and "done" in listing and "[nightly]" in listing
+    assert main(["show", str(experiment_id)]) == 0
+    shown = capsys.readouterr().out
+    assert "int4" in shown and "accuracy" in shown and "3.33x" in shown
+    assert main(["export", str(experiment_id), "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 4 and {r["config_name"] for r in rows} == {"baseline", "int4"}
+    assert main(["export", str(experiment_id), "--format", "json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["experiment"]["name"] == "cli-store" and len(document["results"]) == 4
+    assert {s["config_name"] for s in document["summary"]} == {"baseline", "int4"}
+
+
+def test_cancel_rerun_and_errors(populated, capsys):
+    store, experiment_id = populated
+    assert main(["cancel", str(experiment_id)]) == 2  # already done: a message, not a traceback
+    assert "nothing to cancel" in capsys.readouterr().err
+    assert main(["rerun", str(experiment_id)]) == 0
+    new_id = experiment_id + 1
+    assert store.get_experiment(new_id).status == "queued"
+    assert main(["cancel", str(new_id)]) == 0
+    assert store.get_experiment(new_id).status == "cancelled"
+    assert main(["show", "999"]) == 2
+    assert "no experiment 999" in capsys.readouterr().err
+
+
+def test_bad_database_url_is_a_message(monkeypatch, capsys):
+    monkeypatch.setenv("KVLAB_DATABASE_URL", "postgresql://kvlab:secret@127.0.0.1:1/none")
+    assert main(["ls"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "secret" not in err and "Traceback" not in err
+
+
+def test_db_status_and_upgrade(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{tmp_path / 'new.sqlite'}")
+    assert main(["db", "status"]) == 0
+    assert "schema empty" in capsys.readouterr().out
+    assert main(["db", "upgrade"]) == 0
+    assert "-> " in capsys.readouterr().out
