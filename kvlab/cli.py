@@ -33,6 +33,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(render(run.summaries(), run.results, run.baseline_name))
     print(f"\n{len(run.results)} evaluations in {run.wall_s:.0f} s", file=sys.stderr)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(run.to_dict(), indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
