@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvlab.config import ExperimentSpec, KVCacheConfig, parse_spec
+from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec
 from kvlab.engines.base import Engine
 from kvlab.runner import build_engine, build_items, score
 from kvlab.store import Store
@@ -109,7 +109,10 @@ class Worker:
             self._evaluate(spec, engine, trials, heartbeat)
         except Exception as error:  # noqa: BLE001 -- any failure (bad spec, engine error) fails the batch, visibly
             message = f"{type(error).__name__}: {error}"
-            log.exception("batch of experiment %d failed", experiment_id)
+            if isinstance(error, ConfigError):  # a user's spec: the message is the whole story
+                log.error("batch of experiment %d failed: %s", experiment_id, message)
+            else:
+                log.exception("batch of experiment %d failed", experiment_id)
             for trial in trials:
                 if trial.id not in heartbeat.gone:
                     self.store.finish_trial(trial.id, "failed", message, worker_id=self.worker_id)
