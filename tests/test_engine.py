@@ -80,7 +80,9 @@ def test_perplexity_rises_under_heavy_quantization(engine):
     item = generate_items(TaskSpec(name="perplexity", context_lengths=[320], num_items=1, continuation_tokens=32),
                           engine.tokenizer, seed=0)[0]
     all_2bit = KVCacheConfig(quant="int2", residual_length=0, group_size=32)
-    baseline, crushed = engine.evaluate(item, [KVCacheConfig(), all_2bit])
+    aware = KVCacheConfig(evict="snapkv", ratio=0.5, query_aware=True)  # no question: the agnostic layout
+    baseline, crushed, aware_result = engine.evaluate(item, [KVCacheConfig(), all_2bit, aware])
+    assert aware_result.config_name == aware.label and aware_result.nll_tokens == baseline.nll_tokens
     assert baseline.nll_tokens == crushed.nll_tokens >= 30  # retokenized apart from the context: +-1
     assert crushed.nll > baseline.nll > 0
 

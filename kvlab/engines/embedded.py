@@ -97,14 +97,16 @@ class EmbeddedEngine:
             continuation = self._encode(item.continuation, special=False)
             # The last context token is fed after compression, so every continuation token is
             # predicted from the compressed cache.
+            # No question here: query-aware configs share the query-agnostic layout.
             layouts = {False: (context[:-1], context[-1:] + continuation[:-1], continuation)}
-            configs = [c.model_copy(update={"query_aware": False}) if c.query_aware else c for c in configs]
         else:
             question = self._encode(item.question, special=False)
             layouts = {False: (context, question, None), True: (context + question[:-1], question[-1:], None)}
         prompt_tokens = len(context) + (len(continuation) if item.kind == "perplexity" else len(question))
-        by_layout = groupby(sorted(configs, key=lambda c: c.query_aware), key=lambda c: c.query_aware)
-        for query_aware, group in by_layout:
+        def layout_of(config: KVCacheConfig) -> bool:
+            return config.query_aware and config.query_aware in layouts
+
+        for query_aware, group in groupby(sorted(configs, key=layout_of), key=layout_of):
             prefix, suffix, targets = layouts[query_aware]
             evictable = len(context) - (1 if item.kind == "perplexity" else 0)
             yield from self._evaluate_layout(item, list(group), prefix, suffix, targets, evictable, prompt_tokens)
