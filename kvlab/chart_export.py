@@ -1,0 +1,132 @@
+"""Export figures (PNG, SVG, PDF through kaleido; self-contained HTML) and an experiment's HTML report.
+
+kaleido 1.x renders in a headless Chromium that it drives over the DevTools protocol.  It never
+downloads one here: :func:`browser_path` finds the system's (Debian's ``chromium``), and one
+render server is started per process on first use (~1 s a figure after that; starting a browser
+per figure would cost seconds each).  Nothing it exports holds a secret: specs name the
+environment variable of an API key, never the key, and URLs lose their user:password part.
+"""
+
+from __future__ import annotations
+
+import atexit
+import html
+import json
+import os
+import re
+import shutil
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+IMAGE_FORMATS = {"png": "image/png", "svg": "image/svg+xml", "pdf": "application/pdf"}
+BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+_lock = threading.Lock()
+_server_started = False
+
+
+class ExportError(RuntimeError):
+    """An image could not be rendered; the message says what to install or change."""
+
+
+def browser_path() -> str | None:
+    """``$KVLAB_CHROMIUM``, else ``$BROWSER_PATH`` (choreographer's own override), else one on PATH."""
+    for variable in ("KVLAB_CHROMIUM", "BROWSER_PATH"):
+        if os.environ.get(variable):
+            return os.environ[variable]
+    return next((found for name in BROWSER_NAMES if (found := shutil.which(name))), None)
+
+
+def _ensure_server() -> None:
+    global _server_started
+    if _server_started:
+        return
+    import kaleido
+
+    path = browser_path()
+    if path is None:
+        raise ExportError("image export needs Chromium: `apt-get install chromium` (or set KVLAB_CHROMIUM)")
+    # mathjax=False: kaleido would otherwise fetch MathJax from a CDN for every page it opens.
+    kaleido.start_sync_server(path=path, mathjax=False, silence_warnings=True)
+    atexit.register(_stop_server)
+    _server_started = True
+
+
+def _stop_server() -> None:
+    """Close kaleido's browser at exit, but never hang the exit: its close joins a thread that waits on
+    the browser, forever if the browser was killed first (as a process group's SIGTERM may do)."""
+    import kaleido
+
+    closer = threading.Thread(target=kaleido.stop_sync_server, kwargs={"silence_warnings": True}, daemon=True)
+    closer.start()
+    closer.join(timeout=5)
+
+
+def figure_image(fig: go.Figure, fmt: str, width: int = 1000, height: int | None = None) -> bytes:
+    """The figure as PNG (2x scale), SVG or PDF bytes."""
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"format {fmt!r}: one of {', '.join(IMAGE_FORMATS)}")
+    import kaleido
+
+    opts = {"format": fmt, "width": width, "height": height or fig.layout.height or 500,
+            "scale": 2 if fmt == "png" else 1}
+    with _lock:
+        _ensure_server()
+        try:
+            return kaleido.calc_fig_sync(fig, opts=opts)
+        except Exception as error:  # kaleido raises several types from the browser side
+            raise ExportError(f"could not render the chart as {fmt.upper()}: {error}") from error
+
+
+def figure_html(fig: go.Figure) -> str:
+    """A standalone page with plotly.js inlined: opens offline, anywhere."""
+    return fig.to_html(include_plotlyjs=True, full_html=True)
+
+
+def redact(value: Any) -> Any:
+    """Drop credentials from URLs (``scheme://user:pass@host`` -> ``scheme://***@host``) in nested data."""
+    if isinstance(value, dict):
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        return re.sub(r"(\w+://)[^/@\s]+@", r"\1***@", value)
+    return value
+
+
+def _table(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "<p><em>none</em></p>"
+    headers = list(rows[0])
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(row.get(h, '')))}</td>" for h in headers) + "</tr>"
+                   for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:1200px;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1rem 0}th,td{border:1px solid #ddd;padding:4px 8px;text-align:left}
+th{background:#f4f4f4}pre{background:#f7f7f7;padding:1rem;overflow:auto}.meta{color:#555}"""
+
+
+def report_html(title: str, meta: Mapping[str, Any], tables: Mapping[str, Sequence[Mapping[str, Any]]],
+                figures: Mapping[str, go.Figure], spec_toml: str, environment: Mapping[str, Any]) -> str:
+    """One self-contained HTML file: metadata, tables, interactive charts (plotly.js inlined once),
+    the spec and the environment it ran in."""
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{_STYLE}</style><script type='text/javascript'>{get_plotlyjs()}</script></head><body>",
+             f"<h1>{html.escape(title)}</h1>",
+             "<p class='meta'>" + " &middot; ".join(f"{html.escape(str(k))}: {html.escape(str(v))}"
+                                                    for k, v in redact(dict(meta)).items()) + "</p>"]
+    for heading, rows in tables.items():
+        parts += [f"<h2>{html.escape(heading)}</h2>", _table(rows)]
+    for heading, fig in figures.items():
+        parts += [f"<h2>{html.escape(heading)}</h2>", fig.to_html(include_plotlyjs=False, full_html=False)]
+    parts += ["<h2>Spec</h2>", f"<pre>{html.escape(redact(spec_toml))}</pre>",
+              "<h2>Environment</h2>", f"<pre>{html.escape(json.dumps(redact(dict(environment)), indent=1))}</pre>",
+              f"<p class='meta'>generated by kvlab on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC</p></body></html>"]
+    return "".join(parts)

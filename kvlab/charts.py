@@ -1,0 +1,262 @@
+"""Pure figure builders: experiment data -> plotly Figure.  Every axis says its unit.
+
+The dashboard, the HTML report and the exports (``kvlab.chart_export``) draw the same figures.
+Metrics come from :mod:`kvlab.analysis`; nothing here computes one of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from kvlab.analysis import ConfigSummary, pareto_front, sweet_spot
+from kvlab.results import ItemResult
+from kvlab.store.records import TelemetrySample
+from kvlab.views import MIB, CompareRow
+
+X_TITLES = {"bytes": "physical KV cache (MiB)", "ratio": "compression ratio (x, baseline bytes / physical bytes)"}
+ACCURACY_TITLE = "accuracy (fraction correct, 95% CI)"
+NEEDLE_TASKS = ("passkey", "multikey")
+PHASE_COLORS = {"load": "#9e9e9e", "prefill": "#1f77b4", "compress": "#ff7f0e", "decode": "#2ca02c",
+                "score": "#9467bd", "idle": "#d3d3d3"}
+_LAYOUT = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
+
+
+def _ok(value: float | None) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _x(summary: ConfigSummary, axis: str) -> float:
+    return summary.physical_kv_bytes / MIB if axis == "bytes" else summary.compression_ratio
+
+
+def _plotted(summaries: Sequence[ConfigSummary], axis: str) -> list[ConfigSummary]:
+    return [s for s in summaries if _ok(s.accuracy) and _ok(_x(s, axis))]
+
+
+def _error_y(summaries: Sequence[ConfigSummary]) -> dict[str, Any]:
+    return {"type": "data", "symmetric": False, "thickness": 1.2,
+            "array": [(s.ci_high - s.accuracy) if _ok(s.ci_high) else 0 for s in summaries],
+            "arrayminus": [(s.accuracy - s.ci_low) if _ok(s.ci_low) else 0 for s in summaries]}
+
+
+def _hover(summaries: Sequence[ConfigSummary]) -> list[str]:
+    return [f"<b>{s.config_name}</b><br>accuracy {s.accuracy:.3f} [{s.ci_low:.2f}, {s.ci_high:.2f}]"
+            f"<br>KV {s.physical_kv_bytes / MIB:.3f} MiB, {s.compression_ratio:.2f}x, kept {s.kept_fraction:.0%}"
+            for s in summaries]
+
+
+def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", baseline_name: str = "baseline",
+                    title: str = "Memory vs accuracy") -> go.Figure:
+    """Accuracy (95% CI error bars) against physical KV bytes or compression ratio; the Pareto front
+    as a line, the baseline's interval as a band, the sweet spot annotated."""
+    if axis not in X_TITLES:
+        raise ValueError(f"axis {axis!r}: one of {', '.join(X_TITLES)}")
+    points = _plotted(summaries, axis)
+    fig = go.Figure()
+    fig.update_layout(title=title, xaxis_title=X_TITLES[axis], yaxis_title=ACCURACY_TITLE, **_LAYOUT)
+    fig.update_yaxes(range=[-0.05, 1.08])
+    if axis == "ratio":
+        fig.update_xaxes(ticksuffix="x")
+    baseline = next((s for s in points if s.config_name == baseline_name), None)
+    if baseline is not None and _ok(baseline.ci_low):
+        fig.add_hrect(y0=baseline.ci_low, y1=baseline.ci_high, fillcolor="#2ca02c", opacity=0.12, line_width=0,
+                      annotation_text="baseline 95% CI", annotation_position="bottom left")
+        fig.add_hline(y=baseline.accuracy, line_dash="dot", line_color="#2ca02c")
+    fig.add_trace(go.Scatter(
+        name="configs", x=[_x(s, axis) for s in points], y=[s.accuracy for s in points], mode="markers+text",
+        text=[s.config_name for s in points], textposition="top center", error_y=_error_y(points),
+        hovertext=_hover(points), hoverinfo="text", marker={"size": 9, "color": "#1f77b4"}))
+    front = sorted(pareto_front(points), key=lambda s: _x(s, axis))
+    if front:
+        fig.add_trace(go.Scatter(
+            name="Pareto front", x=[_x(s, axis) for s in front], y=[s.accuracy for s in front],
+            mode="lines+markers", line={"color": "#d62728", "width": 2},
+            marker={"size": 13, "symbol": "circle-open", "color": "#d62728"},
+            hovertext=_hover(front), hoverinfo="text"))
+    sweet = sweet_spot(points, baseline_name)
+    if sweet is not None:
+        fig.add_trace(go.Scatter(name="sweet spot", x=[_x(sweet, axis)], y=[sweet.accuracy], mode="markers",
+                                 marker={"size": 18, "symbol": "star", "color": "#ffbf00",
+                                         "line": {"width": 1, "color": "#333"}},
+                                 hovertext=_hover([sweet]), hoverinfo="text"))
+        fig.add_annotation(x=_x(sweet, axis), y=sweet.accuracy, ax=40, ay=-45, showarrow=True, arrowhead=2,
+                           text=f"sweet spot: {sweet.config_name} ({sweet.compression_ratio:.2f}x)")
+    return fig
+
+
+def latency_figure(summaries: Sequence[ConfigSummary]) -> go.Figure:
+    """Median TTFT and TPOT per config against its compression ratio."""
+    points = [s for s in summaries if _ok(s.compression_ratio)]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("time to first token", "time per output token"))
+    for col, attr in ((1, "ttft_s"), (2, "tpot_s")):
+        shown = [s for s in points if _ok(getattr(s, attr))]
+        fig.add_trace(go.Scatter(
+            name="TTFT" if col == 1 else "TPOT", x=[s.compression_ratio for s in shown],
+            y=[getattr(s, attr) * 1000 for s in shown], mode="markers+text", text=[s.config_name for s in shown],
+            textposition="top center", marker={"size": 9}), row=1, col=col)
+        fig.update_xaxes(title_text="compression ratio (x)", ticksuffix="x", row=1, col=col)
+    fig.update_yaxes(title_text="TTFT (ms, median)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="TPOT (ms, median)", rangemode="tozero", row=1, col=2)
+    fig.update_layout(title="Latency vs compression", showlegend=False, **_LAYOUT)
+    return fig
+
+
+def breakdown_figure(groups: Mapping[Any, Sequence[ConfigSummary]], dimension: str) -> go.Figure:
+    """Accuracy per config, grouped by ``dimension`` (``task`` or ``context length``)."""
+    labels = [f"{g} tokens" if dimension == "context length" else str(g) for g in groups]
+    names = list(dict.fromkeys(s.config_name for summaries in groups.values() for s in summaries))
+    fig = go.Figure()
+    for name in names:
+        rows = [next((s for s in summaries if s.config_name == name), None) for summaries in groups.values()]
+        fig.add_trace(go.Bar(
+            name=name, x=labels, y=[s.accuracy if s is not None and _ok(s.accuracy) else None for s in rows],
+            error_y={"type": "data", "symmetric": False,
+                     "array": [s.ci_high - s.accuracy if s is not None and _ok(s.accuracy) else 0 for s in rows],
+                     "arrayminus": [s.accuracy - s.ci_low if s is not None and _ok(s.accuracy) else 0 for s in rows]}))
+    unit = "context length (tokens)" if dimension == "context length" else dimension
+    fig.update_layout(title=f"Accuracy by {dimension}", barmode="group", xaxis_title=unit,
+                      yaxis_title=ACCURACY_TITLE, **_LAYOUT)
+    fig.update_yaxes(range=[0, 1.05])
+    return fig
+
+
+def needle_configs(results: Sequence[ItemResult]) -> list[str]:
+    """Configs with scored needle items (passkey, multikey) at known depths."""
+    return list(dict.fromkeys(r.config_name for r in results if _is_needle(r)))
+
+
+def _is_needle(result: ItemResult) -> bool:
+    return result.task in NEEDLE_TASKS and result.depth is not None and result.score is not None
+
+
+def needle_heatmap(results: Sequence[ItemResult], config_name: str) -> go.Figure:
+    """Mean score per (needle depth, context length) of one config: where in the context it loses the needle."""
+    cells: dict[tuple[float, int], list[float]] = defaultdict(list)
+    for r in results:
+        if r.config_name == config_name and _is_needle(r):
+            cells[(round(r.depth, 3), r.context_length)].append(r.score)
+    depths = sorted({d for d, _ in cells})
+    lengths = sorted({n for _, n in cells})
+    z = [[statistics.fmean(cells[(d, n)]) if cells.get((d, n)) else None for n in lengths] for d in depths]
+    text = [[f"{sum(cells[(d, n)]):g}/{len(cells[(d, n)])}" if cells.get((d, n)) else "" for n in lengths]
+            for d in depths]
+    fig = go.Figure(go.Heatmap(
+        x=[str(n) for n in lengths], y=[f"{d:.2f}" for d in depths], z=z, zmin=0, zmax=1, text=text,
+        texttemplate="%{text}", colorscale="RdYlGn", colorbar={"title": {"text": "accuracy (0-1)"}},
+        hovertemplate="length %{x} tokens<br>depth %{y}<br>accuracy %{z:.2f} (%{text})<extra></extra>"))
+    fig.update_layout(title=f"Needle retrieval: {config_name}", xaxis_title="context length (tokens)",
+                      yaxis_title="needle depth (fraction of context)", **_LAYOUT)
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(type="category")
+    return fig
+
+
+def telemetry_figure(samples: Sequence[TelemetrySample]) -> go.Figure:
+    """Process RSS and KV-cache bytes over time, each sample coloured by the worker's phase."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("process memory (RSS)", "KV cache in use"))
+    t0 = min((s.ts for s in samples), default=0.0)
+    by_worker: dict[str, list[TelemetrySample]] = defaultdict(list)
+    for sample in samples:
+        by_worker[sample.worker_id].append(sample)
+    for row, attr in ((1, "rss_bytes"), (2, "kv_bytes")):
+        for worker, rows in by_worker.items():
+            shown = [s for s in rows if getattr(s, attr) is not None]
+            fig.add_trace(go.Scatter(x=[s.ts - t0 for s in shown], y=[getattr(s, attr) / MIB for s in shown],
+                                     mode="lines", line={"color": "#bbbbbb", "width": 1}, showlegend=False,
+                                     name=worker, hoverinfo="skip"), row=row, col=1)
+        for phase, color in PHASE_COLORS.items():
+            shown = [s for s in samples if s.phase == phase and getattr(s, attr) is not None]
+            if shown:
+                fig.add_trace(go.Scatter(
+                    name=phase, legendgroup=phase, showlegend=row == 1, x=[s.ts - t0 for s in shown],
+                    y=[getattr(s, attr) / MIB for s in shown], mode="markers", marker={"color": color, "size": 6},
+                    hovertemplate=f"{phase}<br>%{{x:.1f}} s<br>%{{y:.1f}} MiB<extra></extra>"), row=row, col=1)
+    fig.update_yaxes(title_text="RSS (MiB)", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="KV (MiB)", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="time since first sample (s)", row=2, col=1)
+    fig.update_layout(title="Memory over time, by phase", legend_title_text="phase",
+                      **(_LAYOUT | {"height": 520}))
+    return fig
+
+
+def has_gpu(samples: Sequence[TelemetrySample]) -> bool:
+    return any(s.gpu_utilization is not None or s.gpu_memory_used_bytes is not None for s in samples)
+
+
+def gpu_figure(samples: Sequence[TelemetrySample]) -> go.Figure:
+    """GPU utilization and memory over time (NVML samples)."""
+    t0 = min((s.ts for s in samples), default=0.0)
+    gpu = [s for s in samples if s.source == "nvml"]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("GPU utilization", "GPU memory used"))
+    for phase, color in PHASE_COLORS.items():
+        shown = [s for s in gpu if s.phase == phase]
+        if not shown:
+            continue
+        util = [s for s in shown if s.gpu_utilization is not None]
+        memory = [s for s in shown if s.gpu_memory_used_bytes is not None]
+        fig.add_trace(go.Scatter(name=phase, legendgroup=phase, x=[s.ts - t0 for s in util],
+                                 y=[s.gpu_utilization for s in util], mode="markers",
+                                 marker={"color": color, "size": 6}), row=1, col=1)
+        fig.add_trace(go.Scatter(name=phase, legendgroup=phase, showlegend=False, x=[s.ts - t0 for s in memory],
+                                 y=[s.gpu_memory_used_bytes / MIB for s in memory], mode="markers",
+                                 marker={"color": color, "size": 6}), row=2, col=1)
+    fig.update_yaxes(title_text="utilization (%)", range=[0, 105], row=1, col=1)
+    fig.update_yaxes(title_text="memory (MiB)", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="time since first sample (s)", row=2, col=1)
+    fig.update_layout(title="GPU over time, by phase", legend_title_text="phase", **(_LAYOUT | {"height": 520}))
+    return fig
+
+
+def compare_figure(curves: Mapping[str, Sequence[ConfigSummary]], axis: str = "bytes") -> go.Figure:
+    """Several experiments' tradeoffs overlaid: their configs as points, their Pareto fronts as lines."""
+    if axis not in X_TITLES:
+        raise ValueError(f"axis {axis!r}: one of {', '.join(X_TITLES)}")
+    fig = go.Figure()
+    for index, (label, summaries) in enumerate(curves.items()):
+        color = _PALETTE[index % len(_PALETTE)]
+        points = _plotted(summaries, axis)
+        fig.add_trace(go.Scatter(name=label, legendgroup=label, x=[_x(s, axis) for s in points],
+                                 y=[s.accuracy for s in points], mode="markers", error_y=_error_y(points),
+                                 marker={"size": 9, "color": color}, hovertext=_hover(points), hoverinfo="text"))
+        front = sorted(pareto_front(points), key=lambda s: _x(s, axis))
+        if front:
+            fig.add_trace(go.Scatter(name=f"{label}: Pareto front", legendgroup=label, x=[_x(s, axis) for s in front],
+                                     y=[s.accuracy for s in front], mode="lines",
+                                     line={"color": color, "dash": "dash"}, hoverinfo="skip"))
+    fig.update_layout(title="Tradeoffs compared", xaxis_title=X_TITLES[axis], yaxis_title=ACCURACY_TITLE, **_LAYOUT)
+    fig.update_yaxes(range=[-0.05, 1.08])
+    if axis == "ratio":
+        fig.update_xaxes(ticksuffix="x")
+    return fig
+
+
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+            "#17becf")
+
+
+def parallel_figure(rows: Sequence[CompareRow]) -> go.Figure:
+    """Parallel coordinates over the knobs and outcomes of every selected config."""
+    ids = sorted({r.experiment_id for r in rows})
+    dimensions = [
+        {"label": "experiment", "values": [r.experiment_id for r in rows], "tickvals": ids,
+         "ticktext": [f"#{i}" for i in ids]},
+        {"label": "KV bits (per element)", "values": [r.quant_bits for r in rows], "range": [0, 16],
+         "tickvals": [2, 4, 8, 16]},
+        {"label": "evicted (fraction of tokens)", "values": [r.removed_fraction for r in rows], "range": [0, 1]},
+        {"label": "ratio achieved (x)", "values": [r.ratio for r in rows]},
+        {"label": "accuracy (0-1)", "values": [r.accuracy for r in rows], "range": [0, 1]},
+    ]
+    fig = go.Figure(go.Parcoords(dimensions=dimensions, line={
+        "color": [r.accuracy for r in rows], "colorscale": "Viridis", "cmin": 0, "cmax": 1, "showscale": True,
+        "colorbar": {"title": {"text": "accuracy"}}}))
+    fig.update_layout(title="Parameters and outcomes", **(_LAYOUT | {"margin": {"l": 80, "r": 80, "t": 90, "b": 40}}))
+    return fig

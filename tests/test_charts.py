@@ -1,0 +1,147 @@
+"""Figures (traces, Pareto front, baseline band, units on every axis) and their exports."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kvlab import charts
+from kvlab.analysis import breakdown, summarize
+from kvlab.chart_export import browser_path, figure_html, figure_image, redact, report_html
+from kvlab.store import TelemetrySample
+from kvlab.views import MIB, compare_rows
+from tests.dashboard_data import PROFILE, item_result
+
+RESULTS = [item_result(config, index, length, depth) for config in PROFILE
+           for index, (length, depth) in enumerate((n, d) for n in (256, 512) for d in (0.1, 0.9) for _ in range(2))]
+SUMMARIES = summarize(RESULTS, "baseline")
+needs_chromium = pytest.mark.skipif(browser_path() is None, reason="no Chromium: `apt-get install chromium`")
+
+
+def _trace(fig, name):
+    return next(t for t in fig.data if t.name == name)
+
+
+def test_tradeoff_bytes_has_front_band_and_sweet_spot():
+    fig = charts.tradeoff_figure(SUMMARIES, "bytes")
+    assert fig.layout.xaxis.title.text == "physical KV cache (MiB)"
+    assert "accuracy" in fig.layout.yaxis.title.text and "95% CI" in fig.layout.yaxis.title.text
+    configs = _trace(fig, "configs")
+    assert list(configs.text) == ["baseline", "int4", "int2", "snapkv-50"]
+    by_name = {s.config_name: s for s in SUMMARIES}
+    assert configs.x[1] == pytest.approx(by_name["int4"].physical_kv_bytes / MIB)
+    assert list(configs.error_y.arrayminus)[2] == pytest.approx(0.5 - by_name["int2"].ci_low)
+    # int2 (fewest bytes) and int4 (baseline accuracy at a quarter of the bytes) dominate the rest
+    front = _trace(fig, "Pareto front")
+    assert list(front.x) == pytest.approx([by_name["int2"].physical_kv_bytes / MIB, by_name["int4"].physical_kv_bytes / MIB])
+    assert list(front.y) == [0.5, 1.0]
+    band = next(s for s in fig.layout.shapes if s.type == "rect")
+    assert (band.y0, band.y1) == pytest.approx((by_name["baseline"].ci_low, by_name["baseline"].ci_high))
+    assert list(_trace(fig, "sweet spot").x) == pytest.approx([by_name["int4"].physical_kv_bytes / MIB])
+    assert any("sweet spot: int4 (3.70x)" in a.text for a in fig.layout.annotations)
+
+
+def test_tradeoff_ratio_axis_and_bad_axis():
+    fig = charts.tradeoff_figure(SUMMARIES, "ratio")
+    assert fig.layout.xaxis.title.text.startswith("compression ratio (x")
+    assert list(_trace(fig, "configs").x) == pytest.approx([1.0, 1 / 0.27, 1 / 0.15, 2.0], rel=1e-3)
+    with pytest.raises(ValueError, match="axis"):
+        charts.tradeoff_figure(SUMMARIES, "tokens")
+
+
+def test_tradeoff_without_baseline_results_draws_no_band():
+    fig = charts.tradeoff_figure([s for s in SUMMARIES if s.config_name != "baseline"], "bytes")
+    assert not [s for s in fig.layout.shapes if s.type == "rect"]
+    assert "sweet spot" not in {t.name for t in fig.data}
+
+
+def test_latency_in_milliseconds():
+    fig = charts.latency_figure(SUMMARIES)
+    assert fig.layout.yaxis.title.text.startswith("TTFT (ms") and fig.layout.yaxis2.title.text.startswith("TPOT (ms")
+    assert fig.layout.xaxis.title.text == "compression ratio (x)"
+    ttft = fig.data[0]
+    assert ttft.y[0] == pytest.approx(1000 * SUMMARIES[0].ttft_s)
+
+
+def test_breakdown_by_length():
+    fig = charts.breakdown_figure(breakdown(RESULTS, lambda r: r.context_length), "context length")
+    assert fig.layout.xaxis.title.text == "context length (tokens)"
+    assert [t.name for t in fig.data] == ["baseline", "int4", "int2", "snapkv-50"]
+    assert list(fig.data[0].x) == ["256 tokens", "512 tokens"]
+
+
+def test_needle_heatmap():
+    assert charts.needle_configs(RESULTS) == ["baseline", "int4", "int2", "snapkv-50"]
+    fig = charts.needle_heatmap(RESULTS, "int2")
+    heat = fig.data[0]
+    assert list(heat.x) == ["256", "512"] and list(heat.y) == ["0.10", "0.90"]
+    assert heat.z[0][0] == 0.0 and heat.z[1][0] == 1.0  # int2 misses the first 2 of every 4 items
+    assert fig.layout.xaxis.title.text == "context length (tokens)"
+    assert fig.layout.yaxis.title.text == "needle depth (fraction of context)"
+
+
+def _samples(source="cpu"):
+    return [TelemetrySample(experiment_id=1, worker_id="w", ts=100.0 + i, phase=phase, source=source,
+                            rss_bytes=900 * MIB, kv_bytes=i * MIB, gpu_utilization=50.0 if source == "nvml" else None,
+                            gpu_memory_used_bytes=2000 * MIB if source == "nvml" else None)
+            for i, phase in enumerate(("load", "prefill", "compress", "decode"))]
+
+
+def test_telemetry_by_phase_in_mib():
+    fig = charts.telemetry_figure(_samples())
+    assert fig.layout.yaxis.title.text == "RSS (MiB)" and fig.layout.yaxis2.title.text == "KV (MiB)"
+    assert fig.layout.xaxis2.title.text == "time since first sample (s)"
+    prefill = [t for t in fig.data if t.name == "prefill"]
+    assert [list(t.y) for t in prefill] == [[900.0], [1.0]] and list(prefill[0].x) == [1.0]
+    assert not charts.has_gpu(_samples())
+
+
+def test_gpu_figure():
+    samples = _samples("nvml")
+    assert charts.has_gpu(samples)
+    fig = charts.gpu_figure(samples)
+    assert fig.layout.yaxis.title.text == "utilization (%)" and fig.layout.yaxis2.title.text == "memory (MiB)"
+    assert list(next(t for t in fig.data if t.name == "decode").y) == [50.0]
+
+
+def test_compare_and_parallel():
+    fig = charts.compare_figure({"#1 a": SUMMARIES, "#2 b": SUMMARIES[:2]}, "ratio")
+    assert [t.name for t in fig.data] == ["#1 a", "#1 a: Pareto front", "#2 b", "#2 b: Pareto front"]
+    assert fig.layout.xaxis.title.text.startswith("compression ratio (x")
+    rows = compare_rows({1: SUMMARIES}, ["1/int4", "1/snapkv-50"])
+    assert [(r.config_name, r.quant_bits, r.removed_fraction) for r in rows] == [("int4", 4.0, 0.0),
+                                                                                  ("snapkv-50", 16.0, 0.5)]
+    parallel = charts.parallel_figure(rows)
+    labels = [d.label for d in parallel.data[0].dimensions]
+    assert labels == ["experiment", "KV bits (per element)", "evicted (fraction of tokens)", "ratio achieved (x)",
+                      "accuracy (0-1)"]
+
+
+def test_html_export_is_self_contained():
+    page = figure_html(charts.tradeoff_figure(SUMMARIES))
+    assert page.lower().startswith("<!doctype html>") and "plotly" in page and "Plotly.newPlot" in page
+    assert not re.search(r"<script[^>]*\bsrc=", page)
+    assert len(page) > 3_000_000  # plotly.js itself is inlined: the file opens offline
+
+
+def test_report_has_charts_tables_spec_and_no_credentials():
+    page = report_html("kvlab: test", {"experiment": 1}, {"Summary": [{"config": "int4", "KV (MiB)": "2.278"}]},
+                       {"Memory vs accuracy": charts.tradeoff_figure(SUMMARIES)},
+                       'name = "x"\n[backend]\nbase_url = "http://user:hunter2@host:8000/v1"\n',
+                       {"versions": {"kvlab": "0.1.0"}})
+    assert page.count("<script type='text/javascript'>") == 1 and "Plotly.newPlot" in page
+    assert "<td>int4</td>" in page and "base_url" in page and "Memory vs accuracy" in page
+    assert "hunter2" not in page and "http://***@host:8000/v1" in page
+    assert redact({"a": ["postgresql://u:p@db/kvlab"]}) == {"a": ["postgresql://***@db/kvlab"]}
+
+
+@needs_chromium
+def test_image_exports_have_the_right_magic():
+    fig = charts.tradeoff_figure(SUMMARIES)
+    assert figure_image(fig, "png").startswith(b"\x89PNG\r\n\x1a\n")
+    svg = figure_image(fig, "svg")
+    assert svg.lstrip().startswith(b"<svg") and b"physical KV cache (MiB)" in svg
+    assert figure_image(fig, "pdf").startswith(b"%PDF")
+    with pytest.raises(ValueError, match="format"):
+        figure_image(fig, "bmp")
