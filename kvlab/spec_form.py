@@ -1,0 +1,241 @@
+"""The "new experiment" form as plain data: form values <-> :class:`ExperimentSpec`, field by field.
+
+The form keeps one value per widget, keyed by the spec's own field path (``tasks.0.context_lengths``),
+so a validation error from kvlab's pydantic models (``format_validation_error`` prints the same
+paths) lands next to the widget it is about.  Settings the form has no widget for (a task's
+``num_hops``, a backend's ``base_url``, ...) ride along unchanged in ``base``.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec, spec_to_dict
+
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+
+#: Columns of the configs table, in the order shown; other KVCacheConfig fields are kept as they are.
+CONFIG_COLUMNS = ("name", "quant", "group_size", "residual_length", "evict", "ratio", "keep_fraction", "threshold",
+                  "query_aware")
+_CONFIG_DEFAULTS = KVCacheConfig().model_dump(mode="json")
+
+DEFAULT_SPEC: dict[str, Any] = {
+    "name": "my-sweep", "model": "smollm2-135m",
+    "tasks": [{"name": "passkey", "context_lengths": [1024], "depths": [0.1, 0.5, 0.9], "num_items": 5}],
+    "configs": [{"name": "int4", "quant": "int4"}, {"name": "streaming-50", "evict": "streaming_llm", "ratio": 0.5}],
+}
+
+
+@dataclass
+class SpecForm:
+    """What the form shows: ``values`` by field path, ``n_tasks`` task sections, the configs table's
+    rows, and ``base``: the spec dict the form was filled from (fields without a widget)."""
+
+    values: dict[str, Any]
+    n_tasks: int
+    configs: list[dict[str, Any]]
+    base: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FormResult:
+    """A valid spec, or the problems by field path (``spec`` for the whole spec)."""
+
+    spec: ExperimentSpec | None
+    errors: dict[str, list[str]]
+
+
+def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
+    data = spec_to_dict(spec) if isinstance(spec, ExperimentSpec) else dict(spec)
+    backend = data.get("backend", {})
+    values: dict[str, Any] = {
+        "name": data.get("name", "experiment"), "model": data.get("model", "smollm2-135m"),
+        "backend.kind": backend.get("kind", "embedded"), "backend.device": backend.get("device", "auto"),
+        "seed": int(data.get("seed", 0)), "tags": ", ".join(data.get("tags", [])), "notes": data.get("notes", ""),
+    }
+    tasks = data.get("tasks", [])
+    for index, task in enumerate(tasks):
+        prefix = f"tasks.{index}."
+        values |= {
+            prefix + "name": task.get("name", "passkey"),
+            prefix + "context_lengths": _join(task.get("context_lengths", [1024])),
+            prefix + "depths": _join(task.get("depths", [0.1, 0.5, 0.9])),
+            prefix + "num_items": int(task.get("num_items", 10)),
+            prefix + "max_new_tokens": int(task.get("max_new_tokens") or 0),
+            prefix + "num_pairs": int(task.get("num_pairs", 4)),
+            prefix + "path": task.get("path") or "",
+        }
+    sweep = data.get("sweep")
+    values |= {
+        "sweep.on": sweep is not None,
+        "sweep.quant": list((sweep or {}).get("quant", ["none", "int4", "int2"])),
+        "sweep.evict": list((sweep or {}).get("evict", ["none", "snapkv"])),
+        "sweep.ratios": _join((sweep or {}).get("ratios", [0.5, 0.75])),
+        "sweep.group_size": int((sweep or {}).get("group_size", 64)),
+        "sweep.residual_length": int((sweep or {}).get("residual_length", 64)),
+        "sweep.query_aware": bool((sweep or {}).get("query_aware", False)),
+    }
+    configs = [_CONFIG_DEFAULTS | {"name": ""} | c for c in data.get("configs", [])]
+    return SpecForm(values=values, n_tasks=len(tasks), configs=configs, base=data)
+
+
+def default_form() -> SpecForm:
+    return form_from_spec(DEFAULT_SPEC)
+
+
+def empty_task_values(index: int) -> dict[str, Any]:
+    """Widget values of a newly added task section."""
+    return {key.replace("tasks.0.", f"tasks.{index}.", 1): value
+            for key, value in form_from_spec(DEFAULT_SPEC).values.items() if key.startswith("tasks.0.")}
+
+
+def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mapping[str, Any]],
+               base: Mapping[str, Any] | None = None) -> FormResult:
+    """Validate the form: list fields are parsed here (``"1024, 2048"``), everything else by
+    :func:`kvlab.config.parse_spec`, whose messages are split back onto the fields."""
+    base = dict(base or {})
+    errors: dict[str, list[str]] = {}
+
+    def numbers(key: str, kind: type) -> list[Any]:
+        try:
+            return parse_numbers(str(values.get(key, "")), kind)
+        except ValueError as error:
+            errors.setdefault(key, []).append(str(error))
+            return []
+
+    base_tasks = base.get("tasks", [])
+    tasks = []
+    for index in range(n_tasks):
+        prefix = f"tasks.{index}."
+        task = dict(base_tasks[index]) if index < len(base_tasks) else {}
+        task |= {"name": values.get(prefix + "name", "passkey"),
+                 "context_lengths": numbers(prefix + "context_lengths", int),
+                 "depths": numbers(prefix + "depths", float),
+                 "num_items": int(values.get(prefix + "num_items", 10)),
+                 "num_pairs": int(values.get(prefix + "num_pairs", 4))}
+        max_new = int(values.get(prefix + "max_new_tokens") or 0)
+        task["max_new_tokens"] = max_new or None
+        path = str(values.get(prefix + "path") or "").strip()
+        task["path"] = path or None
+        tasks.append({k: v for k, v in task.items() if v is not None})
+
+    data: dict[str, Any] = {k: v for k, v in base.items() if k not in ("sweep", "configs", "tasks")}
+    data |= {
+        "name": str(values.get("name", "")).strip() or "experiment",
+        "model": str(values.get("model") or "").strip(),
+        "seed": int(values.get("seed", 0)),
+        "tags": [t.strip() for t in str(values.get("tags", "")).split(",") if t.strip()],
+        "notes": str(values.get("notes", "")),
+        "backend": dict(base.get("backend", {})) | {"kind": values.get("backend.kind", "embedded"),
+                                                     "device": values.get("backend.device", "auto")},
+        "tasks": tasks,
+        "configs": [row for row in (_config_row(c) for c in configs) if row is not None],
+    }
+    if not data["model"]:
+        errors.setdefault("model", []).append("give a registry name (smollm2-135m), a local directory or a .gguf file")
+    if values.get("sweep.on"):
+        data["sweep"] = {
+            "quant": list(values.get("sweep.quant") or []), "evict": list(values.get("sweep.evict") or []),
+            "ratios": numbers("sweep.ratios", float), "group_size": int(values.get("sweep.group_size", 64)),
+            "residual_length": int(values.get("sweep.residual_length", 64)),
+            "query_aware": bool(values.get("sweep.query_aware", False)),
+        }
+        for key in ("quant", "evict"):
+            if not data["sweep"][key]:
+                errors.setdefault(f"sweep.{key}", []).append("pick at least one")
+    if errors:
+        return FormResult(None, errors)
+    try:
+        return FormResult(parse_spec(data), {})
+    except ConfigError as error:
+        return FormResult(None, split_errors(str(error)))
+
+
+def _config_row(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A configs-table row as a KVCacheConfig dict: blanks dropped; None for an empty row."""
+    clean = {k: v for k, v in row.items() if not _blank(v)}
+    if not any(k in clean for k in ("name", "quant", "evict")):
+        return None
+    for key in ("group_size", "residual_length", "window_size", "n_sink"):
+        if key in clean:
+            clean[key] = int(clean[key])
+    if "query_aware" in clean:
+        clean["query_aware"] = bool(clean["query_aware"])
+    return clean
+
+
+def _blank(value: Any) -> bool:
+    return value is None or value == "" or (isinstance(value, float) and math.isnan(value))
+
+
+def split_errors(message: str) -> dict[str, list[str]]:
+    """``format_validation_error`` lines (``path: message``) grouped by path."""
+    errors: dict[str, list[str]] = {}
+    for line in message.splitlines():
+        path, sep, text = line.partition(": ")
+        if not sep or " " in path:
+            path, text = "spec", line
+        errors.setdefault(path, []).append(text)
+    return errors
+
+
+def assign_errors(errors: Mapping[str, list[str]], keys: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """Give each error to the most specific field key that contains its path (``tasks.0.depths.1``
+    goes to ``tasks.0.depths`` before ``tasks.0``); the rest, with their paths, are returned apart."""
+    by_key: dict[str, list[str]] = {}
+    rest = []
+    for path, messages in errors.items():
+        owner = max((k for k in keys if path == k or path.startswith(k + ".")), key=len, default=None)
+        for message in messages:
+            if owner is None:
+                rest.append(message if path == "spec" else f"{path}: {message}")
+            else:
+                inner = path.removeprefix(owner).lstrip(".")
+                by_key.setdefault(owner, []).append(f"{inner}: {message}" if inner else message)
+    return by_key, rest
+
+
+def parse_numbers(text: str, kind: type = float) -> list[Any]:
+    """``"1024, 2048"`` -> ``[1024, 2048]``; a ValueError naming the bad entry otherwise."""
+    out = []
+    for part in text.replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            out.append(kind(part))
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise ValueError(f"{part!r} is not {what}; separate values with commas") from None
+    if not out:
+        raise ValueError("give at least one value")
+    return out
+
+
+def _join(values: Sequence[Any]) -> str:
+    return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def spec_from_toml(text: str) -> tuple[ExperimentSpec, list[str]]:
+    """A spec from TOML text (native or seed-blog shaped), like :func:`kvlab.config.load_spec`."""
+    from kvlab.seed_format import is_seed_style, translate_seed_spec
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"not valid TOML: {error}") from None
+    if is_seed_style(data):
+        data, warnings = translate_seed_spec(data)
+        return parse_spec(data), warnings
+    return parse_spec(data), []
+
+
+def list_examples() -> dict[str, Path]:
+    """The example specs shipped in ``examples/``, by file stem; ``tiny`` first (it runs in a minute)."""
+    paths = sorted(EXAMPLES_DIR.glob("*.toml"), key=lambda p: (p.stem != "tiny", p.stem))
+    return {p.stem: p for p in paths}

@@ -1,0 +1,210 @@
+"""Pure helpers behind the dashboard: URL state (query params <-> view state) and table rows.
+
+Nothing here imports streamlit, so the pages stay thin and these functions are tested directly.
+Every view keeps its state in the URL's query parameters (the page itself is the URL path), so a
+link opened in another browser shows the same view.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from kvlab.analysis import ConfigSummary
+from kvlab.results import ItemResult
+from kvlab.store.records import ExperimentRecord, TrialRecord
+
+MIB = 1024 * 1024
+
+#: URL paths of the pages (``st.Page(url_path=...)``).
+PAGE_EXPERIMENTS, PAGE_NEW, PAGE_EXPERIMENT, PAGE_COMPARE = "experiments", "new", "experiment", "compare"
+
+#: Experiments table: sort choice -> ``Store.list_experiments(order=...)``.
+SORTS = {"newest": "-created_at", "oldest": "created_at", "name": "name", "status": "status",
+         "recently started": "-started_at", "recently finished": "-finished_at"}
+PAGE_SIZE = 50
+
+X_AXES = ("bytes", "ratio")
+
+
+def parse_int(value: str | None) -> int | None:
+    """An id from the URL, or None for anything that is not a positive integer."""
+    try:
+        number = int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 else None
+
+
+def parse_ids(values: Iterable[str]) -> list[int]:
+    """Experiment ids from repeated (``ids=1&ids=2``) or comma-separated (``ids=1,2``) params,
+    in order, without duplicates; anything else is ignored."""
+    ids: list[int] = []
+    for value in values:
+        for part in str(value).split(","):
+            number = parse_int(part)
+            if number is not None and number not in ids:
+                ids.append(number)
+    return ids
+
+
+def trial_key(experiment_id: int, config_name: str) -> str:
+    """How a trial (a config of an experiment) is named in the URL and the pickers: ``3/int4``."""
+    return f"{experiment_id}/{config_name}"
+
+
+def share_url(base: str | None, params: Mapping[str, str | int | Sequence[str | int] | None]) -> str:
+    """The link that reopens this view: ``base`` (the page's URL, no query) plus the non-empty params."""
+    query = []
+    for key, value in params.items():
+        if value is None or value == "" or (isinstance(value, (list, tuple)) and not value):
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        query += [(key, str(v)) for v in values]
+    encoded = urlencode(query)
+    return f"{base or ''}?{encoded}" if encoded else (base or "")
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+def _missing(value: float | None) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def fmt(value: float | None, spec: str, scale: float = 1.0, suffix: str = "") -> str:
+    return "-" if _missing(value) else format(value * scale, spec) + suffix
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
+    if _missing(seconds) or seconds < 0:
+        return "-"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def experiment_duration(experiment: ExperimentRecord, now: datetime | None = None) -> float | None:
+    """Seconds from start to finish (to now while it runs); None before it starts."""
+    if experiment.started_at is None:
+        return None
+    end = experiment.finished_at or now or datetime.now(UTC)
+    start = experiment.started_at
+    if start.tzinfo is None:  # SQLite hands back naive datetimes (stored as UTC)
+        start = start.replace(tzinfo=UTC)
+    if end.tzinfo is None:
+        end = end.replace(tzinfo=UTC)
+    return (end - start).total_seconds()
+
+
+def progress(experiment: ExperimentRecord) -> float:
+    """Fraction done in [0, 1]: items where their totals are known, else trials."""
+    if experiment.items_total:
+        return min(1.0, experiment.items_done / experiment.items_total)
+    if experiment.trials_total:
+        ended = experiment.trials_done + experiment.trials_failed + experiment.trials_cancelled
+        return ended / experiment.trials_total
+    return 0.0
+
+
+def sweet_spot_label(sweet: ConfigSummary | None) -> str:
+    """``4.00x (int4)``: the most compressed config that holds the baseline's accuracy."""
+    if sweet is None:
+        return "-"
+    return f"{fmt(sweet.compression_ratio, '.2f', suffix='x')} ({sweet.config_name})"
+
+
+# -- tables -------------------------------------------------------------------------------------
+
+def experiment_rows(experiments: Sequence[ExperimentRecord], best: Mapping[int, str],
+                    now: datetime | None = None) -> list[dict[str, Any]]:
+    """Rows of the experiments table; ``best``: the sweet-spot label of the experiments that have one."""
+    return [{
+        "id": e.id, "name": e.name, "status": e.status, "progress": progress(e),
+        "trials": f"{e.trials_done}/{e.trials_total}", "items": f"{e.items_done}/{e.items_total or '?'}",
+        "best ratio holding baseline": best.get(e.id, "-"), "model": e.model,
+        "started": e.started_at.strftime("%Y-%m-%d %H:%M") if e.started_at else "-",
+        "duration": fmt_duration(experiment_duration(e, now)), "tags": ", ".join(e.tags),
+    } for e in experiments]
+
+
+def trial_rows(trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+    return [{"trial": t.id, "config": t.config_name, "status": t.status,
+             "items": f"{t.items_done}/{t.items_total if t.items_total is not None else '?'}",
+             "progress": (t.items_done / t.items_total) if t.items_total else 0.0,
+             "attempts": t.attempts, "worker": t.worker_id or "-", "error": t.error or ""} for t in trials]
+
+
+def summary_rows(summaries: Sequence[ConfigSummary], sweet_name: str | None = None) -> list[dict[str, Any]]:
+    """The per-config summary with the units in the column names."""
+    rows = []
+    for s in summaries:
+        ci = f"[{s.ci_low:.2f}, {s.ci_high:.2f}]" if not _missing(s.ci_low) else "-"
+        rows.append({
+            "config": s.config_name + ("  ★ sweet spot" if s.config_name == sweet_name else ""),
+            "items": s.n_items, "accuracy": fmt(s.accuracy, ".3f"), "95% CI": ci,
+            "p vs baseline": fmt(s.p_value, ".3f"), "KV (MiB)": fmt(s.physical_kv_bytes, ".3f", 1 / MIB),
+            "ratio (x)": fmt(s.compression_ratio, ".2f"), "kept": fmt(s.kept_fraction, ".0%"),
+            "TTFT (ms)": fmt(s.ttft_s, ".0f", 1000), "TPOT (ms)": fmt(s.tpot_s, ".1f", 1000),
+            "perplexity": fmt(s.perplexity, ".2f"), "errors": s.errors,
+        })
+    return rows
+
+
+def failed_rows(results: Sequence[ItemResult], limit: int = 500) -> list[dict[str, Any]]:
+    """Items a config got wrong (score < 1) or that raised, with what the model generated."""
+    rows = []
+    for r in results:
+        if r.error is None and (r.score is None or r.score >= 1.0):
+            continue
+        rows.append({"config": r.config_name, "task": r.task, "item": r.item_id, "context (tokens)": r.context_length,
+                     "depth": fmt(r.depth, ".2f"), "expected": r.answer, "generated": r.generated,
+                     "score": fmt(r.score, ".2f"), "error": r.error or ""})
+        if len(rows) >= limit:
+            break
+    return rows
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One config of one experiment, flattened for the parallel-coordinates view."""
+
+    experiment_id: int
+    config_name: str
+    quant_bits: float
+    removed_fraction: float
+    accuracy: float
+    ratio: float
+
+
+QUANT_BITS = {"none": 16.0, "int8": 8.0, "fp8_e4m3": 8.0, "fp8_e5m2": 8.0, "int4": 4.0, "int2": 2.0}
+
+
+def compare_rows(summaries_by_experiment: Mapping[int, Sequence[ConfigSummary]],
+                 selected: Sequence[str] | None = None) -> list[CompareRow]:
+    """Rows of the configs in ``selected`` (trial keys; None: all) that have an accuracy."""
+    rows = []
+    for experiment_id, summaries in summaries_by_experiment.items():
+        for s in summaries:
+            if selected is not None and trial_key(experiment_id, s.config_name) not in selected:
+                continue
+            if _missing(s.accuracy) or _missing(s.compression_ratio):
+                continue
+            config = s.config
+            removed = config.get("ratio")
+            if removed is None and config.get("keep_fraction") is not None:
+                removed = 1.0 - config["keep_fraction"]
+            if removed is None:  # no eviction, or a threshold: what was actually dropped
+                removed = 1.0 - (s.kept_fraction if not _missing(s.kept_fraction) else 1.0)
+            rows.append(CompareRow(experiment_id, s.config_name, QUANT_BITS.get(config.get("quant", "none"), 16.0),
+                                   float(removed), float(s.accuracy), float(s.compression_ratio)))
+    return rows

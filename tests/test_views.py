@@ -1,0 +1,153 @@
+"""The dashboard's pure helpers: URL state, tables, the spec form, the duration estimate."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from kvlab import estimate, views
+from kvlab.analysis import summarize
+from kvlab.config import ConfigError, load_spec
+from kvlab.spec_form import (
+    assign_errors,
+    build_spec,
+    default_form,
+    empty_task_values,
+    form_from_spec,
+    list_examples,
+    parse_numbers,
+    spec_from_toml,
+)
+from kvlab.store import ExperimentRecord
+from tests.dashboard_data import PROFILE, item_result
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_no_streamlit_in_kvlab():
+    offenders = [p.name for p in (ROOT / "kvlab").rglob("*.py") if re.search(r"^\s*(import|from) streamlit",
+                                                                           p.read_text(), re.MULTILINE)]
+    assert offenders == []
+
+
+def test_url_state():
+    assert views.parse_int("12") == 12 and views.parse_int("x") is None and views.parse_int("-3") is None
+    assert views.parse_int(None) is None
+    assert views.parse_ids(["3", "1,2", "3", "junk", "0"]) == [3, 1, 2]
+    assert views.share_url("http://127.0.0.1:8501/experiment", {"id": 3, "hide": ["int2", "a b"], "x": None,
+                                                                 "tab": ""}) == \
+        "http://127.0.0.1:8501/experiment?id=3&hide=int2&hide=a+b"
+    assert views.share_url(None, {"ids": [1, 2]}) == "?ids=1&ids=2"
+    assert views.share_url("http://h/new", {}) == "http://h/new"
+    assert views.trial_key(3, "int4") == "3/int4"
+
+
+def test_durations():
+    assert [views.fmt_duration(s) for s in (None, 42, 185, 7620)] == ["-", "42 s", "3 min 05 s", "2 h 07 min"]
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    record = _record(started_at=start.replace(tzinfo=None), finished_at=None)  # SQLite: naive UTC
+    assert views.experiment_duration(record, now=start + timedelta(seconds=90)) == 90
+
+
+def _record(**changes) -> ExperimentRecord:
+    fields = {"id": 1, "name": "e", "tags": ["a", "b"], "notes": "", "spec": {}, "seed": 0, "model": "m",
+              "backend_kind": "embedded", "versions": {}, "git_commit": None, "hardware": {}, "status": "running",
+              "error": None, "created_at": datetime(2026, 1, 1), "started_at": None, "finished_at": None,
+              "trials_total": 4, "trials_done": 1, "items_total": 40, "items_done": 10}
+    return ExperimentRecord(**fields | changes)
+
+
+def test_experiment_rows_and_progress():
+    rows = views.experiment_rows([_record(), _record(id=2, items_total=0, items_done=0, trials_done=2)],
+                                 {1: "3.70x (int4)"})
+    assert rows[0]["progress"] == 0.25 and rows[0]["best ratio holding baseline"] == "3.70x (int4)"
+    assert rows[0]["tags"] == "a, b" and rows[0]["duration"] == "-" and rows[0]["trials"] == "1/4"
+    assert rows[1]["progress"] == 0.5 and rows[1]["best ratio holding baseline"] == "-"
+
+
+def test_summary_and_failed_rows():
+    results = [item_result(c, i, 256, 0.5) for c in PROFILE for i in range(4)]
+    rows = views.summary_rows(summarize(results), sweet_name="int4")
+    assert [r["config"] for r in rows] == ["baseline", "int4  ★ sweet spot", "int2", "snapkv-50"]
+    assert rows[1]["ratio (x)"] == "3.70" and rows[0]["TTFT (ms)"] == "100" and rows[0]["p vs baseline"] == "-"
+    failed = views.failed_rows(results)
+    assert {(r["config"], r["generated"]) for r in failed} == {("int2", " 99999."), ("snapkv-50", " 99999.")}
+    assert len(failed) == 3
+
+
+def test_form_round_trips_every_example():
+    for name, path in list_examples().items():
+        spec, _ = load_spec(path)
+        form = form_from_spec(spec)
+        result = build_spec(form.values, form.n_tasks, form.configs, form.base)
+        assert result.errors == {} and result.spec == spec, name
+    assert next(iter(list_examples())) == "tiny"
+
+
+def test_default_form_is_valid():
+    form = default_form()
+    result = build_spec(form.values, form.n_tasks, form.configs, form.base)
+    assert [c.label for c in result.spec.all_configs()] == ["baseline", "int4", "streaming-50"]
+
+
+def test_form_errors_land_on_their_fields():
+    form = default_form()
+    values = form.values | {"tasks.0.context_lengths": "64, abc"}
+    assert build_spec(values, 1, form.configs).errors == {
+        "tasks.0.context_lengths": ["'abc' is not a whole number; separate values with commas"]}
+    values = form.values | {"tasks.0.context_lengths": "64", "sweep.on": True, "sweep.ratios": "0.5, 1.5",
+                            "sweep.evict": []}
+    errors = build_spec(values, 1, form.configs).errors
+    assert errors == {"sweep.evict": ["pick at least one"]}
+    values["sweep.evict"] = ["snapkv"]
+    configs = [*form.configs, {"name": "bad", "evict": "snapkv"}, {"name": None, "quant": None}]
+    errors = build_spec(values, 1, configs).errors
+    assert "128..131072" in errors["tasks.0.context_lengths"][0]
+    assert "exactly one budget" in errors["configs.2"][0]
+    assert errors["sweep.ratios.1"] == ["Input should be less than 1"]
+    placed, rest = assign_errors(errors | {"spec": ["duplicate config names"], "seed": ["bad"]},
+                                 ["tasks.0.context_lengths", "configs", "sweep.ratios", "tasks.0"])
+    assert placed["sweep.ratios"] == ["1: Input should be less than 1"]
+    assert placed["configs"][0].startswith("2: evict = 'snapkv'")
+    assert rest == ["duplicate config names", "seed: bad"]
+
+
+def test_form_keeps_fields_it_has_no_widget_for():
+    spec, _ = spec_from_toml('name = "x"\n[[tasks]]\nname = "variable_tracking"\nnum_hops = 7\n'
+                             '[[configs]]\nquant = "int4"\nkey_axis = "token"\n')
+    form = form_from_spec(spec)
+    form.values["tasks.0.num_items"] = 3
+    rebuilt = build_spec(form.values, form.n_tasks, form.configs, form.base).spec
+    assert rebuilt.tasks[0].num_hops == 7 and rebuilt.tasks[0].num_items == 3
+    assert rebuilt.configs[0].key_axis == "token"
+    assert empty_task_values(2)["tasks.2.name"] == "passkey"
+
+
+def test_numbers_and_toml():
+    assert parse_numbers("1024, 2048;4096", int) == [1024, 2048, 4096]
+    with pytest.raises(ValueError, match="at least one"):
+        parse_numbers(" , ")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        spec_from_toml("name = ")
+    spec, warnings = spec_from_toml((ROOT / "examples" / "seed_blog.toml").read_text())
+    assert spec.all_configs() and isinstance(warnings, list)
+
+
+def test_estimate():
+    tiny, _ = load_spec(ROOT / "examples" / "tiny.toml")
+    quick, _ = load_spec(ROOT / "examples" / "quick.toml")
+    assert estimate.items_per_config(tiny) == 2 and estimate.items_per_config(quick) == 20
+    assert estimate.DEFAULT_RATES.prefill_s(1024) == pytest.approx(1.2)
+    assert estimate.DEFAULT_RATES.prefill_s(2048) == pytest.approx(2.6)
+    # quick: 11 configs in 3 claims; 10 items at 1K and 10 at 2K
+    expected = 10 + 10 * (1.2 * 3 + 0.5 * 11) + 10 * (2.6 * 3 + 0.5 * 11)
+    assert estimate.estimate_seconds(quick) == pytest.approx(expected)
+    assert estimate.estimate_seconds(tiny) < 30
+    results = [item_result(c, i, 1024 + 20, 0.5) for c in PROFILE for i in range(4)]
+    rates = estimate.rates_from_results(results, "past")
+    assert rates.source == "past" and rates.per_config_item == pytest.approx(0.155)
+    assert rates.prefill_s(1024) == pytest.approx(0.09 * 1044 / 256)  # what those items measured at 1024 tokens
+    assert estimate.rates_from_results([], "none") is None
