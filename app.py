@@ -1,0 +1,38 @@
+"""kvlab dashboard: `streamlit run app.py`.
+
+Each page is one file in pages/; the page is the URL path and its state the query parameters, so
+any view can be shared as a link.  Pages read and write through kvlab.store and draw with
+kvlab.charts; errors reach the user as messages, never as tracebacks.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import streamlit as st
+
+from kvlab.chart_export import ExportError
+from kvlab.config import ConfigError
+from kvlab.store import StoreError
+from kvlab.views import PAGE_COMPARE, PAGE_EXPERIMENT, PAGE_EXPERIMENTS, PAGE_NEW
+from pages.common import PAGE_FILES
+
+st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
+
+pages = [
+    st.Page(PAGE_FILES[PAGE_EXPERIMENTS], title="Experiments", icon=":material/table_rows:", url_path=PAGE_EXPERIMENTS,
+            default=True),
+    st.Page(PAGE_FILES[PAGE_NEW], title="New experiment", icon=":material/add_circle:", url_path=PAGE_NEW),
+    st.Page(PAGE_FILES[PAGE_EXPERIMENT], title="Experiment", icon=":material/monitoring:", url_path=PAGE_EXPERIMENT),
+    st.Page(PAGE_FILES[PAGE_COMPARE], title="Compare", icon=":material/compare_arrows:", url_path=PAGE_COMPARE),
+]
+page = st.navigation(pages)
+st.sidebar.caption("kvlab: KV-cache compression, memory vs accuracy")
+try:
+    page.run()
+except (StoreError, ConfigError, ExportError) as error:
+    st.error(str(error))
+except Exception as error:  # a bug: say what happened, keep the traceback in the server log
+    logging.getLogger("kvlab.dashboard").exception("page %s failed", page.title)
+    st.error(f"Something went wrong on this page ({type(error).__name__}: {error}). "
+             "The details are in the dashboard's log.")

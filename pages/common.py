@@ -1,0 +1,106 @@
+"""Streamlit plumbing the pages share: the store, cached reads, charts with their exports, share links.
+
+Not a page (app.py lists the pages); everything that computes lives in kvlab/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from kvlab import views
+from kvlab.analysis import ConfigSummary, summarize, sweet_spot
+from kvlab.chart_export import IMAGE_FORMATS, figure_html, figure_image
+from kvlab.results import ItemResult
+from kvlab.store import ExperimentRecord, Store, StoreError
+
+#: Page files by URL path.  No file is named like a URL path: with a pages/ folder present Streamlit
+#: first tries its older folder-based navigation, which would run a page whose file name matches the
+#: requested URL without app.py (and its st.navigation) when that URL is a process's first request.
+PAGE_FILES = {views.PAGE_EXPERIMENTS: "pages/list_experiments.py", views.PAGE_NEW: "pages/new_experiment.py",
+              views.PAGE_EXPERIMENT: "pages/view_experiment.py", views.PAGE_COMPARE: "pages/compare_experiments.py"}
+
+
+@st.cache_resource(show_spinner=False)
+def _open_store(url: str | None) -> Store:
+    return Store(url)
+
+
+def get_store() -> Store:
+    """The store of ``$KVLAB_DATABASE_URL`` (else db/kvlab.sqlite), opened once per process."""
+    try:
+        return _open_store(os.environ.get("KVLAB_DATABASE_URL"))
+    except StoreError as error:
+        st.error(f"The experiment store cannot be opened: {error}")
+        st.stop()
+
+
+@st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
+def load_results(experiment_id: int, version: tuple[Any, ...], db: str | None) -> tuple[list[ItemResult], str]:
+    """An experiment's item results and its baseline's name.  ``version`` (items done, status) and
+    ``db`` only key the cache: a result set changes only when they do."""
+    store = get_store()
+    trials = store.trials(experiment_id)
+    baseline = next((t.config_name for t in trials if t.position == 0), "baseline")
+    return store.item_results(experiment_id), baseline
+
+
+def results_of(experiment: ExperimentRecord) -> tuple[list[ItemResult], str]:
+    return load_results(experiment.id, (experiment.items_done, experiment.status),
+                        os.environ.get("KVLAB_DATABASE_URL"))
+
+
+def summaries_of(experiment: ExperimentRecord) -> tuple[list[ConfigSummary], str]:
+    results, baseline = results_of(experiment)
+    return summarize(results, baseline), baseline
+
+
+def best_label(experiment: ExperimentRecord) -> str:
+    """The sweet spot of an experiment with results ("-" without)."""
+    if not experiment.items_done:
+        return "-"
+    summaries, baseline = summaries_of(experiment)
+    return views.sweet_spot_label(sweet_spot(summaries, baseline))
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "kvlab"
+
+
+def chart(fig: go.Figure, key: str, file_stem: str) -> None:
+    """The figure, and under it downloads as PNG / SVG / PDF / HTML, rendered only when clicked."""
+    st.plotly_chart(fig, key=key, width="stretch")
+    with st.container(horizontal=True):
+        for fmt, mime in IMAGE_FORMATS.items():
+            st.download_button(fmt.upper(), data=_image_callable(fig, fmt), file_name=f"{file_stem}.{fmt}", mime=mime,
+                               key=f"{key}-{fmt}", on_click="ignore", icon=":material/download:")
+        st.download_button("HTML", data=lambda: figure_html(fig), file_name=f"{file_stem}.html", mime="text/html",
+                           key=f"{key}-html", on_click="ignore", icon=":material/download:")
+
+
+def _image_callable(fig: go.Figure, fmt: str) -> Callable[[], bytes]:
+    return lambda: figure_image(fig, fmt)
+
+
+def share_box(params: Mapping[str, str | int | Sequence[str | int] | None]) -> None:
+    """The link to this view (page and its state), in the sidebar with a copy button."""
+    url = views.share_url(st.context.url, params)
+    with st.sidebar:
+        st.caption("Share this view (copy the link):")
+        st.code(url, language=None, wrap_lines=True)
+
+
+def empty_state(message: str, page: str | None = None, label: str | None = None) -> None:
+    """Say what to do, with a link to the page where it is done."""
+    st.info(message, icon=":material/info:")
+    if page is not None:
+        st.page_link(PAGE_FILES[page], label=label or page, icon=":material/arrow_forward:")
+
+
+def experiment_label(experiment: ExperimentRecord) -> str:
+    return f"#{experiment.id} {experiment.name} ({experiment.status})"

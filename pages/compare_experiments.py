@@ -1,0 +1,59 @@
+"""Compare: several experiments' tradeoff curves overlaid, and a parallel-coordinates view of the
+knobs (KV bits, evicted fraction) against the outcomes (ratio achieved, accuracy)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from kvlab import charts, views
+from kvlab.store import ExperimentNotFoundError
+from pages.common import chart, empty_state, experiment_label, get_store, share_box, summaries_of
+
+st.title("Compare experiments")
+store = get_store()
+recent = store.list_experiments(limit=200)
+if not recent:
+    empty_state("Nothing to compare yet: run two experiments (say, the same sweep on two models), then pick them "
+                "here.", views.PAGE_NEW, "New experiment")
+    st.stop()
+
+records = {e.id: e for e in recent}
+missing = []
+for wanted_id in views.parse_ids(st.query_params.get_all("ids")):
+    if wanted_id not in records:
+        try:
+            records[wanted_id] = store.get_experiment(wanted_id)
+        except ExperimentNotFoundError:
+            missing.append(wanted_id)
+if missing:
+    st.warning(f"Experiment(s) {', '.join(f'#{i}' for i in missing)} no longer exist(s).")
+wanted = [i for i in views.parse_ids(st.query_params.get_all("ids")) if i in records]
+chosen = st.multiselect("Experiments", list(records), default=wanted, key="compare_pick",
+                        format_func=lambda i: experiment_label(records[i]))
+if views.parse_ids(st.query_params.get_all("ids")) != chosen:
+    st.query_params["ids"] = [str(i) for i in chosen]
+
+summaries = {i: summaries_of(records[i])[0] for i in chosen}
+trial_keys = [views.trial_key(i, s.config_name) for i, rows in summaries.items() for s in rows]
+hidden = st.multiselect("Hide configs", trial_keys, key="hide", bind="query-params",
+                        help="experiment/config: leave these out of the charts")
+axis = st.radio("x axis", views.X_AXES, key="x", bind="query-params", horizontal=True,
+                help="bytes: physical KV cache in MiB; ratio: baseline bytes / physical bytes")
+share_box({"ids": chosen, "hide": hidden, "x": axis if axis != views.X_AXES[0] else None})
+
+if not chosen:
+    st.info("Pick one or more experiments above (or select them on the Experiments page and press Compare).")
+    st.stop()
+if not trial_keys:
+    st.info("The chosen experiments have no results yet.")
+    st.stop()
+
+curves = {experiment_label(records[i]): [s for s in rows if views.trial_key(i, s.config_name) not in hidden]
+          for i, rows in summaries.items()}
+chart(charts.compare_figure(curves, axis), "compare", "kvlab-compare")
+rows = views.compare_rows(summaries, [k for k in trial_keys if k not in hidden])
+if rows:
+    chart(charts.parallel_figure(rows), "parallel", "kvlab-parameters")
+    st.dataframe([{"experiment": r.experiment_id, "config": r.config_name, "KV bits": r.quant_bits,
+                   "evicted (fraction)": round(r.removed_fraction, 3), "ratio (x)": round(r.ratio, 2),
+                   "accuracy": round(r.accuracy, 3)} for r in rows], hide_index=True)

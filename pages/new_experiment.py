@@ -1,0 +1,309 @@
+"""New experiment: build a spec (model, backend, tasks, configs, sweep grid), see what it will cost,
+launch it on local workers; or load / upload / download it as TOML.
+
+Every widget's key is the spec field it sets (prefixed ``f:``), so kvlab's validation messages are
+placed next to the widget they are about (``kvlab.spec_form.assign_errors``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from kvlab import estimate, launcher, views
+from kvlab.cli_store import DB_DIR
+from kvlab.config import (
+    EVICTION_METHODS,
+    GROUP_SIZES,
+    QUANT_DTYPES,
+    BackendKind,
+    ConfigError,
+    ExperimentSpec,
+    dump_spec,
+)
+from kvlab.models import KNOWN_MODELS
+from kvlab.provenance import environment
+from kvlab.spec_form import (
+    CONFIG_COLUMNS,
+    SpecForm,
+    assign_errors,
+    build_spec,
+    default_form,
+    empty_task_values,
+    form_from_spec,
+    list_examples,
+    spec_from_toml,
+)
+from kvlab.tasks.spec import TaskName
+from pages.common import PAGE_FILES, get_store, share_box
+
+P = "f:"  # widget keys: P + spec field path
+TASK_NAMES: tuple[str, ...] = TaskName.__args__  # type: ignore[attr-defined]
+BACKENDS: tuple[str, ...] = BackendKind.__args__  # type: ignore[attr-defined]
+EXAMPLE_TO_LAUNCH = "tiny"
+
+store = get_store()
+
+
+def load_form(form: SpecForm) -> None:
+    """Fill every widget from ``form`` (run before the widgets are drawn: in a callback or at the top)."""
+    for key in [k for k in st.session_state if isinstance(k, str) and k.startswith(P)]:
+        del st.session_state[key]
+    for key, value in form.values.items():
+        st.session_state[P + key] = value
+    st.session_state["form_n_tasks"] = form.n_tasks
+    st.session_state["form_configs"] = st.session_state["form_configs_seen"] = form.configs
+    st.session_state["form_values"] = dict(form.values)
+    st.session_state["form_base"] = form.base
+    st.session_state["form_version"] = st.session_state.get("form_version", 0) + 1
+
+
+def on_upload() -> None:
+    upload = st.session_state.get("spec_upload")
+    if upload is None:
+        return
+    try:
+        spec, warnings = spec_from_toml(upload.getvalue().decode("utf-8"))
+    except (ConfigError, UnicodeDecodeError) as error:
+        st.session_state["form_flash"] = [("error", f"{upload.name} was not loaded: {error}")]
+        return
+    load_form(form_from_spec(spec))
+    st.session_state["form_warnings"] = warnings
+    st.session_state["form_flash"] = [("ok", f"Loaded {upload.name}.")] + [("warning", w) for w in warnings]
+
+
+def on_example() -> None:
+    name = st.session_state["example_pick"]
+    try:
+        spec, warnings = spec_from_toml(list_examples()[name].read_text())
+    except ConfigError as error:
+        st.session_state["form_flash"] = [("error", f"example {name}: {error}")]
+        return
+    load_form(form_from_spec(spec))
+    st.session_state["form_warnings"] = warnings
+    st.session_state["form_flash"] = [("ok", f"Loaded the example '{name}'.")]
+
+
+def add_task() -> None:
+    index = st.session_state["form_n_tasks"]
+    for key, value in empty_task_values(index).items():
+        st.session_state[P + key] = value
+    st.session_state["form_n_tasks"] = index + 1
+
+
+def remove_task(index: int) -> None:
+    """Shift the later tasks' widget values down one place."""
+    count = st.session_state["form_n_tasks"]
+    suffixes = [k.removeprefix(f"{P}tasks.{index}.") for k in list(st.session_state)
+                if isinstance(k, str) and k.startswith(f"{P}tasks.{index}.")]
+    for later in range(index + 1, count):
+        for suffix in suffixes:
+            st.session_state[f"{P}tasks.{later - 1}.{suffix}"] = st.session_state.get(f"{P}tasks.{later}.{suffix}")
+    for suffix in suffixes:
+        st.session_state.pop(f"{P}tasks.{count - 1}.{suffix}", None)
+    base = dict(st.session_state["form_base"])
+    base["tasks"] = [t for i, t in enumerate(base.get("tasks", [])) if i != index]
+    st.session_state["form_base"] = base
+    st.session_state["form_n_tasks"] = count - 1
+
+
+def launch(spec: ExperimentSpec, workers: int, warnings: list[str]) -> None:
+    experiment_id = store.create_experiment(spec, environment())
+    for warning in warnings:
+        store.log_event(experiment_id, warning, level="warning")
+    launcher.start_local_workers(workers, DB_DIR / "logs", os.environ.get("KVLAB_DATABASE_URL"))
+    st.switch_page(PAGE_FILES[views.PAGE_EXPERIMENT], query_params={"id": str(experiment_id)})
+
+
+@st.cache_data(ttl=300, show_spinner=False)
+def past_rates(model: str, db: str | None) -> estimate.Rates | None:
+    """Timing rates from the newest finished experiment of ``model`` (``db`` keys the cache)."""
+    for record in get_store().list_experiments(status="done", search=model, limit=20):
+        if record.model == model and record.items_done:
+            rates = estimate.rates_from_results(get_store().item_results(record.id),
+                                                f"past results of experiment #{record.id} ({model})")
+            if rates is not None:
+                return rates
+    return None
+
+
+if "form_n_tasks" not in st.session_state:
+    load_form(default_form())
+else:  # back from another page: Streamlit dropped the widgets' values, the mirror kept them
+    for key, value in st.session_state["form_values"].items():
+        st.session_state.setdefault(P + key, value)
+    if f"configs_editor_{st.session_state['form_version']}" not in st.session_state:
+        st.session_state["form_configs"] = st.session_state["form_configs_seen"]
+
+st.title("New experiment")
+share_box({})
+for kind, text in st.session_state.pop("form_flash", []):
+    {"ok": st.success, "warning": st.warning, "error": st.error}[kind](text)
+
+with st.container(border=True):
+    st.markdown("**New here?** Launch the tiny example sweep (3 configs, 2 passkey items at 256 tokens, "
+                "about a minute on a laptop CPU) and watch it run.")
+    if st.button("Launch the tiny example", type="primary", icon=":material/rocket_launch:", key="launch_example"):
+        tiny, _ = spec_from_toml(list_examples()[EXAMPLE_TO_LAUNCH].read_text())
+        launch(tiny, 1, [])
+
+start_col, upload_col = st.columns(2)
+with start_col:
+    examples = list(list_examples())
+    st.selectbox("Start from an example", examples, key="example_pick")
+    st.button("Load example into the form", on_click=on_example, key="load_example")
+with upload_col:
+    st.file_uploader("…or upload a spec (TOML)", type=["toml"], key="spec_upload", on_change=on_upload,
+                     help="A kvlab spec, or a seed-blog shaped one ([server] / [kv_cache]); it replaces the form.")
+
+slots: dict[str, Any] = {}
+
+
+def slot(key: str) -> None:
+    """A place under a widget for the validation messages about its field."""
+    slots[key] = st.empty()
+
+
+st.header("Model and backend")
+name_col, model_col, seed_col = st.columns([2, 2, 1])
+with name_col:
+    st.text_input("Name", key=P + "name")
+    slot("name")
+with model_col:
+    loaded = st.session_state.get(P + "model")
+    models = list(dict.fromkeys([*KNOWN_MODELS, *([loaded] if loaded else [])]))  # a loaded path is an option too
+    st.selectbox("Model", models, key=P + "model", accept_new_options=True,
+                 help="A registry name, or type a local HF directory or a .gguf file path.")
+    slot("model")
+with seed_col:
+    st.number_input("Seed", min_value=0, step=1, key=P + "seed")
+    slot("seed")
+backend_col, device_col, tags_col = st.columns([2, 1, 2])
+with backend_col:
+    backend = st.selectbox("Backend", BACKENDS, key=P + "backend.kind")
+    slot("backend")
+with device_col:
+    st.selectbox("Device", ["auto", "cpu", "cuda"], key=P + "backend.device")
+with tags_col:
+    st.text_input("Tags (comma-separated)", key=P + "tags")
+    slot("tags")
+if backend != "embedded":
+    st.info(f"The **{backend}** backend arrives with the serving backends; for now experiments run on the "
+            "embedded engine (choose `embedded` to launch).")
+
+st.header("Tasks")
+for index in range(st.session_state["form_n_tasks"]):
+    t = f"tasks.{index}."
+    with st.container(border=True):
+        name_col, lengths_col, depths_col, items_col, tokens_col = st.columns([1.3, 2, 2, 1, 1.2])
+        with name_col:
+            task_name = st.selectbox("Task", TASK_NAMES, key=P + t + "name")
+            slot(t + "name")
+        with lengths_col:
+            st.text_input("Context lengths (tokens)", key=P + t + "context_lengths",
+                          help="Comma-separated, each 128..131072, e.g. 1024, 2048")
+            slot(t + "context_lengths")
+        with depths_col:
+            st.text_input("Needle depths (fraction of context)", key=P + t + "depths",
+                          help="Comma-separated fractions in [0, 1], e.g. 0.1, 0.5, 0.9")
+            slot(t + "depths")
+        with items_col:
+            st.number_input("Items per length", min_value=0, step=1, key=P + t + "num_items")
+            slot(t + "num_items")
+        with tokens_col:
+            st.number_input("Max new tokens (0: task default)", min_value=0, step=1, key=P + t + "max_new_tokens")
+            slot(t + "max_new_tokens")
+        if task_name == "multikey":
+            st.number_input("Key-value pairs", min_value=0, step=1, key=P + t + "num_pairs")
+            slot(t + "num_pairs")
+        if task_name == "jsonl":
+            st.text_input("JSONL file", key=P + t + "path", help='One {"context", "question", "answer"} per line')
+        slot(t + "path")
+        slot(f"tasks.{index}")
+        if st.session_state["form_n_tasks"] > 1:
+            st.button("Remove this task", key=f"remove-task-{index}", on_click=remove_task, args=(index,))
+st.button("Add a task", on_click=add_task, icon=":material/add:")
+slot("tasks")
+
+st.header("KV-cache configs")
+st.caption("The baseline (no quantization, no eviction) always runs first. Eviction needs exactly one budget: "
+           "**ratio** = fraction of context tokens *removed* (kvpress's compression_ratio), **keep fraction** "
+           "(top-k) or **threshold** (score quantile). Quantization stores what is kept.")
+edited = st.data_editor(
+    pd.DataFrame(st.session_state["form_configs"], columns=list(dict.fromkeys(
+        [*CONFIG_COLUMNS, *(k for row in st.session_state["form_configs"] for k in row)]))),
+    key=f"configs_editor_{st.session_state['form_version']}", num_rows="dynamic", hide_index=True,
+    column_order=CONFIG_COLUMNS, width="stretch",
+    column_config={
+        "name": st.column_config.TextColumn("name", help="optional; derived from the settings if blank"),
+        "quant": st.column_config.SelectboxColumn("quant", options=list(QUANT_DTYPES), default="none"),
+        "group_size": st.column_config.SelectboxColumn("group size", options=list(GROUP_SIZES), default=64),
+        "residual_length": st.column_config.NumberColumn("residual (tokens)", min_value=0, max_value=8192,
+                                                         step=1, default=64),
+        "evict": st.column_config.SelectboxColumn("evict", options=list(EVICTION_METHODS), default="none"),
+        "ratio": st.column_config.NumberColumn("ratio (removed)", min_value=0.0, max_value=1.0, step=0.05),
+        "keep_fraction": st.column_config.NumberColumn("keep fraction", min_value=0.0, max_value=1.0, step=0.05),
+        "threshold": st.column_config.NumberColumn("threshold (quantile)", min_value=0.0, max_value=1.0, step=0.05),
+        "query_aware": st.column_config.CheckboxColumn("query-aware", default=False),
+    })
+slot("configs")
+
+st.header("Sweep grid")
+sweep_on = st.toggle("Add a grid: every quantization x every eviction method x every ratio", key=P + "sweep.on")
+if sweep_on:
+    quant_col, evict_col, ratios_col = st.columns(3)
+    with quant_col:
+        st.multiselect("Quantization", list(QUANT_DTYPES), key=P + "sweep.quant")
+        slot("sweep.quant")
+    with evict_col:
+        st.multiselect("Eviction methods", list(EVICTION_METHODS), key=P + "sweep.evict")
+        slot("sweep.evict")
+    with ratios_col:
+        st.text_input("Ratios (fraction removed)", key=P + "sweep.ratios", help="Comma-separated, each in (0, 1)")
+        slot("sweep.ratios")
+    group_col, residual_col, aware_col = st.columns(3)
+    group_col.selectbox("Group size", list(GROUP_SIZES), key=P + "sweep.group_size")
+    with residual_col:
+        st.number_input("Residual length (tokens)", min_value=0, step=1, key=P + "sweep.residual_length")
+        slot("sweep.residual_length")
+    aware_col.checkbox("Query-aware eviction", key=P + "sweep.query_aware",
+                       help="The question is in SnapKV's observation window and never evicted.")
+slot("sweep")
+
+values = {k.removeprefix(P): v for k, v in st.session_state.items() if isinstance(k, str) and k.startswith(P)}
+st.session_state["form_values"] = values
+st.session_state["form_configs_seen"] = edited.to_dict("records")
+result = build_spec(values, st.session_state["form_n_tasks"], st.session_state["form_configs_seen"],
+                    st.session_state["form_base"])
+placed, general = assign_errors(result.errors, list(slots))
+for key, messages in placed.items():
+    slots[key].error("\n\n".join(messages), icon=":material/error:")
+
+st.header("Preview and launch")
+if result.spec is None:
+    st.error("Fix the fields marked above to see the cost and launch."
+             + ("\n\n" + "\n\n".join(general) if general else ""), icon=":material/error:")
+else:
+    spec = result.spec
+    configs = spec.all_configs()
+    items = estimate.items_per_config(spec)
+    rates = past_rates(spec.model, os.environ.get("KVLAB_DATABASE_URL")) or estimate.DEFAULT_RATES
+    seconds = estimate.estimate_seconds(spec, rates)
+    trials_col, items_col, evals_col, time_col = st.columns(4)
+    trials_col.metric("Trials (configs)", len(configs))
+    items_col.metric("Items per config", items)
+    evals_col.metric("Evaluations", len(configs) * items)
+    time_col.metric("Estimated duration", views.fmt_duration(seconds))
+    st.caption(f"Configs: {', '.join(c.label for c in configs)}. Estimate from {rates.source}.")
+    download_col, workers_col, launch_col = st.columns([1.2, 1, 1])
+    download_col.download_button("Download spec (TOML)", data=dump_spec(spec), file_name=f"{spec.name}.toml",
+                                 mime="application/toml", icon=":material/download:", on_click="ignore")
+    workers = int(workers_col.number_input(
+        "Local workers", min_value=1, max_value=max(1, os.cpu_count() or 1), value=1, step=1,
+        help="Workers split the CPU cores, so on a CPU one worker is as fast as several."))
+    if launch_col.button("Launch", type="primary", disabled=spec.backend.kind != "embedded", key="launch",
+                         icon=":material/play_arrow:"):
+        launch(spec, workers, st.session_state.get("form_warnings", []))

@@ -1,0 +1,196 @@
+"""Experiment: live progress and telemetry while it runs; the tradeoff, latency, breakdowns, needle
+heatmap, failed items, spec and environment once it has results; exports of all of it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import streamlit as st
+
+from kvlab import charts, views
+from kvlab.analysis import DEFAULT_TOLERANCE, ConfigSummary, breakdown, summarize, sweet_spot
+from kvlab.chart_export import report_html
+from kvlab.config import dump_spec, parse_spec
+from kvlab.export import experiment_document, results_csv
+from kvlab.results import ItemResult
+from kvlab.store import ExperimentNotFoundError, ExperimentRecord
+from pages.common import chart, empty_state, get_store, results_of, share_box, slug
+
+LIVE_EVERY_S = 2.0
+TELEMETRY_LIMIT = 3000
+TABS = ["Tradeoff", "Latency", "Breakdown", "Needles", "Failed items", "Spec & environment", "Export"]
+
+store = get_store()
+recent = store.list_experiments(limit=200)
+if not recent:
+    empty_state("No experiments yet: create one (or launch the tiny example) and it shows up here.",
+                views.PAGE_NEW, "New experiment")
+    st.stop()
+
+labels = {e.id: f"#{e.id} {e.name}" for e in recent}  # no status here: the live panel below has the current one
+wanted = views.parse_int(st.query_params.get("id"))
+if wanted is not None and wanted not in labels:
+    labels = {wanted: f"#{wanted}"} | labels
+experiment_id = st.selectbox("Experiment", list(labels), format_func=labels.get,
+                             index=list(labels).index(wanted) if wanted in labels else 0, key="experiment_pick")
+if st.query_params.get("id") != str(experiment_id):
+    st.query_params["id"] = str(experiment_id)
+try:
+    experiment = store.get_experiment(experiment_id)
+except ExperimentNotFoundError as error:
+    st.error(f"{error}. Pick another experiment above.")
+    st.stop()
+
+st.title(experiment.name)
+st.caption(f"#{experiment.id} · {experiment.status} · model {experiment.model} ({experiment.backend_kind}) · "
+           f"seed {experiment.seed} · created {experiment.created_at:%Y-%m-%d %H:%M} UTC"
+           + (f" · tags: {', '.join(experiment.tags)}" if experiment.tags else ""))
+if experiment.error:
+    st.error(experiment.error)
+
+
+@st.fragment(run_every=None if experiment.is_terminal else LIVE_EVERY_S)
+def live_panel(experiment_id: int, shown: tuple[str, int]) -> None:
+    """Progress, trials and telemetry; refreshed every few seconds while the experiment runs.  When
+    a trial ends (or the experiment does) the whole page reruns so the results below catch up."""
+    try:
+        current = store.get_experiment(experiment_id)
+    except ExperimentNotFoundError as error:  # deleted meanwhile (this runs outside app.py's guard)
+        st.error(str(error))
+        return
+    ended = current.trials_done + current.trials_failed + current.trials_cancelled
+    st.progress(views.progress(current), text=(
+        f"{current.status}: {current.items_done}/{current.items_total or '?'} items, {ended}/{current.trials_total} "
+        f"trials ended · {views.fmt_duration(views.experiment_duration(current))}"))
+    with st.expander("Trials", expanded=not current.is_terminal):
+        st.dataframe(views.trial_rows(store.trials(experiment_id)), hide_index=True, column_config={
+            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent")})
+    samples = store.telemetry(experiment_id, limit=TELEMETRY_LIMIT)
+    if samples:
+        chart(charts.telemetry_figure(samples), "telemetry", f"{slug(current.name)}-memory")
+        if charts.has_gpu(samples):
+            chart(charts.gpu_figure(samples), "gpu", f"{slug(current.name)}-gpu")
+    elif current.status == "queued":
+        st.info("Queued: no worker has claimed it yet. Workers started from this dashboard pick it up within "
+                "seconds; elsewhere run `kvlab worker` with the same KVLAB_DATABASE_URL.")
+    else:
+        st.caption("No telemetry for this experiment (its workers sample memory once a second while they run).")
+    events = store.events(experiment_id)[-8:]
+    with st.expander("Recent events"):
+        for event in events:
+            st.text(f"{event.level:7} {event.message}")
+    if (current.status, ended) != shown:
+        st.rerun(scope="app")
+
+
+ended_now = experiment.trials_done + experiment.trials_failed + experiment.trials_cancelled
+st.subheader("Progress")
+live_panel(experiment.id, (experiment.status, ended_now))
+
+results, baseline = results_of(experiment)
+if not results:
+    empty_state("No results yet: they appear here as trials finish (the page follows along)."
+                if not experiment.is_terminal else "This experiment stored no results.")
+    share_box({"id": experiment.id})
+    st.stop()
+
+all_configs = list(dict.fromkeys(r.config_name for r in results))
+hidden = st.multiselect("Hide configs", all_configs, key="hide", bind="query-params",
+                        help="Leave configs out of every chart and table below.")
+shown_results = [r for r in results if r.config_name not in hidden]
+summaries = summarize(shown_results, baseline)
+sweet = sweet_spot(summaries, baseline)
+stem = slug(f"{experiment.id}-{experiment.name}")
+
+tradeoff_tab, latency_tab, breakdown_tab, needle_tab, failed_tab, spec_tab, export_tab = st.tabs(
+    TABS, key="tab", bind="query-params", on_change="rerun")
+
+with tradeoff_tab:
+    axis = st.radio("x axis", views.X_AXES, key="x", bind="query-params", horizontal=True,
+                    help="bytes: physical KV cache in MiB; ratio: baseline bytes / physical bytes")
+    if sweet is not None:
+        st.success(f"Sweet spot: **{sweet.config_name}** at {sweet.compression_ratio:.2f}x "
+                   f"({sweet.physical_kv_bytes / views.MIB:.3f} MiB) with accuracy {sweet.accuracy:.2f}, holding "
+                   f"the baseline's within its 95% interval and {DEFAULT_TOLERANCE:.0%}.")
+    else:
+        st.info("No sweet spot: no compressed config holds the baseline's accuracy (or the baseline has no scored "
+                "items yet).")
+    tradeoff = charts.tradeoff_figure(summaries, axis, baseline, title=f"{experiment.name}: memory vs accuracy")
+    chart(tradeoff, "tradeoff", f"{stem}-tradeoff")
+    st.dataframe(views.summary_rows(summaries, sweet.config_name if sweet else None), hide_index=True)
+    with st.expander("Definitions"):
+        st.markdown(
+            "- **Physical KV bytes**: the sum of `nbytes` of every tensor the compressed cache holds (codes, scales, "
+            "zero points, 16-bit residual window, kept tokens), measured.\n"
+            "- **Compression ratio (x)**: baseline bytes (the same tokens uncompressed at 16-bit) / physical bytes.\n"
+            "- **Accuracy**: mean per-item score in [0, 1], with a 95% Wilson (0/1 scores) or bootstrap interval; "
+            "**p vs baseline**: exact McNemar test on the same items.\n"
+            "- **Pareto front**: configs no other config beats on both bytes (lower) and accuracy (higher).\n"
+            "- **TTFT**: prefill + compression + first token; **TPOT**: decode time after the first token per token.")
+
+with latency_tab:
+    chart(charts.latency_figure(summaries), "latency", f"{stem}-latency")
+
+with breakdown_tab:
+    for dimension, key in (("task", lambda r: r.task), ("context length", lambda r: r.context_length)):
+        groups = breakdown(shown_results, key, baseline)
+        chart(charts.breakdown_figure(groups, dimension), f"breakdown-{dimension}", f"{stem}-by-{slug(dimension)}")
+
+with needle_tab:
+    needles = charts.needle_configs(shown_results)
+    if needles:
+        needle = st.selectbox("Config", needles, key="needle", bind="query-params")
+        chart(charts.needle_heatmap(shown_results, needle), "needle-chart", f"{stem}-needle-{slug(needle)}")
+    else:
+        st.info("No needle heatmap: this experiment has no retrieval items (passkey, multikey) with needle depths.")
+        needle = None
+
+with failed_tab:
+    failed = views.failed_rows(shown_results)
+    if failed:
+        st.caption("Items scored below 1 or that raised, with what the model generated.")
+        st.dataframe(failed, hide_index=True)
+    else:
+        st.success("Every scored item was answered correctly.")
+
+with spec_tab:
+    st.code(dump_spec(parse_spec(experiment.spec)), language="toml")
+    st.json({"git_commit": experiment.git_commit, "versions": experiment.versions, "hardware": experiment.hardware},
+            expanded=False)
+
+
+def _report(experiment: ExperimentRecord, summaries: Sequence[ConfigSummary], results: Sequence[ItemResult]) -> str:
+    figures = {"Memory vs accuracy": charts.tradeoff_figure(summaries, "bytes", baseline),
+               "Compression ratio vs accuracy": charts.tradeoff_figure(summaries, "ratio", baseline),
+               "Latency": charts.latency_figure(summaries),
+               "Accuracy by context length": charts.breakdown_figure(
+                   breakdown(results, lambda r: r.context_length, baseline), "context length")}
+    figures |= {f"Needles: {name}": charts.needle_heatmap(results, name) for name in charts.needle_configs(results)}
+    best = sweet_spot(summaries, baseline)
+    meta = {"experiment": experiment.id, "status": experiment.status, "model": experiment.model,
+            "backend": experiment.backend_kind, "seed": experiment.seed,
+            "created": f"{experiment.created_at:%Y-%m-%d %H:%M} UTC", "sweet spot": views.sweet_spot_label(best)}
+    return report_html(f"kvlab: {experiment.name}", meta,
+                       {"Summary": views.summary_rows(summaries, best.config_name if best else None),
+                        "Failed items": views.failed_rows(results, limit=100)},
+                       figures, dump_spec(parse_spec(experiment.spec)),
+                       {"git_commit": experiment.git_commit, "versions": experiment.versions,
+                        "hardware": experiment.hardware})
+
+
+with export_tab:
+    st.caption("Each chart has its own PNG / SVG / PDF / HTML buttons under it. Here: the data and a report.")
+    csv_col, json_col, report_col = st.columns(3)
+    csv_col.download_button("Results (CSV)", data=lambda: results_csv(results), file_name=f"{stem}.csv",
+                            mime="text/csv", on_click="ignore", icon=":material/download:")
+    json_col.download_button("Everything (JSON)", file_name=f"{stem}.json", mime="application/json",
+                             data=lambda: json.dumps(experiment_document(store, experiment.id), indent=1),
+                             on_click="ignore", icon=":material/download:")
+    report_col.download_button("HTML report", data=lambda: _report(experiment, summaries, shown_results),
+                               file_name=f"{stem}-report.html", mime="text/html", on_click="ignore",
+                               type="primary", icon=":material/description:")
+
+tab = st.session_state.get("tab")
+share_box({"id": experiment.id, "tab": tab if tab != TABS[0] else None, "x": axis if axis != views.X_AXES[0] else None,
+           "hide": hidden, "needle": needle if needles and needle != needles[0] else None})

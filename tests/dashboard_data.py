@@ -1,0 +1,56 @@
+"""Synthetic experiments for the dashboard and chart tests, written through the Store API as workers would."""
+
+from __future__ import annotations
+
+from kvlab.config import parse_spec
+from kvlab.results import ItemResult
+from kvlab.store import Store, TelemetrySample
+
+SPEC = {"name": "synthetic-sweep", "tags": ["nightly"],
+        "tasks": [{"name": "passkey", "context_lengths": [256, 512], "depths": [0.1, 0.9], "num_items": 4}],
+        "configs": [{"name": "int4", "quant": "int4"}, {"name": "int2", "quant": "int2"},
+                    {"name": "snapkv-50", "evict": "snapkv", "ratio": 0.5}]}
+#: config -> (physical bytes per baseline byte, items it gets wrong out of every 4)
+PROFILE = {"baseline": (1.0, 0), "int4": (0.27, 0), "int2": (0.15, 2), "snapkv-50": (0.5, 1)}
+
+
+def item_result(config: str, item: int, length: int, depth: float) -> ItemResult:
+    fraction, wrong = PROFILE[config]
+    baseline_bytes = 2 * 30 * 3 * 64 * length * 2
+    correct = item % 4 >= wrong
+    return ItemResult(
+        item_id=f"passkey-{length}-{item}", task="passkey", config_name=config,
+        config={"name": config, "quant": {"int4": "int4", "int2": "int2"}.get(config, "none"),
+                "evict": "snapkv" if config == "snapkv-50" else "none", "ratio": 0.5 if config == "snapkv-50" else None},
+        seed=0, context_length=length, depth=depth, prompt_tokens=length, context_tokens=length - 20,
+        kept_tokens=float(length if config != "snapkv-50" else length // 2), kept_fraction=0.5 if config == "snapkv-50"
+        else 1.0, baseline_kv_bytes=baseline_bytes, physical_kv_bytes=int(baseline_bytes * fraction),
+        analytic_kv_bytes=int(baseline_bytes * fraction), compression_ratio=1 / fraction, peak_kv_bytes=baseline_bytes,
+        generated=" 12345." if correct else " 99999.", answer="12345", output_tokens=4, ttft_s=0.1 * length / 256,
+        tpot_s=0.05, prefill_s=0.09 * length / 256, compress_s=0.005, decode_s=0.15, peak_memory_bytes=None,
+        score=1.0 if correct else 0.0)
+
+
+def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True) -> int:
+    """An experiment of 4 configs x 8 passkey items (2 lengths x 2 depths x 2), with telemetry and
+    events; ``finish=False`` leaves it running with half of the items done."""
+    spec = parse_spec(SPEC | {"name": name})
+    experiment_id = store.create_experiment(spec, {"versions": {"kvlab": "test"}, "git_commit": "abc123",
+                                                   "hardware": {"cpu_count": 2}})
+    trials = store.claim_trials("test-host:w0", max_trials=4, experiment_id=experiment_id)
+    samples = []
+    for trial in trials:
+        store.set_items_total(trial.id, 8)
+        for index, (length, depth) in enumerate((n, d) for n in (256, 512) for d in (0.1, 0.9) for _ in range(2)):
+            if not finish and index >= 4:
+                break
+            store.add_item_result(trial.id, item_result(trial.config_name, index, length, depth))
+        for step, phase in enumerate(("load", "prefill", "compress", "decode")):
+            samples.append(TelemetrySample(experiment_id=experiment_id, worker_id="test-host:w0",
+                                           ts=1000.0 + 4 * trial.position + step, phase=phase, source="cpu",
+                                           trial_id=trial.id, rss_bytes=(900 + step) * 2**20, cpu_percent=180.0,
+                                           kv_bytes=step * 2**20))
+        if finish:
+            store.finish_trial(trial.id, "done", worker_id="test-host:w0")
+    store.add_telemetry(samples)
+    return experiment_id

@@ -1,0 +1,294 @@
+"""Every dashboard page through Streamlit's AppTest, on a temporary SQLite store filled through the
+Store API.  AppTest never fires ``run_every`` and shows plotly charts as UnknownElement, so the
+live panel and the browser side are covered by tests/e2e/test_browser.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from kvlab.store import Store
+from tests.dashboard_data import populate
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+LIST, NEW, VIEW, COMPARE = ("pages/list_experiments.py", "pages/new_experiment.py", "pages/view_experiment.py",
+                            "pages/compare_experiments.py")
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'kvlab.sqlite'}"
+    monkeypatch.setenv("KVLAB_DATABASE_URL", url)
+    with Store(url) as opened:
+        yield opened
+
+
+@pytest.fixture
+def filled(store):
+    """Experiment 1 done, experiment 2 running with half its items."""
+    return store, populate(store), populate(store, "running-one", finish=False)
+
+
+@pytest.fixture
+def workers(monkeypatch):
+    """Record worker starts instead of starting processes."""
+    calls = []
+    monkeypatch.setattr("kvlab.launcher.start_local_workers", lambda *args, **kwargs: calls.append(args))
+    return calls
+
+
+def open_page(page: str | None = None, **params: str | list[str]) -> AppTest:
+    """The app on ``page`` with these query params, as a link opens it.  The first run goes through
+    app.py on the default page, as a browser's first request does, so that st.navigation knows the
+    pages before the switch; widgets bound to the URL take their values on their first run."""
+    at = AppTest.from_file(APP, default_timeout=60)
+    for key, value in params.items():
+        at.query_params[key] = value
+    at.run()
+    if page is not None and page != LIST:
+        at.switch_page(page).run()
+    return at
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def assert_clean(at: AppTest) -> None:
+    """No traceback, and no unexpected-error message from app.py's guard."""
+    assert not at.exception, texts(at.exception)
+    assert "Something went wrong" not in texts(at.error)
+
+
+def plotly_charts(at: AppTest) -> int:
+    return len(at.get("plotly_chart"))
+
+
+@pytest.mark.parametrize("page", [LIST, NEW, VIEW, COMPARE])
+def test_empty_store_says_what_to_do(store, page):
+    at = open_page(page)
+    assert_clean(at)
+    if page != NEW:
+        assert "New experiment" in texts(at.info) or at.get("page_link"), texts(at.info)
+        assert any(word in texts(at.info) for word in ("No experiments yet", "Nothing to compare"))
+
+
+def test_unreachable_database_is_a_message(monkeypatch):
+    monkeypatch.setenv("KVLAB_DATABASE_URL", "postgresql://kvlab:hunter2@127.0.0.1:1/none")
+    at = open_page()
+    assert not at.exception
+    assert "cannot be opened" in texts(at.error) and "hunter2" not in texts(at.error)
+
+
+def test_experiments_table_filters_and_best_ratio(filled):
+    _, done_id, running_id = filled
+    at = open_page()
+    assert_clean(at)
+    table = at.dataframe[0].value
+    assert list(table["id"]) == [running_id, done_id]
+    assert list(table["best ratio holding baseline"]) == ["3.70x (int4)", "3.70x (int4)"]
+    assert list(table["status"]) == ["running", "done"] and list(table["progress"]) == [0.5, 1.0]
+    assert set(table.columns) >= {"started", "duration", "tags", "trials"}
+
+    at = open_page(LIST, status="done")
+    assert list(at.dataframe[0].value["id"]) == [done_id]
+    assert at.selectbox(key="status").value == "done"
+    at = open_page(LIST, q="running", sort="oldest")
+    assert list(at.dataframe[0].value["id"]) == [running_id]
+    at = open_page(LIST, tag="nope")
+    assert "No experiment matches" in texts(at.info) and not at.dataframe
+
+
+def test_experiments_actions_ask_first(filled, workers):
+    store, done_id, running_id = filled
+    at = open_page()
+    at.multiselect(key="selected").set_value([running_id]).run()
+    at.button(key="ask-cancel").click().run()
+    assert "Cancel experiment(s) #2?" in texts(at.warning)
+    assert store.get_experiment(running_id).status == "running"  # nothing happens before the confirmation
+    at.button(key="confirm-action").click().run()
+    assert_clean(at)
+    assert store.get_experiment(running_id).status == "cancelled"
+    assert f"Experiment {running_id}: 4 trial(s) cancelled." in texts(at.success)
+
+    at.multiselect(key="selected").set_value([done_id]).run()
+    at.button(key="ask-cancel").click().run()
+    at.button(key="confirm-action").click().run()
+    assert "already done; nothing to cancel" in texts(at.error)
+
+    at.multiselect(key="selected").set_value([done_id]).run()
+    at.button(key="ask-rerun").click().run()
+    at.button(key="confirm-action").click().run()
+    assert store.get_experiment(3).status == "queued" and len(workers) == 1
+
+    at.multiselect(key="selected").set_value([done_id]).run()
+    at.button(key="ask-delete").click().run()
+    at.button(key="dismiss-action").click().run()
+    assert store.get_experiment(done_id).status == "done"
+    at.multiselect(key="selected").set_value([done_id]).run()
+    at.button(key="ask-delete").click().run()
+    assert "cannot be undone" in texts(at.warning)
+    at.button(key="confirm-action").click().run()
+    assert_clean(at)
+    assert done_id not in list(at.dataframe[0].value["id"])
+    assert [e.id for e in store.list_experiments()] == [3, running_id]
+
+
+def test_new_experiment_preview_and_launch(store, workers):
+    at = open_page(NEW)
+    assert_clean(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Trials (configs)"] == "3" and metrics["Items per config"] == "5"
+    assert metrics["Evaluations"] == "15" and metrics["Estimated duration"] != "-"
+    at.text_input(key="f:name").set_value("from-the-form").run()
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    [experiment] = store.list_experiments()
+    assert experiment.name == "from-the-form" and experiment.trials_total == 3
+    assert len(workers) == 1 and workers[0][0] == 1
+    assert at.title[0].value == "from-the-form"
+
+
+def test_new_experiment_validation_next_to_fields(store):
+    at = open_page(NEW)
+    at.text_input(key="f:tasks.0.context_lengths").set_value("64, abc").run()
+    assert_clean(at)
+    assert "'abc' is not a whole number" in texts(at.error)
+    assert "Fix the fields marked above" in texts(at.error) and not at.metric
+    assert "launch" not in [b.key for b in at.button]
+    at.text_input(key="f:tasks.0.context_lengths").set_value("64").run()
+    assert "each context length must be in 128..131072 tokens, got [64]" in texts(at.error)
+    at.text_input(key="f:tasks.0.context_lengths").set_value("256").run()
+    at.toggle(key="f:sweep.on").set_value(True).run()
+    at.text_input(key="f:sweep.ratios").set_value("0.5, 1.5").run()
+    assert "1: Input should be less than 1" in texts(at.error)
+    at.text_input(key="f:sweep.ratios").set_value("0.5").run()
+    assert not at.error
+    # baseline, int4, streaming-50, then the grid's 5 others: none/int4/int2 x none/snapkv less the baseline
+    assert {m.label: m.value for m in at.metric}["Trials (configs)"] == "8"
+
+
+def test_new_experiment_other_backends_wait(store):
+    at = open_page(NEW)
+    at.selectbox(key="f:backend.kind").set_value("vllm").run()
+    assert_clean(at)
+    assert "arrives with the serving backends" in texts(at.info)
+    assert at.button(key="launch").disabled
+
+
+def test_new_experiment_examples_and_uploads(store):
+    at = open_page(NEW)
+    at.selectbox(key="example_pick").set_value("tiny").run()
+    at.button(key="load_example").click().run()
+    assert_clean(at)
+    assert at.text_input(key="f:name").value == "tiny"
+    assert at.text_input(key="f:tasks.0.context_lengths").value == "256"
+    assert {m.label: m.value for m in at.metric}["Evaluations"] == "6"
+
+    mine = (b'name = "uploaded"\nseed = 7\nmodel = "/models/my-llama"\n[[tasks]]\nname = "multikey"\n'
+            b'context_lengths = [512]\n[sweep]\nquant = ["int8"]\n')
+    at.get("file_uploader")[0].upload("mine.toml", mine, "application/toml")
+    at.run()
+    assert_clean(at)
+    assert "Loaded mine.toml" in texts(at.success)
+    assert at.text_input(key="f:name").value == "uploaded" and at.number_input(key="f:seed").value == 7
+    assert at.selectbox(key="f:model").value == "/models/my-llama"
+    assert at.toggle(key="f:sweep.on").value and at.number_input(key="f:tasks.0.num_pairs").value == 4
+
+    at.get("file_uploader")[0].upload("bad.toml", b'name = "x"\n[[tasks]]\nname = "passkey"\n[[configs]]\n'
+                                                  b'quant = "int3"\n', "application/toml")
+    at.run()
+    assert_clean(at)
+    assert "bad.toml was not loaded: configs.0.quant" in texts(at.error)
+    assert at.text_input(key="f:name").value == "uploaded"
+
+
+def test_new_experiment_tiny_example_in_one_click(store, workers):
+    at = open_page(NEW)
+    at.button(key="launch_example").click().run()
+    assert_clean(at)
+    [experiment] = store.list_experiments()
+    assert experiment.name == "tiny" and experiment.trials_total == 3 and len(workers) == 1
+
+
+def test_new_experiment_tasks_can_be_added_and_removed(store):
+    at = open_page(NEW)
+    at.button[[b.label for b in at.button].index("Add a task")].click().run()
+    at.selectbox(key="f:tasks.1.name").set_value("multikey").run()
+    assert {m.label: m.value for m in at.metric}["Items per config"] == "10"
+    at.button(key="remove-task-0").click().run()
+    assert_clean(at)
+    assert at.selectbox(key="f:tasks.0.name").value == "multikey"
+    assert not [s for s in at.selectbox if s.key == "f:tasks.1.name"]
+
+
+def test_experiment_page_shows_results(filled):
+    _, done_id, _ = filled
+    at = open_page(VIEW, id=str(done_id))
+    assert_clean(at)
+    assert at.title[0].value == "synthetic-sweep"
+    assert "Sweet spot: **int4** at 3.70x" in texts(at.success)
+    # telemetry, tradeoff, latency, 2 breakdowns, needle heatmap
+    assert plotly_charts(at) == 6
+    summary = next(df.value for df in at.dataframe if "KV (MiB)" in df.value.columns)
+    assert list(summary["config"]) == ["baseline", "int4  ★ sweet spot", "int2", "snapkv-50"]
+    failed = next(df.value for df in at.dataframe if "generated" in df.value.columns)
+    assert set(failed["config"]) == {"int2", "snapkv-50"}
+    assert 'name = "synthetic-sweep"' in texts(at.code)
+    assert any(c.value.endswith(f"?id={done_id}") for c in at.code)
+    downloads = [b.proto.label for b in at.get("download_button")]
+    assert {"PNG", "SVG", "PDF", "HTML", "Results (CSV)", "Everything (JSON)", "HTML report"} <= set(downloads)
+
+
+def test_experiment_view_state_comes_from_the_url(filled):
+    _, done_id, _ = filled
+    at = open_page(VIEW, id=str(done_id), x="ratio", tab="Needles", hide="int2", needle="snapkv-50")
+    assert_clean(at)
+    assert at.radio(key="x").value == "ratio" and at.selectbox(key="needle").value == "snapkv-50"
+    summary = next(df.value for df in at.dataframe if "KV (MiB)" in df.value.columns)
+    assert "int2" not in list(summary["config"])
+    link = next(c.value for c in at.code if c.value.startswith("?"))
+    assert link == f"?id={done_id}&tab=Needles&x=ratio&hide=int2&needle=snapkv-50"
+
+
+def test_experiment_page_while_running_and_unknown(filled):
+    store, done_id, running_id = filled
+    at = open_page(VIEW, id=str(running_id))
+    assert_clean(at)
+    assert at.title[0].value == "running-one" and at.get("progress")
+    queued = store.create_experiment(store.get_experiment(done_id).experiment_spec(), {})
+    at = open_page(VIEW, id=str(queued))
+    assert_clean(at)
+    assert "No results yet" in texts(at.info) and "Queued" in texts(at.info)
+    at = open_page(VIEW, id="999")
+    assert_clean(at)
+    assert "no experiment 999" in texts(at.error)
+
+
+def test_compare_page(filled):
+    _, done_id, running_id = filled
+    at = open_page(COMPARE, ids=[str(done_id), str(running_id)])
+    assert_clean(at)
+    assert at.multiselect(key="compare_pick").value == [done_id, running_id]
+    assert plotly_charts(at) == 2
+    table = at.dataframe[0].value
+    assert len(table) == 8 and set(table["KV bits"]) == {16.0, 4.0, 2.0}
+    at = open_page(COMPARE, ids=[str(done_id), "77"], hide=[f"{done_id}/int2"], x="ratio")
+    assert_clean(at)
+    assert "#77" in texts(at.warning)
+    assert "int2" not in list(at.dataframe[0].value["config"])
+    assert any(c.value == f"?ids={done_id}&hide={done_id}%2Fint2&x=ratio" for c in at.code)
+    at = open_page(COMPARE)
+    assert "Pick one or more experiments" in texts(at.info)
+
+
+def test_new_experiment_form_survives_a_visit_elsewhere(store):
+    at = open_page(NEW)
+    at.text_input(key="f:name").set_value("keep-me").run()
+    at.switch_page(LIST).run()
+    at.switch_page(NEW).run()
+    assert_clean(at)
+    assert at.text_input(key="f:name").value == "keep-me"
+    assert {m.label: m.value for m in at.metric}["Trials (configs)"] == "3"
