@@ -11,4 +11,14 @@ if pg_env=$(bash scripts/postgres.sh); then
 else
   echo "test.sh: no PostgreSQL server; PostgreSQL cases will skip" >&2
 fi
+# Debian's chromium renders chart exports (kaleido) and runs the browser tests (Playwright); neither
+# downloads a browser. Installed with apt when missing (needs root); without it those tests skip and say why.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >&2 \
+      || echo "test.sh: could not install chromium; export and browser tests will skip" >&2
+  else
+    echo "test.sh: no chromium (apt-get install chromium); export and browser tests will skip" >&2
+  fi
+fi
 python -m pytest -q "$@"

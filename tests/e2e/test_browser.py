@@ -1,0 +1,223 @@
+"""The dashboard in a real browser: a real `streamlit run app.py`, real local workers on the default
+model, Debian's headless chromium driven by Playwright (which never downloads a browser here).
+
+One story, in order: create a tiny sweep in the form, launch it, watch the live panel follow it to
+the end, read the tradeoff chart, open the share link in a fresh browser context and get the same
+view, download exports and check they are real files.  Screenshots of every page go to
+artifacts/dashboard/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
+
+expect = playwright.expect
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts" / "dashboard"
+CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+RUN_TIMEOUT_S = 180
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                                  reason=f"no {CHROMIUM}: `apt-get install chromium`")]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[str]:
+    """`streamlit run app.py` on a free port and an empty SQLite store; its workers are stopped with it."""
+    tmp = tmp_path_factory.mktemp("dashboard")
+    port = _free_port()
+    env = dict(os.environ, KVLAB_DATABASE_URL=f"sqlite:///{tmp / 'kvlab.sqlite'}", KVLAB_CHROMIUM=CHROMIUM)
+    log = open(tmp / "streamlit.log", "wb")  # noqa: SIM115 -- closed below
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--server.fileWatcherType", "none"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                    if response.read() == b"ok":
+                        break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"streamlit did not start: {(tmp / 'streamlit.log').read_text()}") from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        children = psutil.Process(process.pid).children(recursive=True) if process.poll() is None else []
+        workers = [c for c in children if "worker" in _cmdline(c)]  # not kaleido's chromium: streamlit closes it
+        for worker in workers:
+            worker.terminate()
+        psutil.wait_procs(workers, timeout=20)
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as driver:
+        launched = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def _page(browser, url: str):
+    context = browser.new_context(viewport={"width": 1400, "height": 2200}, accept_downloads=True)
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    page.goto(url)
+    page.get_by_test_id("stApp").wait_for()
+    return page
+
+
+def _wait_idle(page) -> None:
+    """Until the script run that a click started has finished (its download buttons are then current:
+    a rerun replaces them)."""
+    page.wait_for_timeout(500)
+    page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
+
+
+def _shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def _fill(page, label: str, value: str) -> None:
+    field = page.get_by_label(label, exact=True)
+    field.fill(value)
+    field.press("Enter")
+    _wait_idle(page)
+
+
+def _metric(page, label: str):
+    return page.get_by_test_id("stMetric").filter(has_text=label).get_by_test_id("stMetricValue")
+
+
+def _download(page, button, tmp_path: Path) -> bytes:
+    with page.expect_download(timeout=60_000) as info:
+        button.click()
+    target = tmp_path / info.value.suggested_filename
+    info.value.save_as(target)
+    return target.read_bytes()
+
+
+def test_create_launch_watch_share_export(server, browser, tmp_path):
+    page = _page(browser, server)
+    page.get_by_text("No experiments yet").wait_for()
+    _shot(page, "1-experiments-empty")
+
+    # -- the form: a tiny sweep (baseline + the default int4 and streaming-50 configs) ---------------
+    page.get_by_test_id("stSidebarNav").get_by_text("New experiment").click()
+    page.get_by_text("Preview and launch").wait_for()
+    _fill(page, "Name", "e2e-tiny")
+    _fill(page, "Context lengths (tokens)", "256")
+    _fill(page, "Needle depths (fraction of context)", "0.5")
+    _fill(page, "Items per length", "2")
+    _fill(page, "Max new tokens (0: task default)", "8")
+    expect(_metric(page, "Trials (configs)")).to_have_text("3")
+    expect(_metric(page, "Evaluations")).to_have_text("6")
+    _shot(page, "2-new-experiment")
+
+    # -- launch, and the live panel follows the run ------------------------------------------------
+    page.get_by_role("button", name="Launch", exact=True).click()
+    page.wait_for_url(re.compile(r"/experiment\?id=1"))
+    page.get_by_role("heading", name="e2e-tiny").wait_for()
+    progress = page.get_by_test_id("stProgress").first
+    seen = []
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        text = progress.inner_text()
+        if not seen or seen[-1] != text:
+            seen.append(text)
+        if text.startswith("running") and page.get_by_text("Memory over time, by phase").count():
+            _shot(page, "3-experiment-running")
+        if text.startswith(("done", "failed", "cancelled")):
+            break
+        page.wait_for_timeout(1000)
+    assert seen[-1].startswith("done: 6/6 items, 3/3 trials ended"), seen
+    assert len(seen) >= 2, f"the live panel never changed: {seen}"  # it updated without a reload
+
+    # -- the results -----------------------------------------------------------------------------------
+    page.get_by_text("e2e-tiny: memory vs accuracy").wait_for()
+    assert page.get_by_text(re.compile("Sweet spot:|No sweet spot")).count()
+    assert page.get_by_text("physical KV cache (MiB)").count()
+    _shot(page, "4-experiment-done")
+    page.get_by_test_id("stRadio").get_by_text("ratio", exact=True).click()
+    _wait_idle(page)
+    page.get_by_text("compression ratio (x, baseline bytes / physical bytes)").wait_for()
+    page.get_by_role("tab", name="Needles").click()
+    share = page.get_by_test_id("stSidebar").get_by_test_id("stCode")
+    expect(share).to_contain_text("tab=Needles")
+    link = share.inner_text().strip()
+    assert link == f"{server}/experiment?id=1&tab=Needles&x=ratio", link
+    expect(page).to_have_url(re.compile(r"/experiment\?.*tab=Needles"))
+
+    # -- the share link in another browser (fresh context: no cookies, no session) -----------------------
+    shared = _page(browser, link)
+    shared.get_by_role("heading", name="e2e-tiny").wait_for()
+    shared.get_by_text("compression ratio (x, baseline bytes / physical bytes)").wait_for(state="attached")
+    expect(shared.get_by_text("Needle retrieval: baseline")).to_be_visible()
+    expect(shared.get_by_test_id("stRadioOption").filter(has_text="ratio").locator("input")).to_be_checked()
+    expect(shared.get_by_role("tab", name="Needles")).to_have_attribute("aria-selected", "true")
+    _shot(shared, "5-shared-link")
+    shared.context.close()
+
+    # -- exports ---------------------------------------------------------------------------------------
+    page.get_by_role("tab", name="Tradeoff").click()
+    expect(page).not_to_have_url(re.compile("tab="))
+    _wait_idle(page)
+
+    def button(key: str):
+        return page.locator(f".st-key-{key} button")  # Streamlit marks a keyed element with st-key-<key>
+
+    assert _download(page, button("tradeoff-png"), tmp_path).startswith(b"\x89PNG\r\n\x1a\n")
+    svg = _download(page, button("tradeoff-svg"), tmp_path)
+    assert svg.lstrip().startswith(b"<svg") and b"compression ratio" in svg
+    chart_html = _download(page, button("tradeoff-html"), tmp_path)
+    assert chart_html.lower().startswith(b"<!doctype html>") and b"Plotly.newPlot" in chart_html
+    page.get_by_role("tab", name="Export").click()
+    expect(page).to_have_url(re.compile("tab=Export"))
+    _wait_idle(page)
+    report = _download(page, page.get_by_role("button", name="HTML report"), tmp_path)
+    assert b"kvlab: e2e-tiny" in report and b"Plotly.newPlot" in report and b"name = &quot;e2e-tiny&quot;" in report
+    csv = _download(page, page.get_by_role("button", name="Results (CSV)"), tmp_path)
+    assert csv.startswith(b"item_id,task,config_name") and csv.count(b"\n") == 7
+
+    # -- the other pages ---------------------------------------------------------------------------------
+    page.goto(f"{server}/compare?ids=1")
+    page.get_by_text("Tradeoffs compared").wait_for()
+    _shot(page, "6-compare")
+    page.goto(server)
+    page.get_by_test_id("stDataFrame").wait_for()
+    _shot(page, "7-experiments")
+    page.context.close()
