@@ -272,21 +272,28 @@ def parse_spec(data: dict[str, Any]) -> ExperimentSpec:
         raise ConfigError(format_validation_error(error)) from None
 
 
-def load_spec(path: str | Path) -> tuple[ExperimentSpec, list[str]]:
-    """Read a TOML spec (native or seed-blog shaped) and return it with any warnings."""
-    path = Path(path)
+def parse_spec_toml(text: str, source: str = "spec") -> tuple[ExperimentSpec, list[str]]:
+    """A spec from TOML text (native or seed-blog shaped) and any warnings; ``source`` names it in errors."""
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"spec file not found: {path}") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+        raise ConfigError(f"{source}: not valid TOML: {error}") from None
     from kvlab.seed_format import is_seed_style, translate_seed_spec
 
     if is_seed_style(data):
         data, warnings = translate_seed_spec(data)
         return parse_spec(data), warnings
     return parse_spec(data), []
+
+
+def load_spec(path: str | Path) -> tuple[ExperimentSpec, list[str]]:
+    """Read a TOML spec file (native or seed-blog shaped) and return it with any warnings."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"spec file not found: {path}") from None
+    return parse_spec_toml(text, str(path))
 
 
 def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:

@@ -9,7 +9,6 @@ paths) lands next to the widget it is about.  Settings the form has no widget fo
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,20 +218,6 @@ def parse_numbers(text: str, kind: type = float) -> list[Any]:
 
 def _join(values: Sequence[Any]) -> str:
     return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
-
-
-def spec_from_toml(text: str) -> tuple[ExperimentSpec, list[str]]:
-    """A spec from TOML text (native or seed-blog shaped), like :func:`kvlab.config.load_spec`."""
-    from kvlab.seed_format import is_seed_style, translate_seed_spec
-
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"not valid TOML: {error}") from None
-    if is_seed_style(data):
-        data, warnings = translate_seed_spec(data)
-        return parse_spec(data), warnings
-    return parse_spec(data), []
 
 
 def list_examples() -> dict[str, Path]:

@@ -16,13 +16,15 @@ import streamlit as st
 from kvlab import estimate, launcher, views
 from kvlab.cli_store import DB_DIR
 from kvlab.config import (
-    EVICTION_METHODS,
-    GROUP_SIZES,
-    QUANT_DTYPES,
     BackendKind,
     ConfigError,
+    EVICTION_METHODS,
     ExperimentSpec,
+    GROUP_SIZES,
+    QUANT_DTYPES,
     dump_spec,
+    load_spec,
+    parse_spec_toml,
 )
 from kvlab.models import KNOWN_MODELS
 from kvlab.provenance import environment
@@ -35,7 +37,6 @@ from kvlab.spec_form import (
     empty_task_values,
     form_from_spec,
     list_examples,
-    spec_from_toml,
 )
 from kvlab.tasks.spec import TaskName
 from pages.common import PAGE_FILES, get_store, share_box
@@ -66,7 +67,7 @@ def on_upload() -> None:
     if upload is None:
         return
     try:
-        spec, warnings = spec_from_toml(upload.getvalue().decode("utf-8"))
+        spec, warnings = parse_spec_toml(upload.getvalue().decode("utf-8"), upload.name)
     except (ConfigError, UnicodeDecodeError) as error:
         st.session_state["form_flash"] = [("error", f"{upload.name} was not loaded: {error}")]
         return
@@ -78,7 +79,7 @@ def on_upload() -> None:
 def on_example() -> None:
     name = st.session_state["example_pick"]
     try:
-        spec, warnings = spec_from_toml(list_examples()[name].read_text())
+        spec, warnings = load_spec(list_examples()[name])
     except ConfigError as error:
         st.session_state["form_flash"] = [("error", f"example {name}: {error}")]
         return
@@ -147,7 +148,7 @@ with st.container(border=True):
     st.markdown("**New here?** Launch the tiny example sweep (3 configs, 2 passkey items at 256 tokens, "
                 "about a minute on a laptop CPU) and watch it run.")
     if st.button("Launch the tiny example", type="primary", icon=":material/rocket_launch:", key="launch_example"):
-        tiny, _ = spec_from_toml(list_examples()[EXAMPLE_TO_LAUNCH].read_text())
+        tiny, _ = load_spec(list_examples()[EXAMPLE_TO_LAUNCH])
         launch(tiny, 1, [])
 
 start_col, upload_col = st.columns(2)

@@ -10,7 +10,7 @@ import pytest
 
 from kvlab import estimate, views
 from kvlab.analysis import summarize
-from kvlab.config import ConfigError, load_spec
+from kvlab.config import ConfigError, load_spec, parse_spec_toml
 from kvlab.spec_form import (
     assign_errors,
     build_spec,
@@ -19,7 +19,6 @@ from kvlab.spec_form import (
     form_from_spec,
     list_examples,
     parse_numbers,
-    spec_from_toml,
 )
 from kvlab.store import ExperimentRecord
 from tests.dashboard_data import PROFILE, item_result
@@ -116,7 +115,7 @@ def test_form_errors_land_on_their_fields():
 
 
 def test_form_keeps_fields_it_has_no_widget_for():
-    spec, _ = spec_from_toml('name = "x"\n[[tasks]]\nname = "variable_tracking"\nnum_hops = 7\n'
+    spec, _ = parse_spec_toml('name = "x"\n[[tasks]]\nname = "variable_tracking"\nnum_hops = 7\n'
                              '[[configs]]\nquant = "int4"\nkey_axis = "token"\n')
     form = form_from_spec(spec)
     form.values["tasks.0.num_items"] = 3
@@ -131,8 +130,8 @@ def test_numbers_and_toml():
     with pytest.raises(ValueError, match="at least one"):
         parse_numbers(" , ")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        spec_from_toml("name = ")
-    spec, warnings = spec_from_toml((ROOT / "examples" / "seed_blog.toml").read_text())
+        parse_spec_toml("name = ")
+    spec, warnings = parse_spec_toml((ROOT / "examples" / "seed_blog.toml").read_text())
     assert spec.all_configs() and isinstance(warnings, list)
 
 
