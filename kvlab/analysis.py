@@ -87,10 +87,6 @@ class ConfigSummary:
     perplexity: float | None
     errors: int
 
-    @property
-    def ci(self) -> tuple[float | None, float | None]:
-        return (self.ci_low, self.ci_high)
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

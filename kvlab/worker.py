@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec
 from kvlab.engines.base import Engine
+from kvlab.provenance import environment
 from kvlab.runner import build_engine, build_items, score
 from kvlab.store import Store
 from kvlab.store.records import TrialRecord
@@ -99,6 +100,7 @@ class Worker:
         try:
             spec = parse_spec(experiment.spec)
             engine = self._engine_for(spec)
+            self.store.record_environment(experiment_id, environment())  # the host that runs it
             by_label = {KVCacheConfig(**t.config).label: t.id for t in trials}
             sampler = TelemetrySampler(
                 detect_sources(getattr(engine, "current_kv_bytes", None)), context, self.store.add_telemetry,

@@ -91,7 +91,8 @@ def test_four_workers_a_reader_and_a_sigkill(db_url, tmp_path):
 
     trials = store.trials(experiment_id)
     assert [t.status for t in trials] == ["done"] * len(SPEC["configs"])
-    assert store.get_experiment(experiment_id).status == "done"
+    finished = store.get_experiment(experiment_id)
+    assert finished.status == "done" and finished.hardware["cpu_count"] and finished.versions["kvpress"] == "0.5.5"
     results = store.item_results(experiment_id)
     keys = [(r.config_name, r.item_id) for r in results]
     assert len(keys) == len(set(keys)) == len(SPEC["configs"]) * ITEMS  # nothing lost, nothing twice
