@@ -194,8 +194,34 @@ class SweepGrid(BaseModel):
         return configs
 
 
+class ServerOptions(BaseModel):
+    """How kvlab launches a vLLM or SGLang server (backends ``vllm`` and ``sglang`` only).
+
+    Each maps to one real flag (see ``kvlab.engines.server_flags``): ``memory_fraction`` is
+    vLLM's ``--gpu-memory-utilization`` and SGLang's ``--mem-fraction-static``;
+    ``max_model_len`` is ``--max-model-len`` / ``--context-length``; ``prefix_cache = false``
+    is ``--no-enable-prefix-caching`` / ``--disable-radix-cache``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    python: str = "python"  # the interpreter that has vllm / sglang installed
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 0  # 0: pick a free port
+    memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_model_len: Annotated[int, Field(ge=128)] | None = None
+    prefix_cache: bool = True
+    startup_timeout_s: Annotated[float, Field(gt=0)] = 900.0
+    extra_args: list[str] = []
+
+
 class BackendSpec(BaseModel):
-    """Where the model runs.  Secrets never live here: ``api_key_env`` names an environment variable."""
+    """Where the model runs.
+
+    Secrets never live here: ``api_key_env`` names the environment variable (or the key of
+    ``.streamlit/secrets.toml``) that holds the key.  ``base_url`` and ``model_id`` of an
+    ``openai_compat`` backend may also come from ``KVLAB_BASE_URL`` / ``KVLAB_MODEL_ID``.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -205,6 +231,20 @@ class BackendSpec(BaseModel):
     base_url: str | None = None
     model_id: str | None = None
     api_key_env: str = "KVLAB_API_KEY"
+    max_concurrency: Annotated[int, Field(ge=1, le=256)] = 4
+    max_retries: Annotated[int, Field(ge=0, le=20)] = 3
+    request_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    server: ServerOptions = ServerOptions()
+
+    @model_validator(mode="after")
+    def _check(self) -> BackendSpec:
+        if self.kind == "embedded" and (self.base_url or self.model_id):
+            raise ValueError("base_url and model_id are for backend kinds openai_compat, vllm and sglang; "
+                             "the embedded engine runs `model` in this process")
+        if self.kind in ("vllm", "sglang") and self.base_url:
+            raise ValueError(f"backend {self.kind}: kvlab launches the server itself, so base_url is not used; "
+                             "to use a server that is already running, set kind = 'openai_compat' and base_url")
+        return self
 
 
 class ExperimentSpec(BaseModel):
