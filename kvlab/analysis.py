@@ -116,7 +116,9 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
         perplexity = (math.exp(sum(r.nll for r in nll_rows) / sum(r.nll_tokens for r in nll_rows))
                       if nll_rows else None)
         def mean(attr: str, rows: list[ItemResult] = ok) -> float:
-            return statistics.fmean(getattr(r, attr) for r in rows) if rows else math.nan
+            """Mean over the rows that know the value; NaN where none does (an endpoint that hides its cache)."""
+            values = [v for r in rows if (v := getattr(r, attr)) is not None]
+            return statistics.fmean(values) if values else math.nan
 
         baseline_bytes, physical_bytes = mean("baseline_kv_bytes"), mean("physical_kv_bytes")
         summaries.append(ConfigSummary(
@@ -124,7 +126,8 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
             accuracy=accuracy, ci_low=low, ci_high=high, test=test, p_value=p_value,
             baseline_kv_bytes=baseline_bytes, physical_kv_bytes=physical_bytes,
             analytic_kv_bytes=mean("analytic_kv_bytes"),
-            compression_ratio=compression_ratio(baseline_bytes, physical_bytes) if ok else math.nan,
+            compression_ratio=(compression_ratio(baseline_bytes, physical_bytes)
+                               if not math.isnan(baseline_bytes + physical_bytes) else math.nan),
             kept_fraction=mean("kept_fraction"), ttft_s=_median(r.ttft_s for r in ok),
             tpot_s=_median(r.tpot_s for r in ok), perplexity=perplexity, errors=len(rows) - len(ok),
         ))

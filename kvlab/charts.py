@@ -24,7 +24,8 @@ X_TITLES = {"bytes": "physical KV cache (MiB)", "ratio": "compression ratio (x, 
 ACCURACY_TITLE = "accuracy (fraction correct, 95% CI)"
 NEEDLE_TASKS = ("passkey", "multikey")
 PHASE_COLORS = {"load": "#9e9e9e", "prefill": "#1f77b4", "compress": "#ff7f0e", "decode": "#2ca02c",
-                "score": "#9467bd", "idle": "#d3d3d3"}
+                "score": "#9467bd", "idle": "#d3d3d3",
+                "launch": "#8c564b", "request": "#17becf"}  # launch/request: a server kvlab launched or calls
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
 
 

@@ -17,7 +17,8 @@ class ItemResult:
     decoded (per layer, summed).  Times are seconds: TTFT counts the
     (shared) prefill + compression + first token, as if the config ran alone.
     ``peak_memory_bytes``: on CUDA the peak allocated during this config, on CPU the process
-    RSS after it.
+    RSS after it.  Bytes and kept fractions are ``None`` where the engine cannot know them
+    (an OpenAI-compatible endpoint that does not report its cache): never a guess.
     """
 
     item_id: str
@@ -29,13 +30,13 @@ class ItemResult:
     depth: float | None
     prompt_tokens: int
     context_tokens: int
-    kept_tokens: float
-    kept_fraction: float
-    baseline_kv_bytes: int
-    physical_kv_bytes: int
-    analytic_kv_bytes: int
-    compression_ratio: float
-    peak_kv_bytes: int
+    kept_tokens: float | None
+    kept_fraction: float | None
+    baseline_kv_bytes: int | None
+    physical_kv_bytes: int | None
+    analytic_kv_bytes: int | None
+    compression_ratio: float | None
+    peak_kv_bytes: int | None
     generated: str
     answer: str
     output_tokens: int

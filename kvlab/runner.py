@@ -11,8 +11,9 @@ from typing import Any
 from tqdm import tqdm
 
 from kvlab.analysis import ConfigSummary, summarize
-from kvlab.config import BASELINE, ConfigError, ExperimentSpec, KVCacheConfig, spec_to_dict
-from kvlab.engines.base import Engine
+from kvlab.config import BASELINE, ExperimentSpec, KVCacheConfig, spec_to_dict
+from kvlab.engines.base import Engine, EngineFailure, evaluate_all, passes
+from kvlab.engines.factory import build_engine
 from kvlab.provenance import environment
 from kvlab.results import ItemResult
 from kvlab.tasks import TaskItem, generate_items, score_item
@@ -28,36 +29,26 @@ class ExperimentRun:
     started_at: str
     wall_s: float
     warnings: list[str] = field(default_factory=list)
+    failure: str | None = None  # why the run stopped early (its results so far are kept)
 
     @property
     def baseline_name(self) -> str:
         return self.configs[0].label
 
     def summaries(self) -> list[ConfigSummary]:
-        return summarize(self.results, self.baseline_name)
+        """In the spec's config order (results of a concurrent engine arrive in finishing order)."""
+        order = {c.label: i for i, c in enumerate(self.configs)}
+        return sorted(summarize(self.results, self.baseline_name), key=lambda s: order.get(s.config_name, len(order)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "spec": spec_to_dict(self.spec), "seed": self.spec.seed, "engine": self.engine,
             "environment": self.environment, "started_at": self.started_at, "wall_s": self.wall_s,
-            "warnings": self.warnings,
+            "warnings": self.warnings, "failure": self.failure,
             "configs": [c.model_dump(mode="json") | {"label": c.label} for c in self.configs],
             "summary": [s.to_dict() for s in self.summaries()],
             "results": [r.to_dict() for r in self.results],
         }
-
-
-def build_engine(spec: ExperimentSpec) -> Engine:
-    """The engine a spec asks for (the model is loaded here)."""
-    if spec.backend.kind != "embedded":
-        raise ConfigError(f"backend.kind = '{spec.backend.kind}' is not available in this version; "
-                          "use backend.kind = 'embedded' (or `kvlab run --backend embedded`)")
-    from kvlab.engines.embedded import EmbeddedEngine
-    from kvlab.models import load_model
-
-    device = None if spec.backend.device == "auto" else spec.backend.device
-    dtype = None if spec.backend.dtype == "auto" else spec.backend.dtype
-    return EmbeddedEngine(load_model(spec.model, device=device, dtype=dtype), seed=spec.seed)
 
 
 def build_items(spec: ExperimentSpec, tokenizer: Any, limit: int | None = None) -> list[TaskItem]:
@@ -80,17 +71,27 @@ def run_experiment(spec: ExperimentSpec, engine: Engine | None = None,
         else [f"no baseline config in the spec: added '{BASELINE.label}' (no quantization, no eviction)"]
     started = time.perf_counter()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    owned = engine is None
     engine = engine or build_engine(spec)
-    engine.check_configs(configs)
-    items = list(items) if items is not None else build_items(spec, engine.tokenizer, limit)
     results: list[ItemResult] = []
-    with tqdm(total=len(items) * len(configs), disable=not progress, unit="eval", desc=spec.name) as bar:
-        for item in items:
-            for result in engine.evaluate(item, configs):
-                results.append(score(item, result))
-                if on_result:
-                    on_result(result)
-                bar.update(1)
-    return ExperimentRun(spec=spec, configs=configs, results=results, engine=engine.describe(),
-                         environment=environment(), started_at=started_at,
-                         wall_s=time.perf_counter() - started, warnings=warnings)
+    failure = None
+    try:
+        engine.check_configs(configs)
+        items = list(items) if items is not None else build_items(spec, engine.tokenizer, limit)
+        engine.check_items(items)
+        with tqdm(total=len(items) * len(configs), disable=not progress, unit="eval", desc=spec.name) as bar:
+            try:
+                for group in passes(engine, configs):
+                    for item, result in evaluate_all(engine, [(item, group) for item in items]):
+                        results.append(score(item, result))
+                        if on_result:
+                            on_result(result)
+                        bar.update(1)
+            except EngineFailure as error:
+                failure = str(error)
+        return ExperimentRun(spec=spec, configs=configs, results=results, engine=engine.describe(),
+                             environment=environment(), started_at=started_at,
+                             wall_s=time.perf_counter() - started, warnings=warnings, failure=failure)
+    finally:
+        if owned:
+            engine.close()

@@ -151,6 +151,8 @@ class TelemetrySampler:
                 self.errors += 1
                 log.debug("telemetry source %s failed: %s", source.name, error)
                 continue
+            if not values:  # e.g. a server between launches: nothing to record
+                continue
             self._buffer.append(TelemetrySample(
                 experiment_id=self.context.experiment_id, trial_id=trial_id, worker_id=self.context.worker_id,
                 ts=now, phase=phase, source=source.name, **values))

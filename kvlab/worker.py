@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec
-from kvlab.engines.base import Engine
+from kvlab.engines.base import Engine, EngineFailure, evaluate_all, passes
 from kvlab.provenance import environment
 from kvlab.runner import build_engine, build_items, score
 from kvlab.store import Store
@@ -59,11 +59,16 @@ class Worker:
         """Work until stopped (or, with ``exit_when_idle``, until no experiment is queued or running:
         a running one may still need this worker if another worker dies)."""
         log.info("worker %s on %s", self.worker_id, self.store.url)
-        while not self._stop.is_set():
-            if not self.run_once():
-                if self.settings.exit_when_idle and not self._unfinished_work():
-                    return
-                self._stop.wait(self.settings.poll_s)
+        try:
+            while not self._stop.is_set():
+                if not self.run_once():
+                    if self.settings.exit_when_idle and not self._unfinished_work():
+                        return
+                    self._stop.wait(self.settings.poll_s)
+        finally:
+            for engine in self._engines.values():
+                engine.close()  # a launched vLLM/SGLang server stops with its worker
+            self._engines = {}
 
     def _unfinished_work(self) -> bool:
         return any(self.store.list_experiments(status=status, limit=1) for status in ("queued", "running"))
@@ -90,64 +95,77 @@ class Worker:
             self._engines = {key: self.engine_factory(spec)}
         return self._engines[key]
 
+    def _release_servers(self) -> None:
+        """A vLLM/SGLang server kvlab launched holds a GPU: stop it when its batch ends."""
+        for key, engine in list(self._engines.items()):
+            if getattr(engine, "launches_servers", False):
+                engine.close()
+                del self._engines[key]
+
     def _run_batch(self, trials: list[TrialRecord]) -> None:
         experiment_id = trials[0].experiment_id
         experiment = self.store.get_experiment(experiment_id)
-        names = ", ".join(t.config_name for t in trials)
         context = SampleContext(experiment_id=experiment_id, worker_id=self.worker_id, phase="load")
         sampler: TelemetrySampler | None = None
         heartbeat = _Heartbeat(self.store, self.worker_id, [t.id for t in trials], self.settings.heartbeat_s)
+        finished: set[int] = set()  # trials done before a later one failed
         try:
             spec = parse_spec(experiment.spec)
             engine = self._engine_for(spec)
             self.store.record_environment(experiment_id, environment())  # the host that runs it
             by_label = {KVCacheConfig(**t.config).label: t.id for t in trials}
             sampler = TelemetrySampler(
-                detect_sources(getattr(engine, "current_kv_bytes", None)), context, self.store.add_telemetry,
+                [*detect_sources(getattr(engine, "current_kv_bytes", None)),
+                 *getattr(engine, "telemetry_sources", list)()], context, self.store.add_telemetry,
                 rate_hz=self.settings.telemetry_hz,
                 phase_of=lambda: (getattr(engine, "phase", context.phase),
                                   by_label.get(getattr(engine, "current_config", None))),
             ).start()
-            self._evaluate(spec, engine, trials, heartbeat)
+            self._evaluate(spec, engine, trials, heartbeat, finished)
         except Exception as error:  # noqa: BLE001 -- any failure (bad spec, engine error) fails the batch, visibly
             message = f"{type(error).__name__}: {error}"
-            if isinstance(error, ConfigError):  # a user's spec: the message is the whole story
+            if isinstance(error, ConfigError | EngineFailure):  # the message is the whole story
                 log.error("batch of experiment %d failed: %s", experiment_id, message)
             else:
                 log.exception("batch of experiment %d failed", experiment_id)
-            for trial in trials:
-                if trial.id not in heartbeat.gone:
-                    self.store.finish_trial(trial.id, "failed", message, worker_id=self.worker_id)
-            self.store.log_event(experiment_id, f"trials {names} failed: {message}", level="error")
+            failed = [t for t in trials if t.id not in heartbeat.gone and t.id not in finished]
+            for trial in failed:
+                self.store.finish_trial(trial.id, "failed", message, worker_id=self.worker_id)
+            self.store.log_event(experiment_id, f"trials {', '.join(t.config_name for t in failed)} failed: "
+                                 f"{message}", level="error")
         finally:
             heartbeat.stop()
             if sampler is not None:
                 sampler.stop()
+            self._release_servers()
 
     def _evaluate(self, spec: ExperimentSpec, engine: Engine, trials: list[TrialRecord],
-                  heartbeat: _Heartbeat) -> None:
+                  heartbeat: _Heartbeat, finished: set[int]) -> None:
         configs = {t.id: KVCacheConfig(**t.config) for t in trials}
         engine.check_configs(list(configs.values()))
         items = build_items(spec, engine.tokenizer)
+        engine.check_items(items)
         done = {t.id: self.store.done_item_keys(t.id) for t in trials}
         for trial in trials:
             self.store.set_items_total(trial.id, len(items))
-        for item in items:
-            active = [t for t in trials if t.id not in heartbeat.gone and (item.item_id, item.task) not in done[t.id]]
-            if not active:
-                continue
-            by_label = {configs[t.id].label: t.id for t in active}
-            for result in engine.evaluate(item, [configs[t.id] for t in active]):
+        for group in passes(engine, trials):
+            work = [(item, [configs[t.id] for t in group if (item.item_id, item.task) not in done[t.id]])
+                    for item in items]
+            by_label = {configs[t.id].label: t.id for t in group}
+            results = evaluate_all(engine, [(item, todo) for item, todo in work if todo])
+            for item, result in results:
                 trial_id = by_label[result.config_name]
                 if trial_id not in heartbeat.gone:
                     self.store.add_item_result(trial_id, score(item, result))
-                if all(t.id in heartbeat.gone for t in active) or self._stop.is_set():
-                    break  # everything this batch runs was cancelled (or the worker is stopping)
+                if all(t.id in heartbeat.gone for t in group) or self._stop.is_set():
+                    results.close()  # everything this pass runs was cancelled (or the worker is stopping)
+                    break
             if self._stop.is_set():
                 return  # trials stay running; they are requeued once their heartbeat is stale
-        for trial in trials:
-            if trial.id not in heartbeat.gone:
-                self.store.finish_trial(trial.id, "done", worker_id=self.worker_id)
+            for trial in group:
+                if trial.id not in heartbeat.gone:
+                    self.store.finish_trial(trial.id, "done", worker_id=self.worker_id)
+                    finished.add(trial.id)
 
 
 class _Heartbeat:

@@ -65,7 +65,12 @@ def test_cli_errors_are_messages_not_tracebacks(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: configs.0.quant") and "Traceback" not in err
     assert main(["run", str(tmp_path / "nope.toml")]) == 2
-    other = tmp_path / "other.toml"
-    other.write_text('[backend]\nkind = "vllm"\n[[tasks]]\nname = "passkey"\n[[configs]]\nname = "b"\n')
-    assert main(["run", str(other)]) == 2
-    assert "not available in this version" in capsys.readouterr().err
+    two_bit = tmp_path / "two_bit.toml"
+    two_bit.write_text('[backend]\nkind = "vllm"\n[[tasks]]\nname = "passkey"\n[[configs]]\nquant = "int2"\n')
+    assert main(["run", str(two_bit)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "fp8_e4m3" in err and "Traceback" not in err
+    no_vllm = tmp_path / "no_vllm.toml"
+    no_vllm.write_text('[backend]\nkind = "vllm"\n[[tasks]]\nname = "passkey"\n[[configs]]\nname = "b"\n')
+    assert main(["run", str(no_vllm)]) == 2
+    assert "vllm is not installed" in capsys.readouterr().err

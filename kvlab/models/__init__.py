@@ -7,7 +7,7 @@ load_model("smollm2-135m")   -> LoadedModel (model, tokenizer, architecture fact
 
 from .arch import ModelArch, model_arch
 from .cache import kvlab_home
-from .loader import LoadedModel, default_device, default_dtype, load_model, model_fingerprint
+from .loader import LoadedModel, default_device, default_dtype, load_model, load_tokenizer, model_fingerprint
 from .registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailableError, ModelSpec
 from .resolve import ModelStatus, list_models, pull_model, resolve_model
 
@@ -24,6 +24,7 @@ __all__ = [
     "kvlab_home",
     "list_models",
     "load_model",
+    "load_tokenizer",
     "model_arch",
     "model_fingerprint",
     "pull_model",

@@ -38,6 +38,11 @@ class LoadedModel(ModelArch):
     model_id: str  # "<name>@<fingerprint>", for provenance records
 
 
+def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
+    """Only the tokenizer of a model kvlab can resolve (pulled, or a local directory)."""
+    return AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 

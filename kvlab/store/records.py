@@ -14,7 +14,8 @@ from kvlab.config import ExperimentSpec, KVCacheConfig, parse_spec
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 TERMINAL_STATUSES = ("done", "failed", "cancelled")
-PHASES = ("load", "prefill", "compress", "decode", "idle", "score")
+PHASES = ("load", "prefill", "compress", "decode", "idle", "score",
+          "launch", "request")  # launch: a vLLM/SGLang server starting; request: waiting on a server
 SOURCES = ("cpu", "nvml", "server")
 LEVELS = ("info", "warning", "error")
 

@@ -1,0 +1,61 @@
+"""The engine an experiment spec asks for."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from kvlab.config import ConfigError, ExperimentSpec
+from kvlab.engines.base import Engine
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(spec: ExperimentSpec) -> Engine:
+    """Load the model (embedded) or connect to / launch the server (the others)."""
+    backend = spec.backend
+    if backend.kind == "embedded":
+        from kvlab.engines.embedded import EmbeddedEngine
+        from kvlab.models import load_model
+
+        device = None if backend.device == "auto" else backend.device
+        dtype = None if backend.dtype == "auto" else backend.dtype
+        return EmbeddedEngine(load_model(spec.model, device=device, dtype=dtype), seed=spec.seed)
+    tokenizer, note = task_tokenizer(spec.model)
+    if backend.kind == "openai_compat":
+        from kvlab.engines.openai_compat import OpenAICompatEngine
+        from kvlab.secrets import resolve_endpoint
+
+        try:
+            endpoint = resolve_endpoint(backend.base_url, backend.model_id, backend.api_key_env)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        return OpenAICompatEngine(endpoint, backend, tokenizer, note, seed=spec.seed)
+    from kvlab.engines.launched import LaunchedServerEngine
+
+    return LaunchedServerEngine(spec, tokenizer, note)
+
+
+def task_tokenizer(model: str) -> tuple[Any, str]:
+    """The tokenizer that sizes task prompts for a served model, and a note saying which it is.
+
+    The served model's own tokenizer when kvlab can load it here (a pulled kvlab model, a local
+    directory, or a hub id in the local Hugging Face cache); otherwise the default model's, so
+    context lengths are approximate -- the tokens the server really saw are recorded per item.
+    """
+    from transformers import AutoTokenizer
+
+    from kvlab.models import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailableError, load_tokenizer
+
+    if model in KNOWN_MODELS or Path(model).expanduser().exists():
+        return load_tokenizer(model), f"{model}'s own tokenizer"
+    try:
+        return AutoTokenizer.from_pretrained(model, local_files_only=True), f"{model}'s own tokenizer"
+    except (OSError, ValueError) as error:
+        log.info("no local tokenizer for %s (%s): sizing prompts with %s's", model, error, DEFAULT_MODEL)
+    try:
+        return load_tokenizer(DEFAULT_MODEL), (f"{DEFAULT_MODEL}'s tokenizer (that of {model} is not available "
+                                               "here): context lengths are approximate")
+    except ModelNotAvailableError as error:
+        raise ConfigError(f"no tokenizer to size the task prompts for {model}: {error}") from None
