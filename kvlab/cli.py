@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from kvlab.cli_doctor import add_doctor_parser
+from kvlab.cli_serve import add_serve_parser
 from kvlab.cli_store import add_store_commands
 from kvlab.config import ConfigError, load_spec
 
@@ -36,6 +38,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(run.to_dict(), indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
+    if run.failure:
+        print(f"error: the run stopped early, {len(run.results)} results kept: {run.failure}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -87,18 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
     models.set_defaults(func=_cmd_models)
     methods = sub.add_parser("methods", help="list quantization formats and eviction methods")
     methods.set_defaults(func=_cmd_methods)
+    add_serve_parser(sub)
+    add_doctor_parser(sub)
     add_store_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from kvlab.engines.base import EngineFailure
     from kvlab.models import ModelNotAvailableError
     from kvlab.store.errors import StoreError
 
     try:
         return args.func(args)
-    except (ConfigError, ModelNotAvailableError, StoreError) as error:
+    except (ConfigError, EngineFailure, ModelNotAvailableError, StoreError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -32,6 +32,16 @@ def engine(smollm):
 
 
 @pytest.fixture(scope="session")
+def kvlab_server(tmp_path_factory):
+    """One real ``kvlab serve`` on 127.0.0.1 with API-key auth, shared by the serving tests:
+    ``(ManagedServer, base_url)``."""
+    from tests.serving import kvlab_serve
+
+    with kvlab_serve(tmp_path_factory.mktemp("serve"), auth=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def pg_admin():
     if not PG_URL:
         pytest.skip(PG_SKIP)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
@@ -33,8 +34,31 @@ from kvlab.results import ItemResult
 from kvlab.tasks import TaskItem
 
 
+@dataclass
+class _Compressed:
+    """A prefill cache after one config's eviction and quantization, with its measured size."""
+
+    cache: KVLabCache
+    compress_s: float
+    kept_tokens: float  # mean over full-attention layers
+    kept_fraction: float
+    baseline_bytes: int
+    physical_bytes: int
+    analytic_bytes: int
+
+
+@dataclass
+class ServedPrefix:
+    """What :meth:`EmbeddedEngine.stream` reports once the prompt is in the (compressed) cache."""
+
+    compressed: _Compressed
+    prefill_s: float
+    prefix_tokens: int
+
+
 class EmbeddedEngine:
     name = "embedded"
+    one_config_per_pass = False
 
     def __init__(self, loaded: LoadedModel, seed: int = 0):
         self.loaded = loaded
@@ -86,6 +110,9 @@ class EmbeddedEngine:
             if problem:
                 raise ConfigError(f"{config.label}: {problem}")
 
+    def check_items(self, items: Sequence[TaskItem]) -> None:
+        """Every task kind runs here."""
+
     # -- one item ---------------------------------------------------------------------------
 
     def _encode(self, text: str, special: bool) -> list[int]:
@@ -131,6 +158,30 @@ class EmbeddedEngine:
                                    prefill_s)
         self.phase, self.current_config, self._live_cache = "idle", None, None
 
+    def _compress(self, config: KVCacheConfig, layer_scores: list[torch.Tensor | None],
+                  layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], prefix_len: int,
+                  evictable: int) -> _Compressed:
+        """Evict and quantize the prefill cache for one config (the prefill tensors are left as they are)."""
+        self.phase = "compress"
+        start = time.perf_counter()
+        kept = select_tokens(config, layer_scores, layer_keys, self.modules, evictable, self.geometry.sliding_layers)
+        layer_kv = [(gather_tokens(k, idx), gather_tokens(v, idx))
+                    for k, v, idx in zip(layer_keys, layer_values, kept, strict=True)]
+        cache = build_compressed_cache(config, layer_kv, self.geometry.layer_windows, seen_tokens=prefix_len)
+        del layer_kv
+        compress_s = time.perf_counter() - start
+        kept_tokens = cache.kept_tokens()
+        full_layers = [n for n, sliding in zip(kept_tokens, self.geometry.sliding_layers, strict=True) if not sliding]
+        kept_mean = sum(full_layers) / len(full_layers)
+        protected = prefix_len - evictable
+        baseline, physical = baseline_kv_bytes(self.geometry, prefix_len), cache.physical_bytes
+        return _Compressed(
+            cache=cache, compress_s=compress_s, kept_tokens=kept_mean,
+            kept_fraction=(kept_mean - protected) / evictable if evictable else 1.0,
+            baseline_bytes=baseline, physical_bytes=physical,
+            analytic_bytes=analytic_kv_bytes(config, self.geometry, kept_tokens),
+        )
+
     def _run_config(self, item: TaskItem, config: KVCacheConfig, layer_scores: list[torch.Tensor | None],
                     layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], prefix: list[int],
                     suffix: list[int], targets: list[int] | None, evictable: int, prompt_tokens: int,
@@ -138,24 +189,8 @@ class EmbeddedEngine:
         device = self.device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        self.phase = "compress"
-        start = time.perf_counter()
-        kept = select_tokens(config, layer_scores, layer_keys, self.modules, evictable, self.geometry.sliding_layers)
-        layer_kv = [(gather_tokens(k, idx), gather_tokens(v, idx))
-                    for k, v, idx in zip(layer_keys, layer_values, kept, strict=True)]
-        cache = build_compressed_cache(config, layer_kv, self.geometry.layer_windows, seen_tokens=len(prefix))
-        del layer_kv
-        compress_s = time.perf_counter() - start
-
-        physical = cache.physical_bytes
-        kept_tokens = cache.kept_tokens()
-        analytic = analytic_kv_bytes(config, self.geometry, kept_tokens)
-        baseline = baseline_kv_bytes(self.geometry, len(prefix))
-        full_layers = [n for n, sliding in zip(kept_tokens, self.geometry.sliding_layers, strict=True) if not sliding]
-        kept_mean = sum(full_layers) / len(full_layers)
-        protected = len(prefix) - evictable
-        kept_fraction = (kept_mean - protected) / evictable
-
+        compressed = self._compress(config, layer_scores, layer_keys, layer_values, len(prefix), evictable)
+        cache = compressed.cache
         self.phase, self._live_cache = "decode", cache
         start = time.perf_counter()
         positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=device).unsqueeze(0)
@@ -168,43 +203,92 @@ class EmbeddedEngine:
         if targets is not None:
             nll = F.cross_entropy(out.logits[0].float(), torch.tensor(targets, device=device), reduction="sum").item()
         else:
-            generated_ids, decode_s = self._decode(cache, out.logits[0, -1], len(prefix) + len(suffix),
-                                                   item.max_new_tokens, item.stop)
+            start = time.perf_counter()
+            generated_ids = list(self._greedy(cache, out.logits[0, -1], len(prefix) + len(suffix),
+                                              item.max_new_tokens, item.stop))
+            decode_s = time.perf_counter() - start
         return ItemResult(
             item_id=item.item_id, task=item.task, config_name=config.label,
             config=config.model_dump(mode="json"), seed=self.seed, context_length=item.context_length,
-            depth=item.depth, prompt_tokens=prompt_tokens, context_tokens=len(prefix), kept_tokens=kept_mean,
-            kept_fraction=kept_fraction, baseline_kv_bytes=baseline, physical_kv_bytes=physical,
-            analytic_kv_bytes=analytic, compression_ratio=compression_ratio(baseline, physical),
+            depth=item.depth, prompt_tokens=prompt_tokens, context_tokens=len(prefix),
+            kept_tokens=compressed.kept_tokens, kept_fraction=compressed.kept_fraction,
+            baseline_kv_bytes=compressed.baseline_bytes, physical_kv_bytes=compressed.physical_bytes,
+            analytic_kv_bytes=compressed.analytic_bytes,
+            compression_ratio=compression_ratio(compressed.baseline_bytes, compressed.physical_bytes),
             peak_kv_bytes=cache.peak_bytes,
             generated=self.tokenizer.decode(generated_ids, skip_special_tokens=True), answer=item.answer,
-            output_tokens=len(generated_ids), ttft_s=prefill_s + compress_s + first_s,
+            output_tokens=len(generated_ids), ttft_s=prefill_s + compressed.compress_s + first_s,
             tpot_s=decode_s / (len(generated_ids) - 1) if len(generated_ids) > 1 else None,
-            prefill_s=prefill_s, compress_s=compress_s, decode_s=decode_s,
+            prefill_s=prefill_s, compress_s=compressed.compress_s, decode_s=decode_s,
             peak_memory_bytes=self._peak_memory(), nll=nll,
             nll_tokens=len(targets) if targets is not None else None,
         )
 
-    def _decode(self, cache: KVLabCache, logits: torch.Tensor, position: int, max_new_tokens: int,
-                stop: tuple[str, ...]) -> tuple[list[int], float]:
-        """Greedy decoding until an end token, a stop string or ``max_new_tokens``; returns the ids
-        and the time spent after the first token."""
-        next_id = int(logits.argmax())
-        generated = [next_id]
-        start = time.perf_counter()
-
-        def stopped() -> bool:
+    def _greedy(self, cache: KVLabCache, logits: torch.Tensor, position: int, max_new_tokens: int,
+                stop: Sequence[str]) -> Iterator[int]:
+        """Greedy decoding, one token id at a time (the first comes from ``logits``), until an end
+        token, a stop string or ``max_new_tokens``.  The end token itself is yielded too."""
+        generated: list[int] = []
+        while True:
+            next_id = int(logits.argmax())
+            generated.append(next_id)
+            yield next_id
             if next_id in self.stop_ids or len(generated) >= max_new_tokens:
-                return True
-            return bool(stop) and any(s in self.tokenizer.decode(generated) for s in stop)
-
-        while not stopped():
+                return
+            if stop and any(s in self.tokenizer.decode(generated) for s in stop):
+                return
             out = self.model(input_ids=torch.tensor([[next_id]], device=self.device), past_key_values=cache,
                              position_ids=torch.tensor([[position]], device=self.device))
             position += 1
-            next_id = int(out.logits[0, -1].argmax())
-            generated.append(next_id)
-        return generated, time.perf_counter() - start
+            logits = out.logits[0, -1]
+
+    # -- one served request ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def stream(self, context: list[int], question: list[int], config: KVCacheConfig, max_new_tokens: int,
+               stop: Sequence[str] = ()) -> Iterator[int | ServedPrefix]:
+        """Serve one request with the same cache layouts as :meth:`evaluate`: the context is
+        compressed before the question is seen, or -- query-aware -- with all but the last question
+        token in the prefill, the question never evicted.  A server that cannot tell context from
+        question passes all but the last prompt token as ``context``.  Yields a
+        :class:`ServedPrefix` (the cache right after compression), then the generated token ids.
+        Not thread-safe: callers serialize requests."""
+        if not question:
+            raise ConfigError("a served prompt needs at least one token")
+        if config.query_aware:
+            prefix, suffix = context + question[:-1], question[-1:]
+        else:
+            prefix, suffix = context, question
+        key = scorer_key(config)
+        cache = DynamicCache(config=self.model.config)
+        self.phase, self.current_config, self._live_cache = "prefill", config.label, cache
+        try:
+            start = time.perf_counter()
+            scores: dict = {}
+            if prefix:
+                with collect_scores(self.model, {key} - {None}, self.seed, self.geometry.sliding_layers) as scores:
+                    self.model.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=cache,
+                                     use_cache=True)
+                layer_keys = [layer.keys for layer in cache.layers]
+                layer_values = [layer.values for layer in cache.layers]
+            else:  # a one-token prompt: nothing to prefill or compress
+                empty = torch.zeros(1, self.geometry.num_kv_heads, 0, self.geometry.head_dim, device=self.device)
+                layer_keys = layer_values = [empty] * self.geometry.num_layers
+                config = config.model_copy(update={"evict": "none", "ratio": None, "keep_fraction": None,
+                                                   "threshold": None, "query_aware": False})
+            prefill_s = time.perf_counter() - start
+            compressed = self._compress(config, scores.get(key) or [None] * len(layer_keys), layer_keys,
+                                        layer_values, len(prefix), len(context))
+            del cache, layer_keys, layer_values
+            self.phase, self._live_cache = "decode", compressed.cache
+            yield ServedPrefix(compressed=compressed, prefill_s=prefill_s, prefix_tokens=len(prefix))
+            positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=self.device).unsqueeze(0)
+            out = self.model(input_ids=torch.tensor([suffix], device=self.device), past_key_values=compressed.cache,
+                             position_ids=positions, logits_to_keep=1)
+            yield from self._greedy(compressed.cache, out.logits[0, -1], len(prefix) + len(suffix),
+                                    max_new_tokens, stop)
+        finally:
+            self.phase, self.current_config, self._live_cache = "idle", None, None
 
     def _peak_memory(self) -> int:
         if self.device.type == "cuda":

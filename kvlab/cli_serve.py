@@ -1,0 +1,77 @@
+"""``kvlab serve``: command-line options -> a KV-cache config, the model, and uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, ConfigError, KVCacheConfig
+
+KV_FLAGS = ("quant", "group_size", "residual_length", "evict", "ratio", "keep_fraction", "threshold",
+            "window_size", "n_sink")
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="serve a model through an OpenAI-compatible API (with a KV-cache config)")
+    serve.add_argument("--model", default="smollm2-135m", help="kvlab model name, local dir or .gguf")
+    serve.add_argument("--served-model-name", help="the id clients send as `model` (default: --model)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    serve.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 on CPU")
+    serve.add_argument("--api-key-env", metavar="VAR",
+                       help="require 'Authorization: Bearer <key>', the key read from this environment variable "
+                            "or .streamlit/secrets.toml (never from the command line)")
+    serve.add_argument("--threads", type=int, help="torch CPU threads")
+    kv = serve.add_argument_group("KV cache (every request's default; a request may send its own `kv_cache`)")
+    kv.add_argument("--quant", choices=QUANT_DTYPES, default="none")
+    kv.add_argument("--group-size", type=int, choices=[32, 64, 128])
+    kv.add_argument("--residual-length", type=int)
+    kv.add_argument("--evict", choices=EVICTION_METHODS, default="none")
+    kv.add_argument("--ratio", type=float, help="fraction of prompt tokens removed (kvpress's compression_ratio)")
+    kv.add_argument("--keep-fraction", type=float, help="fraction of prompt tokens kept (top-k)")
+    kv.add_argument("--threshold", type=float, help="score quantile below which tokens are evicted")
+    kv.add_argument("--window-size", type=int)
+    kv.add_argument("--n-sink", type=int)
+    serve.set_defaults(func=cmd_serve)
+
+
+def kv_config_from_args(args: argparse.Namespace) -> KVCacheConfig:
+    """The server's default config.  Eviction is query-aware by construction (the server sees the
+    question), so it is marked so."""
+    values = {name: getattr(args, name) for name in KV_FLAGS if getattr(args, name) is not None}
+    values["query_aware"] = values.get("evict", "none") != "none"
+    try:
+        return KVCacheConfig(**values)
+    except ValueError as error:
+        raise ConfigError(f"KV-cache options: {error}") from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import torch
+    import uvicorn
+
+    from kvlab.engines.embedded import EmbeddedEngine
+    from kvlab.models import load_model
+    from kvlab.secrets import mask, read_setting
+    from kvlab.serve import ServedModel, create_app
+
+    config = kv_config_from_args(args)
+    api_key = None
+    if args.api_key_env:
+        api_key, source = read_setting(args.api_key_env)
+        if not api_key:
+            raise ConfigError(f"--api-key-env {args.api_key_env}: no such variable in the environment or "
+                              ".streamlit/secrets.toml")
+        print(f"auth: on (key {mask(api_key)} from {source})", file=sys.stderr)
+    elif args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: listening on {args.host} without an API key (--api-key-env)", file=sys.stderr)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine = EmbeddedEngine(load_model(args.model, device=args.device, dtype=args.dtype))
+    engine.check_configs([config])
+    served = ServedModel(engine, args.served_model_name or args.model, config)
+    print(f"serving {served.name} on http://{args.host}:{args.port}/v1 with KV cache {config.label}",
+          file=sys.stderr, flush=True)
+    uvicorn.run(create_app(served, api_key), host=args.host, port=args.port, log_level="warning")
+    return 0

@@ -1,0 +1,124 @@
+"""``kvlab serve`` as a real process on 127.0.0.1, driven by the real ``openai`` client."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.serving import API_KEY
+
+pytestmark = pytest.mark.model
+
+MODEL = "smollm2-135m"
+PROMPT = "The pass key is 48213. Remember it. 48213 is the pass key.\nWhat is the pass key? The pass key is"
+
+
+@pytest.fixture
+def client(kvlab_server):
+    with openai.OpenAI(base_url=kvlab_server[1], api_key=API_KEY, max_retries=0) as client:
+        yield client
+
+
+def metric_samples(base_url: str) -> dict[str, float]:
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics").text
+    return {f"{s.name}{sorted(s.labels.items())}": s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_models_lists_the_served_model_and_its_kv_config(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].model_extra["kvlab"]["kv_cache"]["quant"] == "none"
+    assert models[0].model_extra["kvlab"]["per_request_kv_cache"] is True
+
+
+def test_completion_answers_and_stops_before_the_stop_string(client):
+    response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=["."])
+    choice = response.choices[0]
+    assert choice.text.strip() == "48213" and "." not in choice.text
+    assert choice.finish_reason == "stop"
+    assert response.usage.prompt_tokens > 20 and 1 <= response.usage.completion_tokens <= 8
+    kv = response.model_extra["kv_cache"]
+    assert kv["config"] == "baseline" and kv["physical_bytes"] == kv["baseline_bytes"] > 0
+    assert kv["context_tokens"] == response.usage.prompt_tokens - 1
+
+
+def test_streaming_sends_text_before_the_answer_is_complete(client):
+    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
+    started = time.perf_counter()
+    arrivals, pieces, usage = [], [], None
+    for chunk in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}):
+        if chunk.choices and chunk.choices[0].text:
+            arrivals.append(time.perf_counter() - started)
+            pieces.append(chunk.choices[0].text)
+        usage = chunk.usage or usage
+    assert "".join(pieces) == full
+    assert len(pieces) >= 3 and arrivals[0] < arrivals[-1]  # the first token came before the last
+    assert usage is not None and usage.completion_tokens == 12
+
+
+def test_chat_completion_streams_an_assistant_message(client):
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
+                                            max_tokens=6, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip()
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_request_may_carry_its_own_kv_cache_config(client):
+    long_prompt = "Anne walked along the shore and thought of the letter. " * 12 + PROMPT  # > 4 blocks of 32
+    response = client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=4, temperature=0,
+                                         extra_body={"kv_cache": {"quant": "int4", "group_size": 32,
+                                                                  "residual_length": 0}})
+    kv = response.model_extra["kv_cache"]
+    assert kv["config"].startswith("int4/g32") and kv["settings"]["residual_length"] == 0
+    # Whole 32-token blocks are 4-bit codes (+ fp16 scales, zero points); the tail is still 16-bit.
+    assert kv["physical_bytes"] < kv["baseline_bytes"] / 2
+
+
+@pytest.mark.parametrize("api_key", [None, "wrong-key", f" {API_KEY}x"])
+def test_requests_without_the_right_key_are_refused(kvlab_server, api_key):
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    response = httpx.get(f"{kvlab_server[1]}/models", headers=headers)
+    assert response.status_code == 401
+    assert response.json()["error"]["type"] == "authentication_error"
+    with openai.OpenAI(base_url=kvlab_server[1], api_key=api_key or "no-key", max_retries=0) as bad, \
+            pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_health_and_metrics_need_no_key(kvlab_server):
+    root = kvlab_server[1].removesuffix("/v1")
+    assert httpx.get(f"{root}/health").status_code == 200
+    assert "kvlab:kv_cache_bytes" in httpx.get(f"{root}/metrics").text
+
+
+def test_unknown_model_and_bad_settings_get_openai_errors(client):
+    with pytest.raises(openai.NotFoundError, match=f"serves `{MODEL}`"):
+        client.completions.create(model="gpt-4o", prompt=PROMPT, max_tokens=2, temperature=0)
+    with pytest.raises(openai.BadRequestError, match="kv_cache.quant"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0,
+                                  extra_body={"kv_cache": {"quant": "int3"}})
+    with pytest.raises(openai.BadRequestError, match="temperature = 0"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0.7)
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 8192"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=9000, temperature=0)
+
+
+def test_metrics_count_requests_tokens_and_time_to_first_token(kvlab_server, client):
+    before = metric_samples(kvlab_server[1])
+    client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
+    after = metric_samples(kvlab_server[1])
+    label = [("model_name", MODEL)]
+    assert after[f"kvlab:time_to_first_token_seconds_count{label}"] == \
+        before.get(f"kvlab:time_to_first_token_seconds_count{label}", 0) + 1
+    requests = f"kvlab:requests_total{sorted({'endpoint': '/v1/completions', 'model_name': MODEL, 'status': '200'}.items())}"
+    assert after[requests] == before.get(requests, 0) + 1
+    assert after[f"kvlab:generation_tokens_total{label}"] - before.get(f"kvlab:generation_tokens_total{label}", 0) == 3
+    assert after[f"kvlab:kv_cache_bytes{label}"] == 0  # idle: no request holds a cache now
