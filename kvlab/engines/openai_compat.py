@@ -1,0 +1,289 @@
+"""The ``openai_compat`` engine: task items sent to any OpenAI-compatible endpoint.
+
+Every request streams, so TTFT is the first text chunk and TPOT the rest over the output
+tokens the server reports.  The official ``openai`` client retries 429s, 5xxs and dropped
+connections with exponential backoff (honouring ``Retry-After``); what still fails after
+``max_retries`` either fails the item (a request the server refuses, such as a prompt that is
+too long) or stops the run with :class:`EndpointError` (an endpoint that is gone, refuses the
+key or lacks the model) -- results already produced are kept by the caller.
+
+What the KV cache held is known only when the server says so: ``kvlab serve`` reports it per
+request (and applies a per-request ``kv_cache`` config); a vLLM/SGLang server kvlab launched
+is described by :class:`LaunchedKV`; any other endpoint leaves the byte columns empty.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+from kvlab.config import BackendSpec, ConfigError, KVCacheConfig
+from kvlab.engines.base import EngineFailure
+from kvlab.engines.prometheus import ServerMetricsSource
+from kvlab.results import ItemResult
+from kvlab.secrets import Endpoint
+from kvlab.tasks import TaskItem
+
+MAX_STOP_SEQUENCES = 4  # OpenAI's limit
+
+
+class EndpointError(EngineFailure):
+    """The endpoint failed in a way no retry fixes; the run stops (results so far are kept)."""
+
+
+@dataclass(frozen=True)
+class LaunchedKV:
+    """The KV cache of a server kvlab launched with ``config``: bytes per token from its startup log."""
+
+    config: KVCacheConfig
+    bytes_per_token: float | None
+    baseline_bytes_per_token: float | None  # the same cache at 16 bits
+    source: str  # the log line the figures came from
+
+
+class OpenAICompatEngine:
+    name = "openai_compat"
+    one_config_per_pass = False
+
+    def __init__(self, endpoint: Endpoint, backend: BackendSpec, tokenizer: Any, tokenizer_note: str = "",
+                 launched: LaunchedKV | None = None, seed: int = 0):
+        self.endpoint = endpoint
+        self.backend = backend
+        self._tokenizer = tokenizer
+        self.tokenizer_note = tokenizer_note
+        self.launched = launched
+        self.seed = seed
+        self.client = openai.OpenAI(
+            base_url=endpoint.base_url, api_key=(endpoint.api_key or "").strip() or "no-key",
+            max_retries=backend.max_retries, timeout=backend.request_timeout_s)
+        self.model_id: str | None = endpoint.model_id
+        self.server_info: dict[str, Any] | None = None  # kvlab serve's `kvlab` block of /v1/models
+        self._probed = False
+        self.phase = "idle"  # read by the telemetry sampler: "request" while any request is in flight
+        self.current_config: str | None = None
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
+
+    # -- Engine protocol -----------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def describe(self) -> dict[str, Any]:
+        self.probe()
+        info: dict[str, Any] = {"engine": self.name, "base_url": self.endpoint.base_url, "model": self.model_id,
+                                "api_key": self.endpoint.key_source, "tokenizer": self.tokenizer_note,
+                                "max_concurrency": self.backend.max_concurrency}
+        if self.server_info:
+            info["server"] = self.server_info.get("engine", {}) | {"per_request_kv_cache": True}
+        if self.launched:
+            info["kv_pool"] = self.launched.source
+        return info
+
+    def close(self) -> None:
+        self.client.close()
+
+    def telemetry_sources(self) -> list[ServerMetricsSource]:
+        """``kvlab serve`` publishes the bytes its cache holds; other endpoints' metrics are their own."""
+        self.probe()
+        if self.server_info is None:
+            return []
+        root = self.endpoint.base_url.rstrip("/").removesuffix("/v1")
+        return [ServerMetricsSource(root, "kvlab")]
+
+    def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
+        self.probe()
+        for config in configs:
+            if self.launched is not None:
+                if config.label != self.launched.config.label:
+                    raise ConfigError(f"{config.label}: this server was launched with {self.launched.config.label}")
+            elif not self.per_request_configs and not config.is_baseline:
+                raise ConfigError(
+                    f"{config.label}: the endpoint {self.endpoint.base_url} decides its own KV cache, so kvlab "
+                    "cannot apply this config there. Against it run only the baseline config (recorded as the "
+                    "server's own cache); to compare configs use `kvlab serve` (applies a config per request) or "
+                    "backend kind 'vllm' / 'sglang' (kvlab launches the server with --kv-cache-dtype)")
+
+    def check_items(self, items: Sequence[TaskItem]) -> None:
+        refuse_perplexity(items)
+
+    def evaluate(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> Iterator[ItemResult]:
+        for config in configs:
+            yield self._complete(item, config)
+
+    def evaluate_many(self, work: Iterable[tuple[TaskItem, Sequence[KVCacheConfig]]]
+                      ) -> Iterator[tuple[TaskItem, ItemResult]]:
+        """Up to ``max_concurrency`` requests in flight; results in the order they finish.
+        Closing the iterator early cancels what has not started."""
+        jobs = ((item, config) for item, configs in work for config in configs)
+        with ThreadPoolExecutor(self.backend.max_concurrency, thread_name_prefix="kvlab-request") as pool:
+            pending: dict[Future[ItemResult], TaskItem] = {}
+            try:
+                while True:
+                    while len(pending) < self.backend.max_concurrency and (job := next(jobs, None)):
+                        pending[pool.submit(self._complete, *job)] = job[0]
+                    if not pending:
+                        return
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        yield pending.pop(future), future.result()
+            finally:
+                for future in pending:
+                    future.cancel()
+
+    # -- the endpoint ----------------------------------------------------------------------------
+
+    def probe(self) -> None:
+        """Learn the model id (and whether this is ``kvlab serve``) from ``/v1/models``, once."""
+        if self._probed:
+            return
+        try:
+            models = list(self.client.models.list())
+        except openai.APIError as error:
+            raise EndpointError(self._explain(error)) from None
+        ids = [m.id for m in models]
+        if self.model_id is None:
+            if len(ids) != 1:
+                raise ConfigError(f"{self.endpoint.base_url} serves {', '.join(ids) or 'no models'}: set "
+                                  "backend.model_id (or KVLAB_MODEL_ID) to one of them")
+            self.model_id = ids[0]
+        elif ids and self.model_id not in ids:
+            raise ConfigError(f"model '{self.model_id}' is not served by {self.endpoint.base_url}; it serves: "
+                              f"{', '.join(ids)}")
+        entry = next((m for m in models if m.id == self.model_id), None)
+        extra = (entry.model_extra or {}) if entry is not None else {}
+        self.server_info = extra.get("kvlab") if isinstance(extra.get("kvlab"), dict) else None
+        self._probed = True
+
+    @property
+    def per_request_configs(self) -> bool:
+        """Whether each request carries its config: ``kvlab serve`` applies them; a launched server has one."""
+        return self.server_info is not None and self.launched is None
+
+    def _explain(self, error: openai.APIError) -> str:
+        where = self.endpoint.base_url
+        hint = f"run `kvlab doctor --base-url {where}` for a diagnosis"
+        if isinstance(error, openai.AuthenticationError | openai.PermissionDeniedError):
+            return (f"{where} refused the API key ({self.endpoint.key_source}, {self.endpoint.masked_key}): "
+                    f"{_message(error)}; {hint}")
+        if isinstance(error, openai.NotFoundError):
+            return f"{where}: not found ({_message(error)}); check the base URL and the model id; {hint}"
+        if isinstance(error, openai.APITimeoutError):
+            return f"{where} did not answer within {self.backend.request_timeout_s:g} s; {hint}"
+        if isinstance(error, openai.APIConnectionError):
+            return f"{where} cannot be reached ({error.__cause__ or error}); is the server running? {hint}"
+        return f"{where}: {type(error).__name__}: {_message(error)}; {hint}"
+
+    def _complete(self, item: TaskItem, config: KVCacheConfig) -> ItemResult:
+        self.probe()
+        with self._in_flight_lock:
+            self._in_flight += 1
+            self.phase, self.current_config = "request", config.label
+        try:
+            return self._request(item, config)
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self.phase, self.current_config = "idle", None
+
+    def _request(self, item: TaskItem, config: KVCacheConfig) -> ItemResult:
+        prompt = item.context + item.question
+        extra_body = None
+        if self.per_request_configs:  # kvlab serve: this config, and the same cache layout as embedded
+            extra_body = {"kv_cache": config.model_dump(mode="json"), "kv_cache_question_chars": len(item.question)}
+        started = time.perf_counter()
+        first_at: float | None = None
+        text, pieces, usage, reported = "", 0, None, None
+        try:
+            stream = self.client.completions.create(
+                model=self.model_id, prompt=prompt, max_tokens=item.max_new_tokens, temperature=0,
+                seed=self.seed, stop=list(item.stop[:MAX_STOP_SEQUENCES]) or None, stream=True,
+                stream_options={"include_usage": True}, extra_body=extra_body)
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].text:
+                    first_at = first_at or time.perf_counter()
+                    text += chunk.choices[0].text
+                    pieces += 1
+                usage = chunk.usage or usage
+                reported = (chunk.model_extra or {}).get("kv_cache") or reported
+        except (openai.BadRequestError, openai.UnprocessableEntityError) as error:
+            return self._failed(item, config, f"{type(error).__name__}: {_message(error)}")
+        except openai.APIError as error:
+            raise EndpointError(self._explain(error)) from None
+        except Exception as error:  # noqa: BLE001 -- a stream cut mid-answer raises the transport's own errors
+            raise EndpointError(f"{self.endpoint.base_url} broke off a streamed answer "
+                                f"({type(error).__name__}: {error}); is the server still running?") from None
+        ended = time.perf_counter()
+        output_tokens = usage.completion_tokens if usage else pieces
+        prompt_tokens = usage.prompt_tokens if usage else len(self._tokenizer(prompt)["input_ids"])
+        ttft = (first_at or ended) - started
+        decode_s = ended - first_at if first_at else 0.0
+        return ItemResult(
+            item_id=item.item_id, task=item.task, config_name=config.label, config=config.model_dump(mode="json"),
+            seed=self.seed, context_length=item.context_length, depth=item.depth, prompt_tokens=prompt_tokens,
+            generated=text, answer=item.answer, output_tokens=output_tokens, ttft_s=ttft,
+            tpot_s=decode_s / (output_tokens - 1) if output_tokens > 1 and first_at else None,
+            decode_s=decode_s, peak_memory_bytes=None,
+            **self._kv_fields(prompt_tokens, output_tokens, reported),
+        )
+
+    def _kv_fields(self, prompt_tokens: int, output_tokens: int, reported: dict[str, Any] | None) -> dict[str, Any]:
+        """What the cache held, as far as the server lets kvlab know (None where it does not)."""
+        if reported and self.per_request_configs:  # kvlab serve: measured on the server, same layout as the embedded engine
+            baseline, physical = reported["baseline_bytes"], reported["physical_bytes"]
+            return {"context_tokens": reported["context_tokens"], "kept_tokens": reported["kept_tokens"],
+                    "kept_fraction": reported["kept_fraction"], "baseline_kv_bytes": baseline,
+                    "physical_kv_bytes": physical, "analytic_kv_bytes": reported["analytic_bytes"],
+                    "compression_ratio": baseline / physical if physical else None,
+                    "peak_kv_bytes": reported["peak_bytes"], "prefill_s": reported["prefill_s"],
+                    "compress_s": reported["compress_s"], "extra": {"kv_bytes_source": "kvlab serve (measured)"}}
+        unknown = _unknown_kv(prompt_tokens)
+        launched = self.launched
+        if launched is None or launched.bytes_per_token is None:
+            return unknown
+        physical = round(launched.bytes_per_token * prompt_tokens)
+        baseline = round((launched.baseline_bytes_per_token or launched.bytes_per_token) * prompt_tokens)
+        # Servers evict no tokens: every prompt token stays in the (paged) pool.
+        return unknown | {"kept_tokens": float(prompt_tokens), "kept_fraction": 1.0, "baseline_kv_bytes": baseline,
+                          "physical_kv_bytes": physical, "analytic_kv_bytes": physical,
+                          "compression_ratio": baseline / physical if physical else None,
+                          "peak_kv_bytes": round(launched.bytes_per_token * (prompt_tokens + output_tokens)),
+                          "extra": {"kv_bytes_source": launched.source}}
+
+    def _failed(self, item: TaskItem, config: KVCacheConfig, error: str) -> ItemResult:
+        return ItemResult(
+            item_id=item.item_id, task=item.task, config_name=config.label, config=config.model_dump(mode="json"),
+            seed=self.seed, context_length=item.context_length, depth=item.depth, prompt_tokens=0, generated="",
+            answer=item.answer, output_tokens=0, ttft_s=math.nan, tpot_s=None, decode_s=math.nan,
+            peak_memory_bytes=None, error=error, **_unknown_kv(0))
+
+
+def refuse_perplexity(items: Sequence[TaskItem]) -> None:
+    if any(item.kind == "perplexity" for item in items):
+        raise ConfigError("perplexity needs the log-probabilities of the prompt, which kvlab does not read over "
+                          "the OpenAI API; run perplexity tasks on the embedded backend")
+
+
+def _unknown_kv(context_tokens: int) -> dict[str, Any]:
+    return {"context_tokens": context_tokens, "kept_tokens": None, "kept_fraction": None, "baseline_kv_bytes": None,
+            "physical_kv_bytes": None, "analytic_kv_bytes": None, "compression_ratio": None, "peak_kv_bytes": None,
+            "prefill_s": math.nan, "compress_s": math.nan,
+            "extra": {"kv_bytes_source": "not reported by the endpoint"}}
+
+
+def _message(error: openai.APIError) -> str:
+    body = error.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return error.message

@@ -1,0 +1,73 @@
+"""The ``vllm`` and ``sglang`` backends: kvlab launches one server per config and drives it over HTTP.
+
+vLLM and SGLang need a CUDA GPU, so the servers launched here are stand-ins
+(tests/fake_engines): the same ``python -m ...`` command lines, the real engines' start-up log
+lines, and ``kvlab serve``'s OpenAI API underneath.  scripts/gpu_check.py runs the real ones.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvlab.config import ConfigError, parse_spec
+from kvlab.runner import run_experiment
+
+pytestmark = pytest.mark.model
+
+STAND_INS = Path(__file__).parent / "fake_engines"
+TASKS = [{"name": "passkey", "context_lengths": [256], "depths": [0.5], "num_items": 2, "max_new_tokens": 8}]
+
+
+def spec_for(kind: str, configs: list[dict]):
+    return parse_spec({"name": f"{kind}-sweep", "model": "smollm2-135m", "tasks": TASKS, "configs": configs,
+                       "backend": {"kind": kind, "max_concurrency": 2,
+                                   "server": {"python": sys.executable, "startup_timeout_s": 120}}})
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(STAND_INS))
+
+
+@pytest.mark.parametrize("kind, fp8", [("vllm", "fp8_e4m3"), ("sglang", "fp8_e5m2")])
+def test_one_server_per_config_with_bytes_from_its_start_up_log(stand_ins, kind, fp8):
+    run = run_experiment(spec_for(kind, [{"name": "baseline"}, {"name": "fp8", "quant": fp8}]))
+    assert run.failure is None, run.failure
+    launches = run.engine["launches"]
+    assert [launch["config"] for launch in launches] == ["baseline", "fp8"]
+    dtype_flags = [launch["command"][launch["command"].index("--kv-cache-dtype") + 1] for launch in launches]
+    assert dtype_flags == ["auto", fp8]
+    assert all("tokens" in launch["kv_pool"] or "#tokens" in launch["kv_pool"] for launch in launches)
+    by_config = {name: [r for r in run.results if r.config_name == name] for name in ("baseline", "fp8")}
+    assert all(len(rows) == 2 and all(r.error is None and r.score is not None for r in rows)
+               for rows in by_config.values())
+    base, fp8_row = by_config["baseline"][0], next(r for r in by_config["fp8"] if r.item_id == by_config["baseline"][0].item_id)
+    # 8-bit pool: half the bytes per token of the 16-bit one (to the log's two decimals of GiB).
+    assert fp8_row.physical_kv_bytes == pytest.approx(base.physical_kv_bytes / 2, rel=0.01)
+    assert fp8_row.compression_ratio == pytest.approx(2.0) and base.compression_ratio == pytest.approx(1.0)
+    assert "start-up log" in fp8_row.extra["kv_bytes_source"]
+    for launch in launches:  # every server was stopped
+        port = launch["command"][launch["command"].index("--port") + 1]
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_a_server_that_fails_to_start_stops_the_run_with_its_log(stand_ins, monkeypatch):
+    monkeypatch.setenv("KVLAB_STAND_IN_FAIL", "No available memory for the cache blocks")
+    run = run_experiment(spec_for("vllm", [{"name": "baseline"}]))
+    assert run.results == []
+    assert "vllm did not start for baseline" in run.failure and "No available memory" in run.failure
+
+
+@pytest.mark.parametrize("kind, config, named", [
+    ("vllm", {"quant": "int2"}, "fp8_e4m3"),
+    ("vllm", {"evict": "snapkv", "ratio": 0.5}, "prefix"),
+    ("sglang", {"quant": "int4"}, "fp8_e5m2"),
+])
+def test_knobs_an_engine_lacks_are_refused_before_launch(stand_ins, kind, config, named):
+    with pytest.raises(ConfigError, match=named):
+        run_experiment(spec_for(kind, [config]))

@@ -1,0 +1,265 @@
+"""Start-up log and /metrics parsing for vLLM and SGLang, on text shaped like the engines' own output.
+
+Formats, as read from the sources:
+* vLLM log lines: vllm/v1/worker/gpu_worker.py "Available KV cache memory: %.2f GiB" (newer: "%s GiB"
+  of format_gib), vllm/v1/core/kv_cache_utils.py "GPU KV cache size: %s tokens" with f"{n:,}", behind
+  vLLM's prefix "(EngineCore_DP0 pid=N) INFO MM-DD hh:mm:ss [file.py:line] ".
+* SGLang log lines: python/sglang/srt/mem_cache/memory_pool.py MHATokenToKVPool / MLATokenToKVPool
+  f"KV Cache is allocated. #tokens: {size}, K size: {k/GB:.2f} GB, V size: {v/GB:.2f} GB" /
+  f"... #tokens: {size}, KV size: {kv/GB:.2f} GB" (GB = 1024**3), behind "[YYYY-MM-DD hh:mm:ss TP0] ".
+* /metrics: prometheus_client's text exposition of vllm/v1/metrics/loggers.py (labels model_name,
+  engine) and python/sglang/srt/observability/metrics_collector.py; a counter "x" is exposed as
+  "x_total" plus an "x_created" gauge.
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from kvlab.engines.prometheus import (
+    ServerMetricsSource,
+    parse_metrics,
+    server_kv_snapshot,
+)
+from kvlab.engines.server_logs import GIB, KVPool, parse_kv_pool
+
+VLLM_LOG = """\
+INFO 10-07 09:12:31 [__init__.py:216] Automatically detected platform cuda.
+(APIServer pid=81234) INFO 10-07 09:12:40 [api_server.py:1839] vLLM API server version 0.11.0
+(EngineCore_DP0 pid=81391) INFO 10-07 09:12:58 [gpu_model_runner.py:2653] Model loading took 14.9889 GiB and 4.12 seconds
+(EngineCore_DP0 pid=81391) INFO 10-07 09:13:05 [gpu_worker.py:298] Available KV cache memory: 101.26 GiB
+(EngineCore_DP0 pid=81391) INFO 10-07 09:13:05 [kv_cache_utils.py:1087] GPU KV cache size: 829,520 tokens
+(EngineCore_DP0 pid=81391) INFO 10-07 09:13:05 [kv_cache_utils.py:1091] Maximum concurrency for 8,192 tokens per request: 101.26x
+(APIServer pid=81234) INFO 10-07 09:13:31 [api_server.py:1971] Starting vLLM API server 0 on http://127.0.0.1:8123
+"""
+
+SGLANG_LOG = """\
+[2025-09-28 17:07:09 TP0] Init torch distributed ends. mem usage=0.00 GB
+[2025-09-28 17:07:10 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=124.08 GB, mem usage=15.02 GB.
+[2025-09-28 17:07:10 TP0] Using KV cache dtype: torch.float8_e4m3fn
+[2025-09-28 17:07:10 TP0] KV Cache is allocated. #tokens: 1563446, K size: 47.71 GB, V size: 47.71 GB
+[2025-09-28 17:07:10 TP0] Memory pool end. avail mem=28.27 GB
+[2025-09-28 17:07:27 TP0] max_total_num_tokens=1563446, chunked_prefill_size=8192, max_prefill_tokens=16384
+"""
+
+SGLANG_MLA_LOG = "[2025-09-28 17:07:10 TP0] KV Cache is allocated. #tokens: 2618868, KV size: 75.86 GB\n"
+
+# vllm/v1/metrics/loggers.py PrometheusStatLogger, as prometheus_client exposes it.
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="kvlab-model"} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="kvlab-model"} 1.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="kvlab-model"} 0.25
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="kvlab-model"} 2.0
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="kvlab-model"} 5.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="kvlab-model"} 7.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="kvlab-model"} 10.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="kvlab-model"} 12.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="kvlab-model"} 12.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="kvlab-model"} 0.84
+# HELP vllm:num_preemptions_created Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_created gauge
+vllm:num_preemptions_created{engine="0",model_name="kvlab-model"} 1.7598352e+09
+"""
+
+# vLLM before 0.10 exported the usage under its old name.
+VLLM_OLD_METRICS = """\
+# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+"""
+
+# python/sglang/srt/observability/metrics_collector.py SchedulerMetricsCollector (--enable-metrics).
+SGLANG_METRICS = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="kvlab-model",pp_rank="0",tp_rank="0"} 4.0
+# HELP sglang:num_used_tokens The number of used tokens.
+# TYPE sglang:num_used_tokens gauge
+sglang:num_used_tokens{engine_type="unified",model_name="kvlab-model",pp_rank="0",tp_rank="0"} 156344.0
+# HELP sglang:token_usage The token usage.
+# TYPE sglang:token_usage gauge
+sglang:token_usage{engine_type="unified",model_name="kvlab-model",pp_rank="0",tp_rank="0"} 0.1
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="unified",model_name="kvlab-model",pp_rank="0",tp_rank="0"} 2.0
+# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{engine_type="unified",model_name="kvlab-model",pp_rank="0",tp_rank="0"} 1563446.0
+# HELP sglang:num_retracted_requests_total Total number of retracted requests.
+# TYPE sglang:num_retracted_requests_total counter
+sglang:num_retracted_requests_total{engine_type="unified",model_name="kvlab-model",pp_rank="0",tp_rank="0"} 1.0
+# HELP sglang:kv_cache_memory_usage_gb Memory used by the KV cache pools in GB.
+# TYPE sglang:kv_cache_memory_usage_gb gauge
+sglang:kv_cache_memory_usage_gb{engine_type="unified",model_name="kvlab-model",pp_rank="0",tp_rank="0"} 95.42
+"""
+
+
+def test_vllm_pool_from_log():
+    pool = parse_kv_pool("vllm", VLLM_LOG)
+    assert pool == KVPool(829_520, round(101.26 * GIB), pool.source_line)
+    assert pool.source_line.endswith("GPU KV cache size: 829,520 tokens")
+    assert pool.bytes_per_token == pytest.approx(131_072, rel=1e-3)  # Llama-3.1-8B, bf16
+
+
+def test_vllm_newer_memory_format_and_restarts_take_the_last_start():
+    first = VLLM_LOG.replace("829,520", "1,000")
+    newer = ("(EngineCore_DP0 pid=9) INFO 01-02 03:04:05 [gpu_worker.py:440] Available KV cache memory: "
+             "20.5 GiB (process-scoped)\n"
+             "(EngineCore_DP0 pid=9) INFO 01-02 03:04:05 [kv_cache_utils.py:1290] GPU KV cache size: 167,936 tokens\n")
+    pool = parse_kv_pool("vllm", first + newer)
+    assert (pool.tokens, pool.bytes) == (167_936, round(20.5 * GIB))
+
+
+def test_vllm_tokens_without_memory_line():
+    pool = parse_kv_pool("vllm", "INFO 10-07 09:13:05 [kv_cache_utils.py:1087] GPU KV cache size: 4,096 tokens\n")
+    assert (pool.tokens, pool.bytes, pool.bytes_per_token) == (4096, None, None)
+
+
+def test_sglang_pool_from_log():
+    pool = parse_kv_pool("sglang", SGLANG_LOG)
+    assert pool.tokens == 1_563_446
+    assert pool.bytes == round(2 * 47.71 * GIB)
+    assert pool.bytes_per_token == pytest.approx(65_536, rel=1e-3)  # Llama-3.1-8B, fp8 K and V
+    assert pool.source_line.startswith("[2025-09-28 17:07:10 TP0] KV Cache is allocated.")
+
+
+def test_sglang_mla_pool_from_log():
+    pool = parse_kv_pool("sglang", SGLANG_MLA_LOG)
+    assert (pool.tokens, pool.bytes) == (2_618_868, round(75.86 * GIB))
+
+
+@pytest.mark.parametrize(("kind", "text"), [
+    ("vllm", ""), ("vllm", SGLANG_LOG), ("sglang", VLLM_LOG), ("sglang", "Traceback (most recent call last):\n"),
+])
+def test_no_pool_line_gives_none(kind, text):
+    assert parse_kv_pool(kind, text) is None
+
+
+def test_parse_metrics_sums_label_sets_and_keeps_wire_names():
+    metrics = parse_metrics(VLLM_METRICS)
+    assert metrics["vllm:kv_cache_usage_perc"] == 0.25
+    assert metrics["vllm:num_preemptions_total"] == 2.0
+    assert metrics["vllm:request_success_total"] == 12.0
+    assert metrics["vllm:time_to_first_token_seconds_count"] == 12.0
+
+
+def test_literal_samples_match_what_prometheus_client_generates():
+    """The literal vLLM text above has the shape prometheus_client gives the real definitions."""
+    registry = CollectorRegistry()
+    labels = ["model_name", "engine"]  # vllm/v1/metrics/loggers.py: labelnames = ["model_name", "engine"]
+    Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels,
+          registry=registry).labels("kvlab-model", "0").set(0.25)
+    Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels,
+            registry=registry).labels("kvlab-model", "0").inc(2)
+    generated = parse_metrics(generate_latest(registry).decode())
+    literal = parse_metrics(VLLM_METRICS)
+    for name in ("vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"):
+        assert generated[name] == literal[name]
+    assert "vllm:num_preemptions_created" in generated
+
+
+@pytest.mark.parametrize("text", ["", "<html><body>502 Bad Gateway</body></html>", "vllm:x{engine=\"0\" 1.0\n"])
+def test_unparseable_metrics_give_empty(text):
+    assert parse_metrics(text) == {}
+
+
+def test_vllm_snapshot_uses_pool_bytes_from_the_log():
+    pool = parse_kv_pool("vllm", VLLM_LOG)
+    snapshot = server_kv_snapshot("vllm", parse_metrics(VLLM_METRICS), pool)
+    assert snapshot.usage == 0.25
+    assert snapshot.pool_bytes == pool.bytes
+    assert snapshot.kv_bytes == round(0.25 * pool.bytes)
+    assert (snapshot.preemptions, snapshot.running, snapshot.waiting) == (2.0, 3.0, 1.0)
+
+
+def test_vllm_snapshot_reads_the_old_usage_name_and_needs_a_pool_for_bytes():
+    snapshot = server_kv_snapshot("vllm", parse_metrics(VLLM_OLD_METRICS), None)
+    assert (snapshot.usage, snapshot.kv_bytes, snapshot.preemptions) == (0.5, None, None)
+
+
+def test_sglang_snapshot_from_log_pool_or_memory_gauge():
+    metrics = parse_metrics(SGLANG_METRICS)
+    pool = parse_kv_pool("sglang", SGLANG_LOG)
+    snapshot = server_kv_snapshot("sglang", metrics, pool)
+    assert snapshot.usage == 0.1
+    assert snapshot.kv_bytes == round(0.1 * pool.bytes)
+    assert (snapshot.preemptions, snapshot.running, snapshot.waiting) == (1.0, 4.0, 2.0)
+    without_log = server_kv_snapshot("sglang", metrics, None)
+    assert without_log.pool_bytes == round(95.42 * GIB)
+    assert without_log.kv_bytes == round(0.1 * 95.42 * GIB)
+
+
+def test_snapshot_of_nothing_is_all_none():
+    snapshot = server_kv_snapshot("sglang", {}, None)
+    assert snapshot == type(snapshot)(None, None, None, None, None, None)
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    status = 200
+    body = VLLM_METRICS
+
+    def do_GET(self):
+        payload = self.body.encode()
+        self.send_response(self.status if self.path == "/metrics" else 404)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def metrics_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _MetricsHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    _MetricsHandler.status, _MetricsHandler.body = 200, VLLM_METRICS
+
+
+def test_metrics_source_reads_kv_bytes(metrics_server):
+    pool = parse_kv_pool("vllm", VLLM_LOG)
+    source = ServerMetricsSource(f"http://127.0.0.1:{metrics_server.server_port}/", "vllm", pool=pool)
+    try:
+        assert source.name == "server"
+        assert source.read() == {"kv_bytes": round(0.25 * pool.bytes)}
+        assert source.last.preemptions == 2.0
+    finally:
+        source.close()
+
+
+def test_metrics_source_yields_nothing_on_failed_scrapes(metrics_server):
+    source = ServerMetricsSource(f"http://127.0.0.1:{metrics_server.server_port}", "vllm", timeout_s=1.0)
+    try:
+        _MetricsHandler.status = 500
+        assert source.read() == {}
+        _MetricsHandler.status, _MetricsHandler.body = 200, "<html>starting</html>"
+        assert source.read() == {}
+        assert source.last is None
+    finally:
+        source.close()
+    gone = ServerMetricsSource("http://127.0.0.1:9", "sglang", timeout_s=0.5)  # nothing listens on port 9
+    try:
+        assert gone.read() == {}
+    finally:
+        gone.close()
