@@ -14,7 +14,7 @@ import streamlit as st
 from kvlab.chart_export import ExportError
 from kvlab.config import ConfigError
 from kvlab.store import StoreError
-from kvlab.views import PAGE_COMPARE, PAGE_EXPERIMENT, PAGE_EXPERIMENTS, PAGE_NEW
+from kvlab.views import PAGE_COMPARE, PAGE_DOCTOR, PAGE_EXPERIMENT, PAGE_EXPERIMENTS, PAGE_NEW
 from pages.common import PAGE_FILES
 
 st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
@@ -25,6 +25,7 @@ pages = [
     st.Page(PAGE_FILES[PAGE_NEW], title="New experiment", icon=":material/add_circle:", url_path=PAGE_NEW),
     st.Page(PAGE_FILES[PAGE_EXPERIMENT], title="Experiment", icon=":material/monitoring:", url_path=PAGE_EXPERIMENT),
     st.Page(PAGE_FILES[PAGE_COMPARE], title="Compare", icon=":material/compare_arrows:", url_path=PAGE_COMPARE),
+    st.Page(PAGE_FILES[PAGE_DOCTOR], title="Endpoint doctor", icon=":material/stethoscope:", url_path=PAGE_DOCTOR),
 ]
 page = st.navigation(pages)
 st.sidebar.caption("kvlab: KV-cache compression, memory vs accuracy")

@@ -22,6 +22,7 @@ MIB = 1024 * 1024
 
 #: URL paths of the pages (``st.Page(url_path=...)``).
 PAGE_EXPERIMENTS, PAGE_NEW, PAGE_EXPERIMENT, PAGE_COMPARE = "experiments", "new", "experiment", "compare"
+PAGE_DOCTOR = "doctor"
 
 #: Experiments table: sort choice -> ``Store.list_experiments(order=...)``.
 SORTS = {"newest": "-created_at", "oldest": "created_at", "name": "name", "status": "status",

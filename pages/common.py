@@ -23,7 +23,8 @@ from kvlab.store import ExperimentRecord, Store, StoreError
 #: first tries its older folder-based navigation, which would run a page whose file name matches the
 #: requested URL without app.py (and its st.navigation) when that URL is a process's first request.
 PAGE_FILES = {views.PAGE_EXPERIMENTS: "pages/list_experiments.py", views.PAGE_NEW: "pages/new_experiment.py",
-              views.PAGE_EXPERIMENT: "pages/view_experiment.py", views.PAGE_COMPARE: "pages/compare_experiments.py"}
+              views.PAGE_EXPERIMENT: "pages/view_experiment.py", views.PAGE_COMPARE: "pages/compare_experiments.py",
+              views.PAGE_DOCTOR: "pages/endpoint_doctor.py"}
 
 
 @st.cache_resource(show_spinner=False)

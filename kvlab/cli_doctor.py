@@ -1,0 +1,38 @@
+"""``kvlab doctor``: check an OpenAI-compatible endpoint and say, for each problem, the fix."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, resolve_endpoint
+
+
+def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
+    doctor = subparsers.add_parser(
+        "doctor", help="check an OpenAI-compatible endpoint: URL, proxy, TLS, key, model, a one-token completion")
+    doctor.add_argument("--base-url",
+                        help=f"the endpoint, for example http://127.0.0.1:8000/v1 (default: {BASE_URL_VAR})")
+    doctor.add_argument("--model", help=f"the model id to check (default: {MODEL_ID_VAR}; without one, the server's "
+                                        "models are listed)")
+    doctor.add_argument("--api-key-env", default=DEFAULT_KEY_VAR, metavar="VAR",
+                        help="the variable, in the environment or .streamlit/secrets.toml, that holds the key "
+                             "(default: %(default)s)")
+    doctor.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                        help="seconds per request (default: %(default)s)")
+    doctor.set_defaults(func=run_doctor)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    """Print the report; 0 when no check failed, 1 otherwise."""
+    from kvlab.doctor import diagnose
+
+    try:
+        endpoint = resolve_endpoint(args.base_url, args.model, args.api_key_env)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    report = diagnose(endpoint.base_url, endpoint.model_id, endpoint.api_key, timeout_s=args.timeout,
+                      key_source=endpoint.key_source, key_var=args.api_key_env)
+    print(report.to_text())
+    return 0 if report.ok else 1

@@ -1,0 +1,86 @@
+"""Endpoint doctor: check an OpenAI-compatible endpoint step by step (``kvlab.doctor``), each
+problem with its fix.
+
+The key is never typed here or kept by the page: it is read from the environment or
+``.streamlit/secrets.toml`` under the variable named on the page, and only its masked form is shown.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import streamlit as st
+
+from kvlab.doctor import Check, DoctorReport, diagnose
+from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, mask, read_setting
+
+ICONS = {"ok": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}
+
+
+def md(text: str) -> str:
+    """Server text as literal markdown: messages and HTML titles may hold *, _, $ or :emoji:."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~$:])", r"\\\1", text)
+
+
+def key_caption(var: str) -> str:
+    key, source = read_setting(var) if var else (None, "not set")
+    if key:
+        return f"Key: `{mask(key)}` from {md(source)}"
+    return (f"Key: none. {md(var or 'The key variable')} is not set in the environment or .streamlit/secrets.toml "
+            "(fine for a server that needs no key).")
+
+
+def check_endpoint(base_url: str, model_id: str, key_var: str, timeout_s: float) -> DoctorReport | None:
+    key, source = read_setting(key_var) if key_var else (None, "not set")
+    try:
+        return diagnose(base_url, model_id or None, key, timeout_s=timeout_s, key_source=source,
+                        key_var=key_var or DEFAULT_KEY_VAR)
+    except Exception as error:  # a bug in the doctor: a message here, the traceback in the server log
+        logging.getLogger("kvlab.dashboard").exception("endpoint doctor failed")
+        st.error(f"The check itself failed ({type(error).__name__}); the details are in the dashboard's log.")
+        return None
+
+
+def show_problem(check: Check) -> None:
+    text = f"**{check.name}**: {md(check.detail)}" + (f"  \n**Fix:** {md(check.fix)}" if check.fix else "")
+    (st.error if check.status == "fail" else st.warning)(text, icon=ICONS[check.status])
+
+
+def show_report(report: DoctorReport) -> None:
+    st.caption(f"Checked {md(report.base_url or '(no base URL)')}, model {md(report.model_id or '(none)')}, "
+               f"key {md(report.key)}")
+    failed = sum(check.status == "fail" for check in report.checks)
+    if report.ok:
+        st.success("All checks passed.", icon=":material/check_circle:")
+    else:
+        st.error(f"{failed} check(s) failed: the fixes are below.", icon=":material/error:")
+    for check in report.problems:
+        show_problem(check)
+    rows = [{"": ICONS[check.status], "Check": check.name, "Status": check.status, "Result": check.detail,
+             "Fix": check.fix} for check in report.checks]
+    st.dataframe(rows, hide_index=True, width="stretch")
+
+
+st.title("Endpoint doctor")
+st.caption("Checks an OpenAI-compatible endpoint in order: the base URL, proxy variables, the connection and TLS, "
+           "the API key, the model list and a one-token completion.")
+left, right = st.columns([3, 2])
+base_url = left.text_input("Base URL", value=read_setting(BASE_URL_VAR)[0] or "", key="doctor_base_url",
+                           placeholder="http://127.0.0.1:8000/v1")
+model_id = right.text_input("Model id", value=read_setting(MODEL_ID_VAR)[0] or "", key="doctor_model_id",
+                            help="Empty: the doctor lists the models the server has.")
+left, right = st.columns([3, 2])
+key_var = left.text_input("Key variable", value=DEFAULT_KEY_VAR, key="doctor_key_var",
+                          help="The name of the environment variable (or top-level key of .streamlit/secrets.toml) "
+                               "that holds the API key. The key itself is never typed or stored here.").strip()
+timeout_s = right.number_input("Timeout (s)", min_value=0.1, max_value=600.0, value=10.0, step=1.0,
+                               key="doctor_timeout")
+st.caption(key_caption(key_var))
+
+if st.button("Check endpoint", type="primary", icon=":material/stethoscope:", key="doctor_check"):
+    with st.spinner("Checking the endpoint..."):
+        st.session_state["doctor_report"] = check_endpoint(base_url.strip(), model_id.strip(), key_var,
+                                                           float(timeout_s))
+if st.session_state.get("doctor_report") is not None:
+    show_report(st.session_state["doctor_report"])

@@ -1,0 +1,380 @@
+"""``kvlab doctor`` against real local servers (``ThreadingHTTPServer`` on 127.0.0.1, port 0), each
+misbehaving in one way, through the function, the CLI and the dashboard page."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from kvlab.cli_doctor import add_doctor_parser, run_doctor
+from kvlab.doctor import CHECK_NAMES, DoctorReport, diagnose
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "endpoint_doctor.py")
+KEY = "sk-kvlab-test-0123456789-right"
+WRONG_KEY = "sk-kvlab-test-9876543210-wrong"
+HTML = b"<!doctype html><html><head><title>Sign in - Gateway</title></head><body>Please sign in</body></html>"
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+Reply = tuple[int, str, bytes]
+
+
+@dataclass
+class Behaviour:
+    """How the fake server answers: an OpenAI API under ``prefix``, unless told otherwise."""
+
+    prefix: str = "/v1"
+    key: str | None = None
+    models: tuple[str, ...] = ("tiny-model", "other-model")
+    completion: Reply | None = None  # both completion routes answer this
+    everything: Reply | None = None  # every request answers this
+    delay_s: float = 0.0
+    chat_only: bool = False  # POST /completions is 404
+    seen: list[str] = field(default_factory=list)
+
+
+def json_reply(body: object, status: int = 200) -> Reply:
+    return status, "application/json", json.dumps(body).encode()
+
+
+class FakeOpenAI(BaseHTTPRequestHandler):
+    server: FakeServer
+
+    def do_GET(self) -> None:
+        self.answer()
+
+    def do_POST(self) -> None:
+        self.answer()
+
+    def answer(self) -> None:
+        behaviour = self.server.behaviour
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        behaviour.seen.append(f"{self.command} {self.path}")
+        time.sleep(behaviour.delay_s)
+        status, content_type, body = self.route(behaviour)
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def route(self, behaviour: Behaviour) -> Reply:
+        if behaviour.everything:
+            return behaviour.everything
+        if not self.path.startswith(behaviour.prefix + "/"):
+            return json_reply({"detail": "Not Found"}, 404)
+        if behaviour.key and self.headers.get("Authorization") != f"Bearer {behaviour.key}":
+            sent = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            return json_reply({"error": {"message": f"Incorrect API key provided: {sent}"}}, 401)
+        endpoint = self.path.removeprefix(behaviour.prefix)
+        if endpoint == "/models" and self.command == "GET":
+            return json_reply({"object": "list", "data": [{"id": m, "object": "model"} for m in behaviour.models]})
+        if endpoint == "/completions" and behaviour.chat_only:
+            return json_reply({"detail": "Not Found"}, 404)
+        if endpoint in ("/completions", "/chat/completions") and self.command == "POST":
+            return behaviour.completion or json_reply({"choices": [{"index": 0, "text": " world"}]})
+        return json_reply({"detail": "Not Found"}, 404)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class FakeServer(ThreadingHTTPServer):
+    behaviour: Behaviour
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # clients that time out or refuse the TLS handshake hang up: that is the point
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    """No proxy, key or endpoint from the machine's environment or secrets file."""
+    for var in PROXY_VARS + ("KVLAB_API_KEY", "KVLAB_BASE_URL", "KVLAB_MODEL_ID"):
+        monkeypatch.delenv(var, raising=False)
+        monkeypatch.delenv(var.lower(), raising=False)
+    monkeypatch.setenv("KVLAB_SECRETS_FILE", str(tmp_path / "no-secrets.toml"))
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., str]]:
+    """Start a fake server; returns its origin (``http://127.0.0.1:PORT``, https with ``tls``)."""
+    servers: list[FakeServer] = []
+
+    def start(behaviour: Behaviour | None = None, tls: ssl.SSLContext | None = None) -> str:
+        server = FakeServer(("127.0.0.1", 0), FakeOpenAI)
+        server.behaviour = behaviour or Behaviour()
+        if tls:
+            server.socket = tls.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def statuses(report: DoctorReport) -> dict[str, str]:
+    return {check.name: check.status for check in report.checks}
+
+
+def check(report: DoctorReport, name: str):
+    return next(c for c in report.checks if c.name == name)
+
+
+def assert_ok(report: DoctorReport) -> None:
+    assert report.ok, report.to_text()
+    assert all(c.status == "ok" for c in report.checks), report.to_text()
+
+
+def test_healthy_server_passes_every_check(serve):
+    behaviour = Behaviour(key=KEY)
+    report = diagnose(serve(behaviour) + "/v1", "tiny-model", KEY, timeout_s=2, key_source="environment variable X")
+    assert_ok(report)
+    assert [c.name for c in report.checks] == list(CHECK_NAMES)
+    assert "POST /v1/completions" in behaviour.seen
+    assert KEY not in report.to_text() and "****" in report.to_text()
+
+
+def test_401_without_key_names_the_variable(serve):
+    report = diagnose(serve(Behaviour(key=KEY)) + "/v1", "tiny-model", None, timeout_s=2, key_var="MY_KEY")
+    auth = check(report, "auth")
+    assert auth.status == "fail" and "none is set" in auth.detail and "MY_KEY" in auth.detail
+    assert "set MY_KEY" in auth.fix and ".streamlit/secrets.toml" in auth.fix
+    assert statuses(report)["models"] == statuses(report)["completion"] == "skip"
+
+
+@pytest.mark.parametrize("accepted", [True, False])
+def test_whitespace_around_the_key_says_strip_it(serve, accepted):
+    report = diagnose(serve(Behaviour(key=KEY if accepted else "another-key-entirely")) + "/v1", "tiny-model",
+                      f"  {KEY}\n", timeout_s=2, key_source="environment variable KVLAB_API_KEY")
+    auth = check(report, "auth")
+    assert "whitespace" in auth.detail and auth.fix.startswith("strip it")
+    if accepted:  # kvlab strips keys itself, so a run works: a warning, for the other clients
+        assert auth.status == "warn" and "the stripped key works" in auth.detail
+        assert statuses(report)["completion"] == "ok" and report.ok
+    else:
+        assert auth.status == "fail" and "rejects the stripped key too" in auth.detail
+    assert KEY not in report.to_text()
+
+
+def test_wrong_key_is_rejected_and_never_shown(serve):
+    report = diagnose(serve(Behaviour(key=KEY)) + "/v1", "tiny-model", WRONG_KEY, timeout_s=2,
+                      key_source="environment variable KVLAB_API_KEY")
+    auth = check(report, "auth")
+    assert auth.status == "fail" and "rejects the key" in auth.detail and "HTTP 401" in auth.detail
+    assert "KVLAB_API_KEY" in auth.fix
+    assert WRONG_KEY not in report.to_text()  # the server echoed it; the report masks it
+    assert "****" in auth.detail
+
+
+def test_dead_local_proxy(serve, monkeypatch):
+    base = serve() + "/v1"
+    port = closed_port()
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
+    report = diagnose(base, "tiny-model", None, timeout_s=2)
+    proxy = check(report, "proxy")
+    assert proxy.status == "fail" and "local proxy failed" in proxy.detail and "HTTP_PROXY" in proxy.detail
+    assert "unset HTTP_PROXY" in proxy.fix and "NO_PROXY" in proxy.fix
+    assert statuses(report)["connection"] == "skip"
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # the fix works
+    assert_ok(diagnose(base, "tiny-model", None, timeout_s=2))
+
+
+@pytest.mark.parametrize("path, problem", [("/v1/v1", "/v1 appears twice"),
+                                           ("/v1/chat/completions", "endpoint path /chat/completions"),
+                                           ("/v1/completions/", "endpoint path /completions")])
+def test_base_url_with_too_much_path(serve, path, problem):
+    origin = serve()
+    report = diagnose(origin + path, "tiny-model", None, timeout_s=2)
+    base_check = check(report, "base URL")
+    assert base_check.status == "fail" and problem in base_check.detail
+    assert base_check.fix == f"use {origin}/v1 as the base URL"
+    assert all(c.status == "ok" for c in report.checks[1:]), report.to_text()  # the rest, against the fixed URL
+
+
+def test_missing_v1(serve):
+    origin = serve()
+    report = diagnose(origin, "tiny-model", None, timeout_s=2)
+    base_check = check(report, "base URL")
+    assert base_check.status == "fail" and "add /v1" in base_check.detail and f"{origin}/v1" in base_check.fix
+    assert all(c.status == "ok" for c in report.checks[1:]), report.to_text()
+
+
+def test_missing_scheme_stops_everything():
+    report = diagnose("127.0.0.1:8000/v1", "tiny-model", None, timeout_s=1)
+    base_check = check(report, "base URL")
+    assert base_check.status == "fail" and "no scheme" in base_check.detail
+    assert "http://127.0.0.1:8000/v1" in base_check.fix
+    assert all(c.status == "skip" for c in report.checks[1:])
+
+
+def test_wrong_model_lists_the_servers_models(serve):
+    report = diagnose(serve() + "/v1", "tiny-modle", None, timeout_s=2)
+    models = check(report, "models")
+    assert models.status == "fail" and "tiny-model, other-model" in models.detail
+    assert "did you mean tiny-model" in models.detail
+    assert "KVLAB_MODEL_ID" in models.fix and statuses(report)["completion"] == "skip"
+
+
+@pytest.mark.parametrize("served", [("tiny-model", "other-model"), ("tiny-model",)])
+def test_no_model_id_lists_models_and_tries_the_first(serve, served):
+    """As the openai_compat engine: the only model is used, several are an error."""
+    report = diagnose(serve(Behaviour(models=served)) + "/v1", None, None, timeout_s=2)
+    models = check(report, "models")
+    assert models.status == ("fail" if len(served) > 1 else "warn") and ", ".join(served) in models.detail
+    assert "KVLAB_MODEL_ID" in models.fix and "backend.model_id" in models.fix
+    assert statuses(report)["completion"] == "ok" and report.ok == (len(served) == 1)
+
+
+def test_chat_only_server(serve):
+    completion = check(diagnose(serve(Behaviour(chat_only=True)) + "/v1", "tiny-model", None, timeout_s=2),
+                       "completion")
+    assert completion.status == "fail" and "chat-only" in completion.detail and "/v1/completions" in completion.fix
+
+
+def test_200_with_an_error_body_and_no_choices(serve):
+    error = json_reply({"error": {"message": "model tiny-model is not loaded yet", "type": "server_error"}})
+    report = diagnose(serve(Behaviour(completion=error)) + "/v1", "tiny-model", None, timeout_s=2)
+    completion = check(report, "completion")
+    assert completion.status == "fail" and "HTTP 200 with an error and no choices" in completion.detail
+    assert "model tiny-model is not loaded yet" in completion.detail and completion.fix
+
+
+@pytest.mark.parametrize("everywhere", [False, True])
+def test_html_page(serve, everywhere):
+    page = (200, "text/html; charset=utf-8", HTML)
+    behaviour = Behaviour(everything=page) if everywhere else Behaviour(completion=page)
+    report = diagnose(serve(behaviour) + "/v1", "tiny-model", None, timeout_s=2)
+    failed = check(report, "models" if everywhere else "completion")
+    assert failed.status == "fail" and "HTML page" in failed.detail and "Sign in - Gateway" in failed.detail
+    assert "not a web page" in failed.fix
+    if everywhere:
+        assert statuses(report)["completion"] == "skip"
+
+
+def test_https_to_a_plain_http_server(serve):
+    origin = serve().replace("http://", "https://")
+    connection = check(diagnose(origin + "/v1", "tiny-model", None, timeout_s=2), "connection")
+    assert connection.status == "fail" and "does not speak TLS" in connection.detail
+    assert "use http:// instead of https://" in connection.fix
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory) -> tuple[ssl.SSLContext, Path]:
+    if not shutil.which("openssl"):
+        pytest.skip("no openssl command to make a certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=20)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context, cert
+
+
+def test_self_signed_certificate(serve, self_signed, monkeypatch):
+    context, cert = self_signed
+    base = serve(tls=context) + "/v1"
+    connection = check(diagnose(base, "tiny-model", None, timeout_s=2), "connection")
+    assert connection.status == "fail" and "certificate verify failed" in connection.detail
+    assert "self-signed" in connection.detail and "SSL_CERT_FILE" in connection.fix
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the fix works
+    assert_ok(diagnose(base, "tiny-model", None, timeout_s=2))
+
+
+def test_http_to_a_tls_server(serve, self_signed):
+    origin = serve(tls=self_signed[0]).replace("https://", "http://")
+    connection = check(diagnose(origin + "/v1", "tiny-model", None, timeout_s=2), "connection")
+    assert connection.status == "fail" and "without an HTTP answer" in connection.detail
+    assert "use https://" in connection.fix
+
+
+def test_timeout_says_which_and_how_long(serve):
+    report = diagnose(serve(Behaviour(delay_s=1.0)) + "/v1", "tiny-model", None, timeout_s=0.2)
+    connection = check(report, "connection")
+    assert connection.status == "fail" and "read timeout" in connection.detail and "0.2 s" in connection.detail
+    assert "--timeout" in connection.fix
+    assert [c.status for c in report.checks[3:]] == ["skip"] * 3
+
+
+def test_connection_refused():
+    report = diagnose(f"http://127.0.0.1:{closed_port()}/v1", "tiny-model", None, timeout_s=1)
+    connection = check(report, "connection")
+    assert connection.status == "fail" and "connection refused" in connection.detail
+    assert "start the server" in connection.fix
+
+
+def doctor_cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="kvlab")
+    add_doctor_parser(parser.add_subparsers(dest="command", required=True))
+    return run_doctor(parser.parse_args(["doctor", *argv]))
+
+
+def test_cli_exit_codes_and_no_key_in_output(serve, monkeypatch, capsys):
+    origin = serve(Behaviour(key=KEY))
+    monkeypatch.setenv("KVLAB_BASE_URL", origin + "/v1")
+    monkeypatch.setenv("KVLAB_MODEL_ID", "tiny-model")
+    monkeypatch.setenv("KVLAB_API_KEY", KEY)
+    assert doctor_cli("--timeout", "2") == 0
+    out = capsys.readouterr().out
+    assert "all checks passed" in out and KEY not in out
+    monkeypatch.setenv("OTHER_KEY", WRONG_KEY)
+    assert doctor_cli("--api-key-env", "OTHER_KEY", "--model", "other-model") == 1
+    captured = capsys.readouterr()
+    assert "FAIL  auth" in captured.out and "OTHER_KEY" in captured.out
+    assert WRONG_KEY not in captured.out + captured.err and KEY not in captured.out + captured.err
+    monkeypatch.delenv("KVLAB_BASE_URL")
+    assert doctor_cli() == 1
+    assert "KVLAB_BASE_URL" in capsys.readouterr().err
+
+
+def page_text(at: AppTest) -> str:
+    parts = [str(e.value) for kind in ("markdown", "caption", "error", "warning", "success", "info", "text_input")
+             for e in at.get(kind)]
+    parts += [frame.value.to_csv() for frame in at.dataframe]
+    return "\n".join(parts).replace("\\", "")
+
+
+def test_page_shows_the_diagnosis_and_never_the_key(serve, monkeypatch):
+    monkeypatch.setenv("KVLAB_API_KEY", WRONG_KEY)
+    monkeypatch.setenv("KVLAB_MODEL_ID", "tiny-model")
+    at = AppTest.from_file(PAGE, default_timeout=20).run()
+    assert not at.exception
+    assert "environment variable KVLAB_API_KEY" in page_text(at)
+    at.text_input(key="doctor_base_url").input(serve(Behaviour(key=KEY)) + "/v1")
+    at.button(key="doctor_check").click().run()
+    assert not at.exception
+    text = page_text(at)
+    assert "1 check(s) failed" in text and "rejects the key" in text and "Fix:" in text
+    assert "auth" in at.dataframe[0].value["Check"].tolist()
+    assert WRONG_KEY not in text and KEY not in text and "****" in text
+
+
+def test_the_doctor_imports_nothing_heavy():
+    """The page and the CLI import kvlab.doctor: it must load without torch."""
+    code = "import sys, kvlab.doctor, kvlab.cli_doctor; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    assert result.stdout.strip() == "[]"
