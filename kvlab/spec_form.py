@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec, spec_to_dict
+from kvlab.engines.server_flags import SERVER_KINDS, check_config
+from kvlab.secrets import DEFAULT_KEY_VAR
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 
@@ -52,9 +54,17 @@ class FormResult:
 def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
     data = spec_to_dict(spec) if isinstance(spec, ExperimentSpec) else dict(spec)
     backend = data.get("backend", {})
+    server = backend.get("server", {})
     values: dict[str, Any] = {
         "name": data.get("name", "experiment"), "model": data.get("model", "smollm2-135m"),
         "backend.kind": backend.get("kind", "embedded"), "backend.device": backend.get("device", "auto"),
+        "backend.base_url": backend.get("base_url") or "", "backend.model_id": backend.get("model_id") or "",
+        "backend.api_key_env": backend.get("api_key_env", DEFAULT_KEY_VAR),
+        "backend.max_concurrency": int(backend.get("max_concurrency", 4)),
+        "backend.server.python": server.get("python", "python"),
+        "backend.server.memory_fraction": float(server.get("memory_fraction") or 0.0),
+        "backend.server.max_model_len": int(server.get("max_model_len") or 0),
+        "backend.server.prefix_cache": bool(server.get("prefix_cache", True)),
         "seed": int(data.get("seed", 0)), "tags": ", ".join(data.get("tags", [])), "notes": data.get("notes", ""),
     }
     tasks = data.get("tasks", [])
@@ -91,6 +101,28 @@ def empty_task_values(index: int) -> dict[str, Any]:
     """Widget values of a newly added task section."""
     return {key.replace("tasks.0.", f"tasks.{index}.", 1): value
             for key, value in form_from_spec(DEFAULT_SPEC).values.items() if key.startswith("tasks.0.")}
+
+
+def backend_from_values(values: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``[backend]`` table: only the fields the chosen kind uses (the others are refused)."""
+    kind = values.get("backend.kind", "embedded")
+    backend = {k: v for k, v in base.items() if k not in ("base_url", "model_id", "server")} | {"kind": kind}
+    if kind == "embedded":
+        return backend | {"device": values.get("backend.device", "auto")}
+    backend |= {"api_key_env": str(values.get("backend.api_key_env") or DEFAULT_KEY_VAR).strip(),
+                "max_concurrency": int(values.get("backend.max_concurrency") or 1)}
+    if str(values.get("backend.model_id") or "").strip():
+        backend["model_id"] = str(values["backend.model_id"]).strip()
+    if kind == "openai_compat":
+        if str(values.get("backend.base_url") or "").strip():
+            backend["base_url"] = str(values["backend.base_url"]).strip()
+        return backend
+    server = dict(base.get("server", {})) | {
+        "python": str(values.get("backend.server.python") or "python").strip(),
+        "prefix_cache": bool(values.get("backend.server.prefix_cache", True))}
+    server["memory_fraction"] = float(values.get("backend.server.memory_fraction") or 0) or None
+    server["max_model_len"] = int(values.get("backend.server.max_model_len") or 0) or None
+    return backend | {"server": {k: v for k, v in server.items() if v is not None}}
 
 
 def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mapping[str, Any]],
@@ -130,8 +162,7 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
         "seed": int(values.get("seed", 0)),
         "tags": [t.strip() for t in str(values.get("tags", "")).split(",") if t.strip()],
         "notes": str(values.get("notes", "")),
-        "backend": dict(base.get("backend", {})) | {"kind": values.get("backend.kind", "embedded"),
-                                                     "device": values.get("backend.device", "auto")},
+        "backend": backend_from_values(values, base.get("backend", {})),
         "tasks": tasks,
         "configs": [row for row in (_config_row(c) for c in configs) if row is not None],
     }
@@ -150,9 +181,24 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
     if errors:
         return FormResult(None, errors)
     try:
-        return FormResult(parse_spec(data), {})
+        spec = parse_spec(data)
     except ConfigError as error:
         return FormResult(None, split_errors(str(error)))
+    refused = backend_refusals(spec)
+    return FormResult(None, {"configs": refused}) if refused else FormResult(spec, {})
+
+
+def backend_refusals(spec: ExperimentSpec) -> list[str]:
+    """Configs a launched vLLM/SGLang server cannot run, said before launch (the worker would refuse them)."""
+    if spec.backend.kind not in SERVER_KINDS:
+        return []
+    problems = []
+    for config in spec.all_configs():
+        try:
+            check_config(spec.backend.kind, config)
+        except ConfigError as error:
+            problems.append(str(error))
+    return problems
 
 
 def _config_row(row: Mapping[str, Any]) -> dict[str, Any] | None:

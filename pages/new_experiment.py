@@ -16,18 +16,19 @@ import streamlit as st
 from kvlab import estimate, launcher, views
 from kvlab.cli_store import DB_DIR
 from kvlab.config import (
-    BackendKind,
-    ConfigError,
     EVICTION_METHODS,
-    ExperimentSpec,
     GROUP_SIZES,
     QUANT_DTYPES,
+    BackendKind,
+    ConfigError,
+    ExperimentSpec,
     dump_spec,
     load_spec,
     parse_spec_toml,
 )
 from kvlab.models import KNOWN_MODELS
 from kvlab.provenance import environment
+from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, mask, read_setting
 from kvlab.spec_form import (
     CONFIG_COLUMNS,
     SpecForm,
@@ -163,6 +164,55 @@ with upload_col:
 slots: dict[str, Any] = {}
 
 
+def backend_options(backend: str) -> None:
+    """Endpoint or server settings.  The key is never typed here: it is read from the environment or
+    .streamlit/secrets.toml when the experiment runs; this only says where it would come from."""
+    with st.container(border=True):
+        if backend == "openai_compat":
+            url_col, model_col = st.columns(2)
+            with url_col:
+                st.text_input("Base URL", key=P + "backend.base_url", placeholder="http://127.0.0.1:8000/v1",
+                              help=f"Blank: {BASE_URL_VAR} from the environment or .streamlit/secrets.toml")
+                slot("backend.base_url")
+            model_col.text_input("Model id", key=P + "backend.model_id",
+                                 help=f"Blank: {MODEL_ID_VAR}, else the only model the server lists")
+            st.caption("An endpoint decides its own KV cache: against it only the baseline runs, except against "
+                       "`kvlab serve`, which applies each config per request.")
+        else:
+            model_col, python_col = st.columns(2)
+            model_col.text_input("Served model name", key=P + "backend.model_id",
+                                 help="Blank: the model above. The model must be loadable on the host that runs "
+                                      "the workers (a Hugging Face id or local path).")
+            python_col.text_input("Python with the engine installed", key=P + "backend.server.python",
+                                  help=f"kvlab starts `python -m ...` with it (pip install 'kvlab[{backend}]')")
+            fraction_col, length_col, prefix_col = st.columns(3)
+            fraction_col.number_input(
+                "GPU memory fraction (0: engine default)", min_value=0.0, max_value=1.0, step=0.05,
+                key=P + "backend.server.memory_fraction",
+                help="--gpu-memory-utilization" if backend == "vllm" else "--mem-fraction-static")
+            length_col.number_input("Max model length (0: engine default)", min_value=0, step=1024,
+                                    key=P + "backend.server.max_model_len",
+                                    help="--max-model-len" if backend == "vllm" else "--context-length")
+            prefix_col.checkbox("Prefix cache" if backend == "vllm" else "Radix cache",
+                                key=P + "backend.server.prefix_cache")
+            st.caption(f"kvlab launches one {backend} server per config on the worker's host. {backend} stores "
+                       "KV at 16 bits or fp8 (e4m3 / e5m2) and evicts no tokens: other configs are refused.")
+            slot("backend.server")
+        key_col, concurrency_col = st.columns(2)
+        with key_col:
+            st.text_input("API key variable", key=P + "backend.api_key_env",
+                          help="The NAME of the environment variable (or secrets.toml key) holding the key")
+            key_var = str(st.session_state.get(P + "backend.api_key_env") or DEFAULT_KEY_VAR)
+            key, source = read_setting(key_var)
+            st.caption(f"Key: {mask(key)} ({source})" if key else f"Key: none ({key_var} is not set)")
+        with concurrency_col:
+            st.number_input("Concurrent requests", min_value=1, max_value=256, step=1,
+                            key=P + "backend.max_concurrency")
+        slot("backend")
+        st.page_link(PAGE_FILES[views.PAGE_DOCTOR], label="Check an endpoint (doctor)",
+                     icon=":material/stethoscope:")
+
+
 def slot(key: str) -> None:
     """A place under a widget for the validation messages about its field."""
     slots[key] = st.empty()
@@ -187,13 +237,13 @@ with backend_col:
     backend = st.selectbox("Backend", BACKENDS, key=P + "backend.kind")
     slot("backend")
 with device_col:
-    st.selectbox("Device", ["auto", "cpu", "cuda"], key=P + "backend.device")
+    st.selectbox("Device", ["auto", "cpu", "cuda"], key=P + "backend.device", disabled=backend != "embedded",
+                 help="The embedded engine's device; servers choose their own.")
 with tags_col:
     st.text_input("Tags (comma-separated)", key=P + "tags")
     slot("tags")
 if backend != "embedded":
-    st.info(f"The **{backend}** backend arrives with the serving backends; for now experiments run on the "
-            "embedded engine (choose `embedded` to launch).")
+    backend_options(backend)
 
 st.header("Tasks")
 for index in range(st.session_state["form_n_tasks"]):
@@ -305,6 +355,6 @@ else:
     workers = int(workers_col.number_input(
         "Local workers", min_value=1, max_value=max(1, os.cpu_count() or 1), value=1, step=1,
         help="Workers split the CPU cores, so on a CPU one worker is as fast as several."))
-    if launch_col.button("Launch", type="primary", disabled=spec.backend.kind != "embedded", key="launch",
+    if launch_col.button("Launch", type="primary", key="launch",
                          icon=":material/play_arrow:"):
         launch(spec, workers, st.session_state.get("form_warnings", []))

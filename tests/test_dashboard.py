@@ -170,12 +170,31 @@ def test_new_experiment_validation_next_to_fields(store):
     assert {m.label: m.value for m in at.metric}["Trials (configs)"] == "8"
 
 
-def test_new_experiment_other_backends_wait(store):
+def test_new_experiment_on_an_endpoint_shows_the_key_masked_and_stores_no_key(store, workers, monkeypatch):
+    monkeypatch.setenv("KVLAB_TEST_ENDPOINT_KEY", "sk-dashboard-secret-9876")
+    at = open_page(NEW)
+    at.selectbox(key="f:backend.kind").set_value("openai_compat").run()
+    at.text_input(key="f:backend.base_url").set_value("http://127.0.0.1:8000/v1").run()
+    at.text_input(key="f:backend.api_key_env").set_value("KVLAB_TEST_ENDPOINT_KEY").run()
+    assert_clean(at)
+    page_text = texts(at.caption) + texts(at.markdown)
+    assert "****9876" in page_text and "sk-dashboard-secret" not in page_text
+    at.button(key="launch").click().run()
+    assert_clean(at)
+    [experiment] = store.list_experiments()
+    backend = store.get_experiment(experiment.id).spec["backend"]
+    assert backend["kind"] == "openai_compat" and backend["base_url"] == "http://127.0.0.1:8000/v1"
+    assert backend["api_key_env"] == "KVLAB_TEST_ENDPOINT_KEY" and "sk-dashboard" not in str(backend)
+
+
+def test_new_experiment_on_vllm_refuses_what_vllm_lacks_before_launch(store):
     at = open_page(NEW)
     at.selectbox(key="f:backend.kind").set_value("vllm").run()
     assert_clean(at)
-    assert "arrives with the serving backends" in texts(at.info)
-    assert at.button(key="launch").disabled
+    errors = texts(at.error)
+    assert "int4" in errors and "fp8_e4m3" in errors  # the default form's int4 config
+    assert "streaming" in errors and "prefix" in errors  # and its eviction config
+    assert not [b for b in at.button if b.key == "launch"]
 
 
 def test_new_experiment_examples_and_uploads(store):

@@ -92,6 +92,25 @@ def test_default_form_is_valid():
     assert [c.label for c in result.spec.all_configs()] == ["baseline", "int4", "streaming-50"]
 
 
+def test_form_backend_fields_become_the_backend_table():
+    form = default_form()
+    fp8 = [{"name": "fp8", "quant": "fp8_e4m3"}]
+    values = form.values | {"backend.kind": "sglang", "backend.model_id": "qwen", "backend.server.python": "/opt/py",
+                            "backend.server.memory_fraction": 0.4, "backend.server.max_model_len": 0,
+                            "backend.server.prefix_cache": False}
+    backend = build_spec(values, 1, fp8).spec.backend
+    assert (backend.kind, backend.model_id, backend.server.python) == ("sglang", "qwen", "/opt/py")
+    assert backend.server.memory_fraction == 0.4 and backend.server.max_model_len is None
+    assert backend.server.prefix_cache is False and backend.base_url is None
+    values |= {"backend.kind": "openai_compat", "backend.base_url": " http://127.0.0.1:8000/v1 "}
+    backend = build_spec(values, 1, fp8).spec.backend
+    assert backend.base_url == "http://127.0.0.1:8000/v1" and backend.model_id == "qwen"
+    values["backend.kind"] = "embedded"  # endpoint fields are dropped, not refused
+    assert build_spec(values, 1, fp8).spec.backend.base_url is None
+    form_again = form_from_spec(build_spec(values | {"backend.kind": "sglang"}, 1, fp8).spec)
+    assert form_again.values["backend.server.memory_fraction"] == 0.4
+
+
 def test_form_errors_land_on_their_fields():
     form = default_form()
     values = form.values | {"tasks.0.context_lengths": "64, abc"}

@@ -22,6 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from kvlab.secrets import mask
+from tests.serving import API_KEY, API_KEY_VAR
+
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
 
 expect = playwright.expect
@@ -47,7 +50,8 @@ def server(tmp_path_factory) -> Iterator[str]:
     """`streamlit run app.py` on a free port and an empty SQLite store; its workers are stopped with it."""
     tmp = tmp_path_factory.mktemp("dashboard")
     port = _free_port()
-    env = dict(os.environ, KVLAB_DATABASE_URL=f"sqlite:///{tmp / 'kvlab.sqlite'}", KVLAB_CHROMIUM=CHROMIUM)
+    env = dict(os.environ, KVLAB_DATABASE_URL=f"sqlite:///{tmp / 'kvlab.sqlite'}", KVLAB_CHROMIUM=CHROMIUM,
+               **{API_KEY_VAR: API_KEY})  # the key of kvlab_server, for the workers the dashboard starts
     log = open(tmp / "streamlit.log", "wb")  # noqa: SIM115 -- closed below
     process = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
@@ -220,4 +224,53 @@ def test_create_launch_watch_share_export(server, browser, tmp_path):
     page.goto(server)
     page.get_by_test_id("stDataFrame").wait_for()
     _shot(page, "7-experiments")
+    page.context.close()
+
+
+def _wait_done(page) -> str:
+    progress = page.get_by_test_id("stProgress").first
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not (text := progress.inner_text()).startswith(("done", "failed", "cancelled")):
+        assert time.monotonic() < deadline, text
+        page.wait_for_timeout(1000)
+    return text
+
+
+def test_check_an_endpoint_then_sweep_it(server, browser, kvlab_server):
+    """The doctor passes `kvlab serve`; a sweep launched from the form runs against it through the
+    openai_compat backend; the key is shown masked and never in a page."""
+    base_url = kvlab_server[1]
+    page = _page(browser, server)
+    page.get_by_role("heading", name="Experiments").wait_for()  # app.py has run: its navigation is in place
+    page.get_by_test_id("stSidebarNav").get_by_text("Endpoint doctor", exact=True).click()
+    page.get_by_role("button", name="Check endpoint").wait_for()
+    _fill(page, "Base URL", base_url)
+    _fill(page, "Key variable", API_KEY_VAR)
+    page.get_by_role("button", name="Check endpoint").click()
+    _wait_idle(page)
+    _shot(page, "8-endpoint-doctor")
+    page.get_by_text("All checks passed.").wait_for()
+    assert API_KEY not in page.content()
+
+    page.get_by_test_id("stSidebarNav").get_by_text("New experiment", exact=True).click()
+    page.get_by_text("Preview and launch").wait_for()
+    page.get_by_test_id("stSelectbox").filter(has_text="Backend").click()
+    page.get_by_role("option", name="openai_compat").click()
+    _wait_idle(page)
+    _fill(page, "Base URL", base_url)
+    _fill(page, "API key variable", API_KEY_VAR)
+    expect(page.get_by_text(f"Key: {mask(API_KEY)}")).to_be_visible()
+    _fill(page, "Name", "e2e-served")
+    _fill(page, "Context lengths (tokens)", "256")
+    _fill(page, "Needle depths (fraction of context)", "0.5")
+    _fill(page, "Items per length", "2")
+    _fill(page, "Max new tokens (0: task default)", "8")
+    page.get_by_role("button", name="Launch", exact=True).click()
+    page.wait_for_url(re.compile(r"/experiment\?id=\d+"))
+    page.get_by_role("heading", name="e2e-served").wait_for()
+    assert _wait_done(page).startswith("done: 6/6 items, 3/3 trials ended")
+    page.get_by_text("e2e-served: memory vs accuracy").wait_for()
+    assert page.get_by_text("physical KV cache (MiB)").count()  # kvlab serve measures its cache
+    _shot(page, "9-served-experiment")
+    assert API_KEY not in page.content()
     page.context.close()
