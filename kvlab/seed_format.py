@@ -108,9 +108,10 @@ def translate_seed_spec(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]
         if quant != "none" or "evict" in config:
             warnings.append(
                 f"backend {backend}: an OpenAI-compatible endpoint decides its own KV cache; [kv_cache] "
-                f"{', '.join(k for k in kv if k != 'max_context_length')} cannot be applied through the API. "
-                "Run with --backend embedded to measure these settings, or launch vLLM with "
-                "--kv-cache-dtype fp8 / SGLang with --kv-cache-dtype fp8_e4m3 (no engine has token eviction)")
+                f"{', '.join(k for k in kv if k != 'max_context_length')} cannot be applied through the API "
+                "unless the endpoint is `kvlab serve` (which applies a config per request). Run with --backend "
+                "embedded to measure these settings, or --backend vllm / sglang to launch a server with "
+                "--kv-cache-dtype fp8_e4m3 (no engine has token eviction)")
     if "bits" in kv and kv["bits"] == 2:
         warnings.append("2-bit KV exists only in kvlab's embedded engine: vLLM and SGLang have no 2-bit KV cache")
     return native, warnings
