@@ -122,3 +122,12 @@ def test_metrics_count_requests_tokens_and_time_to_first_token(kvlab_server, cli
     assert after[requests] == before.get(requests, 0) + 1
     assert after[f"kvlab:generation_tokens_total{label}"] - before.get(f"kvlab:generation_tokens_total{label}", 0) == 3
     assert after[f"kvlab:kv_cache_bytes{label}"] == 0  # idle: no request holds a cache now
+
+
+@pytest.mark.parametrize("kv_cache", [None, {"evict": "snapkv", "ratio": 0.5}])
+def test_a_one_token_prompt_is_answered(client, kv_cache):
+    """Nothing to prefill or evict (the doctor's probe sends such a prompt)."""
+    response = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0,
+                                         extra_body={"kv_cache": kv_cache} if kv_cache else None)
+    assert response.usage.prompt_tokens == 1 and response.usage.completion_tokens == 3
+    assert response.model_extra["kv_cache"]["physical_bytes"] == 0  # the one token is fed after the (empty) prefix

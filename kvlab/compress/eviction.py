@@ -155,7 +155,7 @@ def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None]
     """
     kept: list[torch.Tensor | None] = [None] * len(layer_keys)
     active = [i for i, skip in enumerate(skip_layers) if not skip]
-    if config.evict == "none":
+    if config.evict == "none" or evictable == 0:  # nothing may be evicted (e.g. a one-token served prompt)
         return kept
     protected = layer_keys[active[0]].shape[-2] - evictable
     if config.threshold is not None:

@@ -34,6 +34,12 @@ from kvlab.results import ItemResult
 from kvlab.tasks import TaskItem
 
 
+def _layouts(context: list[int], question: list[int]) -> dict[bool, tuple[list[int], list[int]]]:
+    """``(prefix, suffix)`` by query-awareness: the prefix is prefilled and compressed, the suffix
+    fed after.  Query-aware, all but the last question token are in the prefill (never evicted)."""
+    return {False: (context, question), True: (context + question[:-1], question[-1:])}
+
+
 @dataclass
 class _Compressed:
     """A prefill cache after one config's eviction and quantization, with its measured size."""
@@ -128,7 +134,7 @@ class EmbeddedEngine:
             layouts = {False: (context[:-1], context[-1:] + continuation[:-1], continuation)}
         else:
             question = self._encode(item.question, special=False)
-            layouts = {False: (context, question, None), True: (context + question[:-1], question[-1:], None)}
+            layouts = {aware: (prefix, suffix, None) for aware, (prefix, suffix) in _layouts(context, question).items()}
         prompt_tokens = len(context) + (len(continuation) if item.kind == "perplexity" else len(question))
         def layout_of(config: KVCacheConfig) -> bool:
             return config.query_aware and config.query_aware in layouts
@@ -141,22 +147,31 @@ class EmbeddedEngine:
     @torch.no_grad()
     def _evaluate_layout(self, item: TaskItem, configs: list[KVCacheConfig], prefix: list[int], suffix: list[int],
                          targets: list[int] | None, evictable: int, prompt_tokens: int) -> Iterator[ItemResult]:
-        device = self.device
-        keys = {k for k in map(scorer_key, configs) if k is not None}
-        cache = DynamicCache(config=self.model.config)
-        self.phase, self.current_config, self._live_cache = "prefill", None, cache
-        start = time.perf_counter()
-        with collect_scores(self.model, keys, self.seed, self.geometry.sliding_layers) as scores:
-            self.model.model(input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True)
-        prefill_s = time.perf_counter() - start
-        layer_keys = [layer.keys for layer in cache.layers]
-        layer_values = [layer.values for layer in cache.layers]
+        self.current_config = None
+        scores, layer_keys, layer_values, prefill_s = self._prefill(prefix, {scorer_key(c) for c in configs})
         for config in configs:
             self.current_config = config.label
             yield self._run_config(item, config, scores.get(scorer_key(config)) or [None] * len(layer_keys),
                                    layer_keys, layer_values, prefix, suffix, targets, evictable, prompt_tokens,
                                    prefill_s)
         self.phase, self.current_config, self._live_cache = "idle", None, None
+
+    def _prefill(self, prefix: list[int], scorers: set[str | None]
+                 ) -> tuple[dict[str, list[torch.Tensor]], list[torch.Tensor], list[torch.Tensor], float]:
+        """Run the prefix once while every eviction scorer in ``scorers`` records its scores:
+        ``(scores by scorer, keys per layer, values per layer, seconds)``.  An empty prefix (a
+        one-token served prompt) gives empty caches."""
+        cache = DynamicCache(config=self.model.config)
+        self.phase, self._live_cache = "prefill", cache
+        start = time.perf_counter()
+        if not prefix:
+            empty = torch.zeros(1, self.geometry.num_kv_heads, 0, self.geometry.head_dim, device=self.device)
+            return {}, [empty] * self.geometry.num_layers, [empty] * self.geometry.num_layers, 0.0
+        with collect_scores(self.model, scorers - {None}, self.seed, self.geometry.sliding_layers) as scores:
+            self.model.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=cache,
+                             use_cache=True)
+        return (scores, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
+                time.perf_counter() - start)
 
     def _compress(self, config: KVCacheConfig, layer_scores: list[torch.Tensor | None],
                   layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], prefix_len: int,
@@ -255,31 +270,14 @@ class EmbeddedEngine:
         Not thread-safe: callers serialize requests."""
         if not question:
             raise ConfigError("a served prompt needs at least one token")
-        if config.query_aware:
-            prefix, suffix = context + question[:-1], question[-1:]
-        else:
-            prefix, suffix = context, question
+        prefix, suffix = _layouts(context, question)[config.query_aware]
         key = scorer_key(config)
-        cache = DynamicCache(config=self.model.config)
-        self.phase, self.current_config, self._live_cache = "prefill", config.label, cache
+        self.current_config = config.label
         try:
-            start = time.perf_counter()
-            scores: dict = {}
-            if prefix:
-                with collect_scores(self.model, {key} - {None}, self.seed, self.geometry.sliding_layers) as scores:
-                    self.model.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=cache,
-                                     use_cache=True)
-                layer_keys = [layer.keys for layer in cache.layers]
-                layer_values = [layer.values for layer in cache.layers]
-            else:  # a one-token prompt: nothing to prefill or compress
-                empty = torch.zeros(1, self.geometry.num_kv_heads, 0, self.geometry.head_dim, device=self.device)
-                layer_keys = layer_values = [empty] * self.geometry.num_layers
-                config = config.model_copy(update={"evict": "none", "ratio": None, "keep_fraction": None,
-                                                   "threshold": None, "query_aware": False})
-            prefill_s = time.perf_counter() - start
+            scores, layer_keys, layer_values, prefill_s = self._prefill(prefix, {key})
             compressed = self._compress(config, scores.get(key) or [None] * len(layer_keys), layer_keys,
                                         layer_values, len(prefix), len(context))
-            del cache, layer_keys, layer_values
+            del layer_keys, layer_values
             self.phase, self._live_cache = "decode", compressed.cache
             yield ServedPrefix(compressed=compressed, prefill_s=prefill_s, prefix_tokens=len(prefix))
             positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=self.device).unsqueeze(0)

@@ -24,6 +24,7 @@ from typing import Any
 
 import openai
 
+from kvlab.compress.accounting import compression_ratio
 from kvlab.config import BackendSpec, ConfigError, KVCacheConfig
 from kvlab.engines.base import EngineFailure
 from kvlab.engines.prometheus import ServerMetricsSource
@@ -243,7 +244,7 @@ class OpenAICompatEngine:
             return {"context_tokens": reported["context_tokens"], "kept_tokens": reported["kept_tokens"],
                     "kept_fraction": reported["kept_fraction"], "baseline_kv_bytes": baseline,
                     "physical_kv_bytes": physical, "analytic_kv_bytes": reported["analytic_bytes"],
-                    "compression_ratio": baseline / physical if physical else None,
+                    "compression_ratio": compression_ratio(baseline, physical),
                     "peak_kv_bytes": reported["peak_bytes"], "prefill_s": reported["prefill_s"],
                     "compress_s": reported["compress_s"], "extra": {"kv_bytes_source": "kvlab serve (measured)"}}
         unknown = _unknown_kv(prompt_tokens)
@@ -255,7 +256,7 @@ class OpenAICompatEngine:
         # Servers evict no tokens: every prompt token stays in the (paged) pool.
         return unknown | {"kept_tokens": float(prompt_tokens), "kept_fraction": 1.0, "baseline_kv_bytes": baseline,
                           "physical_kv_bytes": physical, "analytic_kv_bytes": physical,
-                          "compression_ratio": baseline / physical if physical else None,
+                          "compression_ratio": compression_ratio(baseline, physical),
                           "peak_kv_bytes": round(launched.bytes_per_token * (prompt_tokens + output_tokens)),
                           "extra": {"kv_bytes_source": launched.source}}
 

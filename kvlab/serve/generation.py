@@ -65,6 +65,12 @@ class ServedModel:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
+    def _text(self, ids: list[int], stop: Sequence[str]) -> tuple[str, bool]:
+        """The text of ``ids`` up to the first stop string, and whether one was found."""
+        text = self.tokenizer.decode([t for t in ids if t not in self.engine.stop_ids], skip_special_tokens=True)
+        cut = min((i for s in stop if (i := text.find(s)) >= 0), default=-1)
+        return (text[:cut], True) if cut >= 0 else (text, False)
+
     def generate(self, prompt: tuple[list[int], list[int]], config: KVCacheConfig, max_tokens: int,
                  stop: Sequence[str]) -> Iterator[Delta | Finished]:
         """Text deltas, then one :class:`Finished`.  Waits for the engine if another request has it."""
@@ -86,7 +92,7 @@ class ServedModel:
         assert isinstance(prefix, ServedPrefix)
         ids: list[int] = []
         sent = ""
-        finish = "length"
+        finish = None
         first_at = None
         hold = max((len(s) for s in stop), default=1) - 1
         for token in tokens:
@@ -94,29 +100,22 @@ class ServedModel:
             if first_at is None:
                 first_at = time.perf_counter()
                 self.metrics.ttft.observe(first_at - received)
+            ids.append(token)
             if token in self.engine.stop_ids:
-                ids.append(token)
                 finish = "stop"
                 break
-            ids.append(token)
-            text = self.tokenizer.decode([t for t in ids if t not in self.engine.stop_ids],
-                                         skip_special_tokens=True)
-            cut = min((i for s in stop if (i := text.find(s)) >= 0), default=-1)
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
+            text, stopped = self._text(ids, stop)
             # Hold back what may still become a stop string or is half a multi-byte character.
-            ready = text if cut >= 0 else text[:max(len(sent), len(text) - hold)].rstrip("\ufffd")
+            ready = text if stopped else text[:max(len(sent), len(text) - hold)].rstrip("\ufffd")
             if len(ready) > len(sent):
                 yield Delta(ready[len(sent):])
                 sent = ready
-            if cut >= 0:
+            if stopped:
+                finish = "stop"
                 break
-        else:
-            if ids and len(ids) < max_tokens:
-                finish = "stop"  # the engine stopped on a stop string the text check above also saw
-        text = self.tokenizer.decode([t for t in ids if t not in self.engine.stop_ids], skip_special_tokens=True)
-        cut = min((i for s in stop if (i := text.find(s)) >= 0), default=-1)
-        text = text[:cut] if cut >= 0 else text
+        # The engine also stops by itself: at max_tokens, or on a stop string.
+        finish = finish or ("length" if len(ids) >= max_tokens else "stop")
+        text, _ = self._text(ids, stop)
         if len(text) > len(sent):
             yield Delta(text[len(sent):])
         done = time.perf_counter()
