@@ -2,21 +2,19 @@
 
 Each page is one file in pages/; the page is the URL path and its state the query parameters, so
 any view can be shared as a link.  Pages read and write through kvlab.store and draw with
-kvlab.charts; errors reach the user as messages, never as tracebacks.
+kvlab.charts; errors reach the user as one-line messages, never as tracebacks (pages.common.guard:
+the details of an unexpected one go to $KVLAB_HOME/logs/kvlab-dashboard.log).
 """
 
 from __future__ import annotations
 
-import logging
-
 import streamlit as st
 
-from kvlab.chart_export import ExportError
-from kvlab.config import ConfigError
-from kvlab.store import StoreError
+from kvlab.secrets import install_log_redaction
 from kvlab.views import PAGE_COMPARE, PAGE_DOCTOR, PAGE_EXPERIMENT, PAGE_EXPERIMENTS, PAGE_NEW
-from pages.common import PAGE_FILES
+from pages.common import PAGE_FILES, guard
 
+install_log_redaction()  # the dashboard's log never shows a URL password or a key
 st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
 
 pages = [
@@ -29,11 +27,5 @@ pages = [
 ]
 page = st.navigation(pages)
 st.sidebar.caption("kvlab: KV-cache compression, memory vs accuracy")
-try:
+with guard(page.title):
     page.run()
-except (StoreError, ConfigError, ExportError) as error:
-    st.error(str(error))
-except Exception as error:  # a bug: say what happened, keep the traceback in the server log
-    logging.getLogger("kvlab.dashboard").exception("page %s failed", page.title)
-    st.error(f"Something went wrong on this page ({type(error).__name__}: {error}). "
-             "The details are in the dashboard's log.")

@@ -13,7 +13,6 @@ import atexit
 import html
 import json
 import os
-import re
 import shutil
 import threading
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
+
+from kvlab.secrets import redact_data
 
 IMAGE_FORMATS = {"png": "image/png", "svg": "image/svg+xml", "pdf": "application/pdf"}
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -88,14 +89,9 @@ def figure_html(fig: go.Figure) -> str:
 
 
 def redact(value: Any) -> Any:
-    """Drop credentials from URLs (``scheme://user:pass@host`` -> ``scheme://***@host``) in nested data."""
-    if isinstance(value, dict):
-        return {k: redact(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    if isinstance(value, str):
-        return re.sub(r"(\w+://)[^/@\s]+@", r"\1***@", value)
-    return value
+    """Drop credentials from URLs (``scheme://user:pass@host`` -> ``scheme://***@host``) and mask
+    known secret values in nested data (:func:`kvlab.secrets.redact_data`)."""
+    return redact_data(value)
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -123,7 +119,7 @@ def report_html(title: str, meta: Mapping[str, Any], tables: Mapping[str, Sequen
              "<p class='meta'>" + " &middot; ".join(f"{html.escape(str(k))}: {html.escape(str(v))}"
                                                     for k, v in redact(dict(meta)).items()) + "</p>"]
     for heading, rows in tables.items():
-        parts += [f"<h2>{html.escape(heading)}</h2>", _table(rows)]
+        parts += [f"<h2>{html.escape(heading)}</h2>", _table(redact(list(rows)))]
     for heading, fig in figures.items():
         parts += [f"<h2>{html.escape(heading)}</h2>", fig.to_html(include_plotlyjs=False, full_html=False)]
     parts += ["<h2>Spec</h2>", f"<pre>{html.escape(redact(spec_toml))}</pre>",

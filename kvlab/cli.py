@@ -1,31 +1,52 @@
-"""``kvlab`` command line: the same operations as the dashboard."""
+"""``kvlab`` command line: the same operations as the dashboard.
+
+Exit statuses (0 success, 2 user error, 1 internal error, 130 Ctrl-C, 141 closed pipe) are
+:mod:`kvlab.cli_exit`'s; every error is one line on stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
+from typing import NoReturn
 
+from kvlab import cli_exit
 from kvlab.cli_doctor import add_doctor_parser
+from kvlab.cli_files import check_output, write_output
 from kvlab.cli_serve import add_serve_parser
 from kvlab.cli_store import add_store_commands
-from kvlab.config import ConfigError, load_spec
+from kvlab.cli_types import float_between, int_between, positive_int
+from kvlab.config import load_spec
+from kvlab.secrets import install_log_redaction
+
+
+MAX_LOCAL_WORKERS = 64
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (``error: kvlab ls: argument --limit: ...``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(cli_exit.EXIT_USER, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from kvlab.report import render
-    from kvlab.runner import run_experiment
-
-    spec, warnings = load_spec(args.spec)
+    spec, warnings = load_spec(args.spec)  # before the heavy imports below: a bad spec is refused at once
+    json_out = check_output(args.json, "--json", create_parents=True) if args.json else None
     if args.backend:
         spec = spec.model_copy(update={"backend": spec.backend.model_copy(update={"kind": args.backend})})
+    if args.max_drop is not None:
+        spec = spec.model_copy(update={"max_drop": args.max_drop})
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.background:
         from kvlab.cli_store import submit_background
 
         return submit_background(spec, warnings, args.workers)
+    from kvlab.report import render
+    from kvlab.runner import run_experiment
+
     configs = spec.all_configs()
     print(f"{spec.name}: {len(configs)} configs on {spec.model} ({spec.backend.kind})", file=sys.stderr)
     run = run_experiment(spec, progress=not args.quiet, limit=args.limit)
@@ -34,13 +55,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     print(render(run.summaries(), run.results, run.baseline_name))
     print(f"\n{len(run.results)} evaluations in {run.wall_s:.0f} s", file=sys.stderr)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(run.to_dict(), indent=1))
-        print(f"wrote {args.json}", file=sys.stderr)
-    if run.failure:
-        print(f"error: the run stopped early, {len(run.results)} results kept: {run.failure}", file=sys.stderr)
-        return 1
+    if json_out:
+        write_output(json_out, json.dumps(run.to_dict(), indent=1), "--json")
+        print(f"wrote {json_out}", file=sys.stderr)
+    if run.failure:  # the engine's failure, as when it raises EngineFailure before any result
+        raise cli_exit.UserError(f"the run stopped early, {len(run.results)} results kept: {run.failure}")
     return 0
 
 
@@ -71,18 +90,22 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvlab", description="KV-cache compression lab bench")
+    parser = Parser(prog="kvlab", description="KV-cache compression lab bench")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment spec (TOML) and print the tradeoff table")
     run.add_argument("spec", help="path to a spec TOML (see examples/)")
     run.add_argument("--json", metavar="OUT", help="write spec, environment, summaries and every item result")
     run.add_argument("--backend", choices=["embedded", "openai_compat", "vllm", "sglang"],
                      help="override the spec's backend kind")
-    run.add_argument("--limit", type=int, help="run only the first N items (a quick check)")
+    run.add_argument("--limit", type=positive_int, help="run only the first N items (a quick check)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--max-drop", type=float_between(0.0, 0.5, inclusive_low=False), metavar="FRACTION",
+                     help="non-inferiority margin of the sweet spot: accuracy a config may lose against the "
+                          "baseline (default: the spec's max_drop, 0.05)")
     run.add_argument("--background", action="store_true",
                      help="store the experiment in the database and run it in local worker processes")
-    run.add_argument("--workers", type=int, default=1, help="with --background: local workers to start (0: none)")
+    run.add_argument("--workers", type=int_between(0, MAX_LOCAL_WORKERS), default=1,
+                     help=f"with --background: local workers to start (0: none; at most {MAX_LOCAL_WORKERS})")
     run.set_defaults(func=_cmd_run)
     models = sub.add_parser("models", help="list or pull models")
     models_sub = models.add_subparsers(dest="action", required=True)
@@ -99,19 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    install_log_redaction()  # no log line of any command shows a URL password or a key
     args = build_parser().parse_args(argv)
-    from kvlab.engines.base import EngineFailure
-    from kvlab.models import ModelNotAvailableError
-    from kvlab.store.errors import StoreError
-
-    try:
-        return args.func(args)
-    except (ConfigError, EngineFailure, ModelNotAvailableError, StoreError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return cli_exit.run(lambda: args.func(args), argv)
 
 
 if __name__ == "__main__":

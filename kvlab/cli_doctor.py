@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, resolve_endpoint
+from kvlab.cli_exit import UserError
+from kvlab.cli_types import positive_float
+from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, read_setting, resolve_endpoint
 
 
 def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -18,21 +19,25 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
     doctor.add_argument("--api-key-env", default=DEFAULT_KEY_VAR, metavar="VAR",
                         help="the variable, in the environment or .streamlit/secrets.toml, that holds the key "
                              "(default: %(default)s)")
-    doctor.add_argument("--timeout", type=float, default=10.0, metavar="S",
+    doctor.add_argument("--timeout", type=positive_float, default=10.0, metavar="S",
                         help="seconds per request (default: %(default)s)")
     doctor.set_defaults(func=run_doctor)
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    """Print the report; 0 when no check failed, 1 otherwise."""
+    """Print the report; 0 when no check failed.  A failed check, like a missing base URL, is the user's
+    to fix (the report says how): :class:`UserError`, exit status 2."""
     from kvlab.doctor import diagnose
 
+    base_url = args.base_url or read_setting(BASE_URL_VAR)[0]  # with any user:password: the doctor reports it
     try:
-        endpoint = resolve_endpoint(args.base_url, args.model, args.api_key_env)
+        endpoint = resolve_endpoint(base_url, args.model, args.api_key_env)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    report = diagnose(endpoint.base_url, endpoint.model_id, endpoint.api_key, timeout_s=args.timeout,
+        raise UserError(str(error)) from None
+    report = diagnose(base_url or "", endpoint.model_id, endpoint.api_key, timeout_s=args.timeout,
                       key_source=endpoint.key_source, key_var=args.api_key_env)
     print(report.to_text())
-    return 0 if report.ok else 1
+    if not report.ok:
+        failed = sum(check.status == "fail" for check in report.checks)
+        raise UserError(f"doctor: {failed} check(s) failed; the report above gives the fix for each")
+    return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvlab.cli_types import float_between, int_between, positive_int
 from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, ConfigError, KVCacheConfig
 
 KV_FLAGS = ("quant", "group_size", "residual_length", "evict", "ratio", "keep_fraction", "threshold",
@@ -16,13 +17,15 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--model", default="smollm2-135m", help="kvlab model name, local dir or .gguf")
     serve.add_argument("--served-model-name", help="the id clients send as `model` (default: --model)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=int_between(1, 65535), default=8000)
     serve.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     serve.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 on CPU")
     serve.add_argument("--api-key-env", metavar="VAR",
                        help="require 'Authorization: Bearer <key>', the key read from this environment variable "
                             "or .streamlit/secrets.toml (never from the command line)")
-    serve.add_argument("--threads", type=int, help="torch CPU threads")
+    serve.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    serve.add_argument("--max-body-mb", type=float_between(0.0, 1024.0, inclusive_low=False), default=4.0,
+                       help="refuse request bodies larger than this many MiB with a 413 (default: 4)")
     kv = serve.add_argument_group("KV cache (every request's default; a request may send its own `kv_cache`)")
     kv.add_argument("--quant", choices=QUANT_DTYPES, default="none")
     kv.add_argument("--group-size", type=int, choices=[32, 64, 128])
@@ -49,12 +52,12 @@ def kv_config_from_args(args: argparse.Namespace) -> KVCacheConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import torch
-    import uvicorn
 
     from kvlab.engines.embedded import EmbeddedEngine
     from kvlab.models import load_model
     from kvlab.secrets import mask, read_setting
     from kvlab.serve import ServedModel, create_app
+    from kvlab.serve.server import check_address, serve
 
     config = kv_config_from_args(args)
     api_key = None
@@ -66,6 +69,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"auth: on (key {mask(api_key)} from {source})", file=sys.stderr)
     elif args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {args.host} without an API key (--api-key-env)", file=sys.stderr)
+    check_address(args.host, args.port)
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = EmbeddedEngine(load_model(args.model, device=args.device, dtype=args.dtype))
@@ -73,5 +77,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     served = ServedModel(engine, args.served_model_name or args.model, config)
     print(f"serving {served.name} on http://{args.host}:{args.port}/v1 with KV cache {config.label}",
           file=sys.stderr, flush=True)
-    uvicorn.run(create_app(served, api_key), host=args.host, port=args.port, log_level="warning")
+    serve(create_app(served, api_key, max_body_bytes=int(args.max_body_mb * 1024 * 1024)), served,
+          args.host, args.port)
     return 0

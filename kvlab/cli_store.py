@@ -9,7 +9,9 @@ import os
 import sys
 from pathlib import Path
 
-from kvlab.report import render
+from kvlab.cli_files import check_output, write_output
+from kvlab.cli_types import float_between, non_negative_int, positive_int
+from kvlab.secrets import redact
 
 DB_DIR = Path(__file__).resolve().parent.parent / "db"
 
@@ -21,28 +23,44 @@ def _store():
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    """Exit 0 when stopped or idle; 2 for a bad option (before anything is claimed); 1 when the
+    worker gave up on its host or left experiments it could not run to other workers."""
+    from kvlab.worker_settings import WorkerSettings
+
+    settings = WorkerSettings(max_trials=args.max_trials, heartbeat_s=args.heartbeat_s,
+                              stale_after_s=args.stale_after_s, on_stale=args.on_stale,
+                              telemetry_hz=args.telemetry_hz, threads=args.threads, backoff_s=args.backoff_s,
+                              max_failures=args.max_failures, exit_when_idle=args.exit_when_idle)
     import torch
 
     from kvlab.store import Store
-    from kvlab.worker import Worker, WorkerSettings
+    from kvlab.worker import Worker, WorkerGaveUp
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = WorkerSettings(max_trials=args.max_trials, heartbeat_s=args.heartbeat_s,
-                              stale_after_s=args.stale_after_s, on_stale=args.on_stale,
-                              telemetry_hz=args.telemetry_hz, exit_when_idle=args.exit_when_idle)
     worker = Worker(Store(), settings)
     try:
         worker.run()
     except KeyboardInterrupt:
         worker.stop()
+        return 0
+    except WorkerGaveUp as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    left = worker.left_behind()
+    if left:
+        first, why = next(iter(left.items()))
+        print(f"error: worker {worker.worker_id} left experiment(s) {', '.join(map(str, left))} in the queue for "
+              f"other workers: this host cannot run them ({redact(why)}); details in their events "
+              f"(`kvlab show {first}`)", file=sys.stderr)
+        return 1
     return 0
 
 
 def submit_background(spec, warnings: list[str], workers: int) -> int:
     """Store the experiment, start local workers, print how to follow it."""
-    from kvlab.launcher import start_local_workers
+    from kvlab.launcher import start_local_workers, worker_log_dir
     from kvlab.provenance import environment
 
     store = _store()
@@ -50,7 +68,7 @@ def submit_background(spec, warnings: list[str], workers: int) -> int:
     for warning in warnings:
         store.log_event(experiment_id, warning, level="warning")
     if workers:
-        start_local_workers(workers, DB_DIR / "logs", os.environ.get("KVLAB_DATABASE_URL"))
+        start_local_workers(workers, worker_log_dir(), os.environ.get("KVLAB_DATABASE_URL"))
     print(f"experiment {experiment_id} queued on {store.url} with {len(spec.all_configs())} trials; "
           f"{workers} local worker(s) started")
     print(f"follow it: kvlab show {experiment_id}    stop it: kvlab cancel {experiment_id}")
@@ -70,8 +88,6 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from kvlab.analysis import summarize
-
     store = _store()
     experiment = store.get_experiment(args.id)
     trials = store.trials(args.id)
@@ -80,17 +96,22 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"{'trial':>6}  {'status':9}  {'items':>9}  {'att':>3}  config")
     for t in trials:
         print(f"{t.id:>6}  {t.status:9}  {t.items_done:>4}/{t.items_total or 0:<4}  {t.attempts:>3}  {t.config_name}"
-              + (f"   error: {t.error}" if t.error else ""))
+              + (f"   error: {redact(t.error)}" if t.error else ""))
     results = store.item_results(args.id)
     if results:
+        from kvlab.analysis import summarize  # scipy: imported only when there is something to summarise
+        from kvlab.decision import DEFAULT_MAX_DROP
+        from kvlab.report import render
+
         baseline = next((t.config_name for t in trials if t.position == 0), "baseline")
         print()
-        print(render(summarize(results, baseline), results, baseline))
-    events = store.events(args.id)[-args.events:]
+        max_drop = args.max_drop or experiment.spec.get("max_drop", DEFAULT_MAX_DROP)
+        print(render(summarize(results, baseline, max_drop), results, baseline))
+    events = store.events(args.id)[-args.events:] if args.events else []
     if events:
         print("\nrecent events:")
         for event in events:
-            print(f"  {event.level:7} {event.message}")
+            print(f"  {event.level:7} {redact(event.message)}")
     return 0
 
 
@@ -109,63 +130,78 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    out = check_output(args.out, "--out") if args.out else None
+    store = _store()
+    store.get_experiment(args.id)  # an unknown id, before the (scipy) imports below
     from kvlab.export import experiment_document, results_csv
 
-    store = _store()
     if args.format == "csv":
-        store.get_experiment(args.id)
         text = results_csv(store.item_results(args.id))
     else:
         text = json.dumps(experiment_document(store, args.id), indent=1)
-    if args.out:
-        Path(args.out).write_text(text)
-        print(f"wrote {args.out}", file=sys.stderr)
+    if out:
+        write_output(out, text, "--out")
+        print(f"wrote {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from kvlab.store import Store
+    """``upgrade`` migrates an empty or older kvlab database; both refuse (exit 2) a database of a newer
+    kvlab or of another application."""
+    from kvlab.store import SchemaOutdatedError, Store, head_revision
 
     store = Store(create=False, check=False)
     if args.action == "upgrade":
         before, after = store.upgrade()
         print(f"{store.url}: schema {before or 'empty'} -> {after}")
+        return 0
+    try:
+        store.check_schema()
+    except SchemaOutdatedError as outdated:
+        print(f"{store.url}: schema {store.schema_revision() or 'empty'}; {outdated}")
     else:
-        print(f"{store.url}: schema {store.schema_revision() or 'empty'}")
+        print(f"{store.url}: schema {head_revision()} (current)")
     return 0
 
 
 def add_store_commands(sub: argparse._SubParsersAction) -> None:
     worker = sub.add_parser("worker", help="run a worker that claims queued trials (KVLAB_DATABASE_URL)")
     worker.add_argument("--max-trials", type=int, default=4, help="configs claimed together (they share prefills)")
-    worker.add_argument("--heartbeat-s", type=float, default=5.0)
-    worker.add_argument("--stale-after-s", type=float, default=60.0, help="requeue trials of silent workers after")
+    worker.add_argument("--heartbeat-s", type=float, default=5.0, help="seconds between a worker's signs of life")
+    worker.add_argument("--stale-after-s", type=float, default=60.0,
+                        help="requeue trials of workers silent this long (at least twice --heartbeat-s)")
     worker.add_argument("--on-stale", choices=["requeue", "fail"], default="requeue")
     worker.add_argument("--telemetry-hz", type=float, default=1.0, help="sampling rate, 0.1..20")
     worker.add_argument("--threads", type=int, help="torch CPU threads (split the cores between local workers)")
+    worker.add_argument("--backoff-s", type=float, default=600.0,
+                        help="leave an experiment this host could not run to other workers for this long")
+    worker.add_argument("--max-failures", type=int, default=3,
+                        help="stop (exit 1) after this many batches in a row failed for reasons of this host")
     worker.add_argument("--exit-when-idle", action="store_true", help="stop when nothing is queued")
     worker.set_defaults(func=cmd_worker)
     ls = sub.add_parser("ls", help="list experiments")
     ls.add_argument("--status", choices=["queued", "running", "done", "failed", "cancelled"])
     ls.add_argument("--search", help="substring of the name")
     ls.add_argument("--tag")
-    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--limit", type=positive_int, default=50, help="at most this many (default: %(default)s)")
     ls.set_defaults(func=cmd_ls)
     show = sub.add_parser("show", help="an experiment's trials, summary and events")
-    show.add_argument("id", type=int)
-    show.add_argument("--events", type=int, default=10, help="how many recent events to print")
+    show.add_argument("id", type=positive_int)
+    show.add_argument("--max-drop", type=float_between(0.0, 0.5, inclusive_low=False), metavar="FRACTION",
+                      help="non-inferiority margin of the sweet spot (default: the experiment's max_drop)")
+    show.add_argument("--events", type=non_negative_int, default=10, help="how many recent events to print (0: none)")
     show.set_defaults(func=cmd_show)
     for name, func, text in (("cancel", cmd_cancel, "cancel an experiment's queued and running trials"),
                              ("rerun", cmd_rerun, "queue the same spec again as a new experiment")):
         command = sub.add_parser(name, help=text)
-        command.add_argument("id", type=int)
+        command.add_argument("id", type=positive_int)
         command.set_defaults(func=func)
     export = sub.add_parser("export", help="an experiment's results as CSV or JSON")
-    export.add_argument("id", type=int)
+    export.add_argument("id", type=positive_int)
     export.add_argument("--format", choices=["csv", "json"], default="json")
-    export.add_argument("--out", help="file to write (default: stdout)")
+    export.add_argument("--out", help="file to write, in an existing directory (default: stdout)")
     export.set_defaults(func=cmd_export)
     db = sub.add_parser("db", help="database schema")
     db.add_argument("action", choices=["upgrade", "status"])

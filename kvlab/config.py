@@ -16,6 +16,9 @@ from typing import Annotated, Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvlab.errors import ConfigError
+from kvlab.secrets import URL_USERINFO, url_credentials
+from kvlab.tasks.jsonl import check_task_files
 from kvlab.tasks.spec import TaskSpec
 
 QuantDtype = Literal["none", "int8", "int4", "int2", "fp8_e4m3", "fp8_e5m2"]
@@ -49,11 +52,10 @@ EVICTION_ALIASES = {
 #: Scorers whose score does not depend on the budget, so one score serves a
 #: whole sweep and a global threshold is meaningful.  StreamingLLM is purely
 #: positional and PyramidKV sets its own per-layer budgets.
+#: A spec is a few KB; anything near this is not a spec (and would be read whole into memory).
+MAX_SPEC_BYTES = 1 << 20
+
 THRESHOLD_METHODS = ("snapkv", "tova", "knorm", "observed_attention", "expected_attention", "random", "keydiff")
-
-
-class ConfigError(ValueError):
-    """A spec that cannot run, with a message that names the field and the allowed values."""
 
 
 class KVCacheConfig(BaseModel):
@@ -70,7 +72,7 @@ class KVCacheConfig(BaseModel):
     quantile of all scores of the model, so layers may keep different counts).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = ""
     quant: QuantDtype = "none"
@@ -165,7 +167,7 @@ BASELINE = KVCacheConfig(name="baseline")
 class SweepGrid(BaseModel):
     """A grid over quantization x eviction method x budget, expanded into configs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     quant: list[QuantDtype] = ["none"]
     evict: list[EvictionMethod] = ["none"]
@@ -203,7 +205,7 @@ class ServerOptions(BaseModel):
     is ``--no-enable-prefix-caching`` / ``--disable-radix-cache``.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     python: str = "python"  # the interpreter that has vllm / sglang installed
     host: str = "127.0.0.1"
@@ -219,11 +221,12 @@ class BackendSpec(BaseModel):
     """Where the model runs.
 
     Secrets never live here: ``api_key_env`` names the environment variable (or the key of
-    ``.streamlit/secrets.toml``) that holds the key.  ``base_url`` and ``model_id`` of an
+    ``.streamlit/secrets.toml``) that holds the key, and a ``base_url`` with ``user:password@``
+    is refused (:func:`refuse_credentials`).  ``base_url`` and ``model_id`` of an
     ``openai_compat`` backend may also come from ``KVLAB_BASE_URL`` / ``KVLAB_MODEL_ID``.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: BackendKind = "embedded"
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -250,16 +253,19 @@ class BackendSpec(BaseModel):
 class ExperimentSpec(BaseModel):
     """A whole experiment: one model and backend, a task suite, and the configs to compare."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = "experiment"
     model: str = "smollm2-135m"
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0  # the database stores it as a 64-bit integer
     backend: BackendSpec = BackendSpec()
     tasks: list[TaskSpec] = Field(min_length=1)
     configs: list[KVCacheConfig] = []
     sweep: SweepGrid | None = None
     max_context_length: Annotated[int, Field(ge=128)] | None = None
+    # The sweet spot's non-inferiority margin: the accuracy a config may lose against the baseline
+    # (0.05 = 5 points), decided by a paired test with Holm's correction (kvlab.decision).
+    max_drop: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] = 0.05
     tags: list[str] = []
     notes: str = ""
 
@@ -304,8 +310,36 @@ def format_validation_error(error: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def refuse_credentials(data: Any, path: str = "") -> None:
+    """Raise :class:`ConfigError` naming the first field that holds a URL with credentials.
+
+    A stored spec never holds a secret: a ``user:password@`` in ``backend.base_url`` or
+    ``backend.server.host`` (any ``@`` counts, so that no piece of a password with an unescaped
+    ``@`` or ``/`` survives) or in a URL anywhere else in the spec is refused rather than
+    stripped, so that nothing runs with an authentication the user did not expect.  The message
+    never repeats the value.
+    """
+    if isinstance(data, dict):
+        for key, value in data.items():
+            refuse_credentials(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            refuse_credentials(value, f"{path}.{index}")
+    elif isinstance(data, str):
+        if path.endswith(("base_url", "server.host")) and url_credentials(data) is not None:
+            raise ConfigError(
+                f"{path}: holds credentials (user:password@ or an '@'), which kvlab never stores or sends; "
+                "remove them, and put the API key in the variable named by backend.api_key_env (KVLAB_API_KEY by "
+                "default) in the environment or .streamlit/secrets.toml: kvlab sends it as a Bearer token")
+        if URL_USERINFO.search(data):
+            raise ConfigError(f"{path}: holds a URL with credentials (scheme://user:password@host), which kvlab "
+                              "never stores; remove the user:password@ part")
+
+
 def parse_spec(data: dict[str, Any]) -> ExperimentSpec:
-    """Validate a spec dict, raising :class:`ConfigError` with a readable message."""
+    """Validate a spec dict, raising :class:`ConfigError` with a readable message (a URL with
+    credentials anywhere in it is refused: :func:`refuse_credentials`)."""
+    refuse_credentials(data)
     try:
         return ExperimentSpec.model_validate(data)
     except ValidationError as error:
@@ -313,27 +347,57 @@ def parse_spec(data: dict[str, Any]) -> ExperimentSpec:
 
 
 def parse_spec_toml(text: str, source: str = "spec") -> tuple[ExperimentSpec, list[str]]:
-    """A spec from TOML text (native or seed-blog shaped) and any warnings; ``source`` names it in errors."""
+    """A spec from TOML text (native or seed-blog shaped) and any warnings.  Every error message
+    starts with ``source`` (the file's name) and names the line and column or the field."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: not valid TOML: {error}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(f"{source}: not valid TOML: arrays or tables nested too deeply") from None
     from kvlab.seed_format import is_seed_style, translate_seed_spec
 
-    if is_seed_style(data):
-        data, warnings = translate_seed_spec(data)
-        return parse_spec(data), warnings
-    return parse_spec(data), []
+    try:
+        if is_seed_style(data):
+            data, warnings = translate_seed_spec(data)
+            return parse_spec(data), warnings
+        return parse_spec(data), []
+    except ConfigError as error:
+        raise ConfigError(f"{source}: {error}") from None
+
+
+def spec_text(data: bytes, source: str) -> str:
+    """The text of a spec file's bytes (UTF-8, with or without a byte-order mark), at most 1 MiB."""
+    if len(data) > MAX_SPEC_BYTES:
+        raise ConfigError(f"{source}: {len(data):,} bytes; a spec file is at most {MAX_SPEC_BYTES:,} bytes")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{source}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); "
+                          "save the spec as UTF-8") from None
 
 
 def load_spec(path: str | Path) -> tuple[ExperimentSpec, list[str]]:
-    """Read a TOML spec file (native or seed-blog shaped) and return it with any warnings."""
+    """Read a TOML spec file (native or seed-blog shaped) and return it with any warnings; jsonl
+    task files are validated too, and their paths made absolute (:func:`check_task_files`)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a directory; give a spec TOML file (examples/ has some)")
+        if path.exists() and not path.is_file():
+            raise ConfigError(f"{path}: not a regular file; give a spec TOML file")
+        size = path.stat().st_size
+        if size > MAX_SPEC_BYTES:  # before reading: the path may name a huge file
+            raise ConfigError(f"{path}: {size:,} bytes; a spec file is at most {MAX_SPEC_BYTES:,} bytes")
+        data = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"spec file not found: {path}") from None
-    return parse_spec_toml(text, str(path))
+        raise ConfigError(f"{path}: spec file not found") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: not readable by this user (permission denied)") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot be read ({error.strerror or error})") from None
+    spec, warnings = parse_spec_toml(spec_text(data, str(path)), str(path))
+    return check_task_files(spec), warnings  # a bad task file is refused before any model loads
 
 
 def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:

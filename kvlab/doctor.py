@@ -8,7 +8,9 @@ fixable mistake (``/v1`` twice, an endpoint path, no ``/v1``), the rest is check
 corrected URL, so one run shows every problem.
 
 The key is never shown: only :func:`kvlab.secrets.mask` of it, and every detail is scrubbed of
-it, since servers echo keys in their error messages.
+it, since servers echo keys in their error messages.  A ``user:password@`` in the base URL is
+taken out before any request (kvlab never sends it: httpx would send it as Basic auth instead of
+the key) and reported, so that a server's 401 is blamed on what was really sent.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, mask
+from kvlab.secrets import (BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, hide_credentials, mask, redact,
+                           remember_secret, remember_url_credentials, strip_credentials, url_credentials)
 
 Status = Literal["ok", "warn", "fail", "skip"]
 CHECK_NAMES = ("base URL", "proxy", "connection", "auth", "models", "completion")
@@ -87,17 +90,20 @@ class _Proxy:
 
     @property
     def shown(self) -> str:
-        return f"{self.var}={_redact(self.url)}"
+        return f"{self.var}={redact(self.url)}"
 
 
 def diagnose(base_url: str, model_id: str | None, api_key: str | None, timeout_s: float = 10.0,
              key_source: str = "", key_var: str = DEFAULT_KEY_VAR) -> DoctorReport:
     """Check the endpoint step by step.  ``key_source`` says where ``api_key`` came from
     (:func:`kvlab.secrets.read_setting`'s second value); ``key_var`` is the variable to name in fixes."""
+    base_url = (base_url or "").strip()
+    remember_url_credentials(base_url)
+    remember_secret(api_key)  # servers echo keys: every detail is redacted, also before it is cut short
     run = _Run(model_id or None, api_key, timeout_s, key_source or key_var, key_var)
-    run.start((base_url or "").strip())
+    run.start(base_url)
     key = f"{mask(api_key)} ({key_source or key_var})" if api_key and api_key.strip() else f"none ({key_var} not set)"
-    return DoctorReport(_redact((base_url or "").strip()), model_id or None, key, run.finish())
+    return DoctorReport(redact(strip_credentials(base_url)), model_id or None, key, run.finish())
 
 
 class _Run:
@@ -116,6 +122,7 @@ class _Run:
         self.checks: dict[str, Check] = {}
         self.client: httpx.Client | None = None
         self.proxy: _Proxy | None = None
+        self.url_credentials = False  # the base URL held a user:password (taken out, never sent)
 
     def set(self, name: str, status: Status, detail: str, fix: str = "") -> None:
         self.checks[name] = Check(name, status, detail, fix)
@@ -133,7 +140,7 @@ class _Run:
         for secret in {self.raw_key or "", (self.raw_key or "").strip()}:
             if len(secret) >= 4:
                 text = text.replace(secret, mask(secret))
-        return text
+        return redact(text)
 
     # -- the checks, in order ------------------------------------------------------------------
 
@@ -159,10 +166,12 @@ class _Run:
                      f"set {BASE_URL_VAR} or backend.base_url (for example {example})")
             return None
         if "://" not in raw:
-            self.set("base URL", "fail", f"{_redact(raw)} has no scheme",
-                     f"write it as http://{_redact(raw)} (https:// if the server uses TLS)")
+            self.set("base URL", "fail", f"{hide_credentials(raw)} has no scheme",
+                     f"write it as http://{strip_credentials(raw)} (https:// if the server uses TLS)")
             return None
-        parts = urlsplit(raw)
+        shown = hide_credentials(raw)
+        self.url_credentials = url_credentials(raw) is not None
+        parts = urlsplit(strip_credentials(raw))
         if parts.scheme.lower() not in ("http", "https"):
             self.set("base URL", "fail", f"{parts.scheme}:// is not HTTP",
                      f"use http:// or https:// (for example {example})")
@@ -170,14 +179,19 @@ class _Run:
         path, notes = _fixed_path(parts.path.rstrip("/"))
         fixed = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
         if not _valid_url(fixed):
-            self.set("base URL", "fail", f"{_redact(raw)} has no valid host and port", f"write it like {example}")
+            self.set("base URL", "fail", f"{shown} has no valid host and port", f"write it like {example}")
             return None
+        fix = f"use {fixed} as the base URL"
+        if self.url_credentials:
+            notes.append(f"it holds a user:password, which kvlab never sends (requests carry the key from "
+                         f"{self.key_var} as a Bearer token) and a spec may not hold")
+            fix += f" and put the key in {self.key_var} (environment or .streamlit/secrets.toml)"
         if notes:
-            self.set("base URL", "fail",
-                     f"{_redact(raw)}: {'; '.join(notes)} (checking the rest against {_redact(fixed)})",
-                     f"use {_redact(fixed)} as the base URL")
+            # Only the credentials: a run from KVLAB_BASE_URL works without them, so it is a warning.
+            status: Status = "warn" if self.url_credentials and len(notes) == 1 else "fail"
+            self.set("base URL", status, f"{shown}: {'; '.join(notes)} (checking the rest against {fixed})", fix)
         else:
-            self.set("base URL", "ok", _redact(fixed))
+            self.set("base URL", "ok", fixed)
         return fixed
 
     def check_endpoint(self, base: str) -> None:
@@ -222,9 +236,9 @@ class _Run:
             return base, response
         if found.status_code not in (200, 401, 403):
             return base, response
-        self.set("base URL", "fail", f"{_redact(base)}/models is not found (HTTP 404) but {_redact(base)}/v1/models "
-                                     f"answers: add /v1 (checking the rest against {_redact(base)}/v1)",
-                 f"add /v1: use {_redact(base)}/v1 as the base URL")
+        self.set("base URL", "fail", f"{redact(base)}/models is not found (HTTP 404) but {redact(base)}/v1/models "
+                                     f"answers: add /v1 (checking the rest against {redact(base)}/v1)",
+                 f"add /v1: use {redact(base)}/v1 as the base URL")
         return base + "/v1", found
 
     def check_auth(self, response: httpx.Response) -> bool:
@@ -249,6 +263,8 @@ class _Run:
 
     def auth_failure(self, response: httpx.Response) -> tuple[str, str]:
         said = f"HTTP {response.status_code}: {_body_text(response)}"
+        if self.url_credentials:
+            said += "; the user:password in the base URL was not sent (kvlab authenticates with the key only)"
         if not self.key:
             return (f"the server wants an API key and none is set ({self.key_var} is not set; {said})",
                     f"set {self.key_var} in the environment or in .streamlit/secrets.toml")
@@ -564,7 +580,8 @@ def _json(response: httpx.Response) -> Any:
 
 
 def _short(text: str) -> str:
-    text = " ".join(text.split())
+    """One line of at most ``MAX_BODY_CHARS``, redacted before it is cut (half a secret would not match)."""
+    text = redact(" ".join(text.split()))
     return text if len(text) <= MAX_BODY_CHARS else text[:MAX_BODY_CHARS - 1] + "…"
 
 
@@ -580,7 +597,3 @@ def _host_port(url: httpx.URL) -> str:
 def _ms(response: httpx.Response) -> int:
     return round(response.elapsed.total_seconds() * 1000)
 
-
-def _redact(url: str) -> str:
-    """A URL as it may be shown: credentials in it replaced by ****."""
-    return re.sub(r"(://)[^/@]*@", r"\1****@", url)

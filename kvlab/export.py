@@ -1,30 +1,47 @@
-"""Experiment data for reports: CSV of item results, JSON of everything (no secrets are ever stored)."""
+"""Experiment data for reports: CSV of item results, JSON of everything (no secrets are ever stored,
+and both pass through :func:`kvlab.secrets.redact` on the way out)."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import re
 from dataclasses import asdict, fields
 from typing import Any
 
-from kvlab.analysis import summarize
+from kvlab.analysis import decide, summarize
+from kvlab.decision import DEFAULT_MAX_DROP
 from kvlab.results import ItemResult
+from kvlab.secrets import redact, redact_data
 from kvlab.store import Store
 
 RESULT_COLUMNS = [f.name for f in fields(ItemResult)]
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def results_csv(results: list[ItemResult]) -> str:
-    """One row per (item, config); nested fields (config, extra) as JSON text."""
+    """One row per (item, config); nested fields (config, extra) as JSON text; text cells made inert
+    for spreadsheets (:func:`spreadsheet_safe`)."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS)
     writer.writeheader()
     for result in results:
         row = result.to_dict()
         row["config"], row["extra"] = json.dumps(row["config"], sort_keys=True), json.dumps(row["extra"])
-        writer.writerow(row)
-    return buffer.getvalue()
+        writer.writerow({key: spreadsheet_safe(value) for key, value in row.items()})
+    return redact(buffer.getvalue())
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """A text cell that a spreadsheet would run as a formula (it starts with ``= + - @``, a tab or a
+    carriage return: a model's output or a task's item id can) gets a leading ``'``, which
+    spreadsheets show as text.  Numbers, and text that is just a number such as ``-5``, stay as
+    they are (OWASP's CSV injection advice)."""
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES) and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value
 
 
 def experiment_document(store: Store, experiment_id: int) -> dict[str, Any]:
@@ -33,13 +50,16 @@ def experiment_document(store: Store, experiment_id: int) -> dict[str, Any]:
     trials = store.trials(experiment_id)
     results = store.item_results(experiment_id)
     baseline = next((t.config_name for t in trials if t.position == 0), "baseline")
-    return {
+    summaries = summarize(results, baseline, experiment.spec.get("max_drop", DEFAULT_MAX_DROP))
+    document = {
         "experiment": _jsonable(asdict(experiment)),
         "trials": [_jsonable(asdict(t)) for t in trials],
-        "summary": [s.to_dict() for s in summarize(results, baseline)],
+        "summary": [s.to_dict() for s in summaries],
+        "sweet_spot": decide(summaries, baseline).to_dict(),
         "results": [r.to_dict() for r in results],
         "events": [_jsonable(asdict(e)) for e in store.events(experiment_id)],
     }
+    return redact_data(document)  # a database written by an older kvlab may hold a URL password
 
 
 def _jsonable(value: Any) -> Any:

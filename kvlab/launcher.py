@@ -8,6 +8,14 @@ import sys
 from pathlib import Path
 
 
+LOG_DIR_VAR = "KVLAB_LOG_DIR"
+
+
+def worker_log_dir() -> Path:
+    """Where local workers write their logs: ``$KVLAB_LOG_DIR``, else ``db/logs`` in the checkout."""
+    return Path(os.environ.get(LOG_DIR_VAR) or Path(__file__).resolve().parent.parent / "db" / "logs")
+
+
 def threads_per_worker(workers: int) -> int:
     """Split the cores: torch threads of several processes spin against each other otherwise
     (measured here: a 320-token prefill took 7.2 s instead of 0.7 s with one competing process)."""

@@ -1,20 +1,43 @@
-"""Where endpoint settings and API keys come from -- the environment or ``.streamlit/secrets.toml``.
+"""Where endpoint settings and API keys come from -- the environment or ``.streamlit/secrets.toml``
+-- and how secrets are kept out of everything kvlab prints, logs, stores or exports.
 
 Keys are read at the moment they are needed and never written anywhere: not into specs, the
 database, logs, exports or share links.  Specs name the *variable* (``api_key_env``), never
 the value.  :func:`mask` is the only form in which a key is ever shown.
+
+Credentials inside URLs (``http://user:password@host/v1``) are treated like keys: a spec that
+holds one is refused (:func:`kvlab.config.parse_spec`); one in ``KVLAB_BASE_URL`` (a secret
+location) is dropped before any request, because kvlab authenticates only with the key, sent as
+``Authorization: Bearer`` -- httpx would otherwise send the URL's user:password as Basic auth
+*instead of* the key.  :func:`redact` is the last line of defence: the store (events, trial and
+item errors), every log record (:func:`install_log_redaction`), kvlab's error log, ``kvlab show``,
+the exports and the HTML report pass their text through it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
 
 BASE_URL_VAR = "KVLAB_BASE_URL"
 MODEL_ID_VAR = "KVLAB_MODEL_ID"
 DEFAULT_KEY_VAR = "KVLAB_API_KEY"
+DATABASE_URL_VAR = "KVLAB_DATABASE_URL"
+#: Environment variables whose values :func:`redact` masks wherever they appear.
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+#: Shorter values are not masked inside text (a 4-letter password would mangle every word that
+#: contains it); URLs lose their user:password part whatever its length.
+MIN_SECRET_CHARS = 8
+#: ``scheme://userinfo@`` in free text; userinfo may hold ``@`` and ``:`` (the last ``@`` before the
+#: host ends it), never whitespace, quotes or the path.
+URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s/?#'\"<>]*@")
+HIDDEN = "***"
 
 
 def secrets_files() -> list[Path]:
@@ -40,11 +63,16 @@ def read_setting(name: str) -> tuple[str | None, str]:
     """``(value, where it came from)``: the environment variable ``name``, else the top-level key
     ``name`` of the secrets file; ``(None, "not set")`` when neither has it."""
     if os.environ.get(name) is not None:
-        return os.environ[name], f"environment variable {name}"
-    found = _from_secrets_file(name)
-    if found:
-        return found[0], f"{name} in {found[1]}"
-    return None, "not set"
+        value, source = os.environ[name], f"environment variable {name}"
+    elif found := _from_secrets_file(name):
+        value, source = found[0], f"{name} in {found[1]}"
+    else:
+        return None, "not set"
+    if name == BASE_URL_VAR:
+        remember_url_credentials(value)
+    elif name != MODEL_ID_VAR:
+        remember_secret(value)
+    return value, source
 
 
 def mask(secret: str | None) -> str:
@@ -55,14 +83,68 @@ def mask(secret: str | None) -> str:
     return f"****{tail}"
 
 
+# -- credentials in URLs ---------------------------------------------------------------------------
+
+
+def _userinfo_span(url: str) -> tuple[int, int] | None:
+    """Where the user:password of a URL (or of ``host:port/path`` without a scheme) lies.
+
+    Everything between ``://`` and the *last* ``@`` counts: an unescaped ``@`` or ``/`` in a
+    password must not leave a piece of it behind, and a base URL has no other use for ``@``.
+    """
+    start = url.find("://")
+    start = 0 if start < 0 else start + 3
+    end = url.rfind("@")
+    return (start, end) if end >= start else None
+
+
+def url_credentials(url: str) -> str | None:
+    """The ``user:password`` part of a URL, or None when it has none."""
+    span = _userinfo_span(url)
+    return url[span[0]:span[1]] if span else None
+
+
+def strip_credentials(url: str) -> str:
+    """The URL without its ``user:password@`` part."""
+    span = _userinfo_span(url)
+    return url[:span[0]] + url[span[1] + 1:] if span else url
+
+
+def hide_credentials(url: str) -> str:
+    """The URL as it may be shown: its ``user:password@`` part (if any) as ``***@``."""
+    span = _userinfo_span(url)
+    return url[:span[0]] + f"{HIDDEN}@" + url[span[1] + 1:] if span else url
+
+
+def url_passwords(url: str) -> set[str]:
+    """The password of ``url`` as written and percent-decoded (the user name when there is no
+    password: a token is often written as one); empty when the URL has no credentials."""
+    userinfo = url_credentials(url)
+    if not userinfo:
+        return set()
+    password = userinfo.partition(":")[2] or userinfo
+    return {password, unquote(password)}
+
+
+def remember_url_credentials(url: str) -> None:
+    """Keep the password of ``url`` among the values :func:`redact` masks."""
+    for password in url_passwords(url):
+        remember_secret(password, HIDDEN)
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    """An OpenAI-compatible endpoint as a client needs it.  ``repr`` never shows the key."""
+    """An OpenAI-compatible endpoint as a client needs it.  ``repr`` never shows the key.
+
+    ``base_url`` never holds credentials; ``dropped_credentials`` says that the configured URL had
+    a ``user:password@`` part that kvlab took out (it sends the key as a Bearer token instead).
+    """
 
     base_url: str
     model_id: str | None
     api_key: str | None = field(repr=False)
     key_source: str  # "environment variable KVLAB_API_KEY", "... in .streamlit/secrets.toml", "not set"
+    dropped_credentials: bool = False
 
     @property
     def masked_key(self) -> str:
@@ -71,11 +153,118 @@ class Endpoint:
 
 def resolve_endpoint(base_url: str | None, model_id: str | None, api_key_env: str = DEFAULT_KEY_VAR) -> Endpoint:
     """Fill what the spec leaves out from ``KVLAB_BASE_URL`` / ``KVLAB_MODEL_ID`` and read the key
-    from ``api_key_env`` (environment first, then the secrets file)."""
+    from ``api_key_env`` (environment first, then the secrets file).  A ``user:password@`` in the
+    URL is dropped (``dropped_credentials`` says so): kvlab authenticates with the key only."""
     base_url = base_url or read_setting(BASE_URL_VAR)[0]
     if not base_url:
         raise ValueError(f"no endpoint: set backend.base_url in the spec or {BASE_URL_VAR} in the environment "
                          "or .streamlit/secrets.toml (for example http://127.0.0.1:8000/v1)")
+    remember_url_credentials(base_url)
+    dropped = url_credentials(base_url) is not None
     model_id = model_id or read_setting(MODEL_ID_VAR)[0]
     key, source = read_setting(api_key_env)
-    return Endpoint(base_url=base_url, model_id=model_id, api_key=key, key_source=source)
+    return Endpoint(base_url=strip_credentials(base_url), model_id=model_id, api_key=key, key_source=source,
+                    dropped_credentials=dropped)
+
+
+# -- redaction -------------------------------------------------------------------------------------
+
+_remembered: dict[str, str] = {}  # secret value -> how it is shown
+
+
+def remember_secret(value: str | None, shown: str | None = None) -> None:
+    """Mask ``value`` wherever :func:`redact` meets it from now on (in this process)."""
+    for secret in {value or "", (value or "").strip()}:
+        if len(secret) >= MIN_SECRET_CHARS:
+            _remembered[secret] = shown or mask(secret)
+
+
+def known_secrets() -> dict[str, str]:
+    """Every secret value :func:`redact` masks, with how it is shown: those read through
+    :func:`read_setting`, the values of environment variables named like secrets (``*KEY*``,
+    ``*TOKEN*``, ``*PASSWORD*``, ...) and the passwords in ``KVLAB_BASE_URL`` / ``KVLAB_DATABASE_URL``."""
+    found = dict(_remembered)
+    for name, value in os.environ.items():
+        if name in (BASE_URL_VAR, DATABASE_URL_VAR):
+            found |= {password: HIDDEN for password in url_passwords(value) if len(password) >= MIN_SECRET_CHARS}
+        elif SECRET_NAME.search(name) and len(value.strip()) >= MIN_SECRET_CHARS:
+            found.setdefault(value.strip(), mask(value))
+    return found
+
+
+def redact(text: str, secrets: dict[str, str] | None = None) -> str:
+    """``text`` with the ``user:password@`` of every URL in it replaced by ``***@`` and every known
+    secret value (:func:`known_secrets`, or ``secrets`` when given) masked."""
+    text = URL_USERINFO.sub(rf"\1{HIDDEN}@", text)
+    secrets = known_secrets() if secrets is None else secrets
+    for secret in sorted(secrets, key=len, reverse=True):  # a secret inside a longer one goes with it
+        if secret in text:
+            text = text.replace(secret, secrets[secret])
+    return text
+
+
+def redact_data(value: Any) -> Any:
+    """:func:`redact` applied to every string (and dict key) of nested dicts, lists and tuples."""
+    secrets = known_secrets()
+
+    def walk(item: Any) -> Any:
+        if isinstance(item, str):
+            return redact(item, secrets)
+        if isinstance(item, dict):
+            return {walk(k): walk(v) for k, v in item.items()}
+        if isinstance(item, list | tuple):
+            return [walk(v) for v in item]
+        return item
+
+    return walk(value)
+
+
+def redact_record(record: logging.LogRecord) -> None:
+    """Pass a log record through :func:`redact`: its format string, each argument and the text of
+    its traceback (formatted here, so that no formatter formats it again).
+
+    Arguments keep their place, so formatters that read ``record.args`` (uvicorn's access log)
+    still work; numbers stay numbers for ``%d``, anything else is redacted as its ``str``.
+    """
+    secrets = known_secrets()
+    if isinstance(record.msg, str):
+        record.msg = redact(record.msg, secrets)
+    if isinstance(record.args, dict):
+        record.args = {key: _redact_arg(value, secrets) for key, value in record.args.items()}
+    elif isinstance(record.args, tuple):
+        record.args = tuple(_redact_arg(value, secrets) for value in record.args)
+    if record.exc_info and not record.exc_text:
+        record.exc_text = logging.Formatter().formatException(record.exc_info)
+    if record.exc_text:
+        record.exc_text = redact(record.exc_text, secrets)
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info, secrets)
+
+
+def _redact_arg(value: Any, secrets: dict[str, str]) -> Any:
+    if value is None or isinstance(value, int | float):
+        return value
+    return redact(str(value), secrets)
+
+
+_log_redaction_installed = False
+
+
+def install_log_redaction() -> None:
+    """Redact every log record this process creates from now on (idempotent).
+
+    A record factory rather than a handler filter: it also covers handlers that are added later
+    or that kvlab does not own (uvicorn's, Streamlit's, logging's last-resort stderr handler).
+    """
+    global _log_redaction_installed
+    if _log_redaction_installed:
+        return
+    make_record = logging.getLogRecordFactory()
+
+    def redacting_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        redact_record(record)
+        return record
+
+    logging.setLogRecordFactory(redacting_factory)
+    _log_redaction_installed = True

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec, spec_to_dict
+from kvlab.decision import DEFAULT_MAX_DROP
 from kvlab.engines.server_flags import SERVER_KINDS, check_config
 from kvlab.secrets import DEFAULT_KEY_VAR
+from kvlab.tasks.data_dir import checked_data_file
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 
@@ -66,6 +68,7 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
         "backend.server.max_model_len": int(server.get("max_model_len") or 0),
         "backend.server.prefix_cache": bool(server.get("prefix_cache", True)),
         "seed": int(data.get("seed", 0)), "tags": ", ".join(data.get("tags", [])), "notes": data.get("notes", ""),
+        "max_drop": float(data.get("max_drop", DEFAULT_MAX_DROP)),
     }
     tasks = data.get("tasks", [])
     for index, task in enumerate(tasks):
@@ -153,6 +156,11 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
         task["max_new_tokens"] = max_new or None
         path = str(values.get(prefix + "path") or "").strip()
         task["path"] = path or None
+        if path and task["name"] == "jsonl":  # only files under the data directory: this is a web page
+            try:
+                task["path"] = checked_data_file(path)
+            except ConfigError as error:
+                errors.setdefault(prefix + "path", []).append(str(error))
         tasks.append({k: v for k, v in task.items() if v is not None})
 
     data: dict[str, Any] = {k: v for k, v in base.items() if k not in ("sweep", "configs", "tasks")}
@@ -160,6 +168,7 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
         "name": str(values.get("name", "")).strip() or "experiment",
         "model": str(values.get("model") or "").strip(),
         "seed": int(values.get("seed", 0)),
+        "max_drop": float(values.get("max_drop", DEFAULT_MAX_DROP)),
         "tags": [t.strip() for t in str(values.get("tags", "")).split(",") if t.strip()],
         "notes": str(values.get("notes", "")),
         "backend": backend_from_values(values, base.get("backend", {})),

@@ -1,10 +1,35 @@
-"""Background workers: claim queued trials, run them, heartbeat, honour cancel, survive crashes.
+"""Background workers: claim queued trials, run them, heartbeat, honour cancel and delete, survive crashes.
 
 A worker claims up to ``max_trials`` queued trials of one experiment at once, because the
 embedded engine shares each item's prefill across the configs it evaluates together.  Each
 item result is written as soon as it exists; a trial picked up again after a crash skips the
 items it already has (the store refuses duplicates anyway).  A trial whose worker stops
 heartbeating for ``stale_after_s`` is requeued (or failed) by whichever worker looks next.
+
+:class:`~kvlab.worker_settings.WorkerSettings` checks every option when it is made, so a worker
+with a bad option (``--telemetry-hz 1000``) stops with a ``ConfigError`` before it claims anything.
+
+What goes wrong in a batch is sorted by whose problem it is:
+
+* **the spec's**: a ``ConfigError`` from validating the stored spec, its configs or its task items
+  (a quantization the model cannot take, a prompt longer than its context...).  Any host would
+  refuse it, so the batch's trials fail with the message.
+* **this worker's**: anything else -- the engine cannot be built here (a model not pulled on this
+  host, a missing key, package or task file: :class:`~kvlab.errors.HostLacksError`), it crashes or runs
+  out of memory, a launched server does not start, the telemetry sampler breaks.  The trials go back
+  to the queue with their results kept (:meth:`Store.release_trials`, a warning event naming this
+  worker and the reason), and the worker *backs off*: it leaves that experiment to other workers
+  for ``backoff_s`` (10 minutes by default) and goes on with the rest of the queue.  After
+  ``max_failures`` such failures in a row (3 by default) it stops with :class:`WorkerGaveUp`
+  (``kvlab worker`` exits 1): a host that fails three batches running is broken, and trying the
+  rest of the queue would only delay others.  With ``exit_when_idle`` a worker also stops when the
+  only unfinished experiments left are ones it backed off from (``kvlab worker`` exits 1 naming them).
+* **nobody's**: the experiment was cancelled or deleted (the dashboard's Delete) while it ran.  The
+  worker learns it at its next heartbeat, or from the next write that finds the trial gone, drops
+  the work without a fuss and claims the next experiment.
+
+Stopping a worker (:meth:`Worker.stop`, Ctrl-C) releases its unfinished trials at once instead of
+leaving them to the stale timeout.
 """
 
 from __future__ import annotations
@@ -13,34 +38,37 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec
 from kvlab.engines.base import Engine, EngineFailure, evaluate_all, passes
+from kvlab.errlog import debug_enabled, log_details, one_line
+from kvlab.errors import HostLacksError
+from kvlab.models.registry import ModelNotAvailableError
 from kvlab.provenance import environment
 from kvlab.runner import build_engine, build_items, score
-from kvlab.store import Store
-from kvlab.store.records import TrialRecord
+from kvlab.secrets import redact
+from kvlab.store import ExperimentNotFoundError, Store, TrialNotFoundError
+from kvlab.store.records import TelemetrySample, TrialRecord
 from kvlab.telemetry import SampleContext, TelemetrySampler, detect_sources
+from kvlab.worker_settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+#: A write that finds its trial or experiment gone: the experiment was deleted while it ran.
+VANISHED = (TrialNotFoundError, ExperimentNotFoundError)
+
+
+class WorkerGaveUp(RuntimeError):
+    """The worker failed ``max_failures`` batches in a row for reasons of its own host and stopped."""
 
 
 def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-@dataclass
-class WorkerSettings:
-    max_trials: int = 4
-    heartbeat_s: float = 5.0
-    stale_after_s: float = 60.0
-    on_stale: str = "requeue"  # or "fail"
-    poll_s: float = 2.0
-    telemetry_hz: float = 1.0
-    exit_when_idle: bool = False
 
 
 @dataclass
@@ -51,13 +79,18 @@ class Worker:
     engine_factory: Callable[[ExperimentSpec], Engine] = build_engine
     _engines: dict[tuple, Engine] = field(default_factory=dict, init=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _backoff: dict[int, tuple[float, str]] = field(default_factory=dict, init=False)  # id: (retry at, why)
+    _failures_in_a_row: int = field(default=0, init=False)
+    _last_failure: str = field(default="", init=False)
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self) -> None:
-        """Work until stopped (or, with ``exit_when_idle``, until no experiment is queued or running:
-        a running one may still need this worker if another worker dies)."""
+        """Work until stopped (or, with ``exit_when_idle``, until no experiment it may run is queued
+        or running: a running one may still need this worker if another worker dies).
+
+        Raises :class:`WorkerGaveUp` after ``max_failures`` worker-side failures in a row."""
         log.info("worker %s on %s", self.worker_id, self.store.url)
         try:
             while not self._stop.is_set():
@@ -66,22 +99,44 @@ class Worker:
                         return
                     self._stop.wait(self.settings.poll_s)
         finally:
-            for engine in self._engines.values():
-                engine.close()  # a launched vLLM/SGLang server stops with its worker
-            self._engines = {}
+            self._close_engines()
+
+    def left_behind(self) -> dict[int, str]:
+        """Unfinished experiments this worker backed off from, with why it could not run them."""
+        left = {}
+        for experiment_id, (_, why) in self._backing_off().items():
+            try:
+                if not self.store.get_experiment(experiment_id).is_terminal:
+                    left[experiment_id] = why
+            except ExperimentNotFoundError:
+                continue
+        return left
+
+    def _backing_off(self) -> dict[int, tuple[float, str]]:
+        now = time.monotonic()
+        self._backoff = {key: value for key, value in self._backoff.items() if value[0] > now}
+        return self._backoff
 
     def _unfinished_work(self) -> bool:
-        return any(self.store.list_experiments(status=status, limit=1) for status in ("queued", "running"))
+        skip = self._backing_off()
+        return any(experiment.id not in skip
+                   for status in ("queued", "running")
+                   for experiment in self.store.list_experiments(status=status, limit=len(skip) + 1))
 
     def run_once(self) -> bool:
         """Recover stale trials, claim a batch and run it; False when there was nothing to do."""
         for trial_id in self.store.requeue_stale(self.settings.stale_after_s, self.settings.on_stale):
             log.warning("trial %d had a dead worker: %s", trial_id,
                         "requeued" if self.settings.on_stale == "requeue" else "failed")
-        trials = self.store.claim_trials(self.worker_id, self.settings.max_trials)
+        trials = self.store.claim_trials(self.worker_id, self.settings.max_trials, exclude=self._backing_off())
         if not trials:
             return False
         self._run_batch(trials)
+        if self._failures_in_a_row >= self.settings.max_failures:
+            raise WorkerGaveUp(
+                f"worker {self.worker_id} stopped after {self._failures_in_a_row} failures in a row on this host "
+                f"(last: {self._last_failure}); its trials went back to the queue for other workers; "
+                "details in the warnings above and in each experiment's events (`kvlab show ID`)")
         return True
 
     # -- one batch of trials of one experiment -------------------------------------------------
@@ -90,54 +145,75 @@ class Worker:
         """Keep the model loaded across consecutive batches that use the same one."""
         key = (spec.model, spec.backend.model_dump_json(), spec.seed)
         if key not in self._engines:
-            for engine in self._engines.values():
-                engine.close()
+            self._close_engines()
             self._engines = {key: self.engine_factory(spec)}
         return self._engines[key]
 
+    def _close_engines(self) -> None:
+        for engine in self._engines.values():
+            try:
+                engine.close()  # a launched vLLM/SGLang server stops with its worker
+            except Exception as error:  # noqa: BLE001 -- closing must not hide why the batch ended
+                log.warning("closing the engine failed: %s", one_line(str(error)))
+        self._engines = {}
+
     def _release_servers(self) -> None:
         """A vLLM/SGLang server kvlab launched holds a GPU: stop it when its batch ends."""
-        for key, engine in list(self._engines.items()):
-            if getattr(engine, "launches_servers", False):
-                engine.close()
-                del self._engines[key]
+        if any(getattr(engine, "launches_servers", False) for engine in self._engines.values()):
+            self._close_engines()
 
     def _run_batch(self, trials: list[TrialRecord]) -> None:
         experiment_id = trials[0].experiment_id
-        experiment = self.store.get_experiment(experiment_id)
         context = SampleContext(experiment_id=experiment_id, worker_id=self.worker_id, phase="load")
         sampler: TelemetrySampler | None = None
         heartbeat = _Heartbeat(self.store, self.worker_id, [t.id for t in trials], self.settings.heartbeat_s)
         finished: set[int] = set()  # trials done before a later one failed
+        building = broken = False  # building: every error while the engine is built is this host's
+
+        def unfinished() -> list[TrialRecord]:
+            return [t for t in trials if t.id not in heartbeat.gone and t.id not in finished]
+
         try:
-            spec = parse_spec(experiment.spec)
+            spec = parse_spec(self.store.get_experiment(experiment_id).spec)
+            building = True
             engine = self._engine_for(spec)
+            building = False
             self.store.record_environment(experiment_id, environment())  # the host that runs it
             by_label = {KVCacheConfig(**t.config).label: t.id for t in trials}
             sampler = TelemetrySampler(
                 [*detect_sources(getattr(engine, "current_kv_bytes", None)),
-                 *getattr(engine, "telemetry_sources", list)()], context, self.store.add_telemetry,
+                 *getattr(engine, "telemetry_sources", list)()], context, self._telemetry_writer(),
                 rate_hz=self.settings.telemetry_hz,
                 phase_of=lambda: (getattr(engine, "phase", context.phase),
                                   by_label.get(getattr(engine, "current_config", None))),
             ).start()
             self._evaluate(spec, engine, trials, heartbeat, finished)
-        except Exception as error:  # noqa: BLE001 -- any failure (bad spec, engine error) fails the batch, visibly
-            message = f"{type(error).__name__}: {error}"
-            if isinstance(error, ConfigError | EngineFailure):  # the message is the whole story
-                log.error("batch of experiment %d failed: %s", experiment_id, message)
+            if heartbeat.gone:
+                log.info("experiment %d: trial(s) %s cancelled, deleted or taken over meanwhile: dropped here",
+                         experiment_id, ", ".join(map(str, sorted(heartbeat.gone))))
+            if self._stop.is_set():
+                self._release(experiment_id, unfinished(), "the worker was stopped")
             else:
-                log.exception("batch of experiment %d failed", experiment_id)
-            failed = [t for t in trials if t.id not in heartbeat.gone and t.id not in finished]
-            for trial in failed:
-                self.store.finish_trial(trial.id, "failed", message, worker_id=self.worker_id)
-            self.store.log_event(experiment_id, f"trials {', '.join(t.config_name for t in failed)} failed: "
-                                 f"{message}", level="error")
+                self._failures_in_a_row = 0
+        except VANISHED:
+            log.info("experiment %d was deleted while this worker ran it: its work is dropped", experiment_id)
+        except Exception as error:  # noqa: BLE001 -- sorted here: the spec's problem, or this host's
+            if isinstance(error, ConfigError) and not isinstance(error, HostLacksError) and not building:
+                self._fail(experiment_id, unfinished(), error)
+            else:
+                broken = True  # a crashed or half-built engine is not reused
+                self._back_off(experiment_id, unfinished(), self._describe(error, experiment_id))
+        except BaseException:  # Ctrl-C: the trials go back to the queue now, not after the stale timeout
+            self._release(experiment_id, unfinished(), "the worker was interrupted")
+            raise
         finally:
             heartbeat.stop()
             if sampler is not None:
                 sampler.stop()
-            self._release_servers()
+            if broken:
+                self._close_engines()
+            else:
+                self._release_servers()
 
     def _evaluate(self, spec: ExperimentSpec, engine: Engine, trials: list[TrialRecord],
                   heartbeat: _Heartbeat, finished: set[int]) -> None:
@@ -149,27 +225,89 @@ class Worker:
         for trial in trials:
             self.store.set_items_total(trial.id, len(items))
         for group in passes(engine, trials):
+            group = [t for t in group if t.id not in heartbeat.gone]
+            if not group:
+                continue  # cancelled (or taken away) before its pass began
             work = [(item, [configs[t.id] for t in group if (item.item_id, item.task) not in done[t.id]])
                     for item in items]
             by_label = {configs[t.id].label: t.id for t in group}
-            results = evaluate_all(engine, [(item, todo) for item, todo in work if todo])
-            for item, result in results:
-                trial_id = by_label[result.config_name]
-                if trial_id not in heartbeat.gone:
-                    self.store.add_item_result(trial_id, score(item, result))
-                if all(t.id in heartbeat.gone for t in group) or self._stop.is_set():
-                    results.close()  # everything this pass runs was cancelled (or the worker is stopping)
-                    break
+            with closing(evaluate_all(engine, [(item, todo) for item, todo in work if todo])) as results:
+                for item, result in results:
+                    trial_id = by_label[result.config_name]
+                    if trial_id not in heartbeat.gone:
+                        self.store.add_item_result(trial_id, score(item, result))
+                    if all(t.id in heartbeat.gone for t in group) or self._stop.is_set():
+                        break  # everything this pass runs was cancelled (or the worker is stopping)
             if self._stop.is_set():
-                return  # trials stay running; they are requeued once their heartbeat is stale
+                return  # the caller releases the unfinished trials
             for trial in group:
                 if trial.id not in heartbeat.gone:
                     self.store.finish_trial(trial.id, "done", worker_id=self.worker_id)
                     finished.add(trial.id)
 
+    # -- endings --------------------------------------------------------------------------------
+
+    def _fail(self, experiment_id: int, trials: list[TrialRecord], error: Exception) -> None:
+        """The spec cannot run anywhere: fail the trials with the message."""
+        message = redact(f"{type(error).__name__}: {error}")
+        log.error("experiment %d cannot run: %s", experiment_id, one_line(message))
+        self._failures_in_a_row = 0  # this worker is fine
+        with self._unless_vanished(experiment_id):
+            for trial in trials:
+                self.store.finish_trial(trial.id, "failed", message, worker_id=self.worker_id)
+            if trials:
+                self.store.log_event(experiment_id, f"trials {', '.join(t.config_name for t in trials)} failed: "
+                                     f"{message}", level="error")
+
+    def _back_off(self, experiment_id: int, trials: list[TrialRecord], reason: str) -> None:
+        """This host cannot run the batch: give the trials back and leave the experiment to others."""
+        self._release(experiment_id, trials, reason)
+        self._failures_in_a_row += 1
+        self._last_failure = reason
+        self._backoff[experiment_id] = (time.monotonic() + self.settings.backoff_s, reason)
+        log.warning("experiment %d: this worker cannot run it (%s); %d trial(s) back in the queue for other "
+                    "workers; not retried here for %g s", experiment_id, reason, len(trials), self.settings.backoff_s)
+
+    def _release(self, experiment_id: int, trials: list[TrialRecord], reason: str) -> None:
+        if not trials:
+            return
+        try:
+            self.store.release_trials(self.worker_id, [t.id for t in trials], reason)
+        except VANISHED:
+            pass
+        except Exception as error:  # noqa: BLE001 -- e.g. the database is down: the stale timeout requeues them
+            log.warning("could not release trials %s of experiment %d (%s): they are requeued once their "
+                        "heartbeat is stale", [t.id for t in trials], experiment_id, one_line(str(error)))
+
+    def _describe(self, error: Exception, experiment_id: int) -> str:
+        """One line for events and logs; an unexpected error's traceback goes to kvlab's error log."""
+        text = redact(f"{type(error).__name__}: {one_line(str(error))}")
+        if isinstance(error, ConfigError | EngineFailure | ModelNotAvailableError | MemoryError):
+            return text  # the message is the whole story
+        if debug_enabled():
+            log.exception("batch of experiment %d failed", experiment_id)
+            return text
+        path = log_details("worker", f"worker {self.worker_id}, experiment {experiment_id}", error)
+        return f"{text} (traceback in {path})"
+
+    @contextmanager
+    def _unless_vanished(self, experiment_id: int) -> Iterator[None]:
+        try:
+            yield
+        except VANISHED:
+            log.info("experiment %d was deleted meanwhile", experiment_id)
+
+    def _telemetry_writer(self) -> Callable[[list[TelemetrySample]], None]:
+        def write(samples: list[TelemetrySample]) -> None:
+            try:
+                self.store.add_telemetry(samples)
+            except VANISHED:  # deleted while running: the heartbeat stops the batch
+                log.debug("telemetry dropped: its experiment was deleted")
+        return write
+
 
 class _Heartbeat:
-    """Beats for the batch on a thread; ``gone`` collects trials cancelled or taken away."""
+    """Beats for the batch on a thread; ``gone`` collects trials cancelled, deleted or taken away."""
 
     def __init__(self, store: Store, worker_id: str, trial_ids: list[int], period_s: float):
         self.store, self.worker_id, self.trial_ids, self.period_s = store, worker_id, trial_ids, period_s
@@ -182,10 +320,9 @@ class _Heartbeat:
         while not self._stop.wait(self.period_s):
             try:
                 self.gone |= self.store.heartbeat(self.worker_id, [t for t in self.trial_ids if t not in self.gone])
-            except Exception as error:  # a missed beat is retried; staleness takes 60 s by default
-                log.warning("heartbeat failed: %s", error)
+            except Exception as error:  # noqa: BLE001 -- a missed beat is retried; staleness takes minutes
+                log.warning("heartbeat failed: %s", one_line(str(error)))
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-

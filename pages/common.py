@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import plotly.graph_objects as go
@@ -15,7 +16,11 @@ import streamlit as st
 
 from kvlab import views
 from kvlab.analysis import ConfigSummary, summarize, sweet_spot
-from kvlab.chart_export import IMAGE_FORMATS, figure_html, figure_image
+from kvlab.decision import DEFAULT_MAX_DROP
+from kvlab.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image
+from kvlab.errlog import debug_enabled, log_details, one_line
+from kvlab.secrets import redact
+from kvlab.errors import ConfigError
 from kvlab.results import ItemResult
 from kvlab.store import ExperimentRecord, Store, StoreError
 
@@ -25,6 +30,33 @@ from kvlab.store import ExperimentRecord, Store, StoreError
 PAGE_FILES = {views.PAGE_EXPERIMENTS: "pages/list_experiments.py", views.PAGE_NEW: "pages/new_experiment.py",
               views.PAGE_EXPERIMENT: "pages/view_experiment.py", views.PAGE_COMPARE: "pages/compare_experiments.py",
               views.PAGE_DOCTOR: "pages/endpoint_doctor.py"}
+
+
+#: Errors whose message tells the user what to fix: shown as they are.
+USER_ERRORS = (StoreError, ConfigError, ExportError)
+
+
+@contextmanager
+def guard(where: str) -> Iterator[None]:
+    """Show an error raised inside as one line on the page, never a traceback.
+
+    Errors that tell the user what to fix (``USER_ERRORS``) are shown as they are; anything else
+    is a bug: one line with its type, the traceback appended to the dashboard's log
+    (:mod:`kvlab.errlog`), whose path the message gives.  ``KVLAB_DEBUG=1`` re-raises instead, to
+    Streamlit, which logs the traceback and shows it with ``--client.showErrorDetails=full``.
+    Streamlit's own control flow (``st.stop``, ``st.rerun``) is not an ``Exception`` and passes.
+    """
+    try:
+        yield
+    except Exception as error:
+        if debug_enabled():
+            raise
+        if isinstance(error, USER_ERRORS):
+            st.error(one_line(redact(str(error)), limit=1000))
+            return
+        path = log_details("dashboard", f"page {where}", error)
+        st.error(f"Something went wrong on this page ({type(error).__name__}: {one_line(redact(str(error)), 160)}). "
+                 f"The details are in {path}.")
 
 
 @st.cache_resource(show_spinner=False)
@@ -58,7 +90,7 @@ def results_of(experiment: ExperimentRecord) -> tuple[list[ItemResult], str]:
 
 def summaries_of(experiment: ExperimentRecord) -> tuple[list[ConfigSummary], str]:
     results, baseline = results_of(experiment)
-    return summarize(results, baseline), baseline
+    return summarize(results, baseline, experiment.spec.get("max_drop", DEFAULT_MAX_DROP)), baseline
 
 
 def best_label(experiment: ExperimentRecord) -> str:

@@ -27,6 +27,10 @@ for wanted_id in views.parse_ids(st.query_params.get_all("ids")):
             missing.append(wanted_id)
 if missing:
     st.warning(f"Experiment(s) {', '.join(f'#{i}' for i in missing)} no longer exist(s).")
+invalid = views.invalid_ids(st.query_params.get_all("ids"))
+if invalid:
+    st.warning(f"Ignored in the link's ids: {', '.join(repr(v[:40]) for v in invalid[:5])}"
+               f"{' ...' if len(invalid) > 5 else ''}: an experiment id is a whole number from 1.")
 wanted = [i for i in views.parse_ids(st.query_params.get_all("ids")) if i in records]
 chosen = st.multiselect("Experiments", list(records), default=wanted, key="compare_pick",
                         format_func=lambda i: experiment_label(records[i]))

@@ -13,7 +13,7 @@ import re
 import streamlit as st
 
 from kvlab.doctor import Check, DoctorReport, diagnose
-from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, mask, read_setting
+from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, hide_credentials, mask, read_setting
 
 ICONS = {"ok": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}
 
@@ -66,7 +66,9 @@ st.title("Endpoint doctor")
 st.caption("Checks an OpenAI-compatible endpoint in order: the base URL, proxy variables, the connection and TLS, "
            "the API key, the model list and a one-token completion.")
 left, right = st.columns([3, 2])
-base_url = left.text_input("Base URL", value=read_setting(BASE_URL_VAR)[0] or "", key="doctor_base_url",
+# A user:password in KVLAB_BASE_URL is shown as ***@ (the doctor reports it; kvlab never sends it).
+base_url = left.text_input("Base URL", value=hide_credentials(read_setting(BASE_URL_VAR)[0] or ""),
+                           key="doctor_base_url",
                            placeholder="http://127.0.0.1:8000/v1")
 model_id = right.text_input("Model id", value=read_setting(MODEL_ID_VAR)[0] or "", key="doctor_model_id",
                             help="Empty: the doctor lists the models the server has.")

@@ -25,6 +25,7 @@ from kvlab.config import (
     dump_spec,
     load_spec,
     parse_spec_toml,
+    spec_text,
 )
 from kvlab.models import KNOWN_MODELS
 from kvlab.provenance import environment
@@ -39,6 +40,8 @@ from kvlab.spec_form import (
     form_from_spec,
     list_examples,
 )
+from kvlab.tasks.data_dir import DATA_DIR_VAR, UPLOADS, data_dir, save_upload
+from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
 from kvlab.tasks.spec import TaskName
 from pages.common import PAGE_FILES, get_store, share_box
 
@@ -68,9 +71,9 @@ def on_upload() -> None:
     if upload is None:
         return
     try:
-        spec, warnings = parse_spec_toml(upload.getvalue().decode("utf-8"), upload.name)
-    except (ConfigError, UnicodeDecodeError) as error:
-        st.session_state["form_flash"] = [("error", f"{upload.name} was not loaded: {error}")]
+        spec, warnings = parse_spec_toml(spec_text(upload.getvalue(), upload.name), upload.name)
+    except ConfigError as error:
+        st.session_state["form_flash"] = [("error", f"Not loaded: {error}")]
         return
     load_form(form_from_spec(spec))
     st.session_state["form_warnings"] = warnings
@@ -213,6 +216,34 @@ def backend_options(backend: str) -> None:
                      icon=":material/stethoscope:")
 
 
+def on_jsonl_upload(index: int) -> None:
+    """Save an uploaded JSONL file under the data directory and point the task at it."""
+    upload = st.session_state.get(f"jsonl_upload_{index}")
+    if upload is None:
+        return
+    try:
+        saved = save_upload(upload.name, upload.getvalue())
+    except ConfigError as error:
+        st.session_state[f"jsonl_upload_error_{index}"] = str(error)
+        return
+    st.session_state.pop(f"jsonl_upload_error_{index}", None)
+    st.session_state[f"{P}tasks.{index}.path"] = saved
+
+
+def jsonl_field(index: int) -> None:
+    """A jsonl task's file: a path under the data directory, or an upload saved there. Nothing
+    else on this host can be read from a web page."""
+    root = data_dir()
+    st.text_input("JSONL file (under the data directory)", key=f"{P}tasks.{index}.path",
+                  help=f'One {{"context", "question", "answer"}} object per line. A path relative to {root} '
+                       f"({DATA_DIR_VAR}), or upload a file below.")
+    st.file_uploader("…or upload a JSONL file", type=["jsonl"], key=f"jsonl_upload_{index}",
+                     on_change=on_jsonl_upload, args=(index,),
+                     help=f"Saved under {root / UPLOADS}. Size limit: {FILE_MB_VAR} MiB (default {DEFAULT_FILE_MB:g}).")
+    if problem := st.session_state.get(f"jsonl_upload_error_{index}"):
+        st.error(problem, icon=":material/error:")
+
+
 def slot(key: str) -> None:
     """A place under a widget for the validation messages about its field."""
     slots[key] = st.empty()
@@ -232,7 +263,7 @@ with model_col:
 with seed_col:
     st.number_input("Seed", min_value=0, step=1, key=P + "seed")
     slot("seed")
-backend_col, device_col, tags_col = st.columns([2, 1, 2])
+backend_col, device_col, tags_col, margin_col = st.columns([2, 1, 2, 1])
 with backend_col:
     backend = st.selectbox("Backend", BACKENDS, key=P + "backend.kind")
     slot("backend")
@@ -242,6 +273,11 @@ with device_col:
 with tags_col:
     st.text_input("Tags (comma-separated)", key=P + "tags")
     slot("tags")
+with margin_col:
+    st.number_input("Margin (max_drop)", min_value=0.005, max_value=0.5, step=0.005, format="%.3f",
+                    key=P + "max_drop", help="Accuracy a config may lose against the baseline and still be the "
+                    "sweet spot (0.05 = 5 points), decided by a paired test with Holm's correction.")
+    slot("max_drop")
 if backend != "embedded":
     backend_options(backend)
 
@@ -271,7 +307,7 @@ for index in range(st.session_state["form_n_tasks"]):
             st.number_input("Key-value pairs", min_value=0, step=1, key=P + t + "num_pairs")
             slot(t + "num_pairs")
         if task_name == "jsonl":
-            st.text_input("JSONL file", key=P + t + "path", help='One {"context", "question", "answer"} per line')
+            jsonl_field(index)
         slot(t + "path")
         slot(f"tasks.{index}")
         if st.session_state["form_n_tasks"] > 1:

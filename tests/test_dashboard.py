@@ -88,7 +88,8 @@ def test_experiments_table_filters_and_best_ratio(filled):
     assert_clean(at)
     table = at.dataframe[0].value
     assert list(table["id"]) == [running_id, done_id]
-    assert list(table["best ratio holding baseline"]) == ["3.70x (int4)", "3.70x (int4)"]
+    # the running one has 4 items per config: too few to show any config non-inferior, even at 0.5
+    assert list(table["best ratio holding baseline"]) == ["-", "3.70x (int4)"]
     assert list(table["status"]) == ["running", "done"] and list(table["progress"]) == [0.5, 1.0]
     assert set(table.columns) >= {"started", "duration", "tags", "trials"}
 
@@ -220,7 +221,7 @@ def test_new_experiment_examples_and_uploads(store):
                                                   b'quant = "int3"\n', "application/toml")
     at.run()
     assert_clean(at)
-    assert "bad.toml was not loaded: configs.0.quant" in texts(at.error)
+    assert "Not loaded: bad.toml: configs.0.quant" in texts(at.error)
     assert at.text_input(key="f:name").value == "uploaded"
 
 

@@ -3,7 +3,6 @@ misbehaving in one way, through the function, the CLI and the dashboard page."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import socket
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvlab.cli_doctor import add_doctor_parser, run_doctor
+from kvlab.cli import main
 from kvlab.doctor import CHECK_NAMES, DoctorReport, diagnose
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "endpoint_doctor.py")
@@ -188,6 +187,34 @@ def test_wrong_key_is_rejected_and_never_shown(serve):
     assert "****" in auth.detail
 
 
+@pytest.mark.parametrize("key", [KEY, None])
+def test_a_user_password_in_the_url_is_named_not_blamed_on_the_key(serve, key):
+    """The URL's user:password is never sent (httpx would send it as Basic auth instead of the key):
+    with the key the server accepts, everything passes but a warning; without one, the auth failure
+    says that the URL's password did not count."""
+    origin = serve(Behaviour(key=KEY))
+    report = diagnose(origin.replace("http://", "http://bob:pa55w0rd-in-url@") + "/v1", "tiny-model", key,
+                      timeout_s=2, key_source="environment variable KVLAB_API_KEY")
+    base = check(report, "base URL")
+    assert base.status == "warn" and "holds a user:password, which kvlab never sends" in base.detail
+    assert "http://***@127.0.0.1" in base.detail and "put the key in KVLAB_API_KEY" in base.fix
+    auth = check(report, "auth")
+    if key:
+        assert auth.status == "ok" and statuses(report)["completion"] == "ok" and report.ok
+    else:
+        assert auth.status == "fail" and "none is set" in auth.detail and "base URL was not sent" in auth.detail
+    assert "pa55w0rd-in-url" not in report.to_text() and report.base_url == origin + "/v1"
+
+
+def test_an_echoed_key_cut_short_by_the_report_leaves_no_piece_behind(serve):
+    """Details are cut at 200 characters: a key across the cut must be masked before, not after."""
+    echo = "x" * 180 + f" got key {KEY} and url http://bob:pa55w0rd-in-url@gw/v1"
+    behaviour = Behaviour(key=KEY, completion=json_reply({"error": {"message": echo}}, 400))
+    report = diagnose(serve(behaviour) + "/v1", "tiny-model", KEY, timeout_s=2, key_source="environment variable X")
+    assert check(report, "completion").status == "fail"
+    assert KEY[:8] not in report.to_text() and "pa55w0rd" not in report.to_text()
+
+
 def test_dead_local_proxy(serve, monkeypatch):
     base = serve() + "/v1"
     port = closed_port()
@@ -328,9 +355,7 @@ def test_connection_refused():
 
 
 def doctor_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="kvlab")
-    add_doctor_parser(parser.add_subparsers(dest="command", required=True))
-    return run_doctor(parser.parse_args(["doctor", *argv]))
+    return main(["doctor", *argv])
 
 
 def test_cli_exit_codes_and_no_key_in_output(serve, monkeypatch, capsys):
@@ -342,12 +367,13 @@ def test_cli_exit_codes_and_no_key_in_output(serve, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "all checks passed" in out and KEY not in out
     monkeypatch.setenv("OTHER_KEY", WRONG_KEY)
-    assert doctor_cli("--api-key-env", "OTHER_KEY", "--model", "other-model") == 1
+    assert doctor_cli("--api-key-env", "OTHER_KEY", "--model", "other-model") == 2  # the user's to fix
     captured = capsys.readouterr()
     assert "FAIL  auth" in captured.out and "OTHER_KEY" in captured.out
+    assert captured.err == "error: doctor: 1 check(s) failed; the report above gives the fix for each\n"
     assert WRONG_KEY not in captured.out + captured.err and KEY not in captured.out + captured.err
     monkeypatch.delenv("KVLAB_BASE_URL")
-    assert doctor_cli() == 1
+    assert doctor_cli() == 2
     assert "KVLAB_BASE_URL" in capsys.readouterr().err
 
 

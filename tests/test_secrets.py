@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import pytest
 
-from kvlab.secrets import mask, read_setting, resolve_endpoint
+from kvlab import secrets
+from kvlab.config import ConfigError, parse_spec
+from kvlab.secrets import (
+    hide_credentials,
+    mask,
+    read_setting,
+    redact,
+    redact_data,
+    redact_record,
+    remember_secret,
+    resolve_endpoint,
+    strip_credentials,
+    url_credentials,
+)
+
+
+@pytest.fixture(autouse=True)
+def forget_secrets(monkeypatch):
+    """Secrets read by one test are not masked in the next."""
+    monkeypatch.setattr(secrets, "_remembered", {})
 
 
 @pytest.fixture
@@ -43,3 +65,73 @@ def test_no_endpoint_anywhere_is_a_clear_error(tmp_path, monkeypatch):
                                            ("sk-0123456789abcdef", "****cdef")])
 def test_mask_never_shows_more_than_the_last_four(secret, shown):
     assert mask(secret) == shown
+
+
+# -- credentials in URLs and redaction (issue 9) -----------------------------------------------------
+
+PASSWORD = "pa55-w0rd-for-tests"
+
+
+@pytest.mark.parametrize("url, stripped, shown", [
+    ("http://bob:pw@host:8000/v1", "http://host:8000/v1", "http://***@host:8000/v1"),
+    ("https://sk-token@host/v1", "https://host/v1", "https://***@host/v1"),
+    ("http://bob:p@ss/w@host/v1", "http://host/v1", "http://***@host/v1"),  # unescaped @ and / in the password
+    ("bob:pw@host:8000/v1", "host:8000/v1", "***@host:8000/v1"),  # no scheme
+    ("http://host:8000/v1", "http://host:8000/v1", "http://host:8000/v1"),
+])
+def test_credentials_are_taken_out_of_a_url_whole(url, stripped, shown):
+    assert strip_credentials(url) == stripped and hide_credentials(url) == shown
+    assert (url_credentials(url) is None) == (url == stripped)
+
+
+def test_redact_removes_url_credentials_and_masks_known_secrets(monkeypatch):
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", "tok-0123456789abcdef")
+    monkeypatch.setenv("KVLAB_DATABASE_URL", f"postgresql://kvlab:{PASSWORD}@db/kvlab")
+    remember_secret("sk-remembered-0123456789")
+    text = (f"GET http://u:{PASSWORD}@h/v1 failed; postgresql://kvlab:x@db/kvlab; got {PASSWORD}, "
+            "tok-0123456789abcdef and sk-remembered-0123456789; mail me@example.com, see http://plain/v1@2")
+    assert redact(text) == ("GET http://***@h/v1 failed; postgresql://***@db/kvlab; got ***, "
+                            "****cdef and ****6789; mail me@example.com, see http://plain/v1@2")
+    assert redact_data({"a": [f"x {PASSWORD}", 3, None], f"k {PASSWORD}": ("y",)}) == {"a": ["x ***", 3, None],
+                                                                                        "k ***": ["y"]}
+
+
+def test_short_values_are_not_masked_inside_words(monkeypatch):
+    monkeypatch.setenv("MY_KEY", "pass")  # masking it would turn every "passkey" into "***key"
+    assert redact("passkey at http://u:pass@h/v1") == "passkey at http://***@h/v1"
+
+
+def test_an_endpoint_from_the_environment_drops_its_credentials(secrets_file, monkeypatch):
+    monkeypatch.setenv("KVLAB_BASE_URL", f"http://bob:{PASSWORD}@10.0.0.7:8000/v1")
+    endpoint = resolve_endpoint(None, None)
+    assert endpoint.base_url == "http://10.0.0.7:8000/v1" and endpoint.dropped_credentials
+    assert endpoint.api_key == "sk-from-secrets-file-1234"  # the key, not the URL's password, authenticates
+    monkeypatch.delenv("KVLAB_BASE_URL")
+    assert redact(f"echoed: {PASSWORD}") == "echoed: ***"  # remembered once read
+    assert not resolve_endpoint("http://10.0.0.7:8000/v1", None).dropped_credentials
+
+
+@pytest.mark.parametrize("where, field", [
+    ({"backend": {"kind": "openai_compat", "base_url": f"http://bob:{PASSWORD}@h:8000/v1"}}, "backend.base_url"),
+    ({"backend": {"kind": "openai_compat", "base_url": "http://h@x:8000/v1"}}, "backend.base_url"),
+    ({"notes": f"served by https://bob:{PASSWORD}@gateway/v1"}, "notes"),
+    ({"tags": ["a", f"ftp://bob:{PASSWORD}@files"]}, "tags.1"),
+    ({"backend": {"kind": "vllm", "server": {"host": f"bob:{PASSWORD}@10.0.0.2"}}}, "backend.server.host"),
+])
+def test_a_spec_that_holds_url_credentials_is_refused_without_repeating_them(where, field):
+    with pytest.raises(ConfigError) as refused:
+        parse_spec({"tasks": [{"name": "passkey"}], "configs": [{"name": "baseline"}], **where})
+    message = str(refused.value)
+    assert message.startswith(f"{field}: ") and PASSWORD not in message and "\n" not in message
+
+
+def test_log_records_are_redacted_with_their_arguments_and_traceback():
+    try:
+        raise ConnectionError(f"http://bob:{PASSWORD}@h/v1 is down")
+    except ConnectionError:
+        record = logging.LogRecord("kvlab", logging.ERROR, __file__, 1, "try %d of %s: %s", None, sys.exc_info())
+    record.args = (2, f"http://bob:{PASSWORD}@h/v1", ValueError(f"http://bob:{PASSWORD}@h"))
+    redact_record(record)
+    line = logging.Formatter().format(record)
+    assert "try 2 of http://***@h/v1: http://***@h" in line and "ConnectionError: http://***@h/v1" in line
+    assert PASSWORD not in line

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 from kvlab.config import KVCacheConfig
+from kvlab.errors import HostLacksError  # defined there: kvlab.tasks raises it too
 from kvlab.results import ItemResult
 from kvlab.tasks import TaskItem
 

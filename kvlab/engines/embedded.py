@@ -3,6 +3,8 @@
 For each item the prefill runs **once** per prompt layout (query-agnostic: the context;
 query-aware: context and question) while every eviction scorer of the sweep records its
 scores; then each config gets its own compressed copy of that cache and decodes from it.
+Each config's TTFT is charged as if it ran alone: the prefill without any scorer, plus its own
+scorer's measured time, its compression and its first step -- never another config's scorer.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from kvlab.compress.accounting import (
     compression_ratio,
 )
 from kvlab.compress.cache import KVLabCache, build_compressed_cache
-from kvlab.compress.eviction import attention_modules, collect_scores, gather_tokens, scorer_key, select_tokens
+from kvlab.compress.eviction import (
+    CollectedScores,
+    attention_modules,
+    collect_scores,
+    gather_tokens,
+    scorer_key,
+    select_tokens,
+)
 from kvlab.config import ConfigError, KVCacheConfig
 from kvlab.engines import attention
 from kvlab.models import LoadedModel
@@ -51,6 +60,23 @@ class _Compressed:
     baseline_bytes: int
     physical_bytes: int
     analytic_bytes: int
+
+
+@dataclass
+class _Prefill:
+    """One prefill: the cache's keys and values per layer, every scorer's scores, and the time
+    the prefill itself took (the scorers' own time taken out: it is charged to their configs)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    collected: CollectedScores
+    prefill_s: float
+
+    def scores_for(self, config: KVCacheConfig) -> list[torch.Tensor | None]:
+        return self.collected.scores.get(scorer_key(config)) or [None] * len(self.keys)
+
+    def scorer_s(self, config: KVCacheConfig) -> float:
+        return self.collected.seconds.get(scorer_key(config), 0.0)
 
 
 @dataclass
@@ -117,7 +143,24 @@ class EmbeddedEngine:
                 raise ConfigError(f"{config.label}: {problem}")
 
     def check_items(self, items: Sequence[TaskItem]) -> None:
-        """Every task kind runs here."""
+        """Every task kind runs here, within the model's context (``kvlab serve`` refuses the same)."""
+        limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        too_long = [(item, needed) for item in items if limit and (needed := self._tokens_needed(item)) > limit]
+        if too_long:
+            item, needed = too_long[0]
+            more = f" (and {len(too_long) - 1} more items)" if len(too_long) > 1 else ""
+            raise ConfigError(
+                f"item {item.item_id}: {needed} tokens (prompt and new tokens) exceed {self.loaded.name}'s maximum "
+                f"context of {limit} tokens (max_position_embeddings){more}; shorten the prompt or use a model "
+                "with a longer context"
+            )
+
+    def _tokens_needed(self, item: TaskItem) -> int:
+        """Positions :meth:`evaluate` uses: the prompt as it encodes it, plus the tokens it may generate."""
+        context = len(self._encode(item.context, special=True))
+        if item.kind == "perplexity":
+            return context + len(self._encode(item.continuation, special=False))
+        return context + len(self._encode(item.question, special=False)) + item.max_new_tokens
 
     # -- one item ---------------------------------------------------------------------------
 
@@ -148,30 +191,28 @@ class EmbeddedEngine:
     def _evaluate_layout(self, item: TaskItem, configs: list[KVCacheConfig], prefix: list[int], suffix: list[int],
                          targets: list[int] | None, evictable: int, prompt_tokens: int) -> Iterator[ItemResult]:
         self.current_config = None
-        scores, layer_keys, layer_values, prefill_s = self._prefill(prefix, {scorer_key(c) for c in configs})
+        prefill = self._prefill(prefix, {scorer_key(c) for c in configs})
         for config in configs:
             self.current_config = config.label
-            yield self._run_config(item, config, scores.get(scorer_key(config)) or [None] * len(layer_keys),
-                                   layer_keys, layer_values, prefix, suffix, targets, evictable, prompt_tokens,
-                                   prefill_s)
+            yield self._run_config(item, config, prefill, prefix, suffix, targets, evictable, prompt_tokens)
         self.phase, self.current_config, self._live_cache = "idle", None, None
 
-    def _prefill(self, prefix: list[int], scorers: set[str | None]
-                 ) -> tuple[dict[str, list[torch.Tensor]], list[torch.Tensor], list[torch.Tensor], float]:
-        """Run the prefix once while every eviction scorer in ``scorers`` records its scores:
-        ``(scores by scorer, keys per layer, values per layer, seconds)``.  An empty prefix (a
-        one-token served prompt) gives empty caches."""
+    def _prefill(self, prefix: list[int], scorers: set[Any]) -> _Prefill:
+        """Run the prefix once while every eviction scorer in ``scorers`` records its scores.  An
+        empty prefix (a one-token served prompt) gives empty caches."""
         cache = DynamicCache(config=self.model.config)
         self.phase, self._live_cache = "prefill", cache
         start = time.perf_counter()
         if not prefix:
             empty = torch.zeros(1, self.geometry.num_kv_heads, 0, self.geometry.head_dim, device=self.device)
-            return {}, [empty] * self.geometry.num_layers, [empty] * self.geometry.num_layers, 0.0
-        with collect_scores(self.model, scorers - {None}, self.seed, self.geometry.sliding_layers) as scores:
+            layers = [empty] * self.geometry.num_layers
+            return _Prefill(layers, layers, CollectedScores({}, {}), 0.0)
+        with collect_scores(self.model, scorers - {None}, self.seed, self.geometry.sliding_layers) as collected:
             self.model.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=cache,
                              use_cache=True)
-        return (scores, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
-                time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        return _Prefill([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
+                        collected, max(elapsed - sum(collected.seconds.values()), 0.0))
 
     def _compress(self, config: KVCacheConfig, layer_scores: list[torch.Tensor | None],
                   layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], prefix_len: int,
@@ -197,14 +238,14 @@ class EmbeddedEngine:
             analytic_bytes=analytic_kv_bytes(config, self.geometry, kept_tokens),
         )
 
-    def _run_config(self, item: TaskItem, config: KVCacheConfig, layer_scores: list[torch.Tensor | None],
-                    layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], prefix: list[int],
-                    suffix: list[int], targets: list[int] | None, evictable: int, prompt_tokens: int,
-                    prefill_s: float) -> ItemResult:
+    def _run_config(self, item: TaskItem, config: KVCacheConfig, prefill: _Prefill, prefix: list[int],
+                    suffix: list[int], targets: list[int] | None, evictable: int, prompt_tokens: int) -> ItemResult:
         device = self.device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        compressed = self._compress(config, layer_scores, layer_keys, layer_values, len(prefix), evictable)
+        compressed = self._compress(config, prefill.scores_for(config), prefill.keys, prefill.values, len(prefix),
+                                    evictable)
+        prefill_s, scorer_s = prefill.prefill_s, prefill.scorer_s(config)
         cache = compressed.cache
         self.phase, self._live_cache = "decode", cache
         start = time.perf_counter()
@@ -232,9 +273,10 @@ class EmbeddedEngine:
             compression_ratio=compression_ratio(compressed.baseline_bytes, compressed.physical_bytes),
             peak_kv_bytes=cache.peak_bytes,
             generated=self.tokenizer.decode(generated_ids, skip_special_tokens=True), answer=item.answer,
-            output_tokens=len(generated_ids), ttft_s=prefill_s + compressed.compress_s + first_s,
+            output_tokens=len(generated_ids), ttft_s=prefill_s + scorer_s + compressed.compress_s + first_s,
             tpot_s=decode_s / (len(generated_ids) - 1) if len(generated_ids) > 1 else None,
-            prefill_s=prefill_s, compress_s=compressed.compress_s, decode_s=decode_s,
+            prefill_s=prefill_s, compress_s=compressed.compress_s, decode_s=decode_s, score_s=scorer_s,
+            first_token_s=first_s,
             peak_memory_bytes=self._peak_memory(), nll=nll,
             nll_tokens=len(targets) if targets is not None else None,
         )
@@ -274,10 +316,11 @@ class EmbeddedEngine:
         key = scorer_key(config)
         self.current_config = config.label
         try:
-            scores, layer_keys, layer_values, prefill_s = self._prefill(prefix, {key})
-            compressed = self._compress(config, scores.get(key) or [None] * len(layer_keys), layer_keys,
-                                        layer_values, len(prefix), len(context))
-            del layer_keys, layer_values
+            prefill = self._prefill(prefix, {key})
+            compressed = self._compress(config, prefill.scores_for(config), prefill.keys, prefill.values,
+                                        len(prefix), len(context))
+            prefill_s = prefill.prefill_s + prefill.scorer_s(config)
+            del prefill
             self.phase, self._live_cache = "decode", compressed.cache
             yield ServedPrefix(compressed=compressed, prefill_s=prefill_s, prefix_tokens=len(prefix))
             positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=self.device).unsqueeze(0)

@@ -31,6 +31,9 @@ def build_engine(spec: ExperimentSpec) -> Engine:
             endpoint = resolve_endpoint(backend.base_url, backend.model_id, backend.api_key_env)
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        if endpoint.dropped_credentials:
+            log.warning("the base URL holds a user:password, which kvlab never sends: requests to %s authenticate "
+                        "with the key in %s as a Bearer token", endpoint.base_url, backend.api_key_env)
         return OpenAICompatEngine(endpoint, backend, tokenizer, note, seed=spec.seed)
     from kvlab.engines.launched import LaunchedServerEngine
 

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from itertools import groupby
 from typing import Any
 
-from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig
-from kvlab.engines.base import EngineFailure
+from kvlab.config import ExperimentSpec, KVCacheConfig
+from kvlab.engines.base import EngineFailure, HostLacksError
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_perplexity
 from kvlab.engines.prometheus import ServerMetricsSource
@@ -72,9 +72,9 @@ class LaunchedServerEngine:
         try:
             found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60, check=False).returncode == 0
         except (OSError, subprocess.TimeoutExpired) as error:
-            raise ConfigError(f"backend.server.python = {python!r} cannot be run: {error}") from None
+            raise HostLacksError(f"backend.server.python = {python!r} cannot be run: {error}") from None
         if not found:
-            raise ConfigError(
+            raise HostLacksError(
                 f"{self.name} is not installed for {python!r}: on a CUDA host run `pip install 'kvlab[{self.name}]'`, "
                 f"or set backend.server.python to an interpreter that has {self.name}")
 

@@ -29,7 +29,7 @@ from kvlab.config import BackendSpec, ConfigError, KVCacheConfig
 from kvlab.engines.base import EngineFailure
 from kvlab.engines.prometheus import ServerMetricsSource
 from kvlab.results import ItemResult
-from kvlab.secrets import Endpoint
+from kvlab.secrets import Endpoint, redact
 from kvlab.tasks import TaskItem
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
@@ -170,11 +170,17 @@ class OpenAICompatEngine:
         return self.server_info is not None and self.launched is None
 
     def _explain(self, error: openai.APIError) -> str:
+        """What went wrong, in one line without secrets (servers echo keys and URLs in their errors)."""
+        return redact(self._describe(error))
+
+    def _describe(self, error: openai.APIError) -> str:
         where = self.endpoint.base_url
         hint = f"run `kvlab doctor --base-url {where}` for a diagnosis"
         if isinstance(error, openai.AuthenticationError | openai.PermissionDeniedError):
+            unsent = ("; the user:password that was in the base URL is not sent (kvlab authenticates with the key "
+                      "only)" if self.endpoint.dropped_credentials else "")
             return (f"{where} refused the API key ({self.endpoint.key_source}, {self.endpoint.masked_key}): "
-                    f"{_message(error)}; {hint}")
+                    f"{_message(error)}{unsent}; {hint}")
         if isinstance(error, openai.NotFoundError):
             return f"{where}: not found ({_message(error)}); check the base URL and the model id; {hint}"
         if isinstance(error, openai.APITimeoutError):
@@ -217,12 +223,12 @@ class OpenAICompatEngine:
                 usage = chunk.usage or usage
                 reported = (chunk.model_extra or {}).get("kv_cache") or reported
         except (openai.BadRequestError, openai.UnprocessableEntityError) as error:
-            return self._failed(item, config, f"{type(error).__name__}: {_message(error)}")
+            return self._failed(item, config, redact(f"{type(error).__name__}: {_message(error)}"))
         except openai.APIError as error:
             raise EndpointError(self._explain(error)) from None
         except Exception as error:  # noqa: BLE001 -- a stream cut mid-answer raises the transport's own errors
-            raise EndpointError(f"{self.endpoint.base_url} broke off a streamed answer "
-                                f"({type(error).__name__}: {error}); is the server still running?") from None
+            raise EndpointError(redact(f"{self.endpoint.base_url} broke off a streamed answer "
+                                       f"({type(error).__name__}: {error}); is the server still running?")) from None
         ended = time.perf_counter()
         output_tokens = usage.completion_tokens if usage else pieces
         prompt_tokens = usage.prompt_tokens if usage else len(self._tokenizer(prompt)["input_ids"])
@@ -253,12 +259,15 @@ class OpenAICompatEngine:
             return unknown
         physical = round(launched.bytes_per_token * prompt_tokens)
         baseline = round((launched.baseline_bytes_per_token or launched.bytes_per_token) * prompt_tokens)
-        # Servers evict no tokens: every prompt token stays in the (paged) pool.
+        # Servers evict no tokens: every prompt token stays in the (paged) pool.  These bytes are an
+        # estimate (the pool's bytes per token times the prompt), never a measurement: no layout formula
+        # is checked against them, and reports show them as such.
         return unknown | {"kept_tokens": float(prompt_tokens), "kept_fraction": 1.0, "baseline_kv_bytes": baseline,
-                          "physical_kv_bytes": physical, "analytic_kv_bytes": physical,
+                          "physical_kv_bytes": physical, "analytic_kv_bytes": None,
                           "compression_ratio": compression_ratio(baseline, physical),
                           "peak_kv_bytes": round(launched.bytes_per_token * (prompt_tokens + output_tokens)),
-                          "extra": {"kv_bytes_source": launched.source}}
+                          "kv_bytes_estimated": True,
+                          "extra": {"kv_bytes_source": f"estimated: bytes per token x prompt tokens, from {launched.source}"}}
 
     def _failed(self, item: TaskItem, config: KVCacheConfig, error: str) -> ItemResult:
         return ItemResult(

@@ -1,36 +1,34 @@
-"""The FastAPI app of ``kvlab serve``: OpenAI's request and response shapes, auth, health, metrics."""
+"""The FastAPI app of ``kvlab serve``: OpenAI's request shapes, auth, health, metrics.
+
+Every error is answered in OpenAI's shape (:mod:`kvlab.serve.errors`) and counted in
+``/metrics`` under its status (:mod:`kvlab.serve.middleware`).  Generation runs on its own
+thread, one request at a time, and stops when its client goes away or the server stops
+(:mod:`kvlab.serve.engine_thread`, :mod:`kvlab.serve.connection`).
+"""
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from kvlab.config import ConfigError, KVCacheConfig
+from kvlab.serve.connection import ClientGone, EventStream, until_disconnected
+from kvlab.serve.engine_thread import EngineLock, Generation
+from kvlab.serve.errors import APIError, install_error_handlers, internal_error, shutting_down
 from kvlab.serve.generation import Delta, Finished, ServedModel
+from kvlab.serve.middleware import CLIENT_CLOSED, OUTCOME, CatchErrors, CountRequests, LimitBody
+from kvlab.serve.shapes import SSE_DONE, ChatShape, CompletionShape, sse
 
 DEFAULT_CHAT_MAX_TOKENS = 256
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(status_code=self.status, content={"error": {
-            "message": self.message, "type": self.type, "param": self.param, "code": self.code}})
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics")
 
 
 class StreamOptions(BaseModel):
@@ -90,25 +88,20 @@ class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
 
 
-def create_app(served: ServedModel, api_key: str | None = None) -> FastAPI:
+def create_app(served: ServedModel, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The app; ``api_key`` (from the environment or secrets, never a command line) turns auth on
-    for ``/v1/*``.  ``/health`` and ``/metrics`` stay open, as on vLLM."""
+    for ``/v1/*``.  ``/health`` and ``/metrics`` stay open, as on vLLM.  Request bodies over
+    ``max_body_bytes`` are refused with a 413 before they are read."""
     app = FastAPI(title="kvlab serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.served = served
+    lock = EngineLock(served)
+    install_error_handlers(app)
+    app.add_middleware(LimitBody, max_bytes=max_body_bytes)
+    app.add_middleware(CatchErrors)
+    app.add_middleware(CountRequests, metrics=served.metrics, endpoints=ENDPOINTS)  # the outermost
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, error: APIError) -> JSONResponse:
-        served.metrics.count(request.url.path, error.status)
-        return error.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0] if error.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        served.metrics.count(request.url.path, 400)
-        return APIError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where or None).response()
-
-    def authorize(request: Request) -> None:
+    async def authorize(request: Request) -> None:
         if api_key is None:
             return
         header = request.headers.get("authorization", "")
@@ -120,16 +113,15 @@ def create_app(served: ServedModel, api_key: str | None = None) -> FastAPI:
             raise APIError(401, "Incorrect API key provided.", type_="authentication_error", code="invalid_api_key")
 
     @app.get("/health")
-    def health() -> Response:
+    async def health() -> Response:
         return Response(status_code=200)
 
     @app.get("/metrics")
-    def metrics() -> PlainTextResponse:
+    async def metrics() -> PlainTextResponse:
         return PlainTextResponse(served.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
-    def models() -> dict[str, Any]:
-        served.metrics.count("/v1/models", 200)
+    async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": served.name, "object": "model", "created": int(time.time()), "owned_by": "kvlab",
             "max_model_len": served.max_model_len,
@@ -138,19 +130,29 @@ def create_app(served: ServedModel, api_key: str | None = None) -> FastAPI:
         }]}
 
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
-    def completions(body: CompletionRequest) -> Response:
-        prompt = _completion_prompt(served, body)
-        return _respond(served, body, prompt, "/v1/completions", chat=False)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        config = _check(served, body)
+        prompt = await run_in_threadpool(_completion_prompt, served, body)
+        return await _respond(served, lock, request, body, config, prompt, CompletionShape)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
-    def chat_completions(body: ChatRequest) -> Response:
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        config = _check(served, body)
         if not served.has_chat_template:
             raise APIError(400, f"{served.name} has no chat template (a base model): use /v1/completions")
-        messages = [m.model_dump(exclude_none=True) for m in body.messages]
-        prompt = served.encode(served.chat_prompt(messages), special=False)  # the template has the specials
-        return _respond(served, body, prompt, "/v1/chat/completions", chat=True)
+        prompt = await run_in_threadpool(_chat_prompt, served, body)
+        return await _respond(served, lock, request, body, config, prompt, ChatShape)
 
     return app
+
+
+def _check(served: ServedModel, body: _Request) -> KVCacheConfig:
+    """What can be refused before the prompt is tokenized; returns the request's KV config."""
+    body.check()
+    if body.model != served.name:
+        raise APIError(404, f"The model `{body.model}` does not exist. This server serves `{served.name}`.",
+                       type_="NotFoundError", param="model", code="model_not_found")
+    return _config(served, body)
 
 
 def _completion_prompt(served: ServedModel, body: CompletionRequest) -> tuple[list[int], list[int]]:
@@ -160,6 +162,7 @@ def _completion_prompt(served: ServedModel, body: CompletionRequest) -> tuple[li
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, str):
+        _check_length(served, prompt)
         if body.kv_cache_question_chars and body.kv_cache_question_chars >= len(prompt):
             raise APIError(400, "kv_cache_question_chars must be shorter than the prompt",
                            param="kv_cache_question_chars")
@@ -167,8 +170,38 @@ def _completion_prompt(served: ServedModel, body: CompletionRequest) -> tuple[li
     if all(isinstance(t, int) for t in prompt):
         if body.kv_cache_question_chars:
             raise APIError(400, "kv_cache_question_chars needs a text prompt", param="kv_cache_question_chars")
-        return list(prompt[:-1]), list(prompt[-1:])  # type: ignore[arg-type]
+        ids: list[int] = prompt  # type: ignore[assignment]
+        if ids and not 0 <= min(ids) <= max(ids) < served.vocab_size:
+            bad = next(t for t in ids if not 0 <= t < served.vocab_size)
+            raise APIError(400, f"prompt: token id {bad} is outside the vocabulary (0 to {served.vocab_size - 1})",
+                           param="prompt", code="invalid_token_id")
+        return ids[:-1], ids[-1:]
     raise APIError(400, "one prompt per request", param="prompt")
+
+
+def _chat_prompt(served: ServedModel, body: ChatRequest) -> tuple[list[int], list[int]]:
+    messages = []
+    for index, message in enumerate(body.messages):
+        fields = message.model_dump(exclude_none=True)
+        if isinstance(message.content, list):  # OpenAI's content parts: only text ones here
+            if not all(part.get("type") == "text" and isinstance(part.get("text"), str) for part in message.content):
+                raise APIError(400, f"messages.{index}.content: kvlab serve takes text only "
+                               "(parts of type 'text' with a 'text' string)", param=f"messages.{index}.content")
+            fields["content"] = "".join(part["text"] for part in message.content)
+        messages.append(fields)
+    try:
+        text = served.chat_prompt(messages)
+    except Exception as error:  # the model's template, run on the client's messages: its complaint is theirs
+        raise APIError(400, f"messages: {served.name}'s chat template refused them: {error}",
+                       param="messages") from None
+    _check_length(served, text)
+    return served.encode(text, special=False)  # the template has the special tokens
+
+
+def _check_length(served: ServedModel, text: str) -> None:
+    if served.max_prompt_chars and len(text) > served.max_prompt_chars:
+        raise APIError(400, f"this model's maximum context length is {served.max_model_len} tokens; a prompt of "
+                       f"{len(text):,} characters is longer than that many tokens can be", param="prompt")
 
 
 def _config(served: ServedModel, body: _Request) -> KVCacheConfig:
@@ -185,95 +218,64 @@ def _config(served: ServedModel, body: _Request) -> KVCacheConfig:
     return config
 
 
-def _respond(served: ServedModel, body: _Request, prompt: tuple[list[int], list[int]], endpoint: str,
-             chat: bool) -> Response:
-    body.check()
-    if body.model != served.name:
-        raise APIError(404, f"The model `{body.model}` does not exist. This server serves `{served.name}`.",
-                       type_="NotFoundError", param="model", code="model_not_found")
-    config = _config(served, body)
-    max_tokens = body.max_tokens or (DEFAULT_CHAT_MAX_TOKENS if chat else 16)
+async def _respond(served: ServedModel, lock: EngineLock, request: Request, body: _Request, config: KVCacheConfig,
+                   prompt: tuple[list[int], list[int]], shape_type: type[CompletionShape]) -> Response:
+    max_tokens = body.max_tokens or (DEFAULT_CHAT_MAX_TOKENS if shape_type is ChatShape else 16)
     length = len(prompt[0]) + len(prompt[1])
     if served.max_model_len and length + max_tokens > served.max_model_len:
         raise APIError(400, f"this model's maximum context length is {served.max_model_len} tokens; the prompt has "
                        f"{length} and max_tokens is {max_tokens}", param="max_tokens")
     if not prompt[1]:
         raise APIError(400, "the prompt is empty", param="prompt")
-    events = served.generate(prompt, config, max_tokens, body.stops)
-    shape = _ChatShape(served.name) if chat else _CompletionShape(served.name)
-    served.metrics.count(endpoint, 200)
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(shape, events, include_usage), media_type="text/event-stream")
-    text, finished = "", None
-    for event in events:
+    generation = Generation(served, lock, prompt, config, max_tokens, body.stops)
+    shape = shape_type(served.name)
+    streaming = False
+    try:
+        if not await until_disconnected(request, generation.start()):
+            raise shutting_down()
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            response = EventStream(_sse(request, generation, shape, include_usage), generation, served.stopping)
+            streaming = True
+            return response
+        return JSONResponse(shape.full(*await until_disconnected(request, _collect(generation))))
+    except ClientGone:
+        setattr(request.state, OUTCOME, CLIENT_CLOSED)
+        return Response(status_code=CLIENT_CLOSED)  # sent to nobody
+    finally:
+        if not streaming:
+            generation.cancel()
+
+
+async def _collect(generation: Generation) -> tuple[str, Finished]:
+    text = ""
+    while (event := await generation.next()) is not None:
         if isinstance(event, Delta):
             text += event.text
-        else:
-            finished = event
-    assert finished is not None
-    return JSONResponse(shape.full(text, finished))
+        elif isinstance(event, Finished):
+            return text, event
+    raise shutting_down()
 
 
-def _usage(finished: Finished) -> dict[str, int]:
-    return {"prompt_tokens": finished.prompt_tokens, "completion_tokens": finished.completion_tokens,
-            "total_tokens": finished.prompt_tokens + finished.completion_tokens}
-
-
-def _sse(shape: _CompletionShape, events: Iterator[Delta | Finished], include_usage: bool) -> Iterator[str]:
+async def _sse(request: Request, generation: Generation, shape: CompletionShape,
+               include_usage: bool) -> AsyncIterator[str]:
+    """The stream's events; an error after the first one is sent as an error event (OpenAI's
+    shape, which the ``openai`` client raises) and recorded as the request's outcome."""
     first = True
-    for event in events:
-        if isinstance(event, Delta):
-            yield _data(shape.chunk(event.text, None, first))
-            first = False
-        else:
-            yield _data(shape.chunk("", event.finish_reason, first) | {"kv_cache": event.kv_cache})
-            if include_usage:
-                yield _data(shape.usage_chunk(_usage(event)))
-    yield "data: [DONE]\n\n"
-
-
-def _data(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
-
-
-class _CompletionShape:
-    object_full, object_chunk = "text_completion", "text_completion"
-
-    def __init__(self, model: str):
-        self.model, self.id, self.created = model, f"cmpl-{uuid.uuid4().hex}", int(time.time())
-
-    def _envelope(self, kind: str) -> dict[str, Any]:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
-
-    def choice(self, text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-
-    def chunk(self, text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
-        return self._envelope(self.object_chunk) | {"choices": [self.choice(text, finish_reason, first)]}
-
-    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
-        return self._envelope(self.object_chunk) | {"choices": [], "usage": usage}
-
-    def full(self, text: str, finished: Finished) -> dict[str, Any]:
-        return self._envelope(self.object_full) | {
-            "choices": [self.choice(text, finished.finish_reason, True)], "usage": _usage(finished),
-            "kv_cache": finished.kv_cache}
-
-
-class _ChatShape(_CompletionShape):
-    object_full, object_chunk = "chat.completion", "chat.completion.chunk"
-
-    def __init__(self, model: str):
-        super().__init__(model)
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-
-    def choice(self, text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
-        delta: dict[str, Any] = {"content": text} | ({"role": "assistant"} if first else {})
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-
-    def full(self, text: str, finished: Finished) -> dict[str, Any]:
-        return self._envelope(self.object_full) | {
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finished.finish_reason}],
-            "usage": _usage(finished), "kv_cache": finished.kv_cache}
+    try:
+        while (event := await generation.next()) is not None:
+            if isinstance(event, Delta):
+                yield sse(shape.chunk(event.text, None, first))
+                first = False
+            elif isinstance(event, Finished):
+                yield sse(shape.chunk("", event.finish_reason, first) | {"kv_cache": event.kv_cache})
+                if include_usage:
+                    yield sse(shape.usage_chunk(event))
+                yield SSE_DONE
+                return
+        error = shutting_down()
+    except Exception as exc:
+        error = internal_error(f"{request.method} {request.url.path}", exc)
+    setattr(request.state, OUTCOME, error.status)
+    yield sse(error.body())
+    yield SSE_DONE

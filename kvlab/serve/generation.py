@@ -1,22 +1,32 @@
 """One served request: prompt tokens in, text deltas out, with OpenAI's stop-string semantics.
 
-The embedded engine runs one request at a time (a lock); others wait, visible in
-``kvlab:num_requests_waiting``.  Text is streamed as soon as it cannot turn into a stop string
-any more, and the stop string itself is never sent -- what OpenAI and vLLM do.
+Text is streamed as soon as it cannot turn into a stop string any more, and the stop string
+itself is never sent -- what OpenAI and vLLM do.  Generation is synchronous and checks a cancel
+flag at every attention layer of the model, so a request whose client went away, or a server that
+is stopping, frees the engine within one layer's time, even in the middle of a long prefill.
+Who may use the engine when is :mod:`kvlab.serve.engine_thread`'s business.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from torch import nn
 
 from kvlab.compress.accounting import compression_ratio
 from kvlab.config import KVCacheConfig
 from kvlab.engines.embedded import EmbeddedEngine, ServedPrefix
 from kvlab.serve.metrics import ServerMetrics
+
+
+@dataclass
+class Started:
+    """The prompt is in the (compressed) cache: the first token comes next."""
 
 
 @dataclass
@@ -32,6 +42,40 @@ class Finished:
     kv_cache: dict[str, Any] = field(default_factory=dict)
 
 
+Event = Started | Delta | Finished
+
+
+class _Cancelled(Exception):
+    """Raised inside the model's forward pass to abandon a cancelled request."""
+
+
+@contextmanager
+def _stop_between_layers(modules: Sequence[nn.Module], cancelled: Callable[[], bool]) -> Iterator[None]:
+    """Raise :class:`_Cancelled` at the next attention layer once ``cancelled()``: a prefill of
+    thousands of tokens takes seconds, and so stops within one layer's time."""
+    def check(module: nn.Module, args: tuple[Any, ...]) -> None:
+        if cancelled():
+            raise _Cancelled
+
+    handles = [module.register_forward_pre_hook(check) for module in modules]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _max_prompt_chars(tokenizer: Any, max_model_len: int) -> int | None:
+    """The most characters a prompt that fits the context can have (tokens x the longest token),
+    so that a longer one is refused without seconds of tokenizing.  Known only for a fast
+    tokenizer without a normalizer, whose tokens each cover at most their own length of input."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not max_model_len or backend is None or backend.normalizer is not None:
+        return None
+    longest = max(len(token) for token in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
+    return max_model_len * longest
+
+
 class ServedModel:
     """The embedded engine, its served name and default KV config, and the server's metrics."""
 
@@ -40,8 +84,10 @@ class ServedModel:
         self.name = name
         self.default_config = default_config
         self.max_model_len = int(getattr(engine.model.config, "max_position_embeddings", 0) or 0)
+        self.vocab_size = int(engine.model.get_input_embeddings().num_embeddings)
+        self.max_prompt_chars = _max_prompt_chars(self.tokenizer, self.max_model_len)
         self.metrics = ServerMetrics(name, engine.current_kv_bytes)
-        self._lock = threading.Lock()
+        self.stopping = threading.Event()  # set when the server shuts down: every generation ends
 
     @property
     def tokenizer(self) -> Any:
@@ -72,47 +118,54 @@ class ServedModel:
         return (text[:cut], True) if cut >= 0 else (text, False)
 
     def generate(self, prompt: tuple[list[int], list[int]], config: KVCacheConfig, max_tokens: int,
-                 stop: Sequence[str]) -> Iterator[Delta | Finished]:
-        """Text deltas, then one :class:`Finished`.  Waits for the engine if another request has it."""
-        received = time.perf_counter()
-        self.metrics.waiting.inc()
-        with self._lock:
-            self.metrics.waiting.dec()
-            self.metrics.running.inc()
-            try:
-                yield from self._generate(prompt, config, max_tokens, stop, received)
-            finally:
-                self.metrics.running.dec()
+                 stop: Sequence[str], cancel: threading.Event, received: float) -> Iterator[Event]:
+        """:class:`Started`, text deltas, then one :class:`Finished` -- or nothing more once
+        ``cancel`` or :attr:`stopping` is set (checked at every attention layer).  The caller must
+        hold the engine (one request at a time); ``received`` is when the request arrived
+        (``time.perf_counter()``), for TTFT."""
+        self.metrics.running.inc()
+        try:
+            yield from self._generate(prompt, config, max_tokens, stop, cancel, received)
+        finally:
+            self.metrics.running.dec()
 
     def _generate(self, prompt: tuple[list[int], list[int]], config: KVCacheConfig, max_tokens: int,
-                  stop: Sequence[str], received: float) -> Iterator[Delta | Finished]:
-        tokens = self.engine.stream(*prompt, config, max_tokens, stop)
+                  stop: Sequence[str], cancel: threading.Event, received: float) -> Iterator[Event]:
+        def cancelled() -> bool:
+            return cancel.is_set() or self.stopping.is_set()
+
         prompt_tokens = len(prompt[0]) + len(prompt[1])
-        prefix = next(tokens)
-        assert isinstance(prefix, ServedPrefix)
         ids: list[int] = []
         sent = ""
         finish = None
         first_at = None
         hold = max((len(s) for s in stop), default=1) - 1
-        for token in tokens:
-            assert isinstance(token, int)
-            if first_at is None:
-                first_at = time.perf_counter()
-                self.metrics.ttft.observe(first_at - received)
-            ids.append(token)
-            if token in self.engine.stop_ids:
-                finish = "stop"
-                break
-            text, stopped = self._text(ids, stop)
-            # Hold back what may still become a stop string or is half a multi-byte character.
-            ready = text if stopped else text[:max(len(sent), len(text) - hold)].rstrip("\ufffd")
-            if len(ready) > len(sent):
-                yield Delta(ready[len(sent):])
-                sent = ready
-            if stopped:
-                finish = "stop"
-                break
+        try:
+            with _stop_between_layers(self.engine.modules, cancelled), \
+                    closing(self.engine.stream(*prompt, config, max_tokens, stop)) as tokens:  # closing frees the cache
+                prefix = next(tokens)
+                assert isinstance(prefix, ServedPrefix)
+                yield Started()
+                for token in tokens:
+                    assert isinstance(token, int)
+                    if first_at is None:
+                        first_at = time.perf_counter()
+                        self.metrics.ttft.observe(first_at - received)
+                    ids.append(token)
+                    if token in self.engine.stop_ids:
+                        finish = "stop"
+                        break
+                    text, stopped = self._text(ids, stop)
+                    # Hold back what may still become a stop string or is half a multi-byte character.
+                    ready = text if stopped else text[:max(len(sent), len(text) - hold)].rstrip("\ufffd")
+                    if len(ready) > len(sent):
+                        yield Delta(ready[len(sent):])
+                        sent = ready
+                    if stopped:
+                        finish = "stop"
+                        break
+        except _Cancelled:
+            return
         # The engine also stops by itself: at max_tokens, or on a stop string.
         finish = finish or ("length" if len(ids) >= max_tokens else "stop")
         text, _ = self._text(ids, stop)

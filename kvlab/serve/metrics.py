@@ -21,7 +21,8 @@ class ServerMetrics:
                    "(measured from the cache tensors; 0 when idle)", labelnames=["model_name"],
                    registry=self.registry)
         kv.labels(**labels).set_function(lambda: kv_bytes() or 0)
-        self.requests = Counter("kvlab:requests", "Requests answered, by endpoint and HTTP status",
+        self.requests = Counter("kvlab:requests", "Requests by endpoint and the HTTP status they ended with "
+                                "(499: the client left before its answer was complete)",
                                 ["model_name", "endpoint", "status"], registry=self.registry)
         self.running = Gauge("kvlab:num_requests_running", "Requests being generated",
                              ["model_name"], registry=self.registry).labels(**labels)

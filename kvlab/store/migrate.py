@@ -15,14 +15,18 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.engine import Connection
 
-from kvlab.store.engine import REPO_ROOT, WRITE
+from kvlab.store.engine import REPO_ROOT, URL_ENV, WRITE, mask
 from kvlab.store.errors import SchemaOutdatedError, StoreError
 
 MIGRATIONS_DIR = REPO_ROOT / "db" / "migrations"
 UPGRADE_HINT = "run `kvlab db upgrade`"
+#: Tables every kvlab schema has: with an unknown revision they mean a newer kvlab, without one
+#: another application.
+KVLAB_TABLES = {"experiments", "trials"}
 #: Key of PostgreSQL's advisory lock held while migrating (any constant unique to kvlab).
 _PG_MIGRATION_LOCK = 0x6B766C6162
 
@@ -55,11 +59,43 @@ def known_revisions() -> set[str]:
 
 def current_revision(connection: Connection) -> str | None:
     """The database's revision, or None when it has no kvlab schema."""
-    return MigrationContext.configure(connection).get_current_revision()
+    try:
+        return MigrationContext.configure(connection).get_current_revision()
+    except CommandError as error:  # e.g. an alembic_version table with several rows
+        raise StoreError(f"{database_name(connection)}: unreadable schema revision ({error})") from None
 
 
 def has_tables(connection: Connection) -> bool:
     return bool(inspect(connection).get_table_names())
+
+
+def database_name(connection: Connection) -> str:
+    """The SQLite file, or the URL with its password masked: how messages name the database."""
+    url = connection.engine.url
+    return (url.database or ":memory:") if url.get_backend_name() == "sqlite" else mask(url)
+
+
+def refuse_foreign(connection: Connection, revision: str | None) -> None:
+    """Raise unless the database is empty or kvlab's at a revision this kvlab knows.
+
+    A database with tables but no kvlab schema belongs to another application: kvlab never adds
+    its tables there.  An unknown revision on a database with kvlab's tables was written by a
+    newer kvlab; without kvlab's tables it is another application's alembic revision.
+    """
+    if revision is not None and revision in known_revisions():
+        return
+    tables = set(inspect(connection).get_table_names()) - {"alembic_version"}
+    if revision is None and not tables:
+        return
+    name = database_name(connection)
+    if KVLAB_TABLES <= tables and revision is not None:
+        raise StoreError(f"{name}: made by a newer kvlab (revision {revision}; this kvlab knows up to "
+                         f"{head_revision()}); upgrade kvlab")
+    shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+    raise StoreError(f"{name}: not a kvlab database (tables {shown or 'none'}, "
+                     f"{'schema revision ' + revision if revision else 'no kvlab schema revision'}); kvlab never "
+                     f"adds its tables to another application's database: point {URL_ENV} at an empty file or a "
+                     "kvlab database")
 
 
 def check(connection: Connection) -> None:
@@ -67,14 +103,9 @@ def check(connection: Connection) -> None:
     revision, head = current_revision(connection), head_revision()
     if revision == head:
         return
+    refuse_foreign(connection, revision)
     if revision is None:
-        if has_tables(connection):
-            raise StoreError("the database has tables but no kvlab schema revision: it is not a kvlab "
-                             "database; point KVLAB_DATABASE_URL at an empty or a kvlab database")
         raise SchemaOutdatedError(f"database has no kvlab schema: {UPGRADE_HINT}")
-    if revision not in known_revisions():
-        raise StoreError(f"database schema is at revision {revision}, which this kvlab does not know "
-                         f"(a newer kvlab migrated it): upgrade kvlab")
     raise SchemaOutdatedError(f"database schema is at revision {revision}, this kvlab needs {head}: "
                               f"{UPGRADE_HINT}")
 
@@ -93,5 +124,6 @@ def upgrade(engine: Engine, revision: str = "head", only_if_empty: bool = False)
             before = current_revision(connection)
             if only_if_empty and (before is not None or has_tables(connection)):
                 return before, before
+            refuse_foreign(connection, before)
             command.upgrade(alembic_config(connection), revision)
             return before, current_revision(connection)

@@ -1,7 +1,8 @@
 """Plain records the store hands out and takes in: detached from any session, safe to keep.
 
 Statuses of experiments and trials: ``queued -> running -> done | failed | cancelled``; a running
-trial whose worker stops heartbeating goes back to ``queued`` (or to ``failed``).
+trial whose worker stops heartbeating goes back to ``queued`` (or to ``failed``), and so does one
+its worker releases because its host cannot run it.
 """
 
 from __future__ import annotations

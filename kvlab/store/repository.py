@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, fields
 from datetime import UTC, datetime, timedelta
@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from kvlab.config import ExperimentSpec, parse_spec, spec_to_dict
 from kvlab.results import ItemResult
+from kvlab.secrets import redact
 from kvlab.store import migrate
 from kvlab.store.engine import WRITE, create_store_engine, resolve_url, shown_url, translate_errors
 from kvlab.store.errors import ExperimentNotFoundError, StoreError, TrialNotFoundError
@@ -297,11 +298,13 @@ class Store:
                 raise TrialNotFoundError(f"no trial {trial_id}")
             return _trial_record(row)
 
-    def claim_trials(self, worker_id: str, max_trials: int = 4, experiment_id: int | None = None) -> list[TrialRecord]:
+    def claim_trials(self, worker_id: str, max_trials: int = 4, experiment_id: int | None = None,
+                     exclude: Collection[int] = ()) -> list[TrialRecord]:
         """Atomically take up to ``max_trials`` queued trials of ONE experiment, lowest position first.
 
-        The experiment is the oldest with queued trials (or ``experiment_id``): several configs of
-        one experiment go together because the embedded engine shares each item's prefill across
+        The experiment is the oldest with queued trials (or ``experiment_id``), skipping those in
+        ``exclude`` (experiments the worker could not run lately): several configs of one
+        experiment go together because the embedded engine shares each item's prefill across
         them.  Claimed trials are running, owned by ``worker_id``, heartbeat now, attempts + 1.
         Two workers never get the same trial.  Returns [] when nothing is queued.
         """
@@ -312,6 +315,8 @@ class Store:
             first = select(TrialRow.experiment_id).where(TrialRow.status == "queued")
             if experiment_id is not None:
                 first = first.where(TrialRow.experiment_id == experiment_id)
+            if exclude:
+                first = first.where(TrialRow.experiment_id.not_in(list(exclude)))
             chosen = session.scalar(self._locking(
                 first.order_by(TrialRow.experiment_id, TrialRow.position).limit(1), skip_locked=True))
             if chosen is None:
@@ -354,6 +359,31 @@ class Store:
                 .execution_options(synchronize_session=False)))
         return wanted - alive
 
+    def release_trials(self, worker_id: str, trial_ids: Iterable[int], reason: str) -> list[int]:
+        """Give trials back to the queue because their worker cannot run them (a problem of its
+        host, not of the spec): of ``trial_ids``, those still running and owned by ``worker_id``
+        become queued for any worker, keeping their item results (the next worker skips those
+        items).  One warning event per experiment names the worker and ``reason``.  Trials that
+        ended, were cancelled or were taken away meanwhile are left alone.  Returns the released ids.
+        """
+        wanted = set(trial_ids)
+        if not wanted:
+            return []
+        with self._session(write=True) as session:
+            released = session.execute(
+                update(TrialRow)
+                .where(TrialRow.id.in_(wanted), TrialRow.worker_id == worker_id, TrialRow.status == "running")
+                .values(status="queued", worker_id=None, claimed_at=None, heartbeat_at=None)
+                .returning(TrialRow.id, TrialRow.experiment_id, TrialRow.config_name, TrialRow.items_done)
+                .execution_options(synchronize_session=False)).all()
+            for experiment_id in sorted({row.experiment_id for row in released}):
+                rows = sorted((row for row in released if row.experiment_id == experiment_id), key=lambda r: r.id)
+                _event(session, experiment_id,
+                       f"worker {worker_id} could not run trial(s) {', '.join(r.config_name for r in rows)}: {reason}; "
+                       f"back in the queue for another worker ({sum(r.items_done for r in rows)} item results kept)",
+                       level="warning", trial_id=rows[0].id if len(rows) == 1 else None)
+            return sorted(row.id for row in released)
+
     def set_items_total(self, trial_id: int, n: int) -> None:
         with self._session(write=True) as session:
             if not session.scalars(update(TrialRow).where(TrialRow.id == trial_id).values(items_total=n)
@@ -369,6 +399,7 @@ class Store:
         """
         if status not in TERMINAL_STATUSES:
             raise ValueError(f"a trial finishes as one of {', '.join(TERMINAL_STATUSES)}, not {status!r}")
+        error = redact(error) if error else error  # no secret is stored (kvlab.secrets)
         now = _now()
         with self._session(write=True) as session:
             experiment_id = session.scalar(select(TrialRow.experiment_id).where(TrialRow.id == trial_id))
@@ -436,7 +467,8 @@ class Store:
                 raise TrialNotFoundError(f"no trial {trial_id}")
             inserted = session.scalar(
                 self._insert()(ItemResultRow)
-                .values(trial_id=trial_id, experiment_id=experiment_id, **asdict(result))
+                .values(trial_id=trial_id, experiment_id=experiment_id,
+                        **asdict(result) | {"error": result.error and redact(result.error)})
                 .on_conflict_do_nothing(index_elements=["trial_id", "item_id", "task"])
                 .returning(ItemResultRow.id))
             if inserted is None:
@@ -516,7 +548,7 @@ def _event(session: Session, experiment_id: int, message: str, level: str = "inf
     if level not in LEVELS:
         raise ValueError(f"event level {level!r}: one of {', '.join(LEVELS)}")
     session.add(EventRow(experiment_id=experiment_id, trial_id=trial_id, ts=time.time(), level=level,
-                         message=message))
+                         message=redact(message)))
 
 
 def _roll_up(session: Session, experiment: ExperimentRow, now: datetime) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from kvlab.tasks import jsonl, multikey, passkey, perplexity, variable_tracking
 from kvlab.tasks.haystack import ContextTooShortError, Tokenizer, count_tokens
 from kvlab.tasks.items import TaskItem
-from kvlab.tasks.jsonl import JsonlTaskError
+from kvlab.tasks.jsonl import JsonlFileMissingError, JsonlTaskError, check_task_files
 from kvlab.tasks.scoring import score_item
 from kvlab.tasks.spec import TaskName, TaskSpec
 
@@ -26,6 +26,27 @@ GENERATORS: dict[str, Generator] = {
 }
 
 
+SHORTCUTS: dict[str, Callable[[TaskItem], dict[str, float]]] = {
+    "multikey": multikey.shortcut_scores,
+    "variable_tracking": variable_tracking.shortcut_scores,
+}
+
+#: What answering without doing the task scores (each task module's docstring says why).
+CHANCE_FLOORS: dict[str, str] = {
+    "passkey": "about 0 (a random 5-digit key)",
+    "multikey": "1/num_pairs (any one number of the context)",
+    "variable_tracking": "2/(num_chains+1) F1 (every variable of the context)",
+    "perplexity": "none (not a 0-1 score)",
+    "jsonl": "depends on the file",
+}
+
+
+def shortcut_scores(item: TaskItem) -> dict[str, float]:
+    """What each known shortcut (e.g. "answer with the first number") would score on ``item``."""
+    shortcut = SHORTCUTS.get(item.task)
+    return shortcut(item) if shortcut else {}
+
+
 def generate_items(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """The items of ``spec``, identical for the same (spec, tokenizer, seed).
 
@@ -38,12 +59,16 @@ def generate_items(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[Task
 __all__ = [
     "ContextTooShortError",
     "GENERATORS",
+    "JsonlFileMissingError",
     "JsonlTaskError",
     "TaskItem",
     "TaskName",
     "TaskSpec",
     "Tokenizer",
+    "CHANCE_FLOORS",
+    "check_task_files",
     "count_tokens",
     "generate_items",
     "score_item",
+    "shortcut_scores",
 ]

@@ -6,96 +6,298 @@ are kept in ``metadata``. Blank lines are skipped. ``context_lengths`` and ``dep
 do not apply; the measured prompt length is recorded as ``context_length``.
 Prompts are ``context + question`` verbatim, so put the separator (e.g. a leading
 newline) and the answer prefix in ``question`` yourself.
+
+The file is read line by line with a bounded ``readline``, so a file or a line over its
+limit (:class:`Limits`) is refused after reading at most one line's limit: a 10 MB line
+never sits in memory whole. :func:`check_task_files` runs this check when a spec is
+loaded, before any model is; :func:`generate` runs it again where the items are built.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
+from kvlab.errors import ConfigError, HostLacksError
 from kvlab.tasks.haystack import Tokenizer, count_tokens
 from kvlab.tasks.items import TaskItem
 from kvlab.tasks.scoring import normalize
 from kvlab.tasks.spec import TaskSpec
 
+if TYPE_CHECKING:
+    from kvlab.config import ExperimentSpec
+
 REQUIRED_KEYS = ("context", "question", "answer")
 DEFAULT_MAX_NEW_TOKENS = 32
+MAX_ID_CHARS = 256
+MAX_INT_DIGITS = 64  # JSON integers longer than this are refused (Python refuses > 4300 with a traceback)
+MIB = 1 << 20
+
+#: Environment variables that raise or lower the limits, and their defaults.
+FILE_MB_VAR, DEFAULT_FILE_MB = "KVLAB_MAX_JSONL_MB", 64.0
+LINE_MB_VAR, DEFAULT_LINE_MB = "KVLAB_MAX_JSONL_LINE_MB", 1.0
+ITEMS_VAR, DEFAULT_ITEMS = "KVLAB_MAX_JSONL_ITEMS", 100_000
 
 
-class JsonlTaskError(ValueError):
-    """A malformed task file; the message names the file and line."""
+class JsonlTaskError(ConfigError):
+    """A task file that cannot be used; the one-line message names the file and, where it
+    applies, the line."""
 
 
-def read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """Validated ``(line number, object)`` pairs, in file order."""
-    if not path.is_file():
-        raise JsonlTaskError(f"{path}: no such file")
-    records = []
+class JsonlFileMissingError(JsonlTaskError, HostLacksError):
+    """The file does not exist on this host: a worker gives the trials back for a host that has it."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How large a task file, one of its lines and its item count may be."""
+
+    file_bytes: int = int(DEFAULT_FILE_MB * MIB)
+    line_bytes: int = int(DEFAULT_LINE_MB * MIB)
+    items: int = DEFAULT_ITEMS
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        return cls(file_bytes=int(_env_number(FILE_MB_VAR, DEFAULT_FILE_MB) * MIB),
+                   line_bytes=int(_env_number(LINE_MB_VAR, DEFAULT_LINE_MB) * MIB),
+                   items=int(_env_number(ITEMS_VAR, DEFAULT_ITEMS)))
+
+
+def _env_number(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a positive number, got {text!r} (default {default:g})")
+    return value
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:.3g} MiB"
+
+
+def show_path(path: str | Path) -> str:
+    """``path`` for a one-line message: quoted when it holds a newline or another control character."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+class _Refused(ValueError):
+    """A JSON value kvlab refuses although the json module would accept it."""
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Refused(f"a number with more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"the number {text[:20]} is out of range")
+    return value
+
+
+def _parse_constant(name: str) -> Any:
+    raise _Refused(f"{name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in record:
+            raise _Refused(f"duplicate key {key[:40]!r} in one object")
+        record[key] = value
+    return record
+
+
+def _decode(line: str) -> Any:
+    """One JSON value; :class:`_Refused`, ``json.JSONDecodeError`` or ``RecursionError`` otherwise."""
+    return json.loads(line, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
+                      object_pairs_hook=_unique_keys)
+
+
+def _open_checked(path: Path, label: str, limits: Limits) -> BinaryIO:
+    """The file opened for binary reading, after refusing what is not a regular file within the size limit."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise JsonlFileMissingError(f"{label}: no such file") from None
+    except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
+        raise JsonlTaskError(f"{label}: cannot be read ({_reason(error)})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise JsonlTaskError(f"{label}: is a directory; give a JSONL file")
+    if not stat.S_ISREG(info.st_mode):
+        raise JsonlTaskError(f"{label}: is not a regular file (a device, pipe or socket); give a JSONL file")
+    if info.st_size == 0:
+        raise JsonlTaskError(f"{label}: the file is empty; give one JSON object per line")
+    if info.st_size > limits.file_bytes:
+        raise JsonlTaskError(f"{label}: the file is {_mib(info.st_size)}, over the limit of "
+                             f"{_mib(limits.file_bytes)} (set {FILE_MB_VAR} to raise it)")
+    try:
+        return path.open("rb")
+    except OSError as error:
+        raise JsonlTaskError(f"{label}: cannot be read ({_reason(error)})") from None
+
+
+def _reason(error: Exception) -> str:
+    return getattr(error, "strerror", None) or str(error)
+
+
+def _lines(handle: BinaryIO, label: str, limits: Limits) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each non-blank line, each read with a bounded ``readline``."""
+    total = 0
+    number = 0
+    while raw := handle.readline(limits.line_bytes + 1):
+        number += 1
+        total += len(raw)
+        if len(raw) > limits.line_bytes and not raw.endswith(b"\n"):
+            raise JsonlTaskError(f"{label}:{number}: the line is longer than the limit of "
+                                 f"{_mib(limits.line_bytes)} (set {LINE_MB_VAR} to raise it)")
+        if total > limits.file_bytes:
+            raise JsonlTaskError(f"{label}: the file grew over the limit of {_mib(limits.file_bytes)} while "
+                                 f"being read (set {FILE_MB_VAR} to raise it)")
+        if number == 1:
+            raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise JsonlTaskError(f"{label}:{number}: not UTF-8 text (byte 0x{raw[error.start]:02x} at byte "
+                                 f"{error.start + 1} of the line); save the file as UTF-8") from None
+        if text.strip():
+            yield number, text
+
+
+def _check_record(record: Any, where: str) -> None:
+    if not isinstance(record, dict):
+        raise JsonlTaskError(f"{where}: expected a JSON object, got {_json_type(record)}")
+    missing = [key for key in REQUIRED_KEYS if key not in record]
+    if missing:
+        raise JsonlTaskError(f"{where}: missing key(s) {missing}; each line needs {list(REQUIRED_KEYS)}")
+    for key in REQUIRED_KEYS:
+        value = record[key]
+        if not isinstance(value, str):
+            raise JsonlTaskError(f"{where}: {key!r} must be a{' non-empty' if key != 'question' else ''} "
+                                 f"string, got {_json_type(value)}")
+        if key != "question" and not value:
+            raise JsonlTaskError(f"{where}: {key!r} must be a non-empty string, got \"\"")
+        if "\x00" in value:
+            raise JsonlTaskError(f"{where}: {key!r} contains a NUL character (\\u0000)")
+    if not normalize(record["answer"]):
+        raise JsonlTaskError(f"{where}: 'answer' has no letters or digits to match")
+    item_id = record.get("id")
+    if item_id is not None:
+        if isinstance(item_id, bool) or not isinstance(item_id, str | int):
+            raise JsonlTaskError(f"{where}: 'id' must be a string or an integer, got {_json_type(item_id)}")
+        if isinstance(item_id, str) and not (0 < len(item_id) <= MAX_ID_CHARS and item_id.isprintable()):
+            raise JsonlTaskError(f"{where}: 'id' must be 1..{MAX_ID_CHARS} printable characters")
+    try:  # a lone surrogate (e.g. "\ud800") parses but can be neither tokenized nor stored
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise JsonlTaskError(f"{where}: contains an invalid \\u escape (a lone surrogate)") from None
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "true/false", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def iter_records(path: str | Path, label: str | None = None,
+                 limits: Limits | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Validated ``(line number, object)`` pairs in file order, ``id`` filled in and made a string.
+
+    Raises :class:`JsonlTaskError` at the first problem; ``label`` names the file in messages
+    (default: ``path`` itself).
+    """
+    path = Path(path)
+    label = show_path(label if label is not None else path)
+    limits = limits or Limits.from_env()
     seen_ids: dict[str, int] = {}
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
+    with _open_checked(path, label, limits) as handle:
+        for number, line in _lines(handle, label, limits):
+            where = f"{label}:{number}"
             try:
-                record = json.loads(line)
+                record = _decode(line)
             except json.JSONDecodeError as error:
-                raise JsonlTaskError(f"{where}: not valid JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise JsonlTaskError(
-                    f"{where}: expected a JSON object, got {type(record).__name__}"
-                )
-            missing = [key for key in REQUIRED_KEYS if key not in record]
-            if missing:
-                raise JsonlTaskError(
-                    f"{where}: missing key(s) {missing}; each line needs {list(REQUIRED_KEYS)}"
-                )
-            for key in REQUIRED_KEYS:
-                if not isinstance(record[key], str) or (key != "question" and not record[key]):
-                    raise JsonlTaskError(f"{where}: {key!r} must be a non-empty string")
-            if not normalize(record["answer"]):
-                raise JsonlTaskError(f"{where}: 'answer' has no letters or digits to match")
-            item_id = record.get("id", f"line{number}")
-            if not isinstance(item_id, (str, int)) or isinstance(item_id, bool):
-                raise JsonlTaskError(f"{where}: 'id' must be a string or an integer")
-            item_id = str(item_id)
+                raise JsonlTaskError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+            except _Refused as error:
+                raise JsonlTaskError(f"{where}: not valid JSON ({error})") from None
+            except RecursionError:
+                raise JsonlTaskError(f"{where}: not valid JSON (nested too deeply)") from None
+            _check_record(record, where)
+            item_id = str(record.get("id", f"line{number}"))
             if item_id in seen_ids:
-                raise JsonlTaskError(
-                    f"{where}: duplicate id {item_id!r} (first on line {seen_ids[item_id]})"
-                )
+                raise JsonlTaskError(f"{where}: duplicate id {item_id!r} (first on line {seen_ids[item_id]})")
             seen_ids[item_id] = number
-            records.append((number, {**record, "id": item_id}))
-    if not records:
-        raise JsonlTaskError(f"{path}: no items (the file is empty)")
-    return records
+            if len(seen_ids) > limits.items:
+                raise JsonlTaskError(f"{where}: more than {limits.items} items (set {ITEMS_VAR} to raise it)")
+            yield number, {**record, "id": item_id}
+    if not seen_ids:
+        raise JsonlTaskError(f"{label}: no items (only blank lines); give one JSON object per line")
+
+
+def validate_file(path: str | Path, label: str | None = None, limits: Limits | None = None) -> int:
+    """Check the whole file without keeping its items; return how many it has."""
+    return sum(1 for _ in iter_records(path, label, limits))
+
+
+def check_task_files(spec: ExperimentSpec) -> ExperimentSpec:
+    """Validate every jsonl task's file (before any model loads) and return ``spec`` with each
+    path made absolute, so that a worker started elsewhere reads the same file. A relative path
+    is relative to the current directory."""
+    tasks: list[TaskSpec] = []
+    for index, task in enumerate(spec.tasks):
+        if task.name == "jsonl" and task.path:
+            try:
+                validate_file(task.path)
+            except JsonlTaskError as error:
+                raise type(error)(f"tasks.{index}.path: {error}") from None
+            task = task.model_copy(update={"path": str(Path(task.path).absolute())})
+        tasks.append(task)
+    return spec.model_copy(update={"tasks": tasks})
 
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
-    """Items in file order; at most ``num_items`` if that was set explicitly.
+    """Items in file order; at most ``num_items`` if that was set explicitly. The whole file is
+    validated either way.
 
     ``seed`` is unused: the file fixes the items.
     """
     assert spec.path is not None  # TaskSpec guarantees it for jsonl
-    records = read_records(Path(spec.path))
-    if "num_items" in spec.model_fields_set:
-        records = records[: spec.num_items]
+    cap = spec.num_items if "num_items" in spec.model_fields_set else None
     items = []
-    for number, record in records:
-        context, question = record["context"], record["question"]
-        prompt_tokens = count_tokens(tokenizer, context) + count_tokens(tokenizer, question)
-        extra = {k: v for k, v in record.items() if k not in (*REQUIRED_KEYS, "id")}
-        items.append(
-            TaskItem(
-                task="jsonl",
-                item_id=f"jsonl/{record['id']}",
-                context=context,
-                question=question,
-                answer=record["answer"],
-                context_length=prompt_tokens,
-                depth=None,
-                max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-                metadata={**extra, "prompt_tokens": prompt_tokens, "line": number},
-            )
-        )
+    for number, record in iter_records(spec.path):
+        if cap is not None and len(items) >= cap:
+            continue  # keep reading: a bad line further on still makes the file bad
+        items.append(_item(number, record, tokenizer, spec.max_new_tokens))
     return items
+
+
+def _item(number: int, record: dict[str, Any], tokenizer: Tokenizer, max_new_tokens: int | None) -> TaskItem:
+    context, question = record["context"], record["question"]
+    prompt_tokens = count_tokens(tokenizer, context) + count_tokens(tokenizer, question)
+    extra = {k: v for k, v in record.items() if k not in (*REQUIRED_KEYS, "id")}
+    return TaskItem(
+        task="jsonl",
+        item_id=f"jsonl/{record['id']}",
+        context=context,
+        question=question,
+        answer=record["answer"],
+        context_length=prompt_tokens,
+        depth=None,
+        max_new_tokens=max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+        metadata={**extra, "prompt_tokens": prompt_tokens, "line": number},
+    )
+

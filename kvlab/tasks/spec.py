@@ -10,6 +10,7 @@ TaskName = Literal["passkey", "multikey", "variable_tracking", "perplexity", "js
 
 MIN_CONTEXT_LENGTH = 128
 MAX_CONTEXT_LENGTH = 131072
+MAX_PATH_CHARS = 4096
 
 
 class TaskSpec(BaseModel):
@@ -42,12 +43,17 @@ class TaskSpec(BaseModel):
         "otherwise the whole file.",
     )
     num_pairs: int = Field(default=4, ge=2, le=1000, description="multikey: key-value pairs.")
-    num_chains: int = Field(default=1, ge=1, le=100, description="variable_tracking: chains.")
+    num_chains: int = Field(default=4, ge=1, le=100,
+                            description="variable_tracking: chains (the first is asked for, the rest distract).")
     num_hops: int = Field(default=4, ge=1, le=100, description="variable_tracking: hops per chain.")
     continuation_tokens: int = Field(
         default=64, ge=8, le=8192, description="perplexity: held-out continuation length in tokens."
     )
-    path: str | None = Field(default=None, description="jsonl: path of the JSONL file (required).")
+    path: str | None = Field(
+        default=None,
+        description="jsonl: path of the JSONL file (required); relative paths are relative to the current "
+        "directory (CLI) or the data directory KVLAB_DATA_DIR (dashboard).",
+    )
     max_new_tokens: int | None = Field(
         default=None, ge=1, le=4096, description="Generation budget; default depends on the task."
     )
@@ -74,6 +80,14 @@ class TaskSpec(BaseModel):
         if len(set(depths)) != len(depths):
             raise ValueError(f"depths must be distinct, got {depths}")
         return depths
+
+    @field_validator("path")
+    @classmethod
+    def _check_path_text(cls, path: str | None) -> str | None:
+        if path is not None and (len(path) > MAX_PATH_CHARS or not path.isprintable()):
+            raise ValueError(f"give a file path of at most {MAX_PATH_CHARS} printable characters "
+                             "(no newline, tab or NUL)")
+        return path
 
     @model_validator(mode="after")
     def _check_path(self) -> TaskSpec:

@@ -1,0 +1,41 @@
+"""Output files named on the command line (``--out``, ``--json``): checked before any work is done,
+written with a message that names the option and the path when the system refuses."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvlab.cli_exit import UserError
+
+
+def check_output(path: str, option: str, create_parents: bool = False) -> Path:
+    """``path`` as a file this process can write.  Its directory must exist unless ``create_parents``
+    (then it is created now, not after an hour-long run)."""
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"{option} {path}: is a directory; give a file path")
+    parent = out.parent
+    if not parent.exists():
+        if not create_parents:
+            raise UserError(f"{option} {path}: the directory {parent} does not exist; create it first")
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UserError(f"{option} {path}: cannot create the directory {parent} ({_reason(error)})") from None
+    elif not parent.is_dir():
+        raise UserError(f"{option} {path}: {parent} is not a directory")
+    if not os.access(out if out.exists() else parent, os.W_OK):
+        raise UserError(f"{option} {path}: not writable by this user (permission denied)")
+    return out
+
+
+def write_output(path: Path, text: str, option: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:  # a read-only file system, a full disk, permissions os.access missed
+        raise UserError(f"{option} {path}: cannot write ({_reason(error)})") from None
+
+
+def _reason(error: OSError) -> str:
+    return (error.strerror or str(error)).lower()

@@ -1,0 +1,65 @@
+"""argparse ``type=`` converters for numeric options: each refuses what the option cannot mean.
+
+argparse turns the ``ArgumentTypeError`` into ``error: argument --limit: must be a whole number
+>= 1, got '0'`` and exit status 2.  Integers are capped at 2**63 - 1, the largest id or count a
+database column holds (a larger one would reach the driver as an overflow, not a message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+MAX_INT = 2**63 - 1
+
+
+def _whole_number(text: str, minimum: int, maximum: int = MAX_INT) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = None
+    if value is None or not minimum <= value <= maximum:
+        allowed = f"in [{minimum}, {maximum}]" if maximum < MAX_INT else f">= {minimum}"
+        raise argparse.ArgumentTypeError(f"must be a whole number {allowed}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count or id: 1, 2, ..."""
+    return _whole_number(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """A count where 0 means none."""
+    return _whole_number(text, 0)
+
+
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """A converter for a whole number in [low, high]."""
+    return lambda text: _whole_number(text, low, high)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (seconds, rates): NaN and infinity are refused."""
+    return float_between(0.0, math.inf, inclusive_low=False)(text)
+
+
+def float_between(low: float, high: float, inclusive_low: bool = True) -> Callable[[str], float]:
+    """A converter for a finite number in [low, high] (or (low, high] with ``inclusive_low=False``)."""
+    if math.isfinite(high):
+        shown = f"in {'[' if inclusive_low else '('}{low:g}, {high:g}]"
+    else:
+        shown = f">= {low:g}" if inclusive_low else f"> {low:g}"
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        above_low = value >= low if inclusive_low else value > low
+        if not (math.isfinite(value) and above_low and value <= high):
+            raise argparse.ArgumentTypeError(f"must be a number {shown}, got {text!r}")
+        return value
+
+    return convert

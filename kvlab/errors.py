@@ -1,0 +1,12 @@
+"""Errors shared by modules that cannot import each other (``kvlab.config`` imports ``kvlab.tasks``)."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A spec that cannot run, with a message that names the field and the allowed values."""
+
+
+class HostLacksError(ConfigError):
+    """This host lacks what the spec needs (a package, an interpreter, a model, a key, a task
+    file); another host may have it, so a worker gives the trials back instead of failing them."""
