@@ -2,8 +2,11 @@
 
 Prints, measured side by side in one run on the same model and items:
   (a) wall time of one sweep (prefill shared across configs) / each config run on its own;
-  (b) our per-item time / kvpress's own pipeline, for the same press, model and items;
-  (c) physical / analytic KV bytes for every config.
+  (b) our per-item time / kvpress's own pipeline, for the same press and items, kvpress running on a
+      freshly loaded copy of the model whose attention kvlab never touched;
+  (c) physical / analytic KV bytes for every config;
+  (d) per config of examples/quick.toml: its TTFT in the sweep / its TTFT run alone (target <= 1.1:
+      a sweep must not charge a config for other configs' scorers).
 
 Usage: python benchmarks/engine_bench.py [--items 2] [--lengths 1024 2048]
 """
@@ -63,12 +66,14 @@ def bench_shared_prefill(engine: EmbeddedEngine, items) -> None:
           f"by length: {per_length}")
 
 
-def bench_kvpress_parity(engine: EmbeddedEngine, items) -> None:
+def bench_kvpress_parity(engine: EmbeddedEngine, items, model_name: str) -> None:
     """kvpress's pipeline forward (its press hooks, its DynamicCache, its greedy decoding) on the
-    same token ids kvlab feeds, so answers must agree and times compare like with like."""
+    same token ids kvlab feeds, so answers must agree and times compare like with like.  kvpress
+    gets its own freshly loaded model: kvlab's engine installs its attention on the one it uses."""
     from kvpress import KVPressTextGenerationPipeline, SnapKVPress, StreamingLLMPress
 
-    pipe = KVPressTextGenerationPipeline(model=engine.model, tokenizer=engine.tokenizer)
+    fresh = load_model(model_name)
+    pipe = KVPressTextGenerationPipeline(model=fresh.model, tokenizer=fresh.tokenizer)
     for name, press, config in [
         ("snapkv-50", SnapKVPress(compression_ratio=0.5), KVCacheConfig(evict="snapkv", ratio=0.5)),
         ("streaming-50", StreamingLLMPress(compression_ratio=0.5), KVCacheConfig(evict="streaming_llm", ratio=0.5)),
@@ -99,6 +104,27 @@ def bench_bytes(engine: EmbeddedEngine, item) -> None:
     print(f"    worst deviation {worst:.4%} (target <= 1%)")
 
 
+def bench_ttft_attribution(engine: EmbeddedEngine, items) -> None:
+    """Each config's median TTFT inside the whole quick.toml sweep over its TTFT run alone."""
+    from kvlab.config import load_spec
+
+    spec, _ = load_spec("examples/quick.toml")
+    configs = spec.all_configs()
+    in_sweep: dict[str, list[float]] = {c.label: [] for c in configs}
+    alone: dict[str, list[float]] = {c.label: [] for c in configs}
+    for item in items:
+        for result in engine.evaluate(item, configs):
+            in_sweep[result.config_name].append(result.ttft_s)
+        for config in configs:
+            alone[config.label] += [r.ttft_s for r in engine.evaluate(item, [config])]
+    print(f"(d) TTFT in the {len(configs)}-config sweep / TTFT alone, median over {len(items)} items "
+          "(target <= 1.1):")
+    for label in in_sweep:
+        ratio = statistics.median(in_sweep[label]) / statistics.median(alone[label])
+        print(f"    {label:16} sweep {statistics.median(in_sweep[label]) * 1000:7.0f} ms  alone "
+              f"{statistics.median(alone[label]) * 1000:7.0f} ms  -> {ratio:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=2, help="passkey items per length")
@@ -113,8 +139,9 @@ def main() -> None:
           f"{torch.get_num_threads()}")
     list(engine.evaluate(items[0], SWEEP[:1]))  # warm-up
     bench_shared_prefill(engine, items)
-    bench_kvpress_parity(engine, items)
+    bench_kvpress_parity(engine, items, args.model)
     bench_bytes(engine, items[0])
+    bench_ttft_attribution(engine, items)
 
 
 if __name__ == "__main__":

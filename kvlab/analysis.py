@@ -1,14 +1,16 @@
 """Aggregates over item results: accuracy with intervals, paired tests, bytes, latency, Pareto front.
 
-Accuracy is the mean per-item score in [0, 1].  Its 95% interval is Wilson's when scores are
-0/1 and a percentile bootstrap otherwise.  A config is compared with the baseline on the
-*same items*: exact McNemar for 0/1 scores, Wilcoxon signed-rank otherwise.
+Accuracy is the mean per-item score in [0, 1] with Wilson's 95% interval (for fractional scores
+too: a score bounded in [0, 1] has variance at most p(1 - p), where a bootstrap interval collapses
+when nearly every score is equal).  A config is compared with the baseline on the *same items*:
+exact McNemar for 0/1 scores, Wilcoxon signed-rank otherwise, and the paired difference with its
+interval and the non-inferiority verdict of :mod:`kvlab.decision`.
 """
 
 from __future__ import annotations
 
 import math
-import random
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -18,6 +20,7 @@ from typing import Any
 from scipy import stats
 
 from kvlab.compress.accounting import compression_ratio
+from kvlab.decision import ALPHA_ONE_SIDED, DEFAULT_MAX_DROP, RULE, PairedScores, holm, items_needed
 from kvlab.results import ItemResult
 
 Z95 = 1.959963984540054
@@ -33,18 +36,9 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def bootstrap_interval(values: Sequence[float], seed: int = 0, rounds: int = 2000) -> tuple[float, float]:
-    if not values:
-        return (math.nan, math.nan)
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(rounds))
-    return (means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1])
-
-
 def accuracy_interval(scores: Sequence[float]) -> tuple[float, float]:
-    if all(s in (0.0, 1.0) for s in scores):
-        return wilson_interval(sum(scores), len(scores))
-    return bootstrap_interval(scores)
+    """Wilson's 95% interval of the mean score (0/1 or fractional in [0, 1])."""
+    return wilson_interval(sum(scores), len(scores))
 
 
 def paired_test(baseline: Sequence[float], other: Sequence[float]) -> tuple[str, float]:
@@ -86,16 +80,26 @@ class ConfigSummary:
     tpot_s: float | None
     perplexity: float | None
     errors: int
+    diff_estimate: float | None = None  # config - baseline on the items both scored
+    diff_ci_low: float | None = None
+    diff_ci_high: float | None = None
+    p_noninferior: float | None = None  # one-sided, H0: difference <= -max_drop
+    p_adjusted: float | None = None  # Holm across the configs compared
+    non_inferior: bool | None = None
+    max_drop: float = DEFAULT_MAX_DROP  # the margin of the verdict above
+    kv_bytes_estimated: bool = False  # a server's estimate (pool bytes per token x tokens), not measured
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["diff_vs_baseline"] = {"estimate": data.pop("diff_estimate"), "ci_low": data.pop("diff_ci_low"),
+                                    "ci_high": data.pop("diff_ci_high")}
+        return data
 
 
 def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
-              key: Callable[[ItemResult], Any] | None = None) -> list[ConfigSummary]:
-    """One summary per config, in first-seen order.  ``key`` optionally restricts to a subgroup
-    (used by :func:`breakdown`); the baseline pairing is by ``(item_id, task)``.
-    """
+              max_drop: float = DEFAULT_MAX_DROP) -> list[ConfigSummary]:
+    """One summary per config, in first-seen order; the baseline pairing is by ``(item_id, task)``
+    and the non-inferiority verdicts at ``max_drop`` are Holm-corrected across these configs."""
     by_config: dict[str, list[ItemResult]] = defaultdict(list)
     for result in results:
         by_config[result.config_name].append(result)
@@ -110,8 +114,10 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
         test = p_value = None
         paired = [(baseline_scores[(r.item_id, r.task)], r.score) for r in scored
                   if (r.item_id, r.task) in baseline_scores]
+        pair = None
         if name != baseline_name and paired:
             test, p_value = paired_test([b for b, _ in paired], [o for _, o in paired])
+            pair = PairedScores.of([b for b, _ in paired], [o for _, o in paired])
         nll_rows = [r for r in ok if r.nll is not None and r.nll_tokens]
         perplexity = (math.exp(sum(r.nll for r in nll_rows) / sum(r.nll_tokens for r in nll_rows))
                       if nll_rows else None)
@@ -130,17 +136,53 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
                                if not math.isnan(baseline_bytes + physical_bytes) else math.nan),
             kept_fraction=mean("kept_fraction"), ttft_s=_median(r.ttft_s for r in ok),
             tpot_s=_median(r.tpot_s for r in ok), perplexity=perplexity, errors=len(rows) - len(ok),
+            max_drop=max_drop, kv_bytes_estimated=any(r.kv_bytes_estimated for r in ok),
+            **_paired_fields(pair, max_drop),
         ))
+    _adjust(summaries)
     return summaries
 
 
+def _paired_fields(pair: PairedScores | None, max_drop: float) -> dict[str, Any]:
+    if pair is None:
+        return {}
+    low, high = pair.interval()
+    return {"diff_estimate": pair.difference, "diff_ci_low": low, "diff_ci_high": high,
+            "p_noninferior": pair.p_noninferior(max_drop)}
+
+
+def _adjust(summaries: list[ConfigSummary]) -> None:
+    """Holm across every config compared with the baseline; non-inferior when adjusted p < 2.5%."""
+    compared = [s for s in summaries if s.p_noninferior is not None]
+    for summary, adjusted in zip(compared, holm([s.p_noninferior for s in compared]), strict=True):
+        summary.p_adjusted = adjusted
+        summary.non_inferior = adjusted < ALPHA_ONE_SIDED
+
+
+JSONL_LENGTH_BUCKET = 512  # tokens: a JSONL task's prompts all differ in length, so they are bucketed
+
+
+def length_group(result: ItemResult) -> str:
+    """Context length as a breakdown label: the target length of a generated task, a
+    ``JSONL_LENGTH_BUCKET``-token range (e.g. ``512-1023``) for a JSONL task's measured lengths."""
+    if result.task == "jsonl":
+        low = result.context_length // JSONL_LENGTH_BUCKET * JSONL_LENGTH_BUCKET
+        return f"{low}-{low + JSONL_LENGTH_BUCKET - 1}"
+    return str(result.context_length)
+
+
+def natural_key(value: Any) -> list[tuple[int, int | str]]:
+    """Sorts labels with numbers in them by value: ``512`` before ``1024``, ``0-511`` before ``512-1023``."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", str(value)) if part]
+
+
 def breakdown(results: Sequence[ItemResult], by: Callable[[ItemResult], Any],
-              baseline_name: str = "baseline") -> dict[Any, list[ConfigSummary]]:
-    """Summaries per group, e.g. ``by=lambda r: r.task`` or ``by=lambda r: r.context_length``."""
+              baseline_name: str = "baseline", max_drop: float = DEFAULT_MAX_DROP) -> dict[Any, list[ConfigSummary]]:
+    """Summaries per group, e.g. ``by=lambda r: r.task`` or ``by=length_group``."""
     groups: dict[Any, list[ItemResult]] = defaultdict(list)
     for result in results:
         groups[by(result)].append(result)
-    return {group: summarize(rows, baseline_name) for group, rows in sorted(groups.items(), key=lambda g: str(g[0]))}
+    return {group: summarize(rows, baseline_name, max_drop) for group, rows in sorted(groups.items(), key=lambda g: natural_key(g[0]))}
 
 
 def pareto_front(summaries: Sequence[ConfigSummary]) -> list[ConfigSummary]:
@@ -158,24 +200,48 @@ def pareto_front(summaries: Sequence[ConfigSummary]) -> list[ConfigSummary]:
     return sorted(front, key=lambda s: s.physical_kv_bytes)
 
 
-DEFAULT_TOLERANCE = 0.1
+@dataclass(frozen=True)
+class Decision:
+    """The sweet spot and the rule that chose it, in words a report can print."""
+
+    sweet_spot: ConfigSummary | None
+    max_drop: float
+    rule: str
+    note: str  # why there is no sweet spot, or how many items would show one; "" otherwise
+    items_needed: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.sweet_spot.config_name if self.sweet_spot else None, "rule": self.rule,
+                "max_drop": self.max_drop, "note": self.note, "items_needed": self.items_needed}
 
 
-def sweet_spot(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline",
-               tolerance: float = DEFAULT_TOLERANCE) -> ConfigSummary | None:
-    """The most compressed config that holds the baseline's accuracy.
-
-    Holding means both: its 95% interval overlaps the baseline's (no evidence it is worse), and
-    its accuracy is within ``tolerance`` of the baseline's (with few items every interval is wide,
-    so overlap alone would crown a config that failed every item).
-    """
+def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline") -> Decision:
+    """The most compressed config shown non-inferior to the baseline (see :mod:`kvlab.decision`),
+    at the margin :func:`summarize` judged the summaries with."""
+    max_drop = summaries[0].max_drop if summaries else DEFAULT_MAX_DROP
+    compared = [s for s in summaries if s.non_inferior is not None]
+    rule = RULE.format(margin=f"{max_drop * 100:g}", m=len(compared))
     baseline = next((s for s in summaries if s.config_name == baseline_name), None)
     if baseline is None or baseline.accuracy is None:
-        return None
+        return Decision(None, max_drop, rule, "no scored baseline to compare with")
+    holding = [s for s in compared if s.non_inferior and _ok(s.compression_ratio)]
+    if holding:
+        return Decision(max(holding, key=lambda s: s.compression_ratio), max_drop, rule, "")
+    if not compared:
+        return Decision(None, max_drop, rule, "no config was compared with the baseline on the same items")
+    needed = items_needed(baseline.accuracy, max_drop, len(compared))
+    n = max(s.n_scored for s in compared)
+    note = f"no config is shown non-inferior within {max_drop * 100:g} points on {n} items"
+    if needed is not None and needed > n:
+        note += (f"; at the baseline's accuracy ({baseline.accuracy:.2f}) a config exactly as accurate, with "
+                 f"independent errors, would need about {needed} items to be shown so")
+    return Decision(None, max_drop, rule, note, needed)
 
-    def holds(s: ConfigSummary) -> bool:
-        return s.accuracy is not None and s.ci_high >= baseline.ci_low and \
-            s.accuracy >= baseline.accuracy - tolerance
 
-    holding = [s for s in summaries if holds(s)]
-    return max(holding, key=lambda s: s.compression_ratio, default=None)
+def _ok(value: float | None) -> bool:
+    return value is not None and not math.isnan(value)
+
+
+def sweet_spot(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline") -> ConfigSummary | None:
+    """:func:`decide`'s config (None when no config is shown non-inferior)."""
+    return decide(summaries, baseline_name).sweet_spot

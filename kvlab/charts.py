@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvlab.analysis import ConfigSummary, pareto_front, sweet_spot
+from kvlab.analysis import ConfigSummary, decide, pareto_front
 from kvlab.results import ItemResult
 from kvlab.store.records import TelemetrySample
 from kvlab.views import MIB, CompareRow
@@ -49,8 +50,19 @@ def _error_y(summaries: Sequence[ConfigSummary]) -> dict[str, Any]:
 
 def _hover(summaries: Sequence[ConfigSummary]) -> list[str]:
     return [f"<b>{s.config_name}</b><br>accuracy {s.accuracy:.3f} [{s.ci_low:.2f}, {s.ci_high:.2f}]"
-            f"<br>KV {s.physical_kv_bytes / MIB:.3f} MiB, {s.compression_ratio:.2f}x, kept {s.kept_fraction:.0%}"
+            + _difference(s)
+            + f"<br>KV {'≈' if s.kv_bytes_estimated else ''}{s.physical_kv_bytes / MIB:.3f} MiB"
+            + f" ({'estimated from the server pool' if s.kv_bytes_estimated else 'measured'}),"
+            + f" {s.compression_ratio:.2f}x, kept {s.kept_fraction:.0%}"
             for s in summaries]
+
+
+def _difference(s: ConfigSummary) -> str:
+    if s.diff_estimate is None:
+        return ""
+    verdict = "non-inferior" if s.non_inferior else "not shown non-inferior"
+    return (f"<br>vs baseline {s.diff_estimate:+.3f} [{s.diff_ci_low:+.3f}, {s.diff_ci_high:+.3f}], {verdict} "
+            f"at -{s.max_drop:.2f} (Holm p {s.p_adjusted:.3g})")
 
 
 def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", baseline_name: str = "baseline",
@@ -61,7 +73,8 @@ def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", bas
         raise ValueError(f"axis {axis!r}: one of {', '.join(X_TITLES)}")
     points = _plotted(summaries, axis)
     fig = go.Figure()
-    fig.update_layout(title=title, xaxis_title=X_TITLES[axis], yaxis_title=ACCURACY_TITLE, **_LAYOUT)
+    fig.update_layout(title=title, xaxis_title=X_TITLES[axis], yaxis_title=ACCURACY_TITLE,
+                      **(_LAYOUT | {"height": 560, "margin": _LAYOUT["margin"] | {"b": 140}}))
     fig.update_yaxes(range=[-0.05, 1.08])
     if axis == "ratio":
         fig.update_xaxes(ticksuffix="x")
@@ -81,7 +94,12 @@ def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", bas
             mode="lines+markers", line={"color": "#d62728", "width": 2},
             marker={"size": 13, "symbol": "circle-open", "color": "#d62728"},
             hovertext=_hover(front), hoverinfo="text"))
-    sweet = sweet_spot(points, baseline_name)
+    decision = decide(points, baseline_name)
+    sweet = decision.sweet_spot
+    words = f"Sweet spot: the {decision.rule}." + (f" {decision.note[0].upper()}{decision.note[1:]}."
+                                                     if decision.note else "")
+    fig.add_annotation(text="<br>".join(textwrap.wrap(words, 120)), xref="paper", yref="paper", x=0, y=-0.2,
+                       yanchor="top", showarrow=False, align="left", font={"size": 10, "color": "#555"})
     if sweet is not None:
         fig.add_trace(go.Scatter(name="sweet spot", x=[_x(sweet, axis)], y=[sweet.accuracy], mode="markers",
                                  marker={"size": 18, "symbol": "star", "color": "#ffbf00",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from kvlab.analysis import DEFAULT_TOLERANCE, ConfigSummary, breakdown, sweet_spot
+from kvlab.analysis import ConfigSummary, Decision, breakdown, decide, length_group, natural_key
 from kvlab.results import ItemResult
 
 MIB = 1024 * 1024
@@ -28,13 +28,18 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def summary_table(summaries: Sequence[ConfigSummary]) -> str:
     has_ppl = any(s.perplexity is not None for s in summaries)
-    headers = ["config", "n", "accuracy", "95% CI", "p vs base", "KV MiB", "ratio", "kept", "TTFT ms", "TPOT ms"]
+    headers = ["config", "n", "accuracy", "95% CI", "diff vs base [95% CI]", "non-inf", "p vs base", "KV MiB",
+               "ratio", "kept", "TTFT ms", "TPOT ms"]
     headers += ["ppl"] if has_ppl else []
     rows = []
     for s in summaries:
         ci = f"[{s.ci_low:.2f}, {s.ci_high:.2f}]" if s.ci_low is not None else "-"
-        row = [s.config_name, str(s.n_items), _fmt(s.accuracy, ".3f"), ci, _fmt(s.p_value, ".3f"),
-               _fmt(s.physical_kv_bytes, ".2f", 1 / MIB), _fmt(s.compression_ratio, ".2f") + "x",
+        diff = (f"{s.diff_estimate:+.3f} [{s.diff_ci_low:+.2f}, {s.diff_ci_high:+.2f}]"
+                if s.diff_estimate is not None else "-")
+        verdict = "-" if s.non_inferior is None else ("yes" if s.non_inferior else "no")
+        row = [s.config_name, str(s.n_items), _fmt(s.accuracy, ".3f"), ci, diff, verdict, _fmt(s.p_value, ".3f"),
+               ("≈" if s.kv_bytes_estimated else "") + _fmt(s.physical_kv_bytes, ".2f", 1 / MIB),
+               ("≈" if s.kv_bytes_estimated else "") + _fmt(s.compression_ratio, ".2f") + "x",
                _fmt(s.kept_fraction, ".0%"), _fmt(s.ttft_s, ".0f", 1000), _fmt(s.tpot_s, ".1f", 1000)]
         rows.append(row + ([_fmt(s.perplexity, ".2f")] if has_ppl else []))
     return _table(headers, rows)
@@ -42,8 +47,8 @@ def summary_table(summaries: Sequence[ConfigSummary]) -> str:
 
 def length_table(results: Sequence[ItemResult], baseline_name: str) -> str:
     """Accuracy per config (rows) and context length (columns)."""
-    groups = breakdown(results, lambda r: (r.task, r.context_length), baseline_name)
-    keys = sorted(groups, key=lambda k: (k[0], k[1]))
+    groups = breakdown(results, lambda r: (r.task, length_group(r)), baseline_name)
+    keys = sorted(groups, key=natural_key)
     names = list(dict.fromkeys(r.config_name for r in results))
     headers = ["config"] + [f"{task}@{length}" for task, length in keys]
     cells = {(k, s.config_name): s.accuracy for k in keys for s in groups[k]}
@@ -51,18 +56,54 @@ def length_table(results: Sequence[ItemResult], baseline_name: str) -> str:
     return _table(headers, rows)
 
 
-def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], baseline_name: str) -> str:
+def floor_table(results: Sequence[ItemResult], baseline_name: str) -> str:
+    """Per task and length: the baseline's accuracy, the task's chance floor and what each of its
+    shortcuts (e.g. "answer with the first number") scores on the same items."""
+    from kvlab.tasks import CHANCE_FLOORS
+
+    groups: dict[tuple[str, str], list[ItemResult]] = {}
+    for r in results:
+        if r.config_name == baseline_name:
+            groups.setdefault((r.task, length_group(r)), []).append(r)
+    rows = []
+    for (task, length), mine in sorted(groups.items(), key=lambda g: natural_key(g[0])):
+        scores = [r.score for r in mine if r.score is not None]
+        shortcuts: dict[str, list[float]] = {}
+        for r in mine:
+            for name, value in r.extra.get("shortcuts", {}).items():
+                shortcuts.setdefault(name, []).append(value)
+        measured = ", ".join(f"{name} {sum(v) / len(v):.2f}" for name, v in shortcuts.items()) or "-"
+        rows.append([f"{task}@{length}", _fmt(sum(scores) / len(scores) if scores else None, ".2f"),
+                     CHANCE_FLOORS.get(task, "-"), measured])
+    return _table(["task", "baseline", "chance floor", "shortcuts on these items"], rows)
+
+
+def decision_text(decision: Decision) -> str:
+    """The sweet spot (or why there is none) and the rule that chose it."""
+    spot = decision.sweet_spot
+    head = (f"sweet spot: {spot.config_name} at {spot.compression_ratio:.2f}x" if spot is not None
+            else f"sweet spot: none ({decision.note})")
+    return f"{head}\nrule: {decision.rule}"
+
+
+def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], baseline_name: str,
+           decision: Decision | None = None) -> str:
+    """The whole terminal report; ``decision`` defaults to :func:`decide` at the default margin."""
+    decision = decision or decide(summaries, baseline_name)
     parts = [summary_table(summaries), "", "accuracy by task and context length (tokens):",
              length_table(results, baseline_name)]
+    if any(r.config_name == baseline_name for r in results):
+        parts += ["", "can the baseline do the task, and what would a shortcut score?", floor_table(results, baseline_name)]
     base = next((s for s in summaries if s.config_name == baseline_name), None)
     if base is not None and base.accuracy is not None:
         parts += ["", f"baseline accuracy {base.accuracy:.2f} on {base.n_scored} items"
                   + ("  (low: the model can hardly do this task uncompressed)" if base.accuracy < 0.5 else "")]
-    spot = sweet_spot(summaries, baseline_name)
-    if spot is not None:
-        parts.append(f"sweet spot: {spot.config_name} at {spot.compression_ratio:.2f}x "
-                     f"(most compressed config whose 95% CI overlaps the baseline's and whose accuracy is "
-                     f"within {DEFAULT_TOLERANCE:.0%} of it)")
-    parts += ["", "KV MiB: measured bytes of the compressed context cache; ratio = 16-bit baseline / measured; "
-              "kept = fraction of context tokens kept; p: exact McNemar vs baseline on the same items"]
+    parts.append(decision_text(decision))
+    if any(s.kv_bytes_estimated for s in summaries):
+        parts += ["", "≈ estimated, not measured: the server's KV pool bytes per token (from its start-up log) times "
+                  "the prompt tokens"]
+    parts += ["", "diff vs base: paired accuracy difference (config - baseline) on the same items, 95% interval "
+              "(Newcombe); non-inf: non-inferior at the margin after Holm; KV MiB: measured bytes of the compressed "
+              "context cache; ratio = 16-bit baseline / measured; kept = fraction of context tokens kept; "
+              "p: exact McNemar vs baseline on the same items"]
     return "\n".join(parts)

@@ -14,8 +14,8 @@ class ItemResult:
     (``physical_kv_bytes`` measured from the tensors, ``analytic_kv_bytes`` from the layout
     formula, ``baseline_kv_bytes`` the same tokens uncompressed at 16-bit);
     ``peak_kv_bytes`` is the largest size measured while the suffix and answer were
-    decoded (per layer, summed).  Times are seconds: TTFT counts the
-    (shared) prefill + compression + first token, as if the config ran alone.
+    decoded (per layer, summed).  Times are seconds: TTFT = prefill (without any eviction
+    scorer) + this config's own scorer + compression + first token, as if the config ran alone.
     ``peak_memory_bytes``: on CUDA the peak allocated during this config, on CPU the process
     RSS after it.  Bytes and kept fractions are ``None`` where the engine cannot know them
     (an OpenAI-compatible endpoint that does not report its cache): never a guess.
@@ -51,6 +51,9 @@ class ItemResult:
     nll_tokens: int | None = None
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    score_s: float | None = None  # this config's own eviction scorer during the prefill
+    first_token_s: float | None = None  # the step that produced the first token
+    kv_bytes_estimated: bool = False  # True: derived from a server's pool line, not summed from tensors
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

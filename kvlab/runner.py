@@ -10,13 +10,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kvlab.analysis import ConfigSummary, summarize
+from kvlab.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.config import BASELINE, ExperimentSpec, KVCacheConfig, spec_to_dict
 from kvlab.engines.base import Engine, EngineFailure, evaluate_all, passes
 from kvlab.engines.factory import build_engine
 from kvlab.provenance import environment
 from kvlab.results import ItemResult
-from kvlab.tasks import TaskItem, generate_items, score_item
+from kvlab.tasks import TaskItem, generate_items, score_item, shortcut_scores
 
 
 @dataclass
@@ -38,7 +38,11 @@ class ExperimentRun:
     def summaries(self) -> list[ConfigSummary]:
         """In the spec's config order (results of a concurrent engine arrive in finishing order)."""
         order = {c.label: i for i, c in enumerate(self.configs)}
-        return sorted(summarize(self.results, self.baseline_name), key=lambda s: order.get(s.config_name, len(order)))
+        return sorted(summarize(self.results, self.baseline_name, self.spec.max_drop),
+                      key=lambda s: order.get(s.config_name, len(order)))
+
+    def decision(self) -> Decision:
+        return decide(self.summaries(), self.baseline_name)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +51,7 @@ class ExperimentRun:
             "warnings": self.warnings, "failure": self.failure,
             "configs": [c.model_dump(mode="json") | {"label": c.label} for c in self.configs],
             "summary": [s.to_dict() for s in self.summaries()],
+            "sweet_spot": self.decision().to_dict(),
             "results": [r.to_dict() for r in self.results],
         }
 
@@ -57,8 +62,12 @@ def build_items(spec: ExperimentSpec, tokenizer: Any, limit: int | None = None) 
 
 
 def score(item: TaskItem, result: ItemResult) -> ItemResult:
+    """The item's score, and (in ``extra["shortcuts"]``) what the task's shortcuts would score."""
     if item.kind == "generate" and result.error is None:
         result.score = score_item(item, result.generated)
+    shortcuts = shortcut_scores(item)
+    if shortcuts:
+        result.extra = {**result.extra, "shortcuts": shortcuts}
     return result
 
 

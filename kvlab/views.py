@@ -28,17 +28,24 @@ PAGE_DOCTOR = "doctor"
 SORTS = {"newest": "-created_at", "oldest": "created_at", "name": "name", "status": "status",
          "recently started": "-started_at", "recently finished": "-finished_at"}
 PAGE_SIZE = 50
+MAX_ID = 2**63 - 1  # the largest id a database column holds
 
 X_AXES = ("bytes", "ratio")
 
 
 def parse_int(value: str | None) -> int | None:
-    """An id from the URL, or None for anything that is not a positive integer."""
+    """An id from the URL, or None for anything that is not a positive integer a database id can be."""
     try:
         number = int(str(value).strip())
     except (TypeError, ValueError):
         return None
-    return number if number > 0 else None
+    return number if 0 < number <= MAX_ID else None
+
+
+def invalid_ids(values: Iterable[str]) -> list[str]:
+    """The parts of id params (see :func:`parse_ids`) that are not ids, to tell the user."""
+    return [part.strip() for value in values for part in str(value).split(",")
+            if part.strip() and parse_int(part) is None]
 
 
 def parse_ids(values: Iterable[str]) -> list[int]:
@@ -150,11 +157,17 @@ def summary_rows(summaries: Sequence[ConfigSummary], sweet_name: str | None = No
     rows = []
     for s in summaries:
         ci = f"[{s.ci_low:.2f}, {s.ci_high:.2f}]" if not _missing(s.ci_low) else "-"
+        about = "≈" if s.kv_bytes_estimated else ""  # a server's estimate, not a measurement
+        diff = (f"{s.diff_estimate:+.3f} [{s.diff_ci_low:+.3f}, {s.diff_ci_high:+.3f}]"
+                if s.diff_estimate is not None else "-")
         rows.append({
             "config": s.config_name + ("  ★ sweet spot" if s.config_name == sweet_name else ""),
             "items": s.n_items, "accuracy": fmt(s.accuracy, ".3f"), "95% CI": ci,
-            "p vs baseline": fmt(s.p_value, ".3f"), "KV (MiB)": fmt(s.physical_kv_bytes, ".3f", 1 / MIB),
-            "ratio (x)": fmt(s.compression_ratio, ".2f"), "kept": fmt(s.kept_fraction, ".0%"),
+            "vs baseline (95% CI)": diff,
+            "non-inferior": "-" if s.non_inferior is None else ("yes" if s.non_inferior else "no"),
+            "Holm p": fmt(s.p_adjusted, ".3g"),
+            "p vs baseline": fmt(s.p_value, ".3f"), "KV (MiB)": about + fmt(s.physical_kv_bytes, ".3f", 1 / MIB),
+            "ratio (x)": about + fmt(s.compression_ratio, ".2f"), "kept": fmt(s.kept_fraction, ".0%"),
             "TTFT (ms)": fmt(s.ttft_s, ".0f", 1000), "TPOT (ms)": fmt(s.tpot_s, ".1f", 1000),
             "perplexity": fmt(s.perplexity, ".2f"), "errors": s.errors,
         })

@@ -9,13 +9,14 @@ from collections.abc import Sequence
 import streamlit as st
 
 from kvlab import charts, views
-from kvlab.analysis import DEFAULT_TOLERANCE, ConfigSummary, breakdown, summarize, sweet_spot
+from kvlab.analysis import ConfigSummary, breakdown, decide, length_group, summarize
+from kvlab.decision import DEFAULT_MAX_DROP
 from kvlab.chart_export import report_html
 from kvlab.config import dump_spec, parse_spec
 from kvlab.export import experiment_document, results_csv
 from kvlab.results import ItemResult
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord
-from pages.common import chart, empty_state, get_store, results_of, share_box, slug
+from pages.common import chart, empty_state, get_store, guard, results_of, share_box, slug
 
 LIVE_EVERY_S = 2.0
 TELEMETRY_LIMIT = 3000
@@ -30,6 +31,9 @@ if not recent:
 
 labels = {e.id: f"#{e.id} {e.name}" for e in recent}  # no status here: the live panel below has the current one
 wanted = views.parse_int(st.query_params.get("id"))
+if wanted is None and st.query_params.get("id") is not None:
+    st.warning(f"The link's id {st.query_params.get('id')[:40]!r} is not an experiment id (a whole number from 1): "
+               "showing the newest experiment instead.")
 if wanted is not None and wanted not in labels:
     labels = {wanted: f"#{wanted}"} | labels
 experiment_id = st.selectbox("Experiment", list(labels), format_func=labels.get,
@@ -54,9 +58,14 @@ if experiment.error:
 def live_panel(experiment_id: int, shown: tuple[str, int]) -> None:
     """Progress, trials and telemetry; refreshed every few seconds while the experiment runs.  When
     a trial ends (or the experiment does) the whole page reruns so the results below catch up."""
+    with guard("Experiment: live panel"):  # its reruns every few seconds run outside app.py's guard
+        _live_panel(experiment_id, shown)
+
+
+def _live_panel(experiment_id: int, shown: tuple[str, int]) -> None:
     try:
         current = store.get_experiment(experiment_id)
-    except ExperimentNotFoundError as error:  # deleted meanwhile (this runs outside app.py's guard)
+    except ExperimentNotFoundError as error:  # deleted meanwhile
         st.error(str(error))
         return
     ended = current.trials_done + current.trials_failed + current.trials_cancelled
@@ -99,8 +108,14 @@ all_configs = list(dict.fromkeys(r.config_name for r in results))
 hidden = st.multiselect("Hide configs", all_configs, key="hide", bind="query-params",
                         help="Leave configs out of every chart and table below.")
 shown_results = [r for r in results if r.config_name not in hidden]
-summaries = summarize(shown_results, baseline)
-sweet = sweet_spot(summaries, baseline)
+margin_points = st.number_input(
+    "Non-inferiority margin (accuracy points)", min_value=0.5, max_value=50.0, step=0.5, key="margin",
+    value=100 * float(experiment.spec.get("max_drop", DEFAULT_MAX_DROP)), bind="query-params",
+    help="How much accuracy a config may lose against the baseline and still count as holding it (the spec's "
+         "max_drop); decided by a paired test on the same items, Holm-corrected across configs.")
+summaries = summarize(shown_results, baseline, margin_points / 100)
+decision = decide(summaries, baseline)
+sweet = decision.sweet_spot
 stem = slug(f"{experiment.id}-{experiment.name}")
 
 tradeoff_tab, latency_tab, breakdown_tab, needle_tab, failed_tab, spec_tab, export_tab = st.tabs(
@@ -111,11 +126,12 @@ with tradeoff_tab:
                     help="bytes: physical KV cache in MiB; ratio: baseline bytes / physical bytes")
     if sweet is not None:
         st.success(f"Sweet spot: **{sweet.config_name}** at {sweet.compression_ratio:.2f}x "
-                   f"({sweet.physical_kv_bytes / views.MIB:.3f} MiB) with accuracy {sweet.accuracy:.2f}, holding "
-                   f"the baseline's within its 95% interval and {DEFAULT_TOLERANCE:.0%}.")
+                   f"({sweet.physical_kv_bytes / views.MIB:.3f} MiB), accuracy {sweet.accuracy:.2f}, "
+                   f"{sweet.diff_estimate:+.3f} [{sweet.diff_ci_low:+.3f}, {sweet.diff_ci_high:+.3f}] against the "
+                   f"baseline on the same items.")
     else:
-        st.info("No sweet spot: no compressed config holds the baseline's accuracy (or the baseline has no scored "
-                "items yet).")
+        st.info(f"No sweet spot: {decision.note}.")
+    st.caption(f"Rule: the {decision.rule}.")
     tradeoff = charts.tradeoff_figure(summaries, axis, baseline, title=f"{experiment.name}: memory vs accuracy")
     chart(tradeoff, "tradeoff", f"{stem}-tradeoff")
     st.dataframe(views.summary_rows(summaries, sweet.config_name if sweet else None), hide_index=True)
@@ -124,17 +140,22 @@ with tradeoff_tab:
             "- **Physical KV bytes**: the sum of `nbytes` of every tensor the compressed cache holds (codes, scales, "
             "zero points, 16-bit residual window, kept tokens), measured.\n"
             "- **Compression ratio (x)**: baseline bytes (the same tokens uncompressed at 16-bit) / physical bytes.\n"
-            "- **Accuracy**: mean per-item score in [0, 1], with a 95% Wilson (0/1 scores) or bootstrap interval; "
-            "**p vs baseline**: exact McNemar test on the same items.\n"
+            "- **Accuracy**: mean per-item score in [0, 1], with a 95% Wilson interval; **p vs baseline**: exact "
+            "McNemar test on the same items.\n"
+            "- **vs baseline**: the paired accuracy difference (config - baseline) on the same items with its 95% "
+            "interval (Newcombe's square-and-add; MOVER for fractional scores); **non-inferior** when its one-sided "
+            "test against the margin rejects after Holm's correction across the configs (Holm p < 0.025).\n"
+            "- **≈**: bytes estimated from a server's KV pool (bytes per token x prompt tokens), not measured.\n"
             "- **Pareto front**: configs no other config beats on both bytes (lower) and accuracy (higher).\n"
-            "- **TTFT**: prefill + compression + first token; **TPOT**: decode time after the first token per token.")
+            "- **TTFT**: prefill (without eviction scorers) + this config's own scorer + compression + first token, "
+            "as if it ran alone; **TPOT**: decode time after the first token per token.")
 
 with latency_tab:
     chart(charts.latency_figure(summaries), "latency", f"{stem}-latency")
 
 with breakdown_tab:
-    for dimension, key in (("task", lambda r: r.task), ("context length", lambda r: r.context_length)):
-        groups = breakdown(shown_results, key, baseline)
+    for dimension, key in (("task", lambda r: r.task), ("context length", length_group)):
+        groups = breakdown(shown_results, key, baseline, margin_points / 100)
         chart(charts.breakdown_figure(groups, dimension), f"breakdown-{dimension}", f"{stem}-by-{slug(dimension)}")
 
 with needle_tab:
@@ -165,12 +186,15 @@ def _report(experiment: ExperimentRecord, summaries: Sequence[ConfigSummary], re
                "Compression ratio vs accuracy": charts.tradeoff_figure(summaries, "ratio", baseline),
                "Latency": charts.latency_figure(summaries),
                "Accuracy by context length": charts.breakdown_figure(
-                   breakdown(results, lambda r: r.context_length, baseline), "context length")}
+                   breakdown(results, length_group, baseline), "context length")}
     figures |= {f"Needles: {name}": charts.needle_heatmap(results, name) for name in charts.needle_configs(results)}
-    best = sweet_spot(summaries, baseline)
+    decided = decide(summaries, baseline)
+    best = decided.sweet_spot
     meta = {"experiment": experiment.id, "status": experiment.status, "model": experiment.model,
             "backend": experiment.backend_kind, "seed": experiment.seed,
-            "created": f"{experiment.created_at:%Y-%m-%d %H:%M} UTC", "sweet spot": views.sweet_spot_label(best)}
+            "created": f"{experiment.created_at:%Y-%m-%d %H:%M} UTC",
+            "sweet spot": views.sweet_spot_label(best) if best else f"none ({decided.note})",
+            "sweet spot rule": f"the {decided.rule}"}
     return report_html(f"kvlab: {experiment.name}", meta,
                        {"Summary": views.summary_rows(summaries, best.config_name if best else None),
                         "Failed items": views.failed_rows(results, limit=100)},

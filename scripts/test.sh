@@ -4,21 +4,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --dev
 . .venv/bin/activate
-# A throwaway PostgreSQL for the store tests (installs it with apt when missing, needs root then);
-# without it those cases skip and say why.
-if pg_env=$(bash scripts/postgres.sh); then
-  eval "$pg_env"
-else
-  echo "test.sh: no PostgreSQL server; PostgreSQL cases will skip" >&2
-fi
+# Everything below is required: a test that would skip for want of it fails instead (KVLAB_STRICT_TESTS).
+export KVLAB_STRICT_TESTS=1
+# The second model, for the sliding-window tests.
+kvlab models pull gemma3-270m >/dev/null
+# A throwaway PostgreSQL for the store tests (installs it with apt when missing, needs root then).
+pg_env=$(bash scripts/postgres.sh) || { echo "test.sh: could not start PostgreSQL (scripts/postgres.sh)" >&2; exit 1; }
+eval "$pg_env"
 # Debian's chromium renders chart exports (kaleido) and runs the browser tests (Playwright); neither
-# downloads a browser. Installed with apt when missing (needs root); without it those tests skip and say why.
+# downloads a browser. Installed with apt when missing (needs root).
 if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >&2 \
-      || echo "test.sh: could not install chromium; export and browser tests will skip" >&2
-  else
-    echo "test.sh: no chromium (apt-get install chromium); export and browser tests will skip" >&2
-  fi
+  echo "test.sh: installing chromium" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+    || { echo "test.sh: could not install chromium (apt-get install chromium)" >&2; exit 1; }
 fi
 python -m pytest -q "$@"

@@ -10,9 +10,12 @@ from kvlab.analysis import (
     paired_test,
     pareto_front,
     summarize,
+    decide,
+    length_group,
     sweet_spot,
     wilson_interval,
 )
+from kvlab.decision import PairedScores, holm, items_needed
 from kvlab.results import ItemResult
 
 
@@ -33,9 +36,13 @@ def test_wilson_interval_known_values():
     assert (low, high) == (pytest.approx(0.2366, abs=1e-3), pytest.approx(0.7634, abs=1e-3))
 
 
-def test_interval_for_fractional_scores_is_bootstrap():
-    low, high = accuracy_interval([0.5, 0.75, 1.0, 0.25])
-    assert 0.25 <= low < 0.625 < high <= 1.0
+def test_interval_for_fractional_scores_does_not_collapse():
+    # Wilson at p = 19.5/20, z = 1.96: centre (0.975 + 3.8415/40) / (1 + 3.8415/20) = 0.89847,
+    # half 1.96 * sqrt(0.975*0.025/20 + 3.8415/1600) / 1.19207 = 0.09892 -> [0.7996, 0.9974],
+    # wider than twenty 1.0 scores' [0.8389, 1.0] (a bootstrap gave [0.925, 1.0]).
+    low, high = accuracy_interval([1.0] * 19 + [0.5])
+    assert (low, high) == (pytest.approx(0.7996, abs=2e-4), pytest.approx(0.9974, abs=2e-4))
+    assert low < wilson_interval(20, 20)[0] == pytest.approx(0.8389, abs=1e-4)
 
 
 def test_mcnemar_exact():
@@ -56,7 +63,59 @@ def test_summaries_front_and_sweet_spot():
     assert summaries["int2"].p_value < 0.05 and summaries["int4"].p_value == 1.0
     front = [s.config_name for s in pareto_front(list(summaries.values()))]
     assert front == ["int2", "int4", "baseline"]
-    assert sweet_spot(list(summaries.values())).config_name == "int4"
-    assert sweet_spot(list(summaries.values()), tolerance=0.0).config_name == "baseline"
+    # 10 items are too few to show anything non-inferior within 5 points: with 3 configs compared,
+    # z = z(0.025 / 3) = 2.394 and a perfect config needs n >= 19 z^2 = 108.9 items.
+    decision = decide(list(summaries.values()))
+    assert decision.sweet_spot is None and "109 items" in decision.note
+    assert sweet_spot(summarize(rows, max_drop=0.5)).config_name == "int4"
     by_length = breakdown(rows, lambda r: r.context_length)
     assert sorted(by_length) == [512, 1024] and all(len(v) == 4 for v in by_length.values())
+
+
+def _paired(both: int, config_only: int, baseline_only: int, neither: int) -> PairedScores:
+    config = [1] * both + [1] * config_only + [0] * baseline_only + [0] * neither
+    baseline = [1] * both + [0] * config_only + [1] * baseline_only + [0] * neither
+    return PairedScores.of(baseline, config)
+
+
+def test_paired_interval_matches_newcombe_published_example():
+    # Fagerland, Lydersen & Laake, "Statistical Analysis of Contingency Tables", ch. 8: the paired
+    # table (59, 6 / 16, 80) has estimate -0.0621 and Newcombe square-and-add 95% CI -0.1186 to -0.0046.
+    pair = _paired(59, 6, 16, 80)
+    assert pair.difference == pytest.approx(-0.0621, abs=1e-4)
+    low, high = pair.interval()
+    assert (low, high) == (pytest.approx(-0.1186, abs=1e-4), pytest.approx(-0.0046, abs=1e-4))
+
+
+def test_holm_adjustment_by_hand():
+    # sorted 0.01, 0.03, 0.04 -> 3 x 0.01 = 0.03, 2 x 0.03 = 0.06, max(0.06, 1 x 0.04) = 0.06
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+
+
+def test_items_needed_when_every_item_is_right():
+    # Both all correct: the lower end is -(1 - n / (n + z^2)); above -0.05 from n >= 19 z^2 = 72.99.
+    assert items_needed(1.0, 0.05, 1) == 73
+    assert _paired(73, 0, 0, 0).p_noninferior(0.05) < 0.025 < _paired(72, 0, 0, 0).p_noninferior(0.05)
+
+
+def test_sweet_spot_is_most_compressed_non_inferior_config_after_holm():
+    rows = []
+    for i in range(400):
+        rows += [_result("baseline", i, 1.0, 1000), _result("int8", i, 1.0, 500),
+                 _result("int4", i, 0.0 if i < 4 else 1.0, 300), _result("int2", i, 0.0 if i < 80 else 1.0, 200)]
+    summaries = {s.config_name: s for s in summarize(rows)}
+    assert summaries["int2"].non_inferior is False and summaries["int2"].diff_estimate == pytest.approx(-0.2)
+    assert summaries["int4"].non_inferior is True and summaries["int8"].non_inferior is True
+    assert summaries["int4"].p_adjusted >= summaries["int4"].p_noninferior
+    decision = decide(list(summaries.values()))
+    assert decision.sweet_spot.config_name == "int4" and "Holm" in decision.rule and decision.note == ""
+    data = summaries["int4"].to_dict()
+    assert data["diff_vs_baseline"]["estimate"] == pytest.approx(-0.01) and data["non_inferior"] is True
+
+
+def test_jsonl_lengths_are_bucketed():
+    row = _result("baseline", 0, 1.0, 1000)
+    row.task, row.context_length = "jsonl", 700
+    assert length_group(row) == "512-1023"
+    row.task = "passkey"
+    assert length_group(row) == "700"

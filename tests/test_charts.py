@@ -15,7 +15,7 @@ from tests.dashboard_data import PROFILE, item_result
 
 RESULTS = [item_result(config, index, length, depth) for config in PROFILE
            for index, (length, depth) in enumerate((n, d) for n in (256, 512) for d in (0.1, 0.9) for _ in range(2))]
-SUMMARIES = summarize(RESULTS, "baseline")
+SUMMARIES = summarize(RESULTS, "baseline", max_drop=0.5)  # 8 items: only a wide margin can show one
 needs_chromium = pytest.mark.skipif(browser_path() is None, reason="no Chromium: `apt-get install chromium`")
 
 
@@ -40,6 +40,15 @@ def test_tradeoff_bytes_has_front_band_and_sweet_spot():
     assert (band.y0, band.y1) == pytest.approx((by_name["baseline"].ci_low, by_name["baseline"].ci_high))
     assert list(_trace(fig, "sweet spot").x) == pytest.approx([by_name["int4"].physical_kv_bytes / MIB])
     assert any("sweet spot: int4 (3.70x)" in a.text for a in fig.layout.annotations)
+    assert any("-50 points, Holm" in a.text.replace("<br>", " ") for a in fig.layout.annotations)
+    assert "vs baseline +0.000 [" in _trace(fig, "configs").hovertext[1]
+
+
+def test_tradeoff_without_a_non_inferior_config_says_why():
+    fig = charts.tradeoff_figure(summarize(RESULTS, "baseline"), "bytes")
+    assert not any(t.name == "sweet spot" for t in fig.data)
+    notes = [a.text.replace("<br>", " ") for a in fig.layout.annotations]
+    assert any("No config is shown non-inferior within 5 points on 8 items" in text for text in notes)
 
 
 def test_tradeoff_ratio_axis_and_bad_axis():

@@ -9,6 +9,7 @@ afterwards: ``ratio``/``keep_fraction`` keep the top tokens per head (kvpress's
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,17 +84,28 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
     return [layer.self_attn for layer in base.layers]
 
 
+@dataclass
+class CollectedScores:
+    """Every scorer's per-layer scores ``[B, kv_heads, T]`` and the seconds each one cost."""
+
+    scores: dict[ScorerKey, list[torch.Tensor | None]]
+    seconds: dict[ScorerKey, float]
+
+
 @contextmanager
 def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
-                   skip_layers: tuple[bool, ...]) -> Iterator[dict[ScorerKey, list[torch.Tensor | None]]]:
+                   skip_layers: tuple[bool, ...]) -> Iterator[CollectedScores]:
     """During one prefill, compute every scorer's per-layer scores ``[B, kv_heads, T]``.
 
     Hooks run after each attention layer, when the cache holds that layer's keys and values,
     and call each press's ``score`` as kvpress's own hook would.  Layers in ``skip_layers``
-    (sliding window) are not scored: they are never evicted.
+    (sliding window) are not scored: they are never evicted.  Each scorer's own time is
+    measured apart (H2O's includes the attention sums it needs), so a sweep charges every
+    config its own scorer and nobody else's.
     """
     modules = attention_modules(model)
-    scores: dict[ScorerKey, list[torch.Tensor | None]] = {k: [None] * len(modules) for k in keys}
+    collected = CollectedScores({k: [None] * len(modules) for k in keys}, {k: 0.0 for k in keys})
+    scores = collected.scores
     scorers = {k: make_scorer(k, seed) for k in keys}
     base = model.model.language_model if hasattr(model.model, "language_model") else model.model
     for scorer in scorers.values():
@@ -107,9 +119,14 @@ def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
             # output[1] is the attention summed over queries (kvlab.engines.attention), which only
             # H2O reads; SnapKV and TOVA compute their window attention themselves when given None.
             attentions = output[1] if key.method in NEEDS_ATTENTION_WEIGHTS else None
+            start = time.perf_counter()
             with torch.no_grad():
                 scores[key][layer] = scorer.score(module, kwargs["hidden_states"], cache.keys, cache.values,
                                                   attentions, kwargs).float()
+            collected.seconds[key] += time.perf_counter() - start
+            if attentions is not None:
+                collected.seconds[key] += module.kvlab_weights_s
+        module.kvlab_weights_s = 0.0
 
     handles = []
     try:
@@ -118,8 +135,9 @@ def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
                 continue
             module.rotary_emb = base.rotary_emb  # as kvpress's press context does
             module.kvlab_return_weights = want_weights
+            module.kvlab_weights_s = 0.0
             handles.append(module.register_forward_hook(hook, with_kwargs=True))
-        yield scores
+        yield collected
     finally:
         for handle in handles:
             handle.remove()

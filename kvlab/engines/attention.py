@@ -16,6 +16,8 @@ matrix made the prefill 2-3x slower on CPU).
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,8 +39,12 @@ def kvlab_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
     if getattr(module, "is_sliding", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     q_len, kv_len = query.shape[2], key.shape[2]
-    weights = _attention_received(query, key, scaling) if getattr(module, "kvlab_return_weights", False) \
-        else None
+    weights = None
+    if getattr(module, "kvlab_return_weights", False):
+        start = time.perf_counter()
+        weights = _attention_received(query, key, scaling)
+        # H2O's statistic is its scorer's cost, not the prefill's (kvlab.compress.eviction reads this)
+        module.kvlab_weights_s = getattr(module, "kvlab_weights_s", 0.0) + time.perf_counter() - start
     mask = None if q_len in (1, kv_len) else _lower_right_causal(q_len, kv_len, query.device)
     output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
                                             is_causal=q_len == kv_len and q_len > 1,

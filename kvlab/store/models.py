@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Dialect,
@@ -24,6 +25,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -175,6 +177,9 @@ class ItemResultRow(Base):
     nll_tokens: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
     extra: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    score_s: Mapped[float | None] = mapped_column(Double)
+    first_token_s: Mapped[float | None] = mapped_column(Double)
+    kv_bytes_estimated: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
 class TelemetryRow(Base):

@@ -2,7 +2,13 @@
 
 ``num_pairs`` lines "The special magic number for <adjective-noun> is: 1234567." are
 scattered through the haystack; the question asks for one of them. The queried pair
-sits at the item's depth, the distractors at random depths.
+sits at the item's depth; its rank among the numbers is drawn uniformly and independently
+of that depth (the distractors before it at random depths above, the rest below), so
+"answer with the first number" or "with the last one" is right on about ``1 / num_pairs``
+of the items at every depth.  Those shortcuts' scores are measured on every item
+(:func:`shortcut_scores`) and reported next to the baseline's accuracy.
+
+Chance floor: ``1 / num_pairs`` (naming one of the context's numbers without reading the keys).
 
 Default ``num_pairs = 4``: uncompressed SmolLM2-135M at 1k tokens scores 8/10 with 4
 pairs (as with 2; its misses are mostly the last pair's number), but 3/5 with 10
@@ -148,6 +154,12 @@ def question_text(key: str) -> str:
     )
 
 
+def shortcut_scores(item: TaskItem) -> dict[str, float]:
+    """What answering with the context's first or last number would score on ``item``."""
+    numbers = item.metadata["numbers_in_order"]
+    return {"first number": float(numbers[0] == item.answer), "last number": float(numbers[-1] == item.answer)}
+
+
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; the queried pair's depth is round-robin."""
     haystack = load_haystack()
@@ -160,14 +172,16 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
             pairs = rng.sample(range(len(ADJECTIVES) * len(NOUNS)), spec.num_pairs)
             keys = [f"{ADJECTIVES[p // len(NOUNS)]}-{NOUNS[p % len(NOUNS)]}" for p in pairs]
             values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), spec.num_pairs)]
-            depths = [depth] + [rng.random() for _ in keys[1:]]
-            needles = sorted(
-                (
-                    Needle(needle_text(k, v), d)
-                    for k, v, d in zip(keys, values, depths, strict=True)
-                ),
-                key=lambda n: n.depth,
-            )
+            rank = rng.randrange(spec.num_pairs)  # the target's place among the numbers
+            before = sorted(rng.uniform(0.0, depth) for _ in range(rank))
+            after = sorted(rng.uniform(depth, 1.0) for _ in range(spec.num_pairs - 1 - rank))
+            order = [*keys[1 : rank + 1], keys[0], *keys[rank + 1 :]]
+            by_key = dict(zip(keys, values, strict=True))
+            # In this order, with depths that never decrease: needles at one break keep it.
+            needles = [
+                Needle(needle_text(k, by_key[k]), d)
+                for k, d in zip(order, [*before, depth, *after], strict=True)
+            ]
             target = needle_text(keys[0], values[0])
             question = question_text(keys[0])
             start = haystack.random_start(rng)
@@ -194,6 +208,8 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
                         "haystack_start": start,
                         "key": keys[0],
                         "num_pairs": spec.num_pairs,
+                        "target_rank": rank,
+                        "numbers_in_order": [by_key[k] for k in order],
                     },
                 )
             )

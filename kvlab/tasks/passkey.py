@@ -5,6 +5,9 @@ Prompt: instruction, haystack prose with the needle
 then "\\nWhat is the pass key? The pass key is". Completion style, not chat: the
 135M default model fails chat-style needle prompts even with an uncompressed cache,
 and scores 5/5 on this prompt at 1k tokens (depths 0.1-0.9, greedy, float32).
+
+Chance floor: about 0 (a guess of the random 5-digit key is right once in 90,000); the key is
+the only number in the context, so the task tests retrieval over distance, not disambiguation.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ continuation is the next words of the same text (so never part of the context),
 fitted to at most ``continuation_tokens`` tokens and starting with a space so that
 ``context + continuation`` reads as the original text. The engine measures the
 continuation's negative log-likelihood given the (compressed) context cache.
+
+Chance floor: none (not a 0-1 score); compare perplexities with the baseline's.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 - passkey, multikey: 1 if the first run of digits in the output is the expected
   number (leading spaces, punctuation or words before it are tolerated; "714321"
   does not match "71432").
-- variable_tracking: the fraction of expected variable names found in the output
-  as whole words, case-insensitive (recall, as in RULER; extra names cost nothing).
+- variable_tracking: F1 of the variable names the output mentions (whole words,
+  case-insensitive, among the context's variables) against the expected ones: recall
+  alone (RULER's) would give full marks for listing every variable of the context.
 - jsonl: 1 if the normalized output starts with the normalized answer at a word
   boundary (exact match is the special case). Normalizing lowercases, turns
   punctuation into spaces and collapses whitespace. A prefix rather than an exact
@@ -34,9 +35,15 @@ def first_number_match(expected: str, generated: str) -> float:
     return float(found is not None and found.group() == expected)
 
 
-def names_recalled(expected_names: list[str], generated: str) -> float:
+def names_f1(expected_names: list[str], all_names: list[str], generated: str) -> float:
+    """F1 of the names in ``all_names`` that ``generated`` mentions, against ``expected_names``."""
     words = set(re.findall(r"[a-z]+", generated.lower()))
-    return sum(name.lower() in words for name in expected_names) / len(expected_names)
+    mentioned = {name.lower() for name in all_names} & words
+    hits = len(mentioned & {name.lower() for name in expected_names})
+    if not hits:
+        return 0.0
+    precision, recall = hits / len(mentioned), hits / len(expected_names)
+    return 2 * precision * recall / (precision + recall)
 
 
 def prefix_match(expected: str, generated: str) -> float:
@@ -54,7 +61,8 @@ def score_item(item: TaskItem, generated: str) -> float:
     if item.task in ("passkey", "multikey"):
         return first_number_match(item.answer, generated)
     if item.task == "variable_tracking":
-        return names_recalled(item.answer.split(), generated)
+        expected = item.answer.split()
+        return names_f1(expected, item.metadata.get("all_names", expected), generated)
     if item.task == "jsonl":
         return prefix_match(item.answer, generated)
     raise ValueError(f"{item.item_id}: no scorer for task {item.task!r}")

@@ -2,9 +2,14 @@
 
 Each chain is ``num_hops + 1`` statements "VAR QPWXZ = 12345." then
 "VAR KJHGF = VAR QPWXZ." and so on, in order at increasing random depths of the
-haystack; ``num_chains - 1`` further chains with other values are distractors.
-The question asks for every variable holding the first chain's value (RULER's form);
-the answer is those names, space-separated, and the score is the fraction recalled.
+haystack; ``num_chains - 1`` further chains with other values are distractors (3 by
+default, so an answer must tell the chains apart).  The question asks for every variable
+holding the first chain's value (RULER's form); the answer is those names, space-separated,
+and the score is the F1 of the variable names the output mentions against them: an extra
+name costs precision, so listing every name in the context does not pass.
+
+Chance floor: listing every variable of the context scores ``2 / (num_chains + 1)`` (0.4 with
+4 chains; measured per item by :func:`shortcut_scores`), naming one chain at random ``1 / num_chains``.
 
 This is beyond a 135M model: uncompressed SmolLM2-135M recalls 0.2-0.45 of the
 names at 1k tokens (5 items; 0.44 with a BOS token, 0.20 without; 0.27 with
@@ -53,6 +58,13 @@ def _chain(names: list[str], value: str) -> list[str]:
     return [first] + [f"VAR {b} = VAR {a}." for a, b in zip(names, names[1:], strict=False)]
 
 
+def shortcut_scores(item: TaskItem) -> dict[str, float]:
+    """What listing every variable name of the context would score on ``item``."""
+    from kvlab.tasks.scoring import score_item
+
+    return {"every name": score_item(item, " ".join(item.metadata["all_names"]))}
+
+
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; ``depths`` is not used."""
     haystack = load_haystack()
@@ -96,6 +108,7 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
                         "value": values[0],
                         "num_chains": spec.num_chains,
                         "num_hops": spec.num_hops,
+                        "all_names": names,
                     },
                 )
             )

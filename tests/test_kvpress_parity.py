@@ -1,0 +1,54 @@
+"""kvlab's eviction against NVIDIA kvpress's own pipeline, on a freshly loaded model.
+
+kvpress runs on its own copy of SmolLM2, loaded here and never touched by kvlab (no kvlab attention
+installed, no hooks): its press hooks, its DynamicCache, its greedy decoding.  kvlab's engine runs
+the same token ids (context compressed before the question, as kvpress does).  The generated text
+must be identical, item for item: an outside reference that fails when kvlab's attention, scoring
+or token selection drifts.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlab.config import KVCacheConfig
+from kvlab.tasks import TaskSpec, generate_items
+
+pytestmark = pytest.mark.model
+
+PRESSES = ["snapkv", "streaming_llm", "knorm"]
+
+
+@pytest.fixture(scope="module")
+def kvpress_pipeline():
+    from kvpress import KVPressTextGenerationPipeline
+
+    from kvlab.models import DEFAULT_MODEL, load_model
+
+    fresh = load_model(DEFAULT_MODEL)  # a second instance: kvlab's engine never sees it
+    assert fresh.model.config._attn_implementation == "sdpa"
+    return KVPressTextGenerationPipeline(model=fresh.model, tokenizer=fresh.tokenizer)
+
+
+def _press(method: str, ratio: float):
+    from kvpress import KnormPress, SnapKVPress, StreamingLLMPress
+
+    return {"snapkv": SnapKVPress, "streaming_llm": StreamingLLMPress, "knorm": KnormPress}[method](
+        compression_ratio=ratio)
+
+
+@pytest.mark.parametrize("method", PRESSES)
+def test_generated_text_matches_kvpress(engine, kvpress_pipeline, method):
+    items = generate_items(TaskSpec(name="passkey", context_lengths=[512], depths=[0.3, 0.7], num_items=2),
+                           engine.tokenizer, seed=11)
+    config = KVCacheConfig(evict=method, ratio=0.5)
+    for item in items:
+        ours = next(iter(engine.evaluate(item, [config])))
+        context = torch.tensor([engine.tokenizer(item.context)["input_ids"]])
+        question = torch.tensor([engine.tokenizer(item.question, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            theirs = kvpress_pipeline._forward({"context_ids": context, "questions_ids": [question]},
+                                               max_new_tokens=ours.output_tokens, press=_press(method, 0.5))
+        assert ours.generated == theirs[0], (item.item_id, method)
+        assert ours.kept_fraction == pytest.approx(0.5, abs=0.01)
