@@ -165,3 +165,54 @@ def token_depth(tokenizer: Tokenizer, context: str, needle: str) -> float:
     """Where ``needle`` starts in ``context``, as a fraction of the context's tokens."""
     index = context.index(needle)
     return count_tokens(tokenizer, context[:index]) / count_tokens(tokenizer, context)
+
+
+@dataclass(frozen=True)
+class ItemSlot:
+    """One item to build: its length, its index within that length, its needle depth (round-robin
+    over the spec's depths, or None for tasks without one), its id and its private generator."""
+
+    task: str
+    length: int
+    index: int
+    depth: float | None
+    item_id: str
+    rng: random.Random
+
+
+def item_slots(task: str, context_lengths: Sequence[int], num_items: int, seed: int,
+               depths: Sequence[float] | None = None) -> list[ItemSlot]:
+    """``num_items`` slots per context length, ids ``task/L<length>[/d<depth>]/i<index>``."""
+    from kvlab.tasks.items import depth_label, item_rng
+
+    slots = []
+    for length in context_lengths:
+        for index in range(num_items):
+            depth = depths[index % len(depths)] if depths else None
+            item_id = f"{task}/L{length}" + (f"/d{depth_label(depth)}" if depth is not None else "") + f"/i{index}"
+            slots.append(ItemSlot(task, length, index, depth, item_id, item_rng(seed, item_id)))
+    return slots
+
+
+@dataclass(frozen=True)
+class HaystackPrompt:
+    """A filled slot: the context's haystack window with ``needles`` in it, ``fitted`` to the slot's
+    length together with ``question``; ``start`` is where the window begins in the haystack."""
+
+    fitted: Fitted
+    start: int
+
+    def metadata(self, **more: Any) -> dict[str, Any]:
+        return {"prompt_tokens": self.fitted.prompt_tokens, "haystack_start": self.start, **more}
+
+
+def haystack_prompt(slot: ItemSlot, tokenizer: Tokenizer, prefix: str, question: str,
+                    needles: Sequence[Needle] = ()) -> HaystackPrompt:
+    """The skeleton every haystack task shares: a window of prose from a random sentence (drawn
+    from the slot's generator after the task's own draws), needles placed in it, fitted to the
+    slot's length with the question."""
+    haystack = load_haystack()
+    start = haystack.random_start(slot.rng)
+    fitted = fit_to_length(tokenizer, slot.length, question,
+                           lambda n: render_context(haystack, prefix, start, n, needles=needles))
+    return HaystackPrompt(fitted, start)

@@ -17,17 +17,8 @@ pairs and 0/10 with 40, which would leave little room to see compression hurt.
 
 from __future__ import annotations
 
-from functools import partial
-
-from kvlab.tasks.haystack import (
-    Needle,
-    Tokenizer,
-    fit_to_length,
-    load_haystack,
-    render_context,
-    token_depth,
-)
-from kvlab.tasks.items import TaskItem, depth_label, item_rng
+from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots, token_depth
+from kvlab.tasks.items import TaskItem
 from kvlab.tasks.spec import TaskSpec
 
 PREFIX = (
@@ -162,55 +153,27 @@ def shortcut_scores(item: TaskItem) -> dict[str, float]:
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; the queried pair's depth is round-robin."""
-    haystack = load_haystack()
     items = []
-    for length in spec.context_lengths:
-        for i in range(spec.num_items):
-            depth = spec.depths[i % len(spec.depths)]
-            item_id = f"multikey/L{length}/d{depth_label(depth)}/i{i}"
-            rng = item_rng(seed, item_id)
-            pairs = rng.sample(range(len(ADJECTIVES) * len(NOUNS)), spec.num_pairs)
-            keys = [f"{ADJECTIVES[p // len(NOUNS)]}-{NOUNS[p % len(NOUNS)]}" for p in pairs]
-            values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), spec.num_pairs)]
-            rank = rng.randrange(spec.num_pairs)  # the target's place among the numbers
-            before = sorted(rng.uniform(0.0, depth) for _ in range(rank))
-            after = sorted(rng.uniform(depth, 1.0) for _ in range(spec.num_pairs - 1 - rank))
-            order = [*keys[1 : rank + 1], keys[0], *keys[rank + 1 :]]
-            by_key = dict(zip(keys, values, strict=True))
-            # In this order, with depths that never decrease: needles at one break keep it.
-            needles = [
-                Needle(needle_text(k, by_key[k]), d)
-                for k, d in zip(order, [*before, depth, *after], strict=True)
-            ]
-            target = needle_text(keys[0], values[0])
-            question = question_text(keys[0])
-            start = haystack.random_start(rng)
-            fitted = fit_to_length(
-                tokenizer,
-                length,
-                question,
-                partial(render_context, haystack, PREFIX, start, needles=needles),
-            )
-            items.append(
-                TaskItem(
-                    task="multikey",
-                    item_id=item_id,
-                    context=fitted.context,
-                    question=question,
-                    answer=values[0],
-                    context_length=length,
-                    depth=depth,
-                    max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-                    stop=ANSWER_STOP,
-                    metadata={
-                        "prompt_tokens": fitted.prompt_tokens,
-                        "needle_token_depth": token_depth(tokenizer, fitted.context, target),
-                        "haystack_start": start,
-                        "key": keys[0],
-                        "num_pairs": spec.num_pairs,
-                        "target_rank": rank,
-                        "numbers_in_order": [by_key[k] for k in order],
-                    },
-                )
-            )
+    for slot in item_slots("multikey", spec.context_lengths, spec.num_items, seed, spec.depths):
+        rng, depth = slot.rng, slot.depth
+        pairs = rng.sample(range(len(ADJECTIVES) * len(NOUNS)), spec.num_pairs)
+        keys = [f"{ADJECTIVES[p // len(NOUNS)]}-{NOUNS[p % len(NOUNS)]}" for p in pairs]
+        values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), spec.num_pairs)]
+        rank = rng.randrange(spec.num_pairs)  # the target's place among the numbers
+        before = sorted(rng.uniform(0.0, depth) for _ in range(rank))
+        after = sorted(rng.uniform(depth, 1.0) for _ in range(spec.num_pairs - 1 - rank))
+        order = [*keys[1 : rank + 1], keys[0], *keys[rank + 1 :]]
+        by_key = dict(zip(keys, values, strict=True))
+        # In this order, with depths that never decrease: needles at one break keep it.
+        needles = [Needle(needle_text(k, by_key[k]), d) for k, d in zip(order, [*before, depth, *after], strict=True)]
+        question = question_text(keys[0])
+        prompt = haystack_prompt(slot, tokenizer, PREFIX, question, needles)
+        target_depth = token_depth(tokenizer, prompt.fitted.context, needle_text(keys[0], values[0]))
+        items.append(TaskItem(
+            task="multikey", item_id=slot.item_id, context=prompt.fitted.context, question=question,
+            answer=values[0], context_length=slot.length, depth=depth,
+            max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, stop=ANSWER_STOP,
+            metadata=prompt.metadata(needle_token_depth=target_depth, key=keys[0], num_pairs=spec.num_pairs,
+                                     target_rank=rank, numbers_in_order=[by_key[k] for k in order]),
+        ))
     return items

@@ -12,17 +12,8 @@ the only number in the context, so the task tests retrieval over distance, not d
 
 from __future__ import annotations
 
-from functools import partial
-
-from kvlab.tasks.haystack import (
-    Needle,
-    Tokenizer,
-    fit_to_length,
-    load_haystack,
-    render_context,
-    token_depth,
-)
-from kvlab.tasks.items import TaskItem, depth_label, item_rng
+from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots, token_depth
+from kvlab.tasks.items import TaskItem
 from kvlab.tasks.spec import TaskSpec
 
 PREFIX = (
@@ -42,38 +33,15 @@ def needle_text(key: str) -> str:
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; depths assigned round-robin."""
-    haystack = load_haystack()
     items = []
-    for length in spec.context_lengths:
-        for i in range(spec.num_items):
-            depth = spec.depths[i % len(spec.depths)]
-            item_id = f"passkey/L{length}/d{depth_label(depth)}/i{i}"
-            rng = item_rng(seed, item_id)
-            key = str(rng.randint(10_000, 99_999))
-            start = haystack.random_start(rng)
-            needle = Needle(needle_text(key), depth)
-            fitted = fit_to_length(
-                tokenizer,
-                length,
-                QUESTION,
-                partial(render_context, haystack, PREFIX, start, needles=[needle]),
-            )
-            items.append(
-                TaskItem(
-                    task="passkey",
-                    item_id=item_id,
-                    context=fitted.context,
-                    question=QUESTION,
-                    answer=key,
-                    context_length=length,
-                    depth=depth,
-                    max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-                    stop=ANSWER_STOP,
-                    metadata={
-                        "prompt_tokens": fitted.prompt_tokens,
-                        "needle_token_depth": token_depth(tokenizer, fitted.context, needle.text),
-                        "haystack_start": start,
-                    },
-                )
-            )
+    for slot in item_slots("passkey", spec.context_lengths, spec.num_items, seed, spec.depths):
+        key = str(slot.rng.randint(10_000, 99_999))
+        needle = Needle(needle_text(key), slot.depth)
+        prompt = haystack_prompt(slot, tokenizer, PREFIX, QUESTION, [needle])
+        items.append(TaskItem(
+            task="passkey", item_id=slot.item_id, context=prompt.fitted.context, question=QUESTION, answer=key,
+            context_length=slot.length, depth=slot.depth,
+            max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, stop=ANSWER_STOP,
+            metadata=prompt.metadata(needle_token_depth=token_depth(tokenizer, prompt.fitted.context, needle.text)),
+        ))
     return items

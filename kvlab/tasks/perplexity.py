@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from kvlab.tasks.haystack import Tokenizer, fit_to_length, load_haystack, render_context
-from kvlab.tasks.items import TaskItem, item_rng
+from kvlab.tasks.haystack import Tokenizer, fit_to_length, haystack_prompt, item_slots, load_haystack, render_context
+from kvlab.tasks.items import TaskItem
 from kvlab.tasks.spec import TaskSpec
 
 
@@ -22,37 +22,14 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; ``depths`` is not used."""
     haystack = load_haystack()
     items = []
-    for length in spec.context_lengths:
-        for i in range(spec.num_items):
-            item_id = f"perplexity/L{length}/i{i}"
-            start = haystack.random_start(item_rng(seed, item_id))
-            fitted = fit_to_length(
-                tokenizer, length, "", partial(render_context, haystack, "", start)
-            )
-            after = start + fitted.n_words
-            continuation = fit_to_length(
-                tokenizer,
-                spec.continuation_tokens,
-                "",
-                partial(render_context, haystack, " ", after),
-            )
-            items.append(
-                TaskItem(
-                    task="perplexity",
-                    item_id=item_id,
-                    context=fitted.context,
-                    question="",
-                    answer="",
-                    context_length=length,
-                    depth=None,
-                    max_new_tokens=0,
-                    kind="perplexity",
-                    continuation=continuation.context,
-                    metadata={
-                        "prompt_tokens": fitted.prompt_tokens,
-                        "continuation_tokens": continuation.context_tokens,
-                        "haystack_start": start,
-                    },
-                )
-            )
+    for slot in item_slots("perplexity", spec.context_lengths, spec.num_items, seed):
+        prompt = haystack_prompt(slot, tokenizer, "", "")
+        continuation = fit_to_length(tokenizer, spec.continuation_tokens, "",
+                                     partial(render_context, haystack, " ", prompt.start + prompt.fitted.n_words))
+        items.append(TaskItem(
+            task="perplexity", item_id=slot.item_id, context=prompt.fitted.context, question="", answer="",
+            context_length=slot.length, depth=None, max_new_tokens=0, kind="perplexity",
+            continuation=continuation.context,
+            metadata=prompt.metadata(continuation_tokens=continuation.context_tokens),
+        ))
     return items

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import random
 import string
-from functools import partial
 
-from kvlab.tasks.haystack import Needle, Tokenizer, fit_to_length, load_haystack, render_context
-from kvlab.tasks.items import TaskItem, item_rng
+from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots
+from kvlab.tasks.items import TaskItem
 from kvlab.tasks.spec import TaskSpec
 
 PREFIX = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
@@ -67,49 +66,24 @@ def shortcut_scores(item: TaskItem) -> dict[str, float]:
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; ``depths`` is not used."""
-    haystack = load_haystack()
     per_chain = spec.num_hops + 1
     items = []
-    for length in spec.context_lengths:
-        for i in range(spec.num_items):
-            item_id = f"variable_tracking/L{length}/i{i}"
-            rng = item_rng(seed, item_id)
-            names = _names(rng, spec.num_chains * per_chain)
-            values = [str(v) for v in rng.sample(range(10_000, 100_000), spec.num_chains)]
-            needles = []
-            for c, value in enumerate(values):
-                chain_names = names[c * per_chain : (c + 1) * per_chain]
-                depths = sorted(rng.random() for _ in chain_names)
-                needles += [
-                    Needle(s, d) for s, d in zip(_chain(chain_names, value), depths, strict=True)
-                ]
-            needles.sort(key=lambda n: n.depth)  # stable: a chain's statements stay in order
-            question = question_text(values[0], per_chain)
-            start = haystack.random_start(rng)
-            fitted = fit_to_length(
-                tokenizer,
-                length,
-                question,
-                partial(render_context, haystack, PREFIX, start, needles=needles),
-            )
-            items.append(
-                TaskItem(
-                    task="variable_tracking",
-                    item_id=item_id,
-                    context=fitted.context,
-                    question=question,
-                    answer=" ".join(names[:per_chain]),
-                    context_length=length,
-                    depth=None,
-                    max_new_tokens=spec.max_new_tokens or default_max_new_tokens(spec.num_hops),
-                    metadata={
-                        "prompt_tokens": fitted.prompt_tokens,
-                        "haystack_start": start,
-                        "value": values[0],
-                        "num_chains": spec.num_chains,
-                        "num_hops": spec.num_hops,
-                        "all_names": names,
-                    },
-                )
-            )
+    for slot in item_slots("variable_tracking", spec.context_lengths, spec.num_items, seed):
+        names = _names(slot.rng, spec.num_chains * per_chain)
+        values = [str(v) for v in slot.rng.sample(range(10_000, 100_000), spec.num_chains)]
+        needles = []
+        for c, value in enumerate(values):
+            chain_names = names[c * per_chain : (c + 1) * per_chain]
+            depths = sorted(slot.rng.random() for _ in chain_names)
+            needles += [Needle(s, d) for s, d in zip(_chain(chain_names, value), depths, strict=True)]
+        needles.sort(key=lambda n: n.depth)  # stable: a chain's statements stay in order
+        question = question_text(values[0], per_chain)
+        prompt = haystack_prompt(slot, tokenizer, PREFIX, question, needles)
+        items.append(TaskItem(
+            task="variable_tracking", item_id=slot.item_id, context=prompt.fitted.context, question=question,
+            answer=" ".join(names[:per_chain]), context_length=slot.length, depth=None,
+            max_new_tokens=spec.max_new_tokens or default_max_new_tokens(spec.num_hops),
+            metadata=prompt.metadata(value=values[0], num_chains=spec.num_chains, num_hops=spec.num_hops,
+                                     all_names=names),
+        ))
     return items
