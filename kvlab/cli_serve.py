@@ -6,10 +6,21 @@ import argparse
 import sys
 
 from kvlab.cli_types import float_between, int_between, positive_int
+from kvlab.compress.formats import GROUP_SIZES
+from kvlab.compress.methods import BUDGET_BOUNDS, BUDGET_HELP, PARAMS
 from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, ConfigError, KVCacheConfig
 
 KV_FLAGS = ("quant", "group_size", "residual_length", "evict", "ratio", "keep_fraction", "threshold",
             "window_size", "n_sink")
+
+
+def _budget(text: str) -> float:
+    """An eviction budget: a fraction strictly between the registry's bounds, (0, 1)."""
+    low, high = BUDGET_BOUNDS
+    value = float_between(low, high, inclusive_low=False)(text)
+    if value >= high:
+        raise argparse.ArgumentTypeError(f"must be a number in ({low:g}, {high:g}), got {text!r}")
+    return value
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,14 +39,14 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="refuse request bodies larger than this many MiB with a 413 (default: 4)")
     kv = serve.add_argument_group("KV cache (every request's default; a request may send its own `kv_cache`)")
     kv.add_argument("--quant", choices=QUANT_DTYPES, default="none")
-    kv.add_argument("--group-size", type=int, choices=[32, 64, 128])
+    kv.add_argument("--group-size", type=int, choices=GROUP_SIZES)
     kv.add_argument("--residual-length", type=int)
-    kv.add_argument("--evict", choices=EVICTION_METHODS, default="none")
-    kv.add_argument("--ratio", type=float, help="fraction of prompt tokens removed (kvpress's compression_ratio)")
-    kv.add_argument("--keep-fraction", type=float, help="fraction of prompt tokens kept (top-k)")
-    kv.add_argument("--threshold", type=float, help="score quantile below which tokens are evicted")
-    kv.add_argument("--window-size", type=int)
-    kv.add_argument("--n-sink", type=int)
+    kv.add_argument("--evict", choices=EVICTION_METHODS, default="none", help="see `kvlab methods`")
+    for budget, text in BUDGET_HELP.items():
+        kv.add_argument(f"--{budget.replace('_', '-')}", type=_budget, metavar="FRACTION", help=text)
+    for name, param in PARAMS.items():
+        kv.add_argument(f"--{name.replace('_', '-')}", type=int_between(param.low, param.high),
+                        help=f"{param.help} (default {param.default})")
     serve.set_defaults(func=cmd_serve)
 
 

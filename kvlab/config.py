@@ -16,46 +16,44 @@ from typing import Annotated, Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvlab.compress.formats import DEFAULT_GROUP_SIZE, GROUP_SIZES, INT_BITS, QUANT_ALIASES, QUANT_NAMES
+from kvlab.compress.methods import (
+    BUDGET_BOUNDS,
+    BUDGET_HELP,
+    METHOD_ALIASES,
+    METHOD_NAMES,
+    METHODS,
+    PARAMS,
+    methods_with,
+)
 from kvlab.errors import ConfigError
 from kvlab.secrets import URL_USERINFO, url_credentials
 from kvlab.tasks.jsonl import check_task_files
 from kvlab.tasks.spec import TaskSpec
 
-QuantDtype = Literal["none", "int8", "int4", "int2", "fp8_e4m3", "fp8_e5m2"]
-EvictionMethod = Literal[
-    "none",
-    "streaming_llm",
-    "snapkv",
-    "tova",
-    "knorm",
-    "observed_attention",
-    "expected_attention",
-    "random",
-    "keydiff",
-    "pyramidkv",
-]
+QuantDtype = Literal[QUANT_NAMES]  # type: ignore[valid-type]  # the format registry's names
+EvictionMethod = Literal[METHOD_NAMES]  # type: ignore[valid-type]  # "none" + the method registry's names
 BackendKind = Literal["embedded", "openai_compat", "vllm", "sglang"]
 
-QUANT_DTYPES: tuple[str, ...] = QuantDtype.__args__  # type: ignore[attr-defined]
-EVICTION_METHODS: tuple[str, ...] = EvictionMethod.__args__  # type: ignore[attr-defined]
-GROUP_SIZES = (32, 64, 128)
+QUANT_DTYPES: tuple[str, ...] = QUANT_NAMES
+EVICTION_METHODS: tuple[str, ...] = METHOD_NAMES
 
-#: Common names users type for methods, mapped to the canonical kvlab name.
-EVICTION_ALIASES = {
-    "h2o": "observed_attention",
-    "streamingllm": "streaming_llm",
-    "streaming": "streaming_llm",
-    "expected": "expected_attention",
-    "fp8": "fp8_e4m3",
-}
+#: Common names users type for formats and methods, mapped to the canonical kvlab name.
+ALIASES = QUANT_ALIASES | METHOD_ALIASES
 
-#: Scorers whose score does not depend on the budget, so one score serves a
-#: whole sweep and a global threshold is meaningful.  StreamingLLM is purely
-#: positional and PyramidKV sets its own per-layer budgets.
 #: A spec is a few KB; anything near this is not a spec (and would be read whole into memory).
 MAX_SPEC_BYTES = 1 << 20
 
-THRESHOLD_METHODS = ("snapkv", "tova", "knorm", "observed_attention", "expected_attention", "random", "keydiff")
+#: Scorers whose score does not depend on the budget, so one score serves a whole sweep and a
+#: global threshold is meaningful (the registry's ``budgets``).
+THRESHOLD_METHODS = methods_with("threshold")
+
+Fraction = Annotated[float, Field(gt=BUDGET_BOUNDS[0], lt=BUDGET_BOUNDS[1])]
+
+
+def _param(name: str) -> Any:
+    param = PARAMS[name]
+    return Annotated[int, Field(ge=param.low, le=param.high)]
 
 
 class KVCacheConfig(BaseModel):
@@ -76,23 +74,23 @@ class KVCacheConfig(BaseModel):
 
     name: str = ""
     quant: QuantDtype = "none"
-    group_size: Literal[32, 64, 128] = 64
+    group_size: Literal[GROUP_SIZES] = DEFAULT_GROUP_SIZE  # type: ignore[valid-type]
     residual_length: Annotated[int, Field(ge=0, le=8192)] = 64
     key_axis: Literal["channel", "token"] = "channel"
     evict: EvictionMethod = "none"
-    ratio: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
-    keep_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
-    threshold: Annotated[float, Field(gt=0.0, lt=1.0)] | None = None
+    ratio: Fraction | None = None
+    keep_fraction: Fraction | None = None
+    threshold: Fraction | None = None
     query_aware: bool = False
-    window_size: Annotated[int, Field(ge=1, le=1024)] = 64
-    n_sink: Annotated[int, Field(ge=0, le=1024)] = 4
+    window_size: _param("window_size") = PARAMS["window_size"].default  # type: ignore[valid-type]
+    n_sink: _param("n_sink") = PARAMS["n_sink"].default  # type: ignore[valid-type]
 
     @field_validator("quant", "evict", mode="before")
     @classmethod
     def _canonical_name(cls, value: Any) -> Any:
         if isinstance(value, str):
             key = value.strip().lower().replace("-", "_")
-            return EVICTION_ALIASES.get(key, key)
+            return ALIASES.get(key, key)
         return value
 
     @model_validator(mode="after")
@@ -108,16 +106,17 @@ class KVCacheConfig(BaseModel):
             if self.query_aware:
                 raise ValueError("query_aware = true needs an eviction method (evict)")
         else:
+            accepted = METHODS[self.evict].budgets
             if len(budgets) != 1:
                 raise ValueError(
-                    f"evict = '{self.evict}' needs exactly one budget: ratio (fraction removed), "
-                    f"keep_fraction (top-k fraction kept) or threshold (score quantile); got "
-                    f"{', '.join(budgets) or 'none'}"
+                    f"evict = '{self.evict}' needs exactly one budget: "
+                    f"{'; '.join(f'{b} ({BUDGET_HELP[b]})' for b in accepted)}; got {', '.join(budgets) or 'none'}"
                 )
-            if self.threshold is not None and self.evict not in THRESHOLD_METHODS:
+            budget = next(iter(budgets))
+            if budget not in accepted:
                 raise ValueError(
-                    f"threshold works with score-based methods ({', '.join(THRESHOLD_METHODS)}), "
-                    f"not '{self.evict}'; use ratio or keep_fraction"
+                    f"{budget} works with {', '.join(methods_with(budget))}, not '{self.evict}' "  # type: ignore[arg-type]
+                    f"(its budgets: {', '.join(accepted)})"
                 )
         return self
 
@@ -145,7 +144,7 @@ def describe(config: KVCacheConfig) -> str:
     parts = []
     if config.quant != "none":
         quant = config.quant
-        if config.quant.startswith("int"):
+        if config.quant in INT_BITS:
             quant += f"/g{config.group_size}"
             if config.residual_length:
                 quant += f"/r{config.residual_length}"
@@ -171,8 +170,8 @@ class SweepGrid(BaseModel):
 
     quant: list[QuantDtype] = ["none"]
     evict: list[EvictionMethod] = ["none"]
-    ratios: list[Annotated[float, Field(gt=0.0, lt=1.0)]] = [0.5]
-    group_size: Literal[32, 64, 128] = 64
+    ratios: list[Fraction] = [0.5]
+    group_size: Literal[GROUP_SIZES] = DEFAULT_GROUP_SIZE  # type: ignore[valid-type]
     residual_length: Annotated[int, Field(ge=0, le=8192)] = 64
     query_aware: bool = False
 

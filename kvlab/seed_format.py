@@ -12,17 +12,20 @@ import math
 from typing import Any
 
 from kvlab.compress.accounting import STORAGE_BYTES_PER_ELEMENT, bytes_per_element
-from kvlab.config import EVICTION_METHODS, ConfigError, KVCacheConfig
+from kvlab.compress.formats import BLOG_BITS, BLOG_DTYPES
+from kvlab.compress.methods import METHODS
+from kvlab.config import ConfigError, KVCacheConfig
 
 SEED_SECTIONS = {"server", "kv_cache"}
 SEED_SERVER_KEYS = {"base_url", "api_key", "model_id"}
 SEED_KV_KEYS = {"dtype", "bits", "compression_ratio", "eviction_threshold", "sparse_top_k", "max_context_length",
                 "eviction_method"}
-DTYPE_MAP = {"fp16": "none", "bf16": "none", "float16": "none", "bfloat16": "none", "auto": "none",
-             "int8": "int8", "int4": "int4", "int2": "int2", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
-             "fp8_e5m2": "fp8_e5m2"}
-BITS = {16: "none", 8: "int8", 4: "int4", 2: "int2"}
+DTYPE_MAP = BLOG_DTYPES  # the format registry's blog_names
+BITS = dict(sorted(BLOG_BITS.items(), reverse=True))
 DEFAULT_SCORER = "snapkv"
+#: The blog's budgets each need a budget of kvlab's: eviction_threshold -> threshold, sparse_top_k and
+#: compression_ratio -> keep_fraction; an eviction_method is offered only the budgets it accepts.
+SEED_BUDGETS = {"eviction_threshold": "threshold", "sparse_top_k": "keep_fraction", "compression_ratio": "keep_fraction"}
 #: compression_ratio targets that would keep fewer tokens than this are refused.
 MIN_KEEP_FRACTION = 0.001
 MIN_CONTEXT = 128
@@ -72,7 +75,7 @@ def _quant_from(kv: dict[str, Any]) -> str:
     if "bits" in kv:
         bits = kv["bits"]
         if not isinstance(bits, int) or isinstance(bits, bool) or bits not in BITS:
-            raise ConfigError(f"[kv_cache] bits = {_shown(bits)}: allowed values are 16, 8, 4, 2")
+            raise ConfigError(f"[kv_cache] bits = {_shown(bits)}: allowed values are {', '.join(map(str, BITS))}")
         return BITS[bits]
     dtype = _text(kv, "kv_cache", "dtype") or "auto"
     if dtype.lower() not in DTYPE_MAP:
@@ -83,9 +86,13 @@ def _quant_from(kv: dict[str, Any]) -> str:
 def _eviction_method(kv: dict[str, Any]) -> str:
     method = _text(kv, "kv_cache", "eviction_method") or DEFAULT_SCORER
     canonical = KVCacheConfig._canonical_name(method)
-    if canonical not in EVICTION_METHODS[1:]:
+    if canonical not in METHODS:
         raise ConfigError(f"[kv_cache] eviction_method = {_shown(method)}: allowed values are "
-                          f"{', '.join(EVICTION_METHODS[1:])}")
+                          f"{', '.join(METHODS)}")
+    for key, budget in SEED_BUDGETS.items():
+        if key in kv and budget not in METHODS[canonical].budgets:
+            raise ConfigError(f"[kv_cache] eviction_method = {_shown(method)} cannot take {key} (kvlab {budget}); "
+                              f"its budgets: {', '.join(METHODS[canonical].budgets)}")
     return canonical
 
 

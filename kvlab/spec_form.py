@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec, spec_to_dict
+from kvlab.compress.methods import BUDGET_BOUNDS
+from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, SweepGrid, parse_spec, spec_to_dict
 from kvlab.decision import DEFAULT_MAX_DROP
 from kvlab.engines.server_flags import SERVER_KINDS, check_config
 from kvlab.secrets import DEFAULT_KEY_VAR
@@ -26,6 +27,14 @@ EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 CONFIG_COLUMNS = ("name", "quant", "group_size", "residual_length", "evict", "ratio", "keep_fraction", "threshold",
                   "query_aware")
 _CONFIG_DEFAULTS = KVCacheConfig().model_dump(mode="json")
+#: The grid's defaults are the model's; quant and evict suggest a small grid instead of the model's
+#: ["none"] (a grid of the baseline alone shows nothing).
+_SWEEP_DEFAULTS = SweepGrid().model_dump(mode="json") | {"quant": ["none", "int4", "int2"],
+                                                         "evict": ["none", "snapkv"]}
+#: The budget columns' bounds and step: every budget is a fraction in (0, 1), both ends excluded,
+#: which a number column (inclusive bounds) shows as [step, 1 - step].
+BUDGET_STEP = 0.01
+BUDGET_RANGE = (BUDGET_BOUNDS[0] + BUDGET_STEP, BUDGET_BOUNDS[1] - BUDGET_STEP)
 
 DEFAULT_SPEC: dict[str, Any] = {
     "name": "my-sweep", "model": "smollm2-135m",
@@ -82,15 +91,15 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
             prefix + "num_pairs": int(task.get("num_pairs", 4)),
             prefix + "path": task.get("path") or "",
         }
-    sweep = data.get("sweep")
+    sweep = _SWEEP_DEFAULTS | (data.get("sweep") or {})
     values |= {
-        "sweep.on": sweep is not None,
-        "sweep.quant": list((sweep or {}).get("quant", ["none", "int4", "int2"])),
-        "sweep.evict": list((sweep or {}).get("evict", ["none", "snapkv"])),
-        "sweep.ratios": _join((sweep or {}).get("ratios", [0.5, 0.75])),
-        "sweep.group_size": int((sweep or {}).get("group_size", 64)),
-        "sweep.residual_length": int((sweep or {}).get("residual_length", 64)),
-        "sweep.query_aware": bool((sweep or {}).get("query_aware", False)),
+        "sweep.on": data.get("sweep") is not None,
+        "sweep.quant": list(sweep["quant"]),
+        "sweep.evict": list(sweep["evict"]),
+        "sweep.ratios": _join(sweep["ratios"]),
+        "sweep.group_size": int(sweep["group_size"]),
+        "sweep.residual_length": int(sweep["residual_length"]),
+        "sweep.query_aware": bool(sweep["query_aware"]),
     }
     configs = [_CONFIG_DEFAULTS | {"name": ""} | c for c in data.get("configs", [])]
     return SpecForm(values=values, n_tasks=len(tasks), configs=configs, base=data)
@@ -180,9 +189,10 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
     if values.get("sweep.on"):
         data["sweep"] = {
             "quant": list(values.get("sweep.quant") or []), "evict": list(values.get("sweep.evict") or []),
-            "ratios": numbers("sweep.ratios", float), "group_size": int(values.get("sweep.group_size", 64)),
-            "residual_length": int(values.get("sweep.residual_length", 64)),
-            "query_aware": bool(values.get("sweep.query_aware", False)),
+            "ratios": numbers("sweep.ratios", float),
+            "group_size": int(values.get("sweep.group_size", _SWEEP_DEFAULTS["group_size"])),
+            "residual_length": int(values.get("sweep.residual_length", _SWEEP_DEFAULTS["residual_length"])),
+            "query_aware": bool(values.get("sweep.query_aware", _SWEEP_DEFAULTS["query_aware"])),
         }
         for key in ("quant", "evict"):
             if not data["sweep"][key]:

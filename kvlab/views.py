@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from kvlab.analysis import ConfigSummary
+from kvlab.compress.formats import FORMATS
 from kvlab.results import ItemResult
 from kvlab.store.records import ExperimentRecord, TrialRecord
 
@@ -200,7 +201,7 @@ class CompareRow:
     ratio: float
 
 
-QUANT_BITS = {"none": 16.0, "int8": 8.0, "fp8_e4m3": 8.0, "fp8_e5m2": 8.0, "int4": 4.0, "int2": 2.0}
+QUANT_BITS = {name: float(f.bits) for name, f in FORMATS.items()}
 
 
 def compare_rows(summaries_by_experiment: Mapping[int, Sequence[ConfigSummary]],

@@ -13,16 +13,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kvlab.config import KVCacheConfig
+from kvlab.compress.formats import FP8_MAX, INT_BITS
+
+if TYPE_CHECKING:  # annotations only: kvlab.config imports the registries this module reads
+    from kvlab.config import KVCacheConfig
 
 BASELINE_BYTES_PER_ELEMENT = 2  # the 16-bit reference
 STORAGE_BYTES_PER_ELEMENT = 2  # unquantized parts (residual window, sliding layers) are kept 16-bit
 SCALE_BYTES = 2  # int scales and zero points are float16
 FP8_SCALE_BYTES = 4  # one float32 scale per head and block
-
-INT_BITS = {"int8": 8, "int4": 4, "int2": 2}
-FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def value_group_size(config: KVCacheConfig, head_dim: int) -> int:
 
 def check_fits(config: KVCacheConfig, head_dim: int) -> str | None:
     """Why ``config`` cannot quantize heads of ``head_dim`` channels, or None if it can."""
-    if config.quant.startswith("int") and head_dim % value_group_size(config, head_dim):
+    if config.quant in INT_BITS and head_dim % value_group_size(config, head_dim):
         return (f"group_size {config.group_size} does not divide head_dim {head_dim} "
                 f"(values are grouped along the head dimension); choose a group size that divides {head_dim}")
     return None

@@ -9,74 +9,71 @@ afterwards: ``ratio``/``keep_fraction`` keep the top tokens per head (kvpress's
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from kvpress import (
-    ExpectedAttentionPress,
-    KeyDiffPress,
-    KnormPress,
-    ObservedAttentionPress,
-    PyramidKVPress,
-    RandomPress,
-    ScorerPress,
-    SnapKVPress,
-    StreamingLLMPress,
-    TOVAPress,
-)
+from kvpress import ScorerPress
 from kvpress.utils import compute_n_kept
 from torch import nn
 
+from kvlab.compress.methods import METHODS, Method
 from kvlab.config import KVCacheConfig
 
-#: kvlab name -> kvpress press class and the paper it implements (shown in the UI and CLI).
-PRESSES: dict[str, tuple[type[ScorerPress], str]] = {
-    "streaming_llm": (StreamingLLMPress, "StreamingLLM: attention sinks + recent window (arXiv:2309.17453)"),
-    "snapkv": (SnapKVPress, "SnapKV: attention of the last window of queries (arXiv:2404.14469)"),
-    "tova": (TOVAPress, "TOVA: attention of the last token (arXiv:2401.06104)"),
-    "knorm": (KnormPress, "Knorm: low key norm = important (arXiv:2406.11430)"),
-    "observed_attention": (ObservedAttentionPress, "H2O: accumulated observed attention (arXiv:2306.14048)"),
-    "expected_attention": (ExpectedAttentionPress, "Expected attention of future queries (kvpress)"),
-    "random": (RandomPress, "Random eviction: a floor to compare against"),
-    "keydiff": (KeyDiffPress, "KeyDiff: keys least similar to the mean key (arXiv:2504.15364)"),
-    "pyramidkv": (PyramidKVPress, "PyramidKV: SnapKV scores, budgets shrinking with depth (arXiv:2406.02069)"),
-}
-
 #: Methods that need the full attention matrix of the prefill (computed eagerly).
-NEEDS_ATTENTION_WEIGHTS = frozenset({"observed_attention"})
+NEEDS_ATTENTION_WEIGHTS = frozenset(name for name, m in METHODS.items() if m.needs_attention_weights)
+
+
+def press_class(method: Method) -> type[ScorerPress]:
+    """The kvpress press class a registry entry names."""
+    return getattr(importlib.import_module("kvpress"), method.press)
 
 
 @dataclass(frozen=True)
 class ScorerKey:
-    """What determines a scorer's scores (not its budget): configs sharing a key share scores."""
+    """What determines a scorer's scores: configs sharing a key share scores.  ``params`` are the
+    method's own parameters (and ``removed``, the budget, for budget-dependent presses)."""
 
     method: str
-    window_size: int = 0
-    n_sink: int = 0
+    params: tuple[tuple[str, Any], ...] = ()
 
 
 def scorer_key(config: KVCacheConfig) -> ScorerKey | None:
-    """The prefill scorer a config needs; None for no eviction and for positional StreamingLLM."""
-    if config.evict in ("none", "streaming_llm"):
+    """The prefill scorer a config needs; None for no eviction and for positional methods."""
+    if config.evict == "none" or (name := METHODS[config.evict].scorer_method) is None:
         return None
-    if config.evict in ("snapkv", "pyramidkv"):
-        return ScorerKey("snapkv", window_size=config.window_size)
-    if config.evict == "expected_attention":
-        return ScorerKey("expected_attention", n_sink=config.n_sink)
-    return ScorerKey(config.evict)
+    method = METHODS[name]
+    params = tuple((field, getattr(config, field)) for field in method.params)
+    if method.budget_dependent:
+        params += (("removed", config.removed_fraction),)
+    return ScorerKey(name, params)
+
+
+def make_press(method: Method, params: dict[str, Any], seed: int) -> ScorerPress:
+    """The press of ``method`` with kvlab's ``params`` (config field names, and ``removed``)."""
+    kwargs: dict[str, Any] = {method.params[k]: v for k, v in params.items() if k in method.params}
+    if "removed" in params:
+        kwargs["compression_ratio"] = params["removed"]
+    if method.seeded:
+        kwargs["seed"] = seed
+    if method.wraps is not None:
+        return press_class(method)(press=make_press(METHODS[method.wraps], params, seed))
+    return press_class(method)(**kwargs)
 
 
 def make_scorer(key: ScorerKey, seed: int) -> ScorerPress:
-    if key.method == "snapkv":
-        return SnapKVPress(window_size=key.window_size)
-    if key.method == "expected_attention":
-        return ExpectedAttentionPress(n_sink=key.n_sink)
-    if key.method == "random":
-        return RandomPress(seed=seed)
-    return PRESSES[key.method][0]()
+    return make_press(METHODS[key.method], dict(key.params), seed)
+
+
+def _config_press(config: KVCacheConfig, removed: float) -> ScorerPress:
+    """The press of ``config``'s own method with its parameters and budget (positional scoring,
+    per-layer budgets)."""
+    method = METHODS[config.evict]
+    return make_press(method, {f: getattr(config, f) for f in method.params} | {"removed": removed}, seed=0)
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -111,6 +108,7 @@ def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
     for scorer in scorers.values():
         scorer.post_init_from_model(model)
     want_weights = any(k.method in NEEDS_ATTENTION_WEIGHTS for k in keys)
+    global_rng = {k for k in keys if METHODS[k.method].global_rng}
 
     def hook(module: nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
         layer = module.layer_idx
@@ -120,7 +118,11 @@ def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
             # H2O reads; SnapKV and TOVA compute their window attention themselves when given None.
             attentions = output[1] if key.method in NEEDS_ATTENTION_WEIGHTS else None
             start = time.perf_counter()
-            with torch.no_grad():
+            # presses that sketch with torch's global RNG are seeded per layer: reproducible scores
+            rng = torch.random.fork_rng(devices=[]) if key in global_rng else nullcontext()
+            with torch.no_grad(), rng:
+                if key in global_rng:
+                    torch.manual_seed(seed + layer)
                 scores[key][layer] = scorer.score(module, kwargs["hidden_states"], cache.keys, cache.values,
                                                   attentions, kwargs).float()
             collected.seconds[key] += time.perf_counter() - start
@@ -185,16 +187,16 @@ def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None]
             kept[i] = _top_indices(_protect(layer_scores[i], evictable), n_kept + protected)
         return kept
     removed = config.removed_fraction
+    method = METHODS[config.evict]
+    press = _config_press(config, removed) if method.scorer is None or method.layer_budgets else None
     for i in active:
-        if config.evict == "streaming_llm":
-            press = StreamingLLMPress(compression_ratio=removed, n_sink=config.n_sink)
+        if method.scorer is None:  # positional: scored here, on the evictable tokens only
             scores = press.score(modules[i], None, layer_keys[i][:, :, :evictable], None, None, {})
             scores = torch.cat([scores, scores.new_ones(*scores.shape[:-1], protected)], dim=-1)
         else:
             scores = layer_scores[i]
-        if config.evict == "pyramidkv":
-            n_kept = PyramidKVPress(compression_ratio=removed, window_size=config.window_size).get_layer_budget(
-                modules[i], evictable)
+        if method.layer_budgets:
+            n_kept = press.get_layer_budget(modules[i], evictable)
         else:
             n_kept = compute_n_kept(evictable, removed)
         kept[i] = _top_indices(_protect(scores, evictable), min(n_kept, evictable) + protected)

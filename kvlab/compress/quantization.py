@@ -12,9 +12,10 @@ from typing import Literal
 
 import torch
 
-from kvlab.compress.accounting import FP8_MAX, INT_BITS
+from kvlab.compress.formats import FORMATS, FP8_MAX, INT_BITS
 
-FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+#: fp8 format name -> the torch dtype its codes are stored in.
+FP8_DTYPES = {name: getattr(torch, FORMATS[name].storage_dtype) for name in FP8_MAX}
 Axis = Literal["channel", "token"]
 
 

@@ -10,6 +10,7 @@ names what the engine does support: a GPU start-up takes minutes, a wrong flag c
 
 from __future__ import annotations
 
+from kvlab.compress.formats import FORMATS, engine_dtypes
 from kvlab.config import ConfigError, KVCacheConfig, ServerOptions
 
 SERVER_KINDS = ("vllm", "sglang")
@@ -21,36 +22,14 @@ SERVER_KINDS = ("vllm", "sglang")
 # (it warns that `sglang serve` is preferred, but keeps the module supported).
 _MODULES = {"vllm": "vllm.entrypoints.openai.api_server", "sglang": "sglang.launch_server"}
 
-# kvlab KVCacheConfig.quant -> --kv-cache-dtype value.
+# kvlab KVCacheConfig.quant -> --kv-cache-dtype value, and what each engine offers instead of the
+# formats it lacks: the format registry's ``vllm`` / ``sglang`` / ``engine_notes`` (kvlab.compress.formats).
 # vLLM: vllm/config/cache.py `CacheDType = Literal["auto", ..., "fp8", "fp8_e4m3", "fp8_e5m2", ...]`,
 #   the type of CacheConfig.cache_dtype, exposed by vllm/engine/arg_utils.py EngineArgs.add_cli_args:
 #   cache_group.add_argument("--kv-cache-dtype", **cache_kwargs["cache_dtype"]).  "auto" = model dtype.
 # SGLang: python/sglang/srt/server_args.py ServerArgs.kv_cache_dtype, Arg(choices=["auto", "fp8_e5m2",
 #   "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16", "fp4_e2m1"]) -- no plain "fp8".
-_KV_DTYPES: dict[str, dict[str, str]] = {
-    "vllm": {"none": "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"},
-    "sglang": {"none": "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"},
-}
-
-# What each engine offers instead of KIVI integer quantization (kvlab's int8/int4/int2: packed codes
-# with a scale and zero point per group, keys grouped per channel, a 16-bit residual window).
-# vLLM sources as above (CacheDType of recent releases; older ones list only the fp8 variants).
-_INT_ALTERNATIVES = {
-    "vllm": {
-        "int8": "its 8-bit KV caches are fp8 (--kv-cache-dtype fp8_e4m3 / fp8_e5m2: kvlab quant "
-                "fp8_e4m3 / fp8_e5m2) and, in recent releases, int8_per_token_head and "
-                "fp8_per_token_head (one scale per token and head, no per-channel keys, no residual window)",
-        "int4": "its 4-bit KV caches are different schemes: int4_per_token_head, nvfp4, nvfp4_4over6, "
-                "turboquant_4bit_nc and turboquant_k8v4 (recent releases)",
-        "int2": "it has no 2-bit KV cache (its lowest are the 3-bit turboquant_3bit_nc and "
-                "turboquant_k3v4_nc of recent releases)",
-    },
-    "sglang": {
-        "int8": "its 8-bit KV caches are fp8_e4m3, fp8_e5m2 (kvlab quant fp8_e4m3 / fp8_e5m2) and mxfp8",
-        "int4": "its 4-bit KV caches are FP4 (E2M1) formats, not integer codes: nvfp4, fp4_mx_block16, fp4_e2m1",
-        "int2": "it has no 2-bit KV cache",
-    },
-}
+_KV_DTYPES: dict[str, dict[str, str]] = {kind: engine_dtypes(kind) for kind in SERVER_KINDS}
 
 # Neither engine removes tokens from a running sequence's cache.  vLLM: CacheConfig.enable_prefix_caching
 # (vllm/config/cache.py) -> --enable-prefix-caching / --no-enable-prefix-caching; freed prefix blocks
@@ -127,7 +106,8 @@ def check_config(kind: str, config: KVCacheConfig) -> None:
             f"config '{label}': plain quant = 'fp8' is refused ({why}); use fp8_e4m3 or fp8_e5m2 "
             f"({engine} runs quant = {supported})"
         )
-    reason = _INT_ALTERNATIVES[kind].get(config.quant, "it has no such KV cache format")
+    fmt = FORMATS.get(config.quant)
+    reason = fmt.engine_notes.get(kind, "it has no such KV cache format") if fmt else "it has no such KV cache format"
     raise ConfigError(
         f"config '{label}': quant = '{config.quant}' (KIVI integer quantization) cannot run on {engine}: "
         f"{reason}. kvlab runs quant = {supported} on {engine}; run {config.quant} with backend kind 'embedded'."

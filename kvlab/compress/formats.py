@@ -1,0 +1,104 @@
+"""The quantization format registry: one declarative entry per KV-cache format kvlab knows.
+
+Everything that lists or checks formats reads :data:`FORMATS`: config validation
+(:mod:`kvlab.config`), the byte accounting and the quantizer, the dashboard's tables, the
+launched servers' ``--kv-cache-dtype``, the blog-format mapping, the form, ``kvlab serve
+--quant`` and ``kvlab methods``.  Adding a format is one entry here (plus its storage code in
+:mod:`kvlab.compress.quantization` if it is a new kind).
+
+Pure data: nothing here imports torch or :mod:`kvlab.config` (which imports this module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+FormatKind = Literal["none", "int", "fp8"]
+
+#: Tokens (int keys, fp8 blocks) or channels (int values) sharing one scale; KVCacheConfig.group_size.
+GROUP_SIZES = (32, 64, 128)
+DEFAULT_GROUP_SIZE = 64
+KEY_AXES = ("channel", "token")
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """One KV-cache storage format.
+
+    ``vllm`` / ``sglang``: the engine's ``--kv-cache-dtype`` value for this format, or None
+    when the engine has no such cache; ``engine_notes`` then says what it offers instead.
+    """
+
+    name: str
+    kind: FormatKind
+    bits: int  # stored bits per element of the codes (16 for no quantization)
+    storage_dtype: str  # torch dtype name of the stored codes
+    description: str
+    group_rule: str  # how scales are grouped (shown by `kvlab methods`)
+    group_sizes: tuple[int, ...] = ()
+    key_axes: tuple[str, ...] = ()
+    fp8_max: float | None = None  # the largest finite value of an fp8 format
+    aliases: tuple[str, ...] = ()  # other names accepted wherever a format is named
+    blog_names: tuple[str, ...] = ()  # [kv_cache] dtype names of blog-style specs meaning this format
+    vllm: str | None = None
+    sglang: str | None = None
+    engine_notes: Mapping[str, str] = field(default_factory=dict)
+
+    def engine_dtype(self, kind: str) -> str | None:
+        """The ``--kv-cache-dtype`` value of server ``kind`` (vllm / sglang), None if it has none."""
+        return {"vllm": self.vllm, "sglang": self.sglang}[kind]
+
+
+_INT_GROUPS = ("asymmetric min-max, a float16 scale and zero point per group (KIVI): keys per channel over "
+               "group_size tokens (or per token, key_axis), values per token over group_size channels; "
+               "the last residual_length tokens stay 16-bit")
+_FP8_GROUPS = "one float32 scale per head and block of group_size tokens (absolute maximum)"
+
+# Engine names: vllm/config/cache.py CacheDType and sglang/srt/server_args.py kv_cache_dtype choices
+# (see kvlab.engines.server_flags); SGLang rejects plain "fp8", so kvlab always names the variant.
+FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
+    QuantFormat("none", "none", 16, "bfloat16", "no quantization: 16-bit K and V", "-",
+                blog_names=("auto", "fp16", "bf16", "float16", "bfloat16"), vllm="auto", sglang="auto"),
+    QuantFormat("int8", "int", 8, "uint8", "8-bit integer codes", _INT_GROUPS, GROUP_SIZES, KEY_AXES,
+                blog_names=("int8",), engine_notes={
+                    "vllm": "its 8-bit KV caches are fp8 (--kv-cache-dtype fp8_e4m3 / fp8_e5m2: kvlab quant "
+                            "fp8_e4m3 / fp8_e5m2) and, in recent releases, int8_per_token_head and "
+                            "fp8_per_token_head (one scale per token and head, no per-channel keys, no residual "
+                            "window)",
+                    "sglang": "its 8-bit KV caches are fp8_e4m3, fp8_e5m2 (kvlab quant fp8_e4m3 / fp8_e5m2) and "
+                              "mxfp8"}),
+    QuantFormat("int4", "int", 4, "uint8", "4-bit integer codes, two per byte", _INT_GROUPS, GROUP_SIZES, KEY_AXES,
+                blog_names=("int4",), engine_notes={
+                    "vllm": "its 4-bit KV caches are different schemes: int4_per_token_head, nvfp4, nvfp4_4over6, "
+                            "turboquant_4bit_nc and turboquant_k8v4 (recent releases)",
+                    "sglang": "its 4-bit KV caches are FP4 (E2M1) formats, not integer codes: nvfp4, "
+                              "fp4_mx_block16, fp4_e2m1"}),
+    QuantFormat("int2", "int", 2, "uint8", "2-bit integer codes, four per byte", _INT_GROUPS, GROUP_SIZES, KEY_AXES,
+                blog_names=("int2",), engine_notes={
+                    "vllm": "it has no 2-bit KV cache (its lowest are the 3-bit turboquant_3bit_nc and "
+                            "turboquant_k3v4_nc of recent releases)",
+                    "sglang": "it has no 2-bit KV cache"}),
+    QuantFormat("fp8_e4m3", "fp8", 8, "float8_e4m3fn", "fp8, 4 exponent / 3 mantissa bits", _FP8_GROUPS,
+                GROUP_SIZES, fp8_max=448.0, aliases=("fp8",), blog_names=("fp8", "fp8_e4m3"),
+                vllm="fp8_e4m3", sglang="fp8_e4m3"),
+    QuantFormat("fp8_e5m2", "fp8", 8, "float8_e5m2", "fp8, 5 exponent / 2 mantissa bits", _FP8_GROUPS,
+                GROUP_SIZES, fp8_max=57344.0, blog_names=("fp8_e5m2",), vllm="fp8_e5m2", sglang="fp8_e5m2"),
+)}
+
+QUANT_NAMES: tuple[str, ...] = tuple(FORMATS)
+#: Every alias -> its canonical format name.
+QUANT_ALIASES: dict[str, str] = {alias: f.name for f in FORMATS.values() for alias in f.aliases}
+#: Integer formats: name -> bits.
+INT_BITS: dict[str, int] = {f.name: f.bits for f in FORMATS.values() if f.kind == "int"}
+#: fp8 formats: name -> largest finite value.
+FP8_MAX: dict[str, float] = {f.name: f.fp8_max for f in FORMATS.values() if f.kind == "fp8" and f.fp8_max}
+#: Blog-style [kv_cache] dtype -> format name; bits -> format name (integer formats and 16-bit).
+BLOG_DTYPES: dict[str, str] = {blog: f.name for f in FORMATS.values() for blog in f.blog_names}
+BLOG_BITS: dict[int, str] = {f.bits: f.name for f in FORMATS.values() if f.kind in ("none", "int")}
+
+
+def engine_dtypes(kind: str) -> dict[str, str]:
+    """kvlab format name -> ``--kv-cache-dtype`` of server ``kind``, for the formats it runs."""
+    return {f.name: dtype for f in FORMATS.values() if (dtype := f.engine_dtype(kind)) is not None}

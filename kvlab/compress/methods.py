@@ -1,0 +1,145 @@
+"""The eviction method registry: one declarative entry per token-eviction method, kvpress-style.
+
+An entry names the kvpress press that scores tokens, which budgets it accepts, what it needs
+from the prefill, and its own parameters (fields of ``KVCacheConfig`` with defaults and bounds
+in :data:`PARAMS`).  Config validation and its messages, ``kvlab methods``, the CLI choices,
+the form's options and bounds, the blog-format mapping and the server flags read from here;
+:mod:`kvlab.compress.eviction` builds the presses from it.  Adding a method is one entry in
+:data:`METHODS` plus its line in ``tests/test_every_method_on_passkey.py``.
+
+Presses are named, not imported: this module stays free of torch so that validating a spec is
+instant, and :mod:`kvlab.config` can import it without a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Budget = Literal["ratio", "keep_fraction", "threshold"]
+
+#: Each budget is a fraction strictly between these bounds (both excluded).
+BUDGET_BOUNDS = (0.0, 1.0)
+BUDGET_HELP: dict[str, str] = {
+    "ratio": "fraction of context tokens removed (kvpress's compression_ratio)",
+    "keep_fraction": "fraction of context tokens kept (top-k)",
+    "threshold": "evict tokens whose normalised score is below this quantile of all the model's scores",
+}
+ALL_BUDGETS: tuple[Budget, ...] = ("ratio", "keep_fraction", "threshold")
+#: Budgets that fix how many tokens a head keeps (a threshold lets the scores decide).
+COUNT_BUDGETS: tuple[Budget, ...] = ("ratio", "keep_fraction")
+
+
+@dataclass(frozen=True)
+class Param:
+    """A method parameter: a ``KVCacheConfig`` field, shared by every method that uses it."""
+
+    default: int
+    low: int
+    high: int
+    help: str
+
+
+PARAMS: dict[str, Param] = {
+    "window_size": Param(64, 1, 1024, "queries of the observation window (SnapKV, PyramidKV)"),
+    "n_sink": Param(4, 0, 1024, "first tokens always kept (attention sinks)"),
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One eviction method.
+
+    ``params`` maps the ``KVCacheConfig`` fields the method uses to its press's argument names.
+    ``scorer``: the method whose prefill scores this one uses ("self" for its own, None for a
+    positional method scored at selection time).  ``budget_dependent``: the press reads the
+    budget while scoring, so each budget needs its own scorer and a threshold has no meaning.
+    ``wraps``: the method whose press this press takes as its ``press`` argument.
+    ``query_driven``: its scores come from query states, so a query-aware config (the question
+    in the prefill) steers them.
+    """
+
+    name: str
+    press: str  # kvpress class name
+    description: str
+    paper: str
+    budgets: tuple[Budget, ...] = ALL_BUDGETS
+    params: Mapping[str, str] = field(default_factory=dict)
+    scorer: str | None = "self"
+    needs_attention_weights: bool = False
+    query_driven: bool = False
+    budget_dependent: bool = False
+    layer_budgets: bool = False  # the press sets per-layer budgets (get_layer_budget)
+    seeded: bool = False  # the press takes kvlab's seed as ``seed``
+    global_rng: bool = False  # the press draws from torch's global RNG: kvlab seeds it per layer
+    wraps: str | None = None
+    aliases: tuple[str, ...] = ()
+    checked_on_default_model: bool = False  # covered by tests/test_every_method_on_passkey.py
+
+    @property
+    def scorer_method(self) -> str | None:
+        return self.name if self.scorer == "self" else self.scorer
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("streaming_llm", "StreamingLLMPress", "attention sinks + recent window", "arXiv:2309.17453",
+           budgets=COUNT_BUDGETS, params={"n_sink": "n_sink"}, scorer=None, aliases=("streamingllm", "streaming"),
+           checked_on_default_model=True),
+    Method("snapkv", "SnapKVPress", "attention of the last window of queries", "arXiv:2404.14469",
+           params={"window_size": "window_size"}, query_driven=True, checked_on_default_model=True),
+    Method("tova", "TOVAPress", "attention of the last token", "arXiv:2401.06104", query_driven=True,
+           checked_on_default_model=True),
+    Method("knorm", "KnormPress", "low key norm = important", "arXiv:2406.11430", checked_on_default_model=True),
+    Method("observed_attention", "ObservedAttentionPress", "H2O: accumulated observed attention",
+           "arXiv:2306.14048", needs_attention_weights=True, query_driven=True, aliases=("h2o",),
+           checked_on_default_model=True),
+    Method("expected_attention", "ExpectedAttentionPress", "expected attention of future queries", "kvpress",
+           params={"n_sink": "n_sink"}, query_driven=True, aliases=("expected",), checked_on_default_model=True),
+    Method("random", "RandomPress", "random eviction: a floor to compare against", "-", seeded=True,
+           checked_on_default_model=True),
+    Method("keydiff", "KeyDiffPress", "keys least similar to the mean key", "arXiv:2504.15364",
+           checked_on_default_model=True),
+    Method("pyramidkv", "PyramidKVPress", "SnapKV scores, budgets shrinking with depth", "arXiv:2406.02069",
+           budgets=COUNT_BUDGETS, params={"window_size": "window_size"}, scorer="snapkv", layer_budgets=True,
+           query_driven=True, checked_on_default_model=True),
+    Method("cur", "CURPress", "CurDKV: local leverage of keys x values", "arXiv:2509.15038",
+           params={"n_sink": "num_sinks"}, checked_on_default_model=True),
+    Method("lagkv", "LagKVPress", "LagKV: spread of keys/values relative to the next partition",
+           "arXiv:2504.04704", params={"n_sink": "n_sink"}, checked_on_default_model=True),
+    Method("leverage", "LeverageScorePress", "statistical leverage of pre-RoPE keys (sketched)",
+           "arXiv:2507.08143", global_rng=True, checked_on_default_model=True),
+    Method("non_causal_attention", "NonCausalAttnPress", "non-causal chunked attention x value norm",
+           "arXiv:2507.08143", query_driven=True, checked_on_default_model=True),
+    Method("compactor", "CompactorPress", "Compactor: leverage blended with non-causal attention",
+           "arXiv:2507.08143", budgets=COUNT_BUDGETS, budget_dependent=True, global_rng=True, query_driven=True,
+           checked_on_default_model=True),
+    Method("cap", "CapPress", "CAPKV: query-anchored capacity leverage of values", "arXiv:2604.25975",
+           params={"n_sink": "n_sink"}, query_driven=True, checked_on_default_model=True),
+    Method("criticalkv", "CriticalKVPress", "CriticalKV: SnapKV rescaled by |W_o v| in two stages",
+           "arXiv:2502.03805", budgets=COUNT_BUDGETS, params={"window_size": "window_size"}, wraps="snapkv",
+           budget_dependent=True, query_driven=True, checked_on_default_model=True),
+)}
+
+#: ScorerPress subclasses of the pinned kvpress that kvlab does not offer, and why.
+REFUSED: dict[str, str] = {
+    "QFilterPress": "needs Q-filter weights downloaded from the Hugging Face hub (nthngdy/<model>_qfilt); "
+                    "kvlab runs offline",
+    "KVzapPress": "needs a trained scorer downloaded from the Hugging Face hub (nvidia/KVzap-*); kvlab runs offline",
+    "ExpectedAttentionStatsPress": "needs query statistics from the Hugging Face hub, or computes them on a "
+                                   "hub dataset (kmfoda/booksum); kvlab runs offline (expected_attention "
+                                   "estimates them from the prompt instead)",
+}
+
+METHOD_NAMES: tuple[str, ...] = ("none", *METHODS)
+#: Every alias -> its canonical method name.
+METHOD_ALIASES: dict[str, str] = {alias: m.name for m in METHODS.values() for alias in m.aliases}
+
+
+def budgets_of(method: str) -> tuple[Budget, ...]:
+    """The budgets ``method`` accepts (none for ``"none"``)."""
+    return METHODS[method].budgets if method in METHODS else ()
+
+
+def methods_with(budget: Budget) -> tuple[str, ...]:
+    return tuple(name for name, m in METHODS.items() if budget in m.budgets)
