@@ -23,17 +23,15 @@ import re
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from kvlab.secrets import (BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, hide_credentials, mask, redact,
-                           remember_secret, remember_url_credentials, strip_credentials, url_credentials)
+from kvlab.engines.endpoint_rules import (SET_MODEL_ID, BaseURLError, choose_model, error_message, key_problem,
+                                          parse_base_url, sendable)
+from kvlab.secrets import DEFAULT_KEY_VAR, mask, redact, remember_secret, remember_url_credentials, strip_credentials
 
 Status = Literal["ok", "warn", "fail", "skip"]
 CHECK_NAMES = ("base URL", "proxy", "connection", "auth", "models", "completion")
-#: Paths the client appends to the base URL itself; "/chat/completions" before its suffix "/completions".
-ENDPOINT_PATHS = ("/chat/completions", "/completions", "/models", "/embeddings")
 DEFAULT_PORTS = {"http": 80, "https": 443, "socks5": 1080, "socks5h": 1080}
 MAX_BODY_CHARS = 200
 MAX_LISTED_MODELS = 10
@@ -114,8 +112,8 @@ class _Run:
         self.model_id = model_id
         stripped = (api_key or "").strip() or None  # a blank key is no key
         self.raw_key = api_key if stripped else None
-        self.key_problem = _key_problem(api_key) if api_key and stripped else None
-        self.key = stripped if stripped and _sendable(stripped) else None
+        self.key_problem = key_problem(api_key) if api_key and stripped else None
+        self.key = stripped if stripped and sendable(stripped) else None
         self.timeout_s = timeout_s
         self.key_source = key_source
         self.key_var = key_var
@@ -160,27 +158,13 @@ class _Run:
 
     def check_base_url(self, raw: str) -> str | None:
         """The base URL to check the rest against, or None when it cannot be used at all."""
-        example = "http://127.0.0.1:8000/v1"
-        if not raw:
-            self.set("base URL", "fail", "no base URL given",
-                     f"set {BASE_URL_VAR} or backend.base_url (for example {example})")
+        try:
+            base = parse_base_url(raw)
+        except BaseURLError as error:
+            self.set("base URL", "fail", error.detail, error.fix)
             return None
-        if "://" not in raw:
-            self.set("base URL", "fail", f"{hide_credentials(raw)} has no scheme",
-                     f"write it as http://{strip_credentials(raw)} (https:// if the server uses TLS)")
-            return None
-        shown = hide_credentials(raw)
-        self.url_credentials = url_credentials(raw) is not None
-        parts = urlsplit(strip_credentials(raw))
-        if parts.scheme.lower() not in ("http", "https"):
-            self.set("base URL", "fail", f"{parts.scheme}:// is not HTTP",
-                     f"use http:// or https:// (for example {example})")
-            return None
-        path, notes = _fixed_path(parts.path.rstrip("/"))
-        fixed = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-        if not _valid_url(fixed):
-            self.set("base URL", "fail", f"{shown} has no valid host and port", f"write it like {example}")
-            return None
+        self.url_credentials = base.had_credentials
+        shown, fixed, notes = base.shown, base.url, list(base.mistakes)
         fix = f"use {fixed} as the base URL"
         if self.url_credentials:
             notes.append(f"it holds a user:password, which kvlab never sends (requests carry the key from "
@@ -283,7 +267,7 @@ class _Run:
                 self.set("models", "warn", "the server has no GET /models (HTTP 404): the model id is not checked")
                 return self.model_id
             self.set("models", "fail", "no model id given, and the server has no GET /models to list its models",
-                     f"set {MODEL_ID_VAR} or backend.model_id (or --model) to the model the server serves")
+                     f"{SET_MODEL_ID} to the model the server serves")
             return None
         if status != 200:
             self.set("models", "fail", f"GET /models answered HTTP {status}: {_body_text(response)}",
@@ -296,29 +280,30 @@ class _Run:
         return self.pick_model(ids)
 
     def pick_model(self, ids: list[str]) -> str | None:
-        """Judged as kvlab's openai_compat engine picks: without a model id it takes the only model
-        the server lists and refuses to guess among several."""
-        listed, set_it = _listing(ids), f"set {MODEL_ID_VAR} or backend.model_id (or --model)"
-        if self.model_id in ids:
+        """Judged by the rule kvlab's openai_compat engine applies (:func:`choose_model`): without a
+        model id it takes the only model the server lists and refuses to guess among several."""
+        listed, set_it = _listing(ids), SET_MODEL_ID
+        choice = choose_model(self.model_id, ids)
+        if choice.verdict == "served":
             self.set("models", "ok", f"'{self.model_id}' is served (the server has {len(ids)} model(s))")
-        elif self.model_id and ids:
-            close = difflib.get_close_matches(self.model_id, ids, n=1)
+        elif choice.verdict == "not_served":
+            close = difflib.get_close_matches(self.model_id or "", ids, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             self.set("models", "fail", f"the server does not serve '{self.model_id}'{hint}; it has: {listed}",
                      f"{set_it} to one of: {listed}")
             return None
-        elif self.model_id:
+        elif choice.verdict == "unlisted":
             self.set("models", "warn", "the server lists no models: the model id is not checked")
-        elif not ids:
+        elif choice.verdict == "none_listed":
             self.set("models", "fail", "no model id given, and the server lists no models",
                      "load a model on the server")
-        elif len(ids) == 1:
+        elif choice.verdict == "only":
             self.set("models", "warn", f"no model id given; the server has one, {listed}, and kvlab uses it",
                      f"{set_it} to {listed} to pin it")
         else:
             self.set("models", "fail", f"no model id given, and kvlab will not guess; the server has: {listed} "
                                        f"(trying {ids[0]})", f"{set_it} to one of them")
-        return self.model_id or (ids[0] if ids else None)
+        return choice.model or (ids[0] if ids else None)
 
     def check_completion(self, base: str, model: str) -> None:
         """One token at temperature 0 from ``/completions``, else (404) from ``/chat/completions``."""
@@ -378,42 +363,6 @@ class _Run:
 
 
 # -- pieces without state --------------------------------------------------------------------------
-
-
-def _valid_url(url: str) -> bool:
-    try:
-        return bool(httpx.URL(url).host) and " " not in url
-    except httpx.InvalidURL:  # a port that is not a number, say
-        return False
-
-
-def _fixed_path(path: str) -> tuple[str, list[str]]:
-    """The base URL's path without an endpoint path or a doubled ``/v1``, and what was wrong."""
-    notes = []
-    for endpoint in ENDPOINT_PATHS:
-        if path.endswith(endpoint):
-            path = path.removesuffix(endpoint)
-            notes.append(f"it includes the endpoint path {endpoint}, which the client adds itself")
-            break
-    if re.search(r"/v1/v1(/|$)", path):
-        path = re.sub(r"(/v1)+(?=/|$)", "/v1", path)
-        notes.append("/v1 appears twice")
-    return path, notes
-
-
-def _key_problem(key: str) -> str | None:
-    """What is wrong with a key's form (None: nothing): whitespace around it, or characters an
-    HTTP header cannot carry."""
-    stripped = key.strip()
-    if not _sendable(stripped):
-        return "contains characters an HTTP header cannot carry (non-ASCII or control characters)"
-    if stripped != key:
-        return "has leading/trailing whitespace (a newline or spaces)"
-    return None
-
-
-def _sendable(key: str) -> bool:
-    return key.isascii() and all(32 <= ord(char) < 127 for char in key)
 
 
 def _proxy_for(url: httpx.URL) -> _Proxy | None:
@@ -551,25 +500,11 @@ def _describe_body(response: httpx.Response) -> tuple[str, str]:
     body = _json(response)
     if body is None:
         return "text", _short(text)
-    message = _error_message(body)
+    message = error_message(body)
     if message:
         return "error", _short(message)
     shape = f"keys {', '.join(map(str, body))}" if isinstance(body, dict) else type(body).__name__
     return "json", f"a JSON body with {shape}"
-
-
-def _error_message(body: Any) -> str | None:
-    """The message of an error body: OpenAI ``{"error": {...}}``, vLLM ``{"message": ...}``,
-    FastAPI ``{"detail": ...}``."""
-    if not isinstance(body, dict):
-        return None
-    error = body.get("error")
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    for key in ("error", "message", "detail"):
-        if body.get(key):
-            return str(body[key])
-    return None
 
 
 def _json(response: httpx.Response) -> Any:

@@ -2,7 +2,7 @@
 thread, and batched writes.
 
 Each sample carries the experiment, the trial being evaluated and the engine's phase
-(load / prefill / compress / decode / score / idle), so a chart can show what memory did when.
+(:data:`kvlab.engines.base.Phase`), so a chart can show what memory did when.
 With no NVIDIA GPU (or no driver) the NVML source is skipped and that is said once in the log.
 """
 
@@ -14,25 +14,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 
+from kvlab.engines.base import TelemetrySource  # engines declare theirs: see Engine.telemetry_sources
 from kvlab.store.records import TelemetrySample
 
 log = logging.getLogger(__name__)
 
 MIN_HZ, MAX_HZ = 0.1, 20.0
-
-
-class TelemetrySource(Protocol):
-    """Something that can be read: returns TelemetrySample column values."""
-
-    name: str
-
-    def read(self) -> dict[str, float | None]: ...
-
-    def close(self) -> None: ...
 
 
 class CpuSource:

@@ -62,8 +62,8 @@ def test_physical_bytes_equal_the_hand_calculation(engine, prefix, name):
     config, expected = EXPECTED[name]
     prefill = engine._prefill(prefix, {None} | ({_scorer(config)} - {None}))
     compressed = engine._compress(config, prefill.scores_for(config), prefill.keys, prefill.values, TOKENS, TOKENS)
-    assert compressed.physical_bytes == expected
-    assert compressed.baseline_bytes == 13_824_000
+    assert compressed.kv.physical_bytes == expected
+    assert compressed.kv.baseline_bytes == 13_824_000
 
 
 def _scorer(config: KVCacheConfig):

@@ -20,7 +20,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvlab.cli import main
+from kvlab.config import ConfigError
 from kvlab.doctor import CHECK_NAMES, DoctorReport, diagnose
+from kvlab.engines.endpoint_rules import choose_model, error_message
+from kvlab.engines.factory import openai_endpoint
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "endpoint_doctor.py")
 KEY = "sk-kvlab-test-0123456789-right"
@@ -404,3 +407,36 @@ def test_the_doctor_imports_nothing_heavy():
     code = "import sys, kvlab.doctor, kvlab.cli_doctor; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     assert result.stdout.strip() == "[]"
+
+
+# -- the rules a run applies too (kvlab.engines.endpoint_rules) --------------------------------------
+
+
+@pytest.mark.parametrize(("requested", "served", "model", "verdict"), [
+    ("a", ["a", "b"], "a", "served"),
+    ("c", ["a", "b"], None, "not_served"),
+    ("c", [], "c", "unlisted"),
+    (None, ["a"], "a", "only"),
+    (None, ["a", "b"], None, "ambiguous"),
+    (None, [], None, "none_listed"),
+])
+def test_the_model_rule(requested, served, model, verdict):
+    choice = choose_model(requested, served)
+    assert (choice.model, choice.verdict) == (model, verdict)
+    assert bool(choice.refusal("http://h/v1")) is (model is None)
+
+
+def test_a_run_refuses_the_base_url_mistakes_the_doctor_corrects(monkeypatch):
+    monkeypatch.delenv("KVLAB_API_KEY", raising=False)
+    raw = "http://user:pw-123456789@127.0.0.1:9/v1/v1/chat/completions"
+    fix = diagnose(raw, "m", None, timeout_s=0.5).checks[0].fix
+    with pytest.raises(ConfigError) as refused:
+        openai_endpoint(raw, "m", "KVLAB_API_KEY")
+    assert "use http://127.0.0.1:9/v1 as the base URL" in fix and "use http://127.0.0.1:9/v1 as the base URL" in \
+        str(refused.value)
+    assert "pw-123456789" not in str(refused.value) and "/v1 appears twice" in str(refused.value)
+    monkeypatch.setenv("KVLAB_API_KEY", "sk-tést-key-0000")
+    with pytest.raises(ConfigError, match="cannot carry"):
+        openai_endpoint("http://127.0.0.1:9/v1", "m", "KVLAB_API_KEY")
+    assert error_message({"error": {"message": "no such model"}}) == "no such model"
+    assert error_message({"detail": "Not Found"}) == "Not Found" and error_message("oops") is None

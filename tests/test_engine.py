@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig
+from kvlab.results import MEASURED_EMBEDDED
 from kvlab.tasks import TaskItem, generate_items, score_item
 from kvlab.tasks.spec import TaskSpec
 
@@ -37,6 +38,8 @@ def test_physical_bytes_match_analytic_for_every_quantization_and_eviction(engin
     for result in results:
         assert abs(result.physical_kv_bytes / result.analytic_kv_bytes - 1) <= 0.01, result.config_name
         assert result.peak_kv_bytes >= result.physical_kv_bytes  # decoding only adds tokens
+        assert (result.kv.source, result.kv.estimated) == (MEASURED_EMBEDDED, False)
+        assert result.kv.compression_ratio == result.compression_ratio
     by_name = {r.config_name: r for r in results}
     baseline = by_name["baseline"]
     assert baseline.physical_kv_bytes == baseline.baseline_kv_bytes  # 16-bit, nothing dropped: 1.00x

@@ -50,6 +50,7 @@ def test_one_server_per_config_with_bytes_from_its_start_up_log(stand_ins, kind,
     assert fp8_row.physical_kv_bytes == pytest.approx(base.physical_kv_bytes / 2, rel=0.01)
     assert fp8_row.compression_ratio == pytest.approx(2.0) and base.compression_ratio == pytest.approx(1.0)
     assert "start-up log" in fp8_row.extra["kv_bytes_source"]
+    assert fp8_row.kv.estimated and fp8_row.kv.source.startswith("estimated: ") and fp8_row.kv.analytic_bytes is None
     for launch in launches:  # every server was stopped
         port = launch["command"][launch["command"].index("--port") + 1]
         with pytest.raises(httpx.ConnectError):

@@ -9,6 +9,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvlab.results import KVMeasurement
 from tests.serving import API_KEY
 
 pytestmark = pytest.mark.model
@@ -45,6 +46,9 @@ def test_completion_answers_and_stops_before_the_stop_string(client):
     kv = response.model_extra["kv_cache"]
     assert kv["config"] == "baseline" and kv["physical_bytes"] == kv["baseline_bytes"] > 0
     assert kv["context_tokens"] == response.usage.prompt_tokens - 1
+    assert (kv["estimated"], kv["source"]) == (False, "kvlab serve (measured)")
+    measured = KVMeasurement.from_dict(kv)  # the block is the measurement, with the config and timings
+    assert measured.to_dict().items() <= kv.items() and measured.compression_ratio == 1.0
 
 
 def test_streaming_sends_text_before_the_answer_is_complete(client):

@@ -1,14 +1,26 @@
-"""The one interface every engine (embedded, OpenAI-compatible, vLLM, SGLang) implements."""
+"""The one interface every engine (embedded, OpenAI-compatible, vLLM, SGLang) implements.
+
+:class:`Engine` declares everything the worker, the runner, telemetry and ``kvlab serve`` use,
+with defaults where an engine has nothing to say; every engine inherits it, so nothing needs
+``getattr`` to ask an engine what it may or may not have.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from kvlab.config import KVCacheConfig
 from kvlab.errors import HostLacksError  # defined there: kvlab.tasks raises it too
 from kvlab.results import ItemResult
 from kvlab.tasks import TaskItem
+
+__all__ = ["Engine", "EngineFailure", "HostLacksError", "Phase", "TelemetrySource", "evaluate_all", "passes"]
+
+#: What an engine is doing now, stamped on every telemetry sample (the store's ``PHASES``, less
+#: ``score``, which only the runner's scoring uses).
+Phase = Literal["load", "prefill", "compress", "decode", "idle", "launch", "request"]
 
 
 class EngineFailure(RuntimeError):
@@ -16,22 +28,40 @@ class EngineFailure(RuntimeError):
     Runs stop with this message; the results produced before it are kept."""
 
 
-class Engine(Protocol):
+class TelemetrySource(Protocol):
+    """Something telemetry can read: returns :class:`kvlab.store.records.TelemetrySample` column values."""
+
+    name: str
+
+    def read(self) -> dict[str, float | None]: ...
+
+    def close(self) -> None: ...
+
+
+class Engine(ABC):
     """Evaluates task items under KV-cache configs.
 
     ``evaluate`` yields one :class:`ItemResult` per config (unscored: the runner scores).
     An engine may share work across the configs of one item -- the embedded engine runs the
     prefill once -- which is why it receives them together.  ``one_config_per_pass`` engines
     (a launched vLLM/SGLang server holds one KV dtype) get all items of one config before the
-    next: see :func:`passes`.  An engine may also define ``evaluate_many(work)`` to run several
-    items at once (an endpoint serving concurrent requests): see :func:`evaluate_all`.
+    next: see :func:`passes`.  ``evaluate_many`` runs several items at once where the engine can
+    (an endpoint serving concurrent requests); by default one after the other.
+
+    Read from other threads (the telemetry sampler): ``phase``, ``current_config`` (the label of
+    the config being evaluated) and :meth:`current_kv_bytes`.
     """
 
     name: str
-    one_config_per_pass: bool
+    one_config_per_pass: bool = False
+    launches_servers: bool = False  # True: a batch's end stops the server it started (it holds a GPU)
+    phase: Phase = "idle"
+    current_config: str | None = None
 
     @property
-    def tokenizer(self) -> Any: ...
+    @abstractmethod
+    def tokenizer(self) -> Any:
+        """The tokenizer task prompts are sized with."""
 
     def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
         """Raise :class:`kvlab.config.ConfigError` for a config this engine cannot run, before any work."""
@@ -39,12 +69,30 @@ class Engine(Protocol):
     def check_items(self, items: Sequence[TaskItem]) -> None:
         """Raise :class:`kvlab.config.ConfigError` for a task this engine cannot evaluate."""
 
+    @abstractmethod
     def evaluate(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> Iterator[ItemResult]: ...
+
+    def evaluate_many(self, work: Iterable[tuple[TaskItem, Sequence[KVCacheConfig]]]
+                      ) -> Iterator[tuple[TaskItem, ItemResult]]:
+        """Every (item, configs) of ``work``, in finishing order; here one item after the other."""
+        for item, configs in work:
+            for result in self.evaluate(item, configs):
+                yield item, result
 
     def describe(self) -> dict[str, Any]:
         """Model, device, dtype and anything else a report should record."""
+        return {"engine": self.name}
 
-    def close(self) -> None: ...
+    def current_kv_bytes(self) -> int | None:
+        """Bytes of the KV cache in use now; None when this engine cannot know."""
+        return None
+
+    def telemetry_sources(self) -> list[TelemetrySource]:
+        """Sources of its own the sampler reads besides the process's (a server's ``/metrics``)."""
+        return []
+
+    def close(self) -> None:
+        """Release what the engine holds (a launched server, a client's connections)."""
 
 
 T = TypeVar("T")
@@ -58,10 +106,4 @@ def passes(engine: Engine, configs: Sequence[T]) -> list[list[T]]:
 def evaluate_all(engine: Engine, work: Iterable[tuple[TaskItem, Sequence[KVCacheConfig]]]
                  ) -> Iterator[tuple[TaskItem, ItemResult]]:
     """Every (item, configs) of ``work``, concurrently where the engine can, in finishing order."""
-    many = getattr(engine, "evaluate_many", None)
-    if many is not None:
-        yield from many(work)
-        return
-    for item, configs in work:
-        for result in engine.evaluate(item, configs):
-            yield item, result
+    return engine.evaluate_many(work)

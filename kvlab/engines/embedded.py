@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Any
 
@@ -20,13 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from kvlab.compress.accounting import (
-    CacheGeometry,
-    analytic_kv_bytes,
-    baseline_kv_bytes,
-    check_fits,
-    compression_ratio,
-)
+from kvlab.compress.accounting import CacheGeometry, analytic_kv_bytes, baseline_kv_bytes, check_fits
 from kvlab.compress.cache import KVLabCache, build_compressed_cache
 from kvlab.compress.eviction import (
     CollectedScores,
@@ -38,8 +32,9 @@ from kvlab.compress.eviction import (
 )
 from kvlab.config import ConfigError, KVCacheConfig
 from kvlab.engines import attention
+from kvlab.engines.base import Engine
 from kvlab.models import LoadedModel
-from kvlab.results import ItemResult
+from kvlab.results import MEASURED_EMBEDDED, ItemResult, KVMeasurement
 from kvlab.tasks import TaskItem
 
 
@@ -51,15 +46,17 @@ def _layouts(context: list[int], question: list[int]) -> dict[bool, tuple[list[i
 
 @dataclass
 class _Compressed:
-    """A prefill cache after one config's eviction and quantization, with its measured size."""
+    """A prefill cache after one config's eviction and quantization, with its measured size
+    (``kv.kept_tokens`` is the mean over full-attention layers; ``kv.peak_bytes`` is unknown until
+    the answer is decoded: :meth:`measured`)."""
 
     cache: KVLabCache
     compress_s: float
-    kept_tokens: float  # mean over full-attention layers
-    kept_fraction: float
-    baseline_bytes: int
-    physical_bytes: int
-    analytic_bytes: int
+    kv: KVMeasurement
+
+    def measured(self) -> KVMeasurement:
+        """The measurement with the cache's peak size so far."""
+        return replace(self.kv, peak_bytes=self.cache.peak_bytes)
 
 
 @dataclass
@@ -85,12 +82,10 @@ class ServedPrefix:
 
     compressed: _Compressed
     prefill_s: float
-    prefix_tokens: int
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(Engine):
     name = "embedded"
-    one_config_per_pass = False
 
     def __init__(self, loaded: LoadedModel, seed: int = 0):
         self.loaded = loaded
@@ -103,8 +98,7 @@ class EmbeddedEngine:
             num_layers=loaded.num_layers, num_kv_heads=loaded.num_kv_heads, head_dim=loaded.head_dim,
             layer_windows=tuple(loaded.sliding_window if sliding else None for sliding in loaded.layer_is_sliding),
         )
-        self.phase = "idle"  # read by the telemetry sampler: load | prefill | compress | decode | idle
-        self.current_config: str | None = None  # label of the config being evaluated
+        self.max_context = loaded.max_context or 0  # positions the model takes (0: unknown)
         self._live_cache: DynamicCache | KVLabCache | None = None
         eos = self.model.generation_config.eos_token_id
         self.stop_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
@@ -144,7 +138,7 @@ class EmbeddedEngine:
 
     def check_items(self, items: Sequence[TaskItem]) -> None:
         """Every task kind runs here, within the model's context (``kvlab serve`` refuses the same)."""
-        limit = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        limit = self.max_context
         too_long = [(item, needed) for item in items if limit and (needed := self._tokens_needed(item)) > limit]
         if too_long:
             item, needed = too_long[0]
@@ -230,13 +224,12 @@ class EmbeddedEngine:
         full_layers = [n for n, sliding in zip(kept_tokens, self.geometry.sliding_layers, strict=True) if not sliding]
         kept_mean = sum(full_layers) / len(full_layers)
         protected = prefix_len - evictable
-        baseline, physical = baseline_kv_bytes(self.geometry, prefix_len), cache.physical_bytes
-        return _Compressed(
-            cache=cache, compress_s=compress_s, kept_tokens=kept_mean,
+        return _Compressed(cache=cache, compress_s=compress_s, kv=KVMeasurement(
+            context_tokens=prefix_len, kept_tokens=kept_mean,
             kept_fraction=(kept_mean - protected) / evictable if evictable else 1.0,
-            baseline_bytes=baseline, physical_bytes=physical,
-            analytic_bytes=analytic_kv_bytes(config, self.geometry, kept_tokens),
-        )
+            baseline_bytes=baseline_kv_bytes(self.geometry, prefix_len), physical_bytes=cache.physical_bytes,
+            analytic_bytes=analytic_kv_bytes(config, self.geometry, kept_tokens), source=MEASURED_EMBEDDED,
+        ))
 
     def _run_config(self, item: TaskItem, config: KVCacheConfig, prefill: _Prefill, prefix: list[int],
                     suffix: list[int], targets: list[int] | None, evictable: int, prompt_tokens: int) -> ItemResult:
@@ -266,12 +259,7 @@ class EmbeddedEngine:
         return ItemResult(
             item_id=item.item_id, task=item.task, config_name=config.label,
             config=config.model_dump(mode="json"), seed=self.seed, context_length=item.context_length,
-            depth=item.depth, prompt_tokens=prompt_tokens, context_tokens=len(prefix),
-            kept_tokens=compressed.kept_tokens, kept_fraction=compressed.kept_fraction,
-            baseline_kv_bytes=compressed.baseline_bytes, physical_kv_bytes=compressed.physical_bytes,
-            analytic_kv_bytes=compressed.analytic_bytes,
-            compression_ratio=compression_ratio(compressed.baseline_bytes, compressed.physical_bytes),
-            peak_kv_bytes=cache.peak_bytes,
+            depth=item.depth, prompt_tokens=prompt_tokens, **compressed.measured().result_fields(),
             generated=self.tokenizer.decode(generated_ids, skip_special_tokens=True), answer=item.answer,
             output_tokens=len(generated_ids), ttft_s=prefill_s + scorer_s + compressed.compress_s + first_s,
             tpot_s=decode_s / (len(generated_ids) - 1) if len(generated_ids) > 1 else None,
@@ -322,7 +310,7 @@ class EmbeddedEngine:
             prefill_s = prefill.prefill_s + prefill.scorer_s(config)
             del prefill
             self.phase, self._live_cache = "decode", compressed.cache
-            yield ServedPrefix(compressed=compressed, prefill_s=prefill_s, prefix_tokens=len(prefix))
+            yield ServedPrefix(compressed=compressed, prefill_s=prefill_s)
             positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=self.device).unsqueeze(0)
             out = self.model(input_ids=torch.tensor([suffix], device=self.device), past_key_values=compressed.cache,
                              position_ids=positions, logits_to_keep=1)

@@ -8,6 +8,8 @@ from typing import Any
 
 from kvlab.config import ConfigError, ExperimentSpec
 from kvlab.engines.base import Engine
+from kvlab.engines.endpoint_rules import BaseURLError, key_problem, parse_base_url, sendable
+from kvlab.secrets import Endpoint, resolve_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +27,8 @@ def build_engine(spec: ExperimentSpec) -> Engine:
     tokenizer, note = task_tokenizer(spec.model)
     if backend.kind == "openai_compat":
         from kvlab.engines.openai_compat import OpenAICompatEngine
-        from kvlab.secrets import resolve_endpoint
 
-        try:
-            endpoint = resolve_endpoint(backend.base_url, backend.model_id, backend.api_key_env)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
+        endpoint = openai_endpoint(backend.base_url, backend.model_id, backend.api_key_env)
         if endpoint.dropped_credentials:
             log.warning("the base URL holds a user:password, which kvlab never sends: requests to %s authenticate "
                         "with the key in %s as a Bearer token", endpoint.base_url, backend.api_key_env)
@@ -38,6 +36,26 @@ def build_engine(spec: ExperimentSpec) -> Engine:
     from kvlab.engines.launched import LaunchedServerEngine
 
     return LaunchedServerEngine(spec, tokenizer, note)
+
+
+def openai_endpoint(base_url: str | None, model_id: str | None, api_key_env: str) -> Endpoint:
+    """The endpoint a spec names, held to the rules ``kvlab doctor`` checks (:mod:`endpoint_rules`):
+    a base URL kvlab would correct, or a key no HTTP header can carry, is refused with the fix."""
+    try:
+        endpoint = resolve_endpoint(base_url, model_id, api_key_env)
+        base = parse_base_url(endpoint.base_url)
+    except BaseURLError as error:
+        raise ConfigError(f"base URL: {error}") from None
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if base.mistakes:
+        raise ConfigError(f"base URL {base.shown}: {'; '.join(base.mistakes)}; use {base.url} as the base URL "
+                          f"(`kvlab doctor --base-url {base.url}` checks the endpoint)")
+    key = (endpoint.api_key or "").strip()
+    if key and not sendable(key):
+        raise ConfigError(f"the API key {endpoint.masked_key} ({endpoint.key_source}) {key_problem(key)}; set "
+                          f"{api_key_env} to the key exactly as issued")
+    return endpoint
 
 
 def task_tokenizer(model: str) -> tuple[Any, str]:

@@ -15,8 +15,9 @@ from datetime import UTC, datetime
 from itertools import groupby
 from typing import Any
 
+from kvlab.compress.formats import FORMATS
 from kvlab.config import ExperimentSpec, KVCacheConfig
-from kvlab.engines.base import EngineFailure, HostLacksError
+from kvlab.engines.base import Engine, EngineFailure, HostLacksError, TelemetrySource
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_perplexity
 from kvlab.engines.prometheus import ServerMetricsSource
@@ -28,10 +29,10 @@ from kvlab.secrets import Endpoint
 from kvlab.tasks import TaskItem
 
 #: Bits per stored element of each ``--kv-cache-dtype`` kvlab passes ("auto" is the model's 16-bit dtype).
-KV_DTYPE_BITS = {"none": 16, "fp8_e4m3": 8, "fp8_e5m2": 8}
+KV_DTYPE_BITS = {name: f.bits for name, f in FORMATS.items() if f.vllm or f.sglang}  # what servers run
 
 
-class LaunchedServerEngine:
+class LaunchedServerEngine(Engine):
     one_config_per_pass = True
     launches_servers = True  # workers stop the server when a batch ends
 
@@ -41,8 +42,6 @@ class LaunchedServerEngine:
         self._tokenizer = tokenizer
         self.tokenizer_note = tokenizer_note
         self.served_name = spec.backend.model_id or spec.model
-        self.phase = "idle"
-        self.current_config: str | None = None
         self.launches: list[dict[str, Any]] = []
         self._server: ManagedServer | None = None
         self._config: KVCacheConfig | None = None
@@ -97,7 +96,7 @@ class LaunchedServerEngine:
             except EngineFailure as error:
                 raise EngineFailure(self._crash_report(error)) from None
 
-    def telemetry_sources(self) -> list[ServerMetricsSource | _CurrentServerMetrics]:
+    def telemetry_sources(self) -> list[TelemetrySource]:
         return [self._metrics]
 
     def close(self) -> None:

@@ -24,11 +24,11 @@ from typing import Any
 
 import openai
 
-from kvlab.compress.accounting import compression_ratio
 from kvlab.config import BackendSpec, ConfigError, KVCacheConfig
-from kvlab.engines.base import EngineFailure
+from kvlab.engines.base import Engine, EngineFailure
+from kvlab.engines.endpoint_rules import choose_model, error_message, server_root
 from kvlab.engines.prometheus import ServerMetricsSource
-from kvlab.results import ItemResult
+from kvlab.results import MEASURED_SERVED, ItemResult, KVMeasurement
 from kvlab.secrets import Endpoint, redact
 from kvlab.tasks import TaskItem
 
@@ -48,10 +48,21 @@ class LaunchedKV:
     baseline_bytes_per_token: float | None  # the same cache at 16 bits
     source: str  # the log line the figures came from
 
+    def measure(self, prompt_tokens: int, output_tokens: int) -> KVMeasurement:
+        """An estimate: servers evict no tokens, so every prompt token stays in the (paged) pool, at
+        the pool's bytes per token.  Never a measurement: no layout formula is checked against it."""
+        if self.bytes_per_token is None:
+            return KVMeasurement(context_tokens=prompt_tokens)
+        return KVMeasurement(
+            context_tokens=prompt_tokens, kept_tokens=float(prompt_tokens), kept_fraction=1.0,
+            baseline_bytes=round((self.baseline_bytes_per_token or self.bytes_per_token) * prompt_tokens),
+            physical_bytes=round(self.bytes_per_token * prompt_tokens),
+            peak_bytes=round(self.bytes_per_token * (prompt_tokens + output_tokens)), estimated=True,
+            source=f"estimated: bytes per token x prompt tokens, from {self.source}")
 
-class OpenAICompatEngine:
+
+class OpenAICompatEngine(Engine):
     name = "openai_compat"
-    one_config_per_pass = False
 
     def __init__(self, endpoint: Endpoint, backend: BackendSpec, tokenizer: Any, tokenizer_note: str = "",
                  launched: LaunchedKV | None = None, seed: int = 0):
@@ -67,9 +78,7 @@ class OpenAICompatEngine:
         self.model_id: str | None = endpoint.model_id
         self.server_info: dict[str, Any] | None = None  # kvlab serve's `kvlab` block of /v1/models
         self._probed = False
-        self.phase = "idle"  # read by the telemetry sampler: "request" while any request is in flight
-        self.current_config: str | None = None
-        self._in_flight = 0
+        self._in_flight = 0  # requests in flight: the phase is "request" while there are any
         self._in_flight_lock = threading.Lock()
 
     # -- Engine protocol -----------------------------------------------------------------------
@@ -97,8 +106,7 @@ class OpenAICompatEngine:
         self.probe()
         if self.server_info is None:
             return []
-        root = self.endpoint.base_url.rstrip("/").removesuffix("/v1")
-        return [ServerMetricsSource(root, "kvlab")]
+        return [ServerMetricsSource(server_root(self.endpoint.base_url), "kvlab")]
 
     def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
         self.probe()
@@ -150,15 +158,10 @@ class OpenAICompatEngine:
             models = list(self.client.models.list())
         except openai.APIError as error:
             raise EndpointError(self._explain(error)) from None
-        ids = [m.id for m in models]
-        if self.model_id is None:
-            if len(ids) != 1:
-                raise ConfigError(f"{self.endpoint.base_url} serves {', '.join(ids) or 'no models'}: set "
-                                  "backend.model_id (or KVLAB_MODEL_ID) to one of them")
-            self.model_id = ids[0]
-        elif ids and self.model_id not in ids:
-            raise ConfigError(f"model '{self.model_id}' is not served by {self.endpoint.base_url}; it serves: "
-                              f"{', '.join(ids)}")
+        choice = choose_model(self.model_id, [m.id for m in models])
+        if choice.model is None:
+            raise ConfigError(choice.refusal(self.endpoint.base_url))
+        self.model_id = choice.model
         entry = next((m for m in models if m.id == self.model_id), None)
         extra = (entry.model_extra or {}) if entry is not None else {}
         self.server_info = extra.get("kvlab") if isinstance(extra.get("kvlab"), dict) else None
@@ -209,7 +212,7 @@ class OpenAICompatEngine:
             extra_body = {"kv_cache": config.model_dump(mode="json"), "kv_cache_question_chars": len(item.question)}
         started = time.perf_counter()
         first_at: float | None = None
-        text, pieces, usage, reported = "", 0, None, None
+        text, pieces, usage, reported = "", 0, None, None  # reported: kvlab serve's kv_cache block
         try:
             stream = self.client.completions.create(
                 model=self.model_id, prompt=prompt, max_tokens=item.max_new_tokens, temperature=0,
@@ -234,47 +237,39 @@ class OpenAICompatEngine:
         prompt_tokens = usage.prompt_tokens if usage else len(self._tokenizer(prompt)["input_ids"])
         ttft = (first_at or ended) - started
         decode_s = ended - first_at if first_at else 0.0
+        kv, prefill_s, compress_s = self._measure(prompt_tokens, output_tokens, reported)
         return ItemResult(
             item_id=item.item_id, task=item.task, config_name=config.label, config=config.model_dump(mode="json"),
             seed=self.seed, context_length=item.context_length, depth=item.depth, prompt_tokens=prompt_tokens,
             generated=text, answer=item.answer, output_tokens=output_tokens, ttft_s=ttft,
             tpot_s=decode_s / (output_tokens - 1) if output_tokens > 1 and first_at else None,
-            decode_s=decode_s, peak_memory_bytes=None,
-            **self._kv_fields(prompt_tokens, output_tokens, reported),
+            prefill_s=prefill_s, compress_s=compress_s, decode_s=decode_s, peak_memory_bytes=None,
+            **kv.result_fields(),
         )
 
-    def _kv_fields(self, prompt_tokens: int, output_tokens: int, reported: dict[str, Any] | None) -> dict[str, Any]:
-        """What the cache held, as far as the server lets kvlab know (None where it does not)."""
-        if reported and self.per_request_configs:  # kvlab serve: measured on the server, same layout as the embedded engine
-            baseline, physical = reported["baseline_bytes"], reported["physical_bytes"]
-            return {"context_tokens": reported["context_tokens"], "kept_tokens": reported["kept_tokens"],
-                    "kept_fraction": reported["kept_fraction"], "baseline_kv_bytes": baseline,
-                    "physical_kv_bytes": physical, "analytic_kv_bytes": reported["analytic_bytes"],
-                    "compression_ratio": compression_ratio(baseline, physical),
-                    "peak_kv_bytes": reported["peak_bytes"], "prefill_s": reported["prefill_s"],
-                    "compress_s": reported["compress_s"], "extra": {"kv_bytes_source": "kvlab serve (measured)"}}
-        unknown = _unknown_kv(prompt_tokens)
-        launched = self.launched
-        if launched is None or launched.bytes_per_token is None:
-            return unknown
-        physical = round(launched.bytes_per_token * prompt_tokens)
-        baseline = round((launched.baseline_bytes_per_token or launched.bytes_per_token) * prompt_tokens)
-        # Servers evict no tokens: every prompt token stays in the (paged) pool.  These bytes are an
-        # estimate (the pool's bytes per token times the prompt), never a measurement: no layout formula
-        # is checked against them, and reports show them as such.
-        return unknown | {"kept_tokens": float(prompt_tokens), "kept_fraction": 1.0, "baseline_kv_bytes": baseline,
-                          "physical_kv_bytes": physical, "analytic_kv_bytes": None,
-                          "compression_ratio": compression_ratio(baseline, physical),
-                          "peak_kv_bytes": round(launched.bytes_per_token * (prompt_tokens + output_tokens)),
-                          "kv_bytes_estimated": True,
-                          "extra": {"kv_bytes_source": f"estimated: bytes per token x prompt tokens, from {launched.source}"}}
+    def _measure(self, prompt_tokens: int, output_tokens: int, reported: Any
+                 ) -> tuple[KVMeasurement, float, float]:
+        """What the cache held, as far as the server lets kvlab know (None where it does not), and
+        the server's own prefill and compression seconds (NaN where it does not say)."""
+        if isinstance(reported, dict) and self.per_request_configs:
+            # kvlab serve: measured on the server, with the same cache layout as the embedded engine
+            try:
+                kv = KVMeasurement.from_dict(reported, default_source=MEASURED_SERVED)
+            except ValueError as error:
+                raise EndpointError(redact(f"{self.endpoint.base_url} sent a kv_cache block kvlab cannot read "
+                                           f"({error}); is it another kvlab version?")) from None
+            return kv, _seconds(reported.get("prefill_s")), _seconds(reported.get("compress_s"))
+        if self.launched is not None:
+            return self.launched.measure(prompt_tokens, output_tokens), math.nan, math.nan
+        return KVMeasurement(context_tokens=prompt_tokens), math.nan, math.nan
 
     def _failed(self, item: TaskItem, config: KVCacheConfig, error: str) -> ItemResult:
         return ItemResult(
             item_id=item.item_id, task=item.task, config_name=config.label, config=config.model_dump(mode="json"),
             seed=self.seed, context_length=item.context_length, depth=item.depth, prompt_tokens=0, generated="",
-            answer=item.answer, output_tokens=0, ttft_s=math.nan, tpot_s=None, decode_s=math.nan,
-            peak_memory_bytes=None, error=error, **_unknown_kv(0))
+            answer=item.answer, output_tokens=0, ttft_s=math.nan, tpot_s=None, prefill_s=math.nan,
+            compress_s=math.nan, decode_s=math.nan, peak_memory_bytes=None, error=error,
+            **KVMeasurement(context_tokens=0).result_fields())
 
 
 def refuse_perplexity(items: Sequence[TaskItem]) -> None:
@@ -283,17 +278,9 @@ def refuse_perplexity(items: Sequence[TaskItem]) -> None:
                           "the OpenAI API; run perplexity tasks on the embedded backend")
 
 
-def _unknown_kv(context_tokens: int) -> dict[str, Any]:
-    return {"context_tokens": context_tokens, "kept_tokens": None, "kept_fraction": None, "baseline_kv_bytes": None,
-            "physical_kv_bytes": None, "analytic_kv_bytes": None, "compression_ratio": None, "peak_kv_bytes": None,
-            "prefill_s": math.nan, "compress_s": math.nan,
-            "extra": {"kv_bytes_source": "not reported by the endpoint"}}
+def _seconds(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else math.nan
 
 
 def _message(error: openai.APIError) -> str:
-    body = error.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])
-    return error.message
+    return error_message(error.body) or error.message

@@ -13,14 +13,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
 
-from kvlab.compress.accounting import compression_ratio
 from kvlab.config import KVCacheConfig
 from kvlab.engines.embedded import EmbeddedEngine, ServedPrefix
+from kvlab.results import MEASURED_SERVED, KVMeasurement
 from kvlab.serve.metrics import ServerMetrics
 
 
@@ -39,7 +39,17 @@ class Finished:
     finish_reason: str  # "stop" (end token or stop string) or "length"
     prompt_tokens: int
     completion_tokens: int
-    kv_cache: dict[str, Any] = field(default_factory=dict)
+    config: KVCacheConfig
+    kv: KVMeasurement
+    prefill_s: float  # the prefill and this config's eviction scorer
+    compress_s: float
+
+    @property
+    def kv_cache(self) -> dict[str, Any]:
+        """The response's ``kv_cache`` block: the config, the measurement (:meth:`KVMeasurement.to_dict`,
+        which the ``openai_compat`` engine reads back) and the server-side prefill and compression times."""
+        return {"config": self.config.label, "settings": self.config.model_dump(mode="json"), **self.kv.to_dict(),
+                "prefill_s": self.prefill_s, "compress_s": self.compress_s}
 
 
 Event = Started | Delta | Finished
@@ -83,7 +93,7 @@ class ServedModel:
         self.engine = engine
         self.name = name
         self.default_config = default_config
-        self.max_model_len = int(getattr(engine.model.config, "max_position_embeddings", 0) or 0)
+        self.max_model_len = engine.max_context
         self.vocab_size = int(engine.model.get_input_embeddings().num_embeddings)
         self.max_prompt_chars = _max_prompt_chars(self.tokenizer, self.max_model_len)
         self.metrics = ServerMetrics(name, engine.current_kv_bytes)
@@ -176,13 +186,7 @@ class ServedModel:
             self.metrics.tpot.observe((done - first_at) / (len(ids) - 1))
         self.metrics.prompt_tokens.inc(prompt_tokens)
         self.metrics.generation_tokens.inc(len(ids))
-        compressed = prefix.compressed
-        self.metrics.last_ratio.set(compression_ratio(compressed.baseline_bytes, compressed.physical_bytes))
-        yield Finished(finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(ids), kv_cache={
-            "config": config.label, "settings": config.model_dump(mode="json"),
-            "context_tokens": prefix.prefix_tokens, "kept_tokens": compressed.kept_tokens,
-            "kept_fraction": compressed.kept_fraction, "baseline_bytes": compressed.baseline_bytes,
-            "physical_bytes": compressed.physical_bytes, "analytic_bytes": compressed.analytic_bytes,
-            "peak_bytes": compressed.cache.peak_bytes, "prefill_s": prefix.prefill_s,
-            "compress_s": compressed.compress_s,
-        })
+        kv = replace(prefix.compressed.measured(), source=MEASURED_SERVED)
+        self.metrics.last_ratio.set(kv.compression_ratio)
+        yield Finished(finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(ids), config=config,
+                       kv=kv, prefill_s=prefix.prefill_s, compress_s=prefix.compressed.compress_s)
