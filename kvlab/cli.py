@@ -18,10 +18,8 @@ from kvlab.cli_serve import add_serve_parser
 from kvlab.cli_store import add_store_commands
 from kvlab.cli_types import float_between, int_between, positive_int
 from kvlab.config import load_spec
+from kvlab.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import install_log_redaction
-
-
-MAX_LOCAL_WORKERS = 64
 
 
 class Parser(argparse.ArgumentParser):
@@ -45,11 +43,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         return submit_background(spec, warnings, args.workers)
     from kvlab.report import render
-    from kvlab.runner import run_experiment
 
-    configs = spec.all_configs()
-    print(f"{spec.name}: {len(configs)} configs on {spec.model} ({spec.backend.kind})", file=sys.stderr)
-    run = run_experiment(spec, progress=not args.quiet, limit=args.limit)
+    print(f"{spec.name}: {len(spec.all_configs())} configs on {spec.model} ({spec.backend.kind})", file=sys.stderr)
+    if args.no_store:
+        from kvlab.runner import run_experiment
+
+        run = run_experiment(spec, progress=not args.quiet, limit=args.limit)
+    else:
+        from kvlab.submit import RunCancelled, run_here
+
+        def announce(experiment_id: int, url: str) -> None:
+            print(f"experiment {experiment_id} in {url}: `kvlab show {experiment_id}`, or the dashboard's "
+                  f"/experiment?id={experiment_id}", file=sys.stderr)
+
+        try:
+            run = run_here(spec, warnings, limit=args.limit, progress=not args.quiet, announce=announce)
+        except RunCancelled as cancelled:
+            print(f"interrupted: {cancelled} (`kvlab show {cancelled.experiment_id}`)", file=sys.stderr)
+            return cli_exit.EXIT_INTERRUPTED
+        if run.failure and not run.results:  # refused before any result (e.g. a prompt longer than the model takes)
+            raise cli_exit.UserError(run.failure)
     run.warnings = warnings + run.warnings
     for warning in run.warnings[len(warnings):]:
         print(f"warning: {warning}", file=sys.stderr)
@@ -78,21 +91,37 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from kvlab.compress.eviction import PRESSES
-    from kvlab.config import QUANT_DTYPES, THRESHOLD_METHODS
+    """Every registered format and method, read from the registries (nothing imported heavily)."""
+    from kvlab.compress.formats import FORMATS
+    from kvlab.compress.methods import BUDGET_HELP, METHODS, PARAMS, REFUSED
 
-    print("quantization (quant):", ", ".join(QUANT_DTYPES))
-    print("eviction (evict): budget = ratio (fraction removed) | keep_fraction (top-k) | threshold (quantile)")
-    for name, (press, text) in PRESSES.items():
-        budgets = "ratio, keep_fraction" + (", threshold" if name in THRESHOLD_METHODS else "")
-        print(f"  {name:20} {text}  [{budgets}; kvpress {press.__name__}]")
+    print("quantization (quant): format, bits, stored as, scale groups, vLLM / SGLang --kv-cache-dtype")
+    for f in FORMATS.values():
+        groups = f"group_size {'/'.join(map(str, f.group_sizes))}" if f.group_sizes else "-"
+        aliases = f" (also: {', '.join(f.aliases)})" if f.aliases else ""
+        print(f"  {f.name:10} {f.bits:2} bit  {f.storage_dtype:14} {groups:22} "
+              f"vLLM {f.vllm or '-'} / SGLang {f.sglang or '-'}  {f.description}{aliases}")
+    print("eviction (evict): exactly one budget per config")
+    for budget, text in BUDGET_HELP.items():
+        print(f"  {budget}: {text}")
+    print("  parameters: " + "; ".join(f"{name} = {p.default} ({p.low}..{p.high}): {p.help}"
+                                       for name, p in PARAMS.items()))
+    for m in METHODS.values():
+        checked = "checked on the default model" if m.checked_on_default_model else "NOT checked on the default model"
+        params = f"; params {', '.join(m.params)}" if m.params else ""
+        aliases = f"; also: {', '.join(m.aliases)}" if m.aliases else ""
+        print(f"  {m.name:20} {m.description} ({m.paper})  [{', '.join(m.budgets)}; kvpress {m.press}{params}"
+              f"{aliases}; {checked}]")
+    print("kvpress scorer presses not offered:")
+    for press, reason in REFUSED.items():
+        print(f"  {press}: {reason}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="kvlab", description="KV-cache compression lab bench")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run an experiment spec (TOML) and print the tradeoff table")
+    run = sub.add_parser("run", help="run an experiment spec (TOML) here, store it, print the tradeoff table")
     run.add_argument("spec", help="path to a spec TOML (see examples/)")
     run.add_argument("--json", metavar="OUT", help="write spec, environment, summaries and every item result")
     run.add_argument("--backend", choices=["embedded", "openai_compat", "vllm", "sglang"],
@@ -102,8 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-drop", type=float_between(0.0, 0.5, inclusive_low=False), metavar="FRACTION",
                      help="non-inferiority margin of the sweet spot: accuracy a config may lose against the "
                           "baseline (default: the spec's max_drop, 0.05)")
-    run.add_argument("--background", action="store_true",
-                     help="store the experiment in the database and run it in local worker processes")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--background", action="store_true",
+                       help="queue the experiment and run it in local worker processes instead of here")
+    where.add_argument("--no-store", action="store_true",
+                       help="store nothing (by default the run is stored in KVLAB_DATABASE_URL, else db/kvlab.sqlite, "
+                            "and listed by `kvlab ls` and the dashboard)")
     run.add_argument("--workers", type=int_between(0, MAX_LOCAL_WORKERS), default=1,
                      help=f"with --background: local workers to start (0: none; at most {MAX_LOCAL_WORKERS})")
     run.set_defaults(func=_cmd_run)

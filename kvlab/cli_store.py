@@ -5,15 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
-from pathlib import Path
 
 from kvlab.cli_files import check_output, write_output
-from kvlab.cli_types import float_between, non_negative_int, positive_int
+from kvlab.cli_types import float_between, int_between, non_negative_int, positive_int
+from kvlab.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import redact
-
-DB_DIR = Path(__file__).resolve().parent.parent / "db"
 
 
 def _store():
@@ -60,16 +57,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def submit_background(spec, warnings: list[str], workers: int) -> int:
     """Store the experiment, start local workers, print how to follow it."""
-    from kvlab.launcher import start_local_workers, worker_log_dir
-    from kvlab.provenance import environment
+    from kvlab.store.engine import shown_url
+    from kvlab.submit import submit
 
-    store = _store()
-    experiment_id = store.create_experiment(spec, environment())
-    for warning in warnings:
-        store.log_event(experiment_id, warning, level="warning")
-    if workers:
-        start_local_workers(workers, worker_log_dir(), os.environ.get("KVLAB_DATABASE_URL"))
-    print(f"experiment {experiment_id} queued on {store.url} with {len(spec.all_configs())} trials; "
+    experiment_id = submit(spec, warnings, workers)
+    print(f"experiment {experiment_id} queued on {shown_url()} with {len(spec.all_configs())} trials; "
           f"{workers} local worker(s) started")
     print(f"follow it: kvlab show {experiment_id}    stop it: kvlab cancel {experiment_id}")
     return 0
@@ -122,10 +114,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
-    from kvlab.provenance import environment
+    from kvlab.submit import rerun
 
-    new_id = _store().rerun_experiment(args.id, environment())
-    print(f"experiment {new_id} queued (a rerun of {args.id}); start workers with `kvlab worker`")
+    new_id = rerun(args.id, args.workers)
+    print(f"experiment {new_id} queued (a rerun of {args.id}); {args.workers} local worker(s) started"
+          + ("" if args.workers else ": start workers with `kvlab worker`"))
     return 0
 
 
@@ -193,11 +186,14 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
                       help="non-inferiority margin of the sweet spot (default: the experiment's max_drop)")
     show.add_argument("--events", type=non_negative_int, default=10, help="how many recent events to print (0: none)")
     show.set_defaults(func=cmd_show)
-    for name, func, text in (("cancel", cmd_cancel, "cancel an experiment's queued and running trials"),
-                             ("rerun", cmd_rerun, "queue the same spec again as a new experiment")):
-        command = sub.add_parser(name, help=text)
-        command.add_argument("id", type=positive_int)
-        command.set_defaults(func=func)
+    cancel = sub.add_parser("cancel", help="cancel an experiment's queued and running trials")
+    cancel.add_argument("id", type=positive_int)
+    cancel.set_defaults(func=cmd_cancel)
+    rerun = sub.add_parser("rerun", help="queue the same spec again as a new experiment and start a local worker")
+    rerun.add_argument("id", type=positive_int)
+    rerun.add_argument("--workers", type=int_between(0, MAX_LOCAL_WORKERS), default=1,
+                       help=f"local workers to start (0: none; at most {MAX_LOCAL_WORKERS})")
+    rerun.set_defaults(func=cmd_rerun)
     export = sub.add_parser("export", help="an experiment's results as CSV or JSON")
     export.add_argument("id", type=positive_int)
     export.add_argument("--format", choices=["csv", "json"], default="json")

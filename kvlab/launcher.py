@@ -1,4 +1,4 @@
-"""Start local worker processes (for `kvlab run --background` and the dashboard)."""
+"""Start local worker processes (for :mod:`kvlab.submit`: `kvlab run --background`, rerun and the dashboard)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 LOG_DIR_VAR = "KVLAB_LOG_DIR"
+MAX_LOCAL_WORKERS = 64  # what `kvlab run --background --workers` and `kvlab rerun --workers` accept
 
 
 def worker_log_dir() -> Path:
@@ -22,23 +23,19 @@ def threads_per_worker(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
-def start_local_workers(count: int, log_dir: Path, database_url: str | None = None, exit_when_idle: bool = True,
-                        extra_args: list[str] | None = None) -> list[subprocess.Popen]:
-    """Start ``count`` detached ``kvlab worker`` processes on ``database_url`` (default: the
-    ``KVLAB_DATABASE_URL`` environment variable, else the SQLite file in db/).
+def start_local_workers(count: int, exit_when_idle: bool = True) -> list[subprocess.Popen]:
+    """Start ``count`` detached ``kvlab worker`` processes.
 
-    They outlive the caller (a closed terminal or browser tab) and log to ``log_dir``.
+    They work on the store of this process's ``KVLAB_DATABASE_URL`` (inherited; else the SQLite
+    file in db/), outlive the caller (a closed terminal or browser tab) and log to :func:`worker_log_dir`.
     """
+    log_dir = worker_log_dir()
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    if database_url:
-        env["KVLAB_DATABASE_URL"] = database_url
     processes = []
     for index in range(count):
         args = [sys.executable, "-m", "kvlab.cli", "worker", "--threads", str(threads_per_worker(count))]
         args += ["--exit-when-idle"] if exit_when_idle else []
-        args += extra_args or []
-        log = open(log_dir / f"worker-{os.getpid()}-{index}.log", "ab")  # noqa: SIM115 -- owned by the child
-        processes.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=env, start_new_session=True))
+        with open(log_dir / f"worker-{os.getpid()}-{index}.log", "ab") as log:  # the child keeps its own copy
+            processes.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
     return processes

@@ -1,9 +1,14 @@
-"""Runs an experiment: items x configs -> scored ItemResults, with a summary per config."""
+"""Runs an experiment: items x configs -> scored ItemResults, with a summary per config.
+
+:func:`evaluate_configs` is the one evaluation loop: :func:`run_experiment` (``kvlab run --no-store``)
+and the store's workers (:mod:`kvlab.worker`, which ``kvlab run`` uses in-process) both call it.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -61,6 +66,13 @@ def build_items(spec: ExperimentSpec, tokenizer: Any, limit: int | None = None) 
     return items[:limit] if limit else items
 
 
+def missing_baseline(spec: ExperimentSpec) -> list[str]:
+    """The warning for a spec without a baseline config (one is added: every result is judged against it)."""
+    if any(c.is_baseline for c in [*spec.configs, *(spec.sweep.expand() if spec.sweep else [])]):
+        return []
+    return [f"no baseline config in the spec: added '{BASELINE.label}' (no quantization, no eviction)"]
+
+
 def score(item: TaskItem, result: ItemResult) -> ItemResult:
     """The item's score, and (in ``extra["shortcuts"]``) what the task's shortcuts would score."""
     if item.kind == "generate" and result.error is None:
@@ -71,13 +83,42 @@ def score(item: TaskItem, result: ItemResult) -> ItemResult:
     return result
 
 
+def evaluate_configs(engine: Engine, items: Sequence[TaskItem], configs: Sequence[KVCacheConfig],
+                     on_result: Callable[[ItemResult], None], *,
+                     todo: Callable[[TaskItem, KVCacheConfig], bool] = lambda item, config: True,
+                     active: Callable[[KVCacheConfig], bool] = lambda config: True,
+                     stopping: Callable[[], bool] = lambda: False,
+                     on_pass_done: Callable[[list[KVCacheConfig]], None] = lambda configs: None) -> None:
+    """Run ``items`` x ``configs`` through ``engine``, pass by pass (:func:`passes`), handing each
+    scored result to ``on_result`` as it lands.
+
+    The hooks are a worker's: ``todo`` skips the (item, config) pairs a resumed trial already has;
+    ``active`` drops configs cancelled meanwhile (a pass whose configs are all gone ends at once);
+    ``stopping`` ends the whole run after the current result; ``on_pass_done`` gets the configs of
+    each pass that ran to its end (not when stopping).
+    """
+    for group in passes(engine, list(configs)):
+        group = [c for c in group if active(c)]
+        if not group:
+            continue  # cancelled before its pass began
+        work = [(item, [c for c in group if todo(item, c)]) for item in items]
+        with closing(evaluate_all(engine, [(item, pending) for item, pending in work if pending])) as results:
+            for item, result in results:
+                on_result(score(item, result))
+                if stopping():
+                    return
+                if not any(active(c) for c in group):
+                    break
+        if stopping():
+            return
+        on_pass_done(group)
+
+
 def run_experiment(spec: ExperimentSpec, engine: Engine | None = None,
                    on_result: Callable[[ItemResult], None] | None = None, progress: bool = False,
                    limit: int | None = None, items: Sequence[TaskItem] | None = None) -> ExperimentRun:
-    """Run every config on every item.  ``on_result`` sees each scored result as it lands."""
+    """Run every config on every item, storing nothing.  ``on_result`` sees each scored result as it lands."""
     configs = spec.all_configs()
-    warnings = [] if any(c.is_baseline for c in [*spec.configs, *(spec.sweep.expand() if spec.sweep else [])]) \
-        else [f"no baseline config in the spec: added '{BASELINE.label}' (no quantization, no eviction)"]
     started = time.perf_counter()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     owned = engine is None
@@ -89,18 +130,20 @@ def run_experiment(spec: ExperimentSpec, engine: Engine | None = None,
         items = list(items) if items is not None else build_items(spec, engine.tokenizer, limit)
         engine.check_items(items)
         with tqdm(total=len(items) * len(configs), disable=not progress, unit="eval", desc=spec.name) as bar:
+
+            def land(result: ItemResult) -> None:
+                results.append(result)
+                if on_result:
+                    on_result(result)
+                bar.update(1)
+
             try:
-                for group in passes(engine, configs):
-                    for item, result in evaluate_all(engine, [(item, group) for item in items]):
-                        results.append(score(item, result))
-                        if on_result:
-                            on_result(result)
-                        bar.update(1)
+                evaluate_configs(engine, items, configs, land)
             except EngineFailure as error:
                 failure = str(error)
         return ExperimentRun(spec=spec, configs=configs, results=results, engine=engine.describe(),
                              environment=environment(), started_at=started_at,
-                             wall_s=time.perf_counter() - started, warnings=warnings, failure=failure)
+                             wall_s=time.perf_counter() - started, warnings=missing_baseline(spec), failure=failure)
     finally:
         if owned:
             engine.close()

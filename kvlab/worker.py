@@ -41,16 +41,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec
-from kvlab.engines.base import Engine, EngineFailure, evaluate_all, passes
+from kvlab.engines.base import Engine, EngineFailure
 from kvlab.errlog import debug_enabled, log_details, one_line
 from kvlab.errors import HostLacksError
 from kvlab.models.registry import ModelNotAvailableError
 from kvlab.provenance import environment
-from kvlab.runner import build_engine, build_items, score
+from kvlab.results import ItemResult
+from kvlab.runner import build_engine, build_items, evaluate_configs
 from kvlab.secrets import redact
 from kvlab.store import ExperimentNotFoundError, Store, TrialNotFoundError
 from kvlab.store.records import TelemetrySample, TrialRecord
@@ -77,6 +78,9 @@ class Worker:
     settings: WorkerSettings = field(default_factory=WorkerSettings)
     worker_id: str = field(default_factory=new_worker_id)
     engine_factory: Callable[[ExperimentSpec], Engine] = build_engine
+    experiment_id: int | None = None  # claim only this experiment's trials (``kvlab run``'s in-process worker)
+    item_limit: int | None = None  # only the first N items of each trial (``kvlab run --limit``)
+    on_stored: Callable[[ItemResult], None] | None = None  # sees each result once it is stored
     _engines: dict[tuple, Engine] = field(default_factory=dict, init=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _backoff: dict[int, tuple[float, str]] = field(default_factory=dict, init=False)  # id: (retry at, why)
@@ -119,6 +123,8 @@ class Worker:
 
     def _unfinished_work(self) -> bool:
         skip = self._backing_off()
+        if self.experiment_id is not None:
+            return self.experiment_id not in skip and not self.store.get_experiment(self.experiment_id).is_terminal
         return any(experiment.id not in skip
                    for status in ("queued", "running")
                    for experiment in self.store.list_experiments(status=status, limit=len(skip) + 1))
@@ -128,7 +134,8 @@ class Worker:
         for trial_id in self.store.requeue_stale(self.settings.stale_after_s, self.settings.on_stale):
             log.warning("trial %d had a dead worker: %s", trial_id,
                         "requeued" if self.settings.on_stale == "requeue" else "failed")
-        trials = self.store.claim_trials(self.worker_id, self.settings.max_trials, exclude=self._backing_off())
+        trials = self.store.claim_trials(self.worker_id, self.settings.max_trials, self.experiment_id,
+                                         exclude=self._backing_off())
         if not trials:
             return False
         self._run_batch(trials)
@@ -159,7 +166,7 @@ class Worker:
 
     def _release_servers(self) -> None:
         """A vLLM/SGLang server kvlab launched holds a GPU: stop it when its batch ends."""
-        if any(getattr(engine, "launches_servers", False) for engine in self._engines.values()):
+        if any(engine.launches_servers for engine in self._engines.values()):
             self._close_engines()
 
     def _run_batch(self, trials: list[TrialRecord]) -> None:
@@ -181,11 +188,9 @@ class Worker:
             self.store.record_environment(experiment_id, environment())  # the host that runs it
             by_label = {KVCacheConfig(**t.config).label: t.id for t in trials}
             sampler = TelemetrySampler(
-                [*detect_sources(getattr(engine, "current_kv_bytes", None)),
-                 *getattr(engine, "telemetry_sources", list)()], context, self._telemetry_writer(),
-                rate_hz=self.settings.telemetry_hz,
-                phase_of=lambda: (getattr(engine, "phase", context.phase),
-                                  by_label.get(getattr(engine, "current_config", None))),
+                [*detect_sources(engine.current_kv_bytes), *engine.telemetry_sources()], context,
+                self._telemetry_writer(), rate_hz=self.settings.telemetry_hz,
+                phase_of=lambda: (engine.phase, by_label.get(engine.current_config)),
             ).start()
             self._evaluate(spec, engine, trials, heartbeat, finished)
             if heartbeat.gone:
@@ -217,39 +222,39 @@ class Worker:
 
     def _evaluate(self, spec: ExperimentSpec, engine: Engine, trials: list[TrialRecord],
                   heartbeat: _Heartbeat, finished: set[int]) -> None:
-        configs = {t.id: KVCacheConfig(**t.config) for t in trials}
-        engine.check_configs(list(configs.values()))
-        items = build_items(spec, engine.tokenizer)
+        configs = [KVCacheConfig(**t.config) for t in trials]
+        by_label = {config.label: trial.id for config, trial in zip(configs, trials, strict=True)}
+        engine.check_configs(configs)
+        items = build_items(spec, engine.tokenizer, self.item_limit)
         engine.check_items(items)
         done = {t.id: self.store.done_item_keys(t.id) for t in trials}
         for trial in trials:
             self.store.set_items_total(trial.id, len(items))
-        for group in passes(engine, trials):
-            group = [t for t in group if t.id not in heartbeat.gone]
-            if not group:
-                continue  # cancelled (or taken away) before its pass began
-            work = [(item, [configs[t.id] for t in group if (item.item_id, item.task) not in done[t.id]])
-                    for item in items]
-            by_label = {configs[t.id].label: t.id for t in group}
-            with closing(evaluate_all(engine, [(item, todo) for item, todo in work if todo])) as results:
-                for item, result in results:
-                    trial_id = by_label[result.config_name]
-                    if trial_id not in heartbeat.gone:
-                        self.store.add_item_result(trial_id, score(item, result))
-                    if all(t.id in heartbeat.gone for t in group) or self._stop.is_set():
-                        break  # everything this pass runs was cancelled (or the worker is stopping)
-            if self._stop.is_set():
-                return  # the caller releases the unfinished trials
-            for trial in group:
-                if trial.id not in heartbeat.gone:
-                    self.store.finish_trial(trial.id, "done", worker_id=self.worker_id)
-                    finished.add(trial.id)
+
+        def store(result: ItemResult) -> None:
+            trial_id = by_label[result.config_name]
+            if trial_id not in heartbeat.gone:
+                self.store.add_item_result(trial_id, result)
+                if self.on_stored:
+                    self.on_stored(result)
+
+        def finish(group: list[KVCacheConfig]) -> None:
+            for trial_id in (by_label[c.label] for c in group):
+                if trial_id not in heartbeat.gone:
+                    self.store.finish_trial(trial_id, "done", worker_id=self.worker_id)
+                    finished.add(trial_id)
+
+        evaluate_configs(engine, items, configs, store,
+                         todo=lambda item, config: (item.item_id, item.task) not in done[by_label[config.label]],
+                         active=lambda config: by_label[config.label] not in heartbeat.gone,
+                         stopping=self._stop.is_set, on_pass_done=finish)  # stopped: the caller releases the rest
 
     # -- endings --------------------------------------------------------------------------------
 
     def _fail(self, experiment_id: int, trials: list[TrialRecord], error: Exception) -> None:
-        """The spec cannot run anywhere: fail the trials with the message."""
-        message = redact(f"{type(error).__name__}: {error}")
+        """The spec cannot run anywhere: fail the trials with the message (a ConfigError's message is the
+        whole story, as the CLI shows it)."""
+        message = redact(str(error) if isinstance(error, ConfigError) else f"{type(error).__name__}: {error}")
         log.error("experiment %d cannot run: %s", experiment_id, one_line(message))
         self._failures_in_a_row = 0  # this worker is fine
         with self._unless_vanished(experiment_id):

@@ -6,14 +6,11 @@ the sweet spot only for the experiments on that page, cached until their results
 
 from __future__ import annotations
 
-import os
-
 import streamlit as st
 
-from kvlab import launcher, views
-from kvlab.cli_store import DB_DIR
-from kvlab.provenance import environment
+from kvlab import views
 from kvlab.store import STATUSES, StoreError
+from kvlab.submit import rerun
 from pages.common import PAGE_FILES, best_label, empty_state, experiment_label, get_store, share_box
 
 ACTIONS = {"cancel": "Cancel", "rerun": "Rerun", "delete": "Delete"}
@@ -75,21 +72,21 @@ for column, (action, label) in zip(action_cols, ACTIONS.items(), strict=True):
 
 def _perform(action: str, ids: list[int]) -> list[tuple[str, str]]:
     messages = []
+    workers = 1  # one local worker runs all the reruns in turn
     for experiment_id in ids:
         try:
             if action == "cancel":
                 count = store.cancel_experiment(experiment_id)
                 messages.append(("ok", f"Experiment {experiment_id}: {count} trial(s) cancelled."))
             elif action == "rerun":
-                new_id = store.rerun_experiment(experiment_id, environment())
+                new_id = rerun(experiment_id, workers)
+                workers = 0
                 messages.append(("ok", f"Experiment {new_id} queued: a rerun of {experiment_id}."))
             else:
                 store.delete_experiment(experiment_id)
                 messages.append(("ok", f"Experiment {experiment_id} deleted."))
         except StoreError as error:
             messages.append(("error", str(error)))
-    if action == "rerun" and any(kind == "ok" for kind, _ in messages):
-        launcher.start_local_workers(1, DB_DIR / "logs", os.environ.get("KVLAB_DATABASE_URL"))
     return messages
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from kvlab import estimate, launcher, views
-from kvlab.cli_store import DB_DIR
+from kvlab import estimate, views
+from kvlab.compress.formats import DEFAULT_GROUP_SIZE
+from kvlab.compress.methods import BUDGET_HELP
 from kvlab.config import (
     EVICTION_METHODS,
     GROUP_SIZES,
@@ -28,9 +29,10 @@ from kvlab.config import (
     spec_text,
 )
 from kvlab.models import KNOWN_MODELS
-from kvlab.provenance import environment
 from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, mask, read_setting
 from kvlab.spec_form import (
+    BUDGET_RANGE,
+    BUDGET_STEP,
     CONFIG_COLUMNS,
     SpecForm,
     assign_errors,
@@ -40,6 +42,7 @@ from kvlab.spec_form import (
     form_from_spec,
     list_examples,
 )
+from kvlab.submit import submit
 from kvlab.tasks.data_dir import DATA_DIR_VAR, UPLOADS, data_dir, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
 from kvlab.tasks.spec import TaskName
@@ -116,10 +119,7 @@ def remove_task(index: int) -> None:
 
 
 def launch(spec: ExperimentSpec, workers: int, warnings: list[str]) -> None:
-    experiment_id = store.create_experiment(spec, environment())
-    for warning in warnings:
-        store.log_event(experiment_id, warning, level="warning")
-    launcher.start_local_workers(workers, DB_DIR / "logs", os.environ.get("KVLAB_DATABASE_URL"))
+    experiment_id = submit(spec, warnings, workers)
     st.switch_page(PAGE_FILES[views.PAGE_EXPERIMENT], query_params={"id": str(experiment_id)})
 
 
@@ -327,13 +327,16 @@ edited = st.data_editor(
     column_config={
         "name": st.column_config.TextColumn("name", help="optional; derived from the settings if blank"),
         "quant": st.column_config.SelectboxColumn("quant", options=list(QUANT_DTYPES), default="none"),
-        "group_size": st.column_config.SelectboxColumn("group size", options=list(GROUP_SIZES), default=64),
+        "group_size": st.column_config.SelectboxColumn("group size", options=list(GROUP_SIZES),
+                                                       default=DEFAULT_GROUP_SIZE),
         "residual_length": st.column_config.NumberColumn("residual (tokens)", min_value=0, max_value=8192,
                                                          step=1, default=64),
-        "evict": st.column_config.SelectboxColumn("evict", options=list(EVICTION_METHODS), default="none"),
-        "ratio": st.column_config.NumberColumn("ratio (removed)", min_value=0.0, max_value=1.0, step=0.05),
-        "keep_fraction": st.column_config.NumberColumn("keep fraction", min_value=0.0, max_value=1.0, step=0.05),
-        "threshold": st.column_config.NumberColumn("threshold (quantile)", min_value=0.0, max_value=1.0, step=0.05),
+        "evict": st.column_config.SelectboxColumn("evict", options=list(EVICTION_METHODS), default="none",
+                                                  help="the budgets each method accepts: `kvlab methods`"),
+        **{budget: st.column_config.NumberColumn(label, min_value=BUDGET_RANGE[0], max_value=BUDGET_RANGE[1],
+                                                 step=BUDGET_STEP, help=BUDGET_HELP[budget])
+           for budget, label in (("ratio", "ratio (removed)"), ("keep_fraction", "keep fraction"),
+                                 ("threshold", "threshold (quantile)"))},
         "query_aware": st.column_config.CheckboxColumn("query-aware", default=False),
     })
 slot("configs")

@@ -63,13 +63,42 @@ def test_cancel_rerun_and_errors(populated, capsys):
     store, experiment_id = populated
     assert main(["cancel", str(experiment_id)]) == 2  # already done: a message, not a traceback
     assert "nothing to cancel" in capsys.readouterr().err
-    assert main(["rerun", str(experiment_id)]) == 0
+    assert main(["rerun", str(experiment_id), "--workers", "0"]) == 0
     new_id = experiment_id + 1
+    assert f"experiment {new_id} queued (a rerun of {experiment_id}); 0 local worker(s)" in capsys.readouterr().out
     assert store.get_experiment(new_id).status == "queued"
     assert main(["cancel", str(new_id)]) == 0
     assert store.get_experiment(new_id).status == "cancelled"
     assert main(["show", "999"]) == 2
     assert "no experiment 999" in capsys.readouterr().err
+
+
+def test_submit_stores_environment_and_warnings(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{tmp_path / 'kvlab.sqlite'}")
+    from kvlab.submit import submit
+
+    spec = parse_spec({**SPEC, "configs": [{"name": "int4", "quant": "int4"}]})
+    experiment_id = submit(spec, ["careful"], workers=0)
+    with Store() as store:
+        experiment = store.get_experiment(experiment_id)
+        warnings = [e.message for e in store.events(experiment_id) if e.level == "warning"]
+    assert experiment.status == "queued" and experiment.trials_total == 2 and experiment.hardware["cpu_count"]
+    assert warnings[0] == "careful" and "no baseline config" in warnings[1]
+
+
+def test_local_workers_use_the_database_and_log_dir_of_the_environment(tmp_path, monkeypatch):
+    """A real `kvlab worker` process: on an empty store it creates the schema and exits (idle)."""
+    from kvlab.launcher import start_local_workers
+
+    database = tmp_path / "workers.sqlite"
+    monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{database}")
+    monkeypatch.setenv("KVLAB_LOG_DIR", str(tmp_path / "logs"))
+    [process] = start_local_workers(1)
+    assert process.wait(timeout=120) == 0
+    with Store(f"sqlite:///{database}") as store:
+        assert store.list_experiments() == []
+    [log] = (tmp_path / "logs").iterdir()
+    assert log.name.startswith("worker-")
 
 
 def test_bad_database_url_is_a_message(monkeypatch, capsys):

@@ -47,14 +47,20 @@ def test_sweep_end_to_end_is_deterministic(engine):
     assert {"diff_vs_baseline", "non_inferior", "p_adjusted"} <= first.to_dict()["summary"][1].keys()
 
 
-def test_cli_run_prints_table_and_writes_json(tmp_path, capsys, engine, monkeypatch):
+@pytest.mark.parametrize("stored", [True, False])
+def test_cli_run_prints_table_and_writes_json(tmp_path, capsys, engine, monkeypatch, stored):
     import tomli_w
+
+    from kvlab.store import Store
 
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text(tomli_w.dumps(SPEC))
-    monkeypatch.setattr("kvlab.runner.build_engine", lambda spec: engine)
+    database = f"sqlite:///{tmp_path / 'kvlab.sqlite'}"
+    monkeypatch.setenv("KVLAB_DATABASE_URL", database)
+    monkeypatch.setattr("kvlab.submit.build_engine" if stored else "kvlab.runner.build_engine", lambda spec: engine)
     out = tmp_path / "run.json"
-    assert main(["run", str(spec_path), "--json", str(out), "--quiet", "--limit", "1"]) == 0
+    assert main(["run", str(spec_path), "--json", str(out), "--quiet", "--limit", "1",
+                 *([] if stored else ["--no-store"])]) == 0
     printed = capsys.readouterr().out
     assert "baseline" in printed and "95% CI" in printed and "passkey@384" in printed
     data = json.loads(out.read_text())
@@ -62,10 +68,19 @@ def test_cli_run_prints_table_and_writes_json(tmp_path, capsys, engine, monkeypa
     assert {"versions", "git_commit", "hardware"} <= data["environment"].keys()
     assert data["environment"]["versions"]["kvpress"] == "0.5.5"
     assert len(data["results"]) == 3 and len(data["summary"]) == 3
+    assert any("no baseline config" in w for w in data["warnings"])
     assert summarize([]) == []
+    if stored:
+        with Store(database) as store:
+            [experiment] = store.list_experiments()
+            assert experiment.status == "done" and experiment.items_done == 3
+            assert [r.to_dict() for r in store.item_results(experiment.id)] == data["results"]
+    else:
+        assert not (tmp_path / "kvlab.sqlite").exists()
 
 
-def test_cli_errors_are_messages_not_tracebacks(tmp_path, capsys):
+def test_cli_errors_are_messages_not_tracebacks(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{tmp_path / 'kvlab.sqlite'}")
     bad = tmp_path / "bad.toml"
     bad.write_text('[[tasks]]\nname = "passkey"\n[[configs]]\nquant = "int3"\n')
     assert main(["run", str(bad)]) == 2
@@ -81,3 +96,4 @@ def test_cli_errors_are_messages_not_tracebacks(tmp_path, capsys):
     no_vllm.write_text('[backend]\nkind = "vllm"\n[[tasks]]\nname = "passkey"\n[[configs]]\nname = "b"\n')
     assert main(["run", str(no_vllm)]) == 2
     assert "vllm is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "kvlab.sqlite").exists()  # refused before anything is stored

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import update
 
 from kvlab.config import ConfigError, parse_spec
-from kvlab.engines.base import EngineFailure
+from kvlab.engines.base import Engine, EngineFailure
 from kvlab.models import ModelNotAvailableError
 from kvlab.store import Store
 from kvlab.store.models import ExperimentRow
@@ -42,9 +42,10 @@ class _Faulty:
         self.results = 0
 
     def __getattr__(self, name):
-        if name == "evaluate_many":
-            raise AttributeError(name)
         return getattr(self._engine, name)
+
+    def evaluate_many(self, work):  # one result at a time, through evaluate (where the faults are)
+        return Engine.evaluate_many(self, work)
 
     def evaluate(self, item, configs):
         for result in self._engine.evaluate(item, configs):
@@ -97,7 +98,7 @@ def test_unrunnable_stored_spec_fails_trials_with_a_message(store):
     worker.run()
     trials = store.trials(experiment_id)
     assert {t.status for t in trials} == {"failed"}
-    assert all("ConfigError" in t.error and "configs.0.quant" in t.error for t in trials)
+    assert all(t.error.startswith("configs.0.quant") for t in trials)  # the message alone, as the CLI shows it
     assert store.get_experiment(experiment_id).status == "failed"
     assert any(e.level == "error" for e in store.events(experiment_id))
     assert worker.left_behind() == {}
