@@ -2,7 +2,7 @@
 
 Each page is one file in pages/; the page is the URL path and its state the query parameters, so
 any view can be shared as a link.  Pages read and write through kvlab.store and draw with
-kvlab.charts; errors reach the user as one-line messages, never as tracebacks (pages.common.guard:
+kvlab.dashboard.charts; errors reach the user as one-line messages, never as tracebacks (pages.common.guard:
 the details of an unexpected one go to $KVLAB_HOME/logs/kvlab-dashboard.log).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.secrets import install_log_redaction
-from kvlab.views import PAGE_COMPARE, PAGE_DOCTOR, PAGE_EXPERIMENT, PAGE_EXPERIMENTS, PAGE_NEW
+from kvlab.dashboard.views import PAGE_COMPARE, PAGE_DOCTOR, PAGE_EXPERIMENT, PAGE_EXPERIMENTS, PAGE_NEW
 from pages.common import PAGE_FILES, guard
 
 install_log_redaction()  # the dashboard's log never shows a URL password or a key

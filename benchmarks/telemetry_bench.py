@@ -24,7 +24,7 @@ from kvlab.models import DEFAULT_MODEL, load_model
 from kvlab.store import Store, TelemetrySample
 from kvlab.tasks import generate_items
 from kvlab.tasks.spec import TaskSpec
-from kvlab.telemetry import SampleContext, TelemetrySampler, detect_sources
+from kvlab.experiments.telemetry import SampleContext, TelemetrySampler, detect_sources
 
 SPEC = parse_spec({"name": "telemetry-bench", "tasks": [{"name": "passkey"}], "configs": [{"name": "baseline"}]})
 

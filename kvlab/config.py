@@ -263,7 +263,7 @@ class ExperimentSpec(BaseModel):
     sweep: SweepGrid | None = None
     max_context_length: Annotated[int, Field(ge=128)] | None = None
     # The sweet spot's non-inferiority margin: the accuracy a config may lose against the baseline
-    # (0.05 = 5 points), decided by a paired test with Holm's correction (kvlab.decision).
+    # (0.05 = 5 points), decided by a paired test with Holm's correction (kvlab.experiments.decision).
     max_drop: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] = 0.05
     tags: list[str] = []
     notes: str = ""

@@ -14,14 +14,14 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
-from kvlab import views
-from kvlab.analysis import ConfigSummary, summarize, sweet_spot
-from kvlab.decision import DEFAULT_MAX_DROP
-from kvlab.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image
+from kvlab.dashboard import views
+from kvlab.experiments.analysis import ConfigSummary, summarize, sweet_spot
+from kvlab.experiments.decision import DEFAULT_MAX_DROP
+from kvlab.dashboard.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image
 from kvlab.errlog import debug_enabled, log_details, one_line
 from kvlab.secrets import redact
 from kvlab.errors import ConfigError
-from kvlab.results import ItemResult
+from kvlab.experiments.results import ItemResult
 from kvlab.store import ExperimentRecord, Store, StoreError
 
 #: Page files by URL path.  No file is named like a URL path: with a pages/ folder present Streamlit

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab import charts, views
+from kvlab.dashboard import charts, views
 from kvlab.store import ExperimentNotFoundError
 from pages.common import chart, empty_state, experiment_label, get_store, share_box, summaries_of
 

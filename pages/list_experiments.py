@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab import views
+from kvlab.dashboard import views
 from kvlab.store import STATUSES, StoreError
-from kvlab.submit import rerun
+from kvlab.experiments.submit import rerun
 from pages.common import PAGE_FILES, best_label, empty_state, experiment_label, get_store, share_box
 
 ACTIONS = {"cancel": "Cancel", "rerun": "Rerun", "delete": "Delete"}

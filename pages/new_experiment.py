@@ -2,7 +2,7 @@
 launch it on local workers; or load / upload / download it as TOML.
 
 Every widget's key is the spec field it sets (prefixed ``f:``), so kvlab's validation messages are
-placed next to the widget they are about (``kvlab.spec_form.assign_errors``).
+placed next to the widget they are about (``kvlab.dashboard.spec_form.assign_errors``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from kvlab import estimate, views
+from kvlab.dashboard import estimate, views
 from kvlab.compress.formats import DEFAULT_GROUP_SIZE
 from kvlab.compress.methods import BUDGET_HELP
 from kvlab.config import (
@@ -30,7 +30,7 @@ from kvlab.config import (
 )
 from kvlab.models import KNOWN_MODELS
 from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, mask, read_setting
-from kvlab.spec_form import (
+from kvlab.dashboard.spec_form import (
     BUDGET_RANGE,
     BUDGET_STEP,
     CONFIG_COLUMNS,
@@ -42,7 +42,7 @@ from kvlab.spec_form import (
     form_from_spec,
     list_examples,
 )
-from kvlab.submit import submit
+from kvlab.experiments.submit import submit
 from kvlab.tasks.data_dir import DATA_DIR_VAR, UPLOADS, data_dir, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
 from kvlab.tasks.spec import TaskName

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 import streamlit as st
 
-from kvlab import charts, views
-from kvlab.analysis import ConfigSummary, breakdown, decide, length_group, summarize
-from kvlab.decision import DEFAULT_MAX_DROP
-from kvlab.chart_export import report_html
+from kvlab.dashboard import charts, views
+from kvlab.experiments.analysis import ConfigSummary, breakdown, decide, length_group, summarize
+from kvlab.experiments.decision import DEFAULT_MAX_DROP
+from kvlab.dashboard.chart_export import report_html
 from kvlab.config import dump_spec, parse_spec
-from kvlab.export import experiment_document, results_csv
-from kvlab.results import ItemResult
+from kvlab.experiments.export import experiment_document, results_csv
+from kvlab.experiments.results import ItemResult
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord
 from pages.common import chart, empty_state, get_store, guard, results_of, share_box, slug
 

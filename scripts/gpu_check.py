@@ -5,7 +5,7 @@ Run from a checkout (kvlab need not be installed; no internet is needed when the
 
     python scripts/gpu_check.py --model /models/Qwen2.5-0.5B-Instruct [--sweep] [--out DIR]
 
-Stages: NVML facts (kvlab.telemetry.NvmlSource, sampled a few times); then for each of vllm and
+Stages: NVML facts (kvlab.experiments.telemetry.NvmlSource, sampled a few times); then for each of vllm and
 sglang installed in this interpreter: start its server with an fp8_e4m3 KV cache
 (server_command + ManagedServer), read the KV pool from its log, scrape /metrics once, send one
 completion with the openai client, stop it; with --sweep, ``kvlab run`` a tiny vLLM spec
@@ -87,7 +87,7 @@ def check_environment(report: Report) -> None:
 
 def check_nvml(report: Report, samples: int = 3) -> Any:
     """Sample the GPU a few times; returns the open NvmlSource (for readings with a server up) or None."""
-    from kvlab.telemetry import NvmlSource
+    from kvlab.experiments.telemetry import NvmlSource
 
     try:
         source = NvmlSource()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvlab.config import parse_spec
-from kvlab.results import ItemResult
+from kvlab.experiments.results import ItemResult
 from kvlab.store import Store, TelemetrySample
 
 # max_drop 0.5: with 8 items only a wide non-inferiority margin can show a sweet spot.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.analysis import (
+from kvlab.experiments.analysis import (
     accuracy_interval,
     breakdown,
     paired_test,
@@ -15,8 +15,8 @@ from kvlab.analysis import (
     sweet_spot,
     wilson_interval,
 )
-from kvlab.decision import PairedScores, holm, items_needed
-from kvlab.results import ItemResult
+from kvlab.experiments.decision import PairedScores, holm, items_needed
+from kvlab.experiments.results import ItemResult
 
 
 def _result(config: str, item: int, score: float, physical: int, baseline: int = 1000) -> ItemResult:

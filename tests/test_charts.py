@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from kvlab import charts
-from kvlab.analysis import breakdown, summarize
-from kvlab.chart_export import browser_path, figure_html, figure_image, redact, report_html
+from kvlab.dashboard import charts
+from kvlab.experiments.analysis import breakdown, summarize
+from kvlab.dashboard.chart_export import browser_path, figure_html, figure_image, redact, report_html
 from kvlab.store import TelemetrySample
-from kvlab.views import MIB, compare_rows
+from kvlab.dashboard.views import MIB, compare_rows
 from tests.dashboard_data import PROFILE, item_result
 
 RESULTS = [item_result(config, index, length, depth) for config in PROFILE

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from kvlab.cli import main
+from kvlab.cli.main import main
 from kvlab.config import parse_spec
-from kvlab.provenance import environment
-from kvlab.results import ItemResult
+from kvlab.experiments.provenance import environment
+from kvlab.experiments.results import ItemResult
 from kvlab.store import Store
 
 SPEC = {"name": "cli-store", "tags": ["nightly"], "tasks": [{"name": "passkey", "context_lengths": [256]}],
@@ -75,7 +75,7 @@ def test_cancel_rerun_and_errors(populated, capsys):
 
 def test_submit_stores_environment_and_warnings(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{tmp_path / 'kvlab.sqlite'}")
-    from kvlab.submit import submit
+    from kvlab.experiments.submit import submit
 
     spec = parse_spec({**SPEC, "configs": [{"name": "int4", "quant": "int4"}]})
     experiment_id = submit(spec, ["careful"], workers=0)
@@ -88,7 +88,7 @@ def test_submit_stores_environment_and_warnings(tmp_path, monkeypatch):
 
 def test_local_workers_use_the_database_and_log_dir_of_the_environment(tmp_path, monkeypatch):
     """A real `kvlab worker` process: on an empty store it creates the schema and exits (idle)."""
-    from kvlab.launcher import start_local_workers
+    from kvlab.experiments.launcher import start_local_workers
 
     database = tmp_path / "workers.sqlite"
     monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{database}")

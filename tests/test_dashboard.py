@@ -35,7 +35,7 @@ def filled(store):
 def workers(monkeypatch):
     """Record worker starts instead of starting processes."""
     calls = []
-    monkeypatch.setattr("kvlab.launcher.start_local_workers", lambda *args, **kwargs: calls.append(args))
+    monkeypatch.setattr("kvlab.experiments.launcher.start_local_workers", lambda *args, **kwargs: calls.append(args))
     return calls
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvlab.cli import main
+from kvlab.cli.main import main
 from kvlab.config import ConfigError
 from kvlab.doctor import CHECK_NAMES, DoctorReport, diagnose
 from kvlab.engines.endpoint_rules import choose_model, error_message
@@ -404,7 +404,7 @@ def test_page_shows_the_diagnosis_and_never_the_key(serve, monkeypatch):
 
 def test_the_doctor_imports_nothing_heavy():
     """The page and the CLI import kvlab.doctor: it must load without torch."""
-    code = "import sys, kvlab.doctor, kvlab.cli_doctor; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    code = "import sys, kvlab.doctor, kvlab.cli.doctor; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     assert result.stdout.strip() == "[]"
 

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig
-from kvlab.results import MEASURED_EMBEDDED
+from kvlab.experiments.results import MEASURED_EMBEDDED
 from kvlab.tasks import TaskItem, generate_items, score_item
 from kvlab.tasks.spec import TaskSpec
 

@@ -1,6 +1,6 @@
 """The engine contract: every engine provides all of :class:`kvlab.engines.base.Engine`, nothing
 in kvlab asks an engine for an attribute with ``getattr``, and every engine's KV bytes are one
-:class:`kvlab.results.KVMeasurement`.
+:class:`kvlab.experiments.results.KVMeasurement`.
 
 (tests/fake_engines holds stand-in *servers* for vLLM and SGLang, not engines: kvlab drives them
 through :class:`LaunchedServerEngine`, which is checked here.)
@@ -23,7 +23,7 @@ from kvlab.engines.base import Engine, Phase, evaluate_all, passes
 from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.engines.launched import LaunchedServerEngine
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine
-from kvlab.results import MEASURED_SERVED, NOT_REPORTED, ItemResult, KVMeasurement
+from kvlab.experiments.results import MEASURED_SERVED, NOT_REPORTED, ItemResult, KVMeasurement
 from kvlab.secrets import Endpoint
 from kvlab.tasks import TaskItem
 

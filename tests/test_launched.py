@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from kvlab.config import ConfigError, parse_spec
-from kvlab.runner import run_experiment
+from kvlab.experiments.runner import run_experiment
 
 pytestmark = pytest.mark.model
 

@@ -11,13 +11,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kvlab.cli import main
+from kvlab.cli.main import main
 from kvlab.config import ConfigError, parse_spec
 from kvlab.engines.factory import build_engine
 from kvlab.engines.openai_compat import EndpointError
-from kvlab.runner import run_experiment
+from kvlab.experiments.runner import run_experiment
 from kvlab.store import Store
-from kvlab.worker import Worker, WorkerSettings
+from kvlab.experiments.worker import Worker, WorkerSettings
 from tests.serving import API_KEY, API_KEY_VAR, kvlab_serve
 
 pytestmark = pytest.mark.model
@@ -138,7 +138,7 @@ def test_an_endpoint_that_decides_its_own_cache_runs_only_the_baseline(plain_ser
 
 
 def test_a_worker_whose_server_dies_gives_the_trials_back_and_keeps_their_results(tmp_path, key):
-    """A dead server is not the spec's fault: the trials go back to the queue (kvlab.worker)."""
+    """A dead server is not the spec's fault: the trials go back to the queue (kvlab.experiments.worker)."""
     store = Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}")
     with kvlab_serve(tmp_path, auth=True) as (process, base_url):
         experiment_id = store.create_experiment(

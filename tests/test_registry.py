@@ -11,15 +11,15 @@ import kvpress
 import pytest
 import torch
 
-from kvlab.cli import build_parser
+from kvlab.cli.main import build_parser
 from kvlab.compress.eviction import make_scorer, scorer_key
 from kvlab.compress.formats import FORMATS, INT_BITS, engine_dtypes
 from kvlab.compress.methods import BUDGET_BOUNDS, METHODS, PARAMS, REFUSED
 from kvlab.compress.quantization import FP8_DTYPES
 from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, ConfigError, KVCacheConfig, SweepGrid, parse_spec_toml
 from kvlab.engines.server_flags import supported_kv_dtypes
-from kvlab.spec_form import BUDGET_RANGE, default_form
-from kvlab.views import QUANT_BITS
+from kvlab.dashboard.spec_form import BUDGET_RANGE, default_form
+from kvlab.dashboard.views import QUANT_BITS
 
 
 def _scorer_presses() -> set[str]:

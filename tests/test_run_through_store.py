@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.export import experiment_document
+from kvlab.experiments.export import experiment_document
 from kvlab.store import Store
 
 pytestmark = pytest.mark.model

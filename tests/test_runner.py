@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from kvlab.analysis import pareto_front, summarize, sweet_spot
-from kvlab.cli import main
+from kvlab.experiments.analysis import pareto_front, summarize, sweet_spot
+from kvlab.cli.main import main
 from kvlab.config import parse_spec
-from kvlab.runner import run_experiment
+from kvlab.experiments.runner import run_experiment
 
 pytestmark = pytest.mark.model
 
@@ -57,7 +57,7 @@ def test_cli_run_prints_table_and_writes_json(tmp_path, capsys, engine, monkeypa
     spec_path.write_text(tomli_w.dumps(SPEC))
     database = f"sqlite:///{tmp_path / 'kvlab.sqlite'}"
     monkeypatch.setenv("KVLAB_DATABASE_URL", database)
-    monkeypatch.setattr("kvlab.submit.build_engine" if stored else "kvlab.runner.build_engine", lambda spec: engine)
+    monkeypatch.setattr("kvlab.experiments.submit.build_engine" if stored else "kvlab.experiments.runner.build_engine", lambda spec: engine)
     out = tmp_path / "run.json"
     assert main(["run", str(spec_path), "--json", str(out), "--quiet", "--limit", "1",
                  *([] if stored else ["--no-store"])]) == 0

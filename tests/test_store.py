@@ -25,7 +25,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import event, text, update
 
 from kvlab.config import ExperimentSpec, KVCacheConfig, spec_to_dict
-from kvlab.results import ItemResult
+from kvlab.experiments.results import ItemResult
 from kvlab.store import (
     ExperimentNotFoundError,
     SchemaOutdatedError,

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from kvlab.telemetry import CpuSource, NvmlSource, SampleContext, TelemetrySampler, detect_sources
+from kvlab.experiments.telemetry import CpuSource, NvmlSource, SampleContext, TelemetrySampler, detect_sources
 
 
 class FakeNvml:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kvlab import estimate, views
-from kvlab.analysis import summarize
+from kvlab.dashboard import estimate, views
+from kvlab.experiments.analysis import summarize
 from kvlab.config import ConfigError, load_spec, parse_spec_toml
-from kvlab.spec_form import (
+from kvlab.dashboard.spec_form import (
     assign_errors,
     build_spec,
     default_form,

@@ -12,8 +12,8 @@ from kvlab.engines.base import Engine, EngineFailure
 from kvlab.models import ModelNotAvailableError
 from kvlab.store import Store
 from kvlab.store.models import ExperimentRow
-from kvlab.worker import Worker, WorkerGaveUp
-from kvlab.worker_settings import WorkerSettings
+from kvlab.experiments.worker import Worker, WorkerGaveUp
+from kvlab.experiments.worker_settings import WorkerSettings
 
 SPEC = {"name": "stale-spec", "tasks": [{"name": "passkey", "context_lengths": [256]}],
         "configs": [{"name": "baseline"}, {"name": "int4", "quant": "int4"}]}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.config import parse_spec
-from kvlab.provenance import environment
+from kvlab.experiments.provenance import environment
 from kvlab.store import Store
 
 pytestmark = pytest.mark.model

@@ -13,7 +13,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from kvlab.config import KVCacheConfig
 from kvlab.errors import HostLacksError  # defined there: kvlab.tasks raises it too
-from kvlab.results import ItemResult
+from kvlab.experiments.results import ItemResult
 from kvlab.tasks import TaskItem
 
 __all__ = ["Engine", "EngineFailure", "HostLacksError", "Phase", "TelemetrySource", "evaluate_all", "passes"]

@@ -34,7 +34,7 @@ from kvlab.config import ConfigError, KVCacheConfig
 from kvlab.engines import attention
 from kvlab.engines.base import Engine
 from kvlab.models import LoadedModel
-from kvlab.results import MEASURED_EMBEDDED, ItemResult, KVMeasurement
+from kvlab.experiments.results import MEASURED_EMBEDDED, ItemResult, KVMeasurement
 from kvlab.tasks import TaskItem
 
 

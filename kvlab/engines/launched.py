@@ -24,7 +24,7 @@ from kvlab.engines.prometheus import ServerMetricsSource
 from kvlab.engines.server_flags import check_config, health_path, server_command
 from kvlab.engines.server_logs import parse_kv_pool
 from kvlab.models import kvlab_home
-from kvlab.results import ItemResult
+from kvlab.experiments.results import ItemResult
 from kvlab.secrets import Endpoint
 from kvlab.tasks import TaskItem
 

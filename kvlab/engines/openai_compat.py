@@ -28,7 +28,7 @@ from kvlab.config import BackendSpec, ConfigError, KVCacheConfig
 from kvlab.engines.base import Engine, EngineFailure
 from kvlab.engines.endpoint_rules import choose_model, error_message, server_root
 from kvlab.engines.prometheus import ServerMetricsSource
-from kvlab.results import MEASURED_SERVED, ItemResult, KVMeasurement
+from kvlab.experiments.results import MEASURED_SERVED, ItemResult, KVMeasurement
 from kvlab.secrets import Endpoint, redact
 from kvlab.tasks import TaskItem
 

@@ -122,7 +122,7 @@ def server_kv_snapshot(kind: str, metrics: dict[str, float], pool: KVPool | None
 
 
 class ServerMetricsSource:
-    """A :class:`kvlab.telemetry.TelemetrySource` reading a server's ``<root>/metrics`` (source "server").
+    """A :class:`kvlab.experiments.telemetry.TelemetrySource` reading a server's ``<root>/metrics`` (source "server").
 
     A scrape that fails (server busy, restarting, gone) answers ``{}`` instead of raising: the
     sampler's loop must outlive a flaky server, and a missing reading is not an error.  ``pool`` may

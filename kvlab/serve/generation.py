@@ -20,7 +20,7 @@ from torch import nn
 
 from kvlab.config import KVCacheConfig
 from kvlab.engines.embedded import EmbeddedEngine, ServedPrefix
-from kvlab.results import MEASURED_SERVED, KVMeasurement
+from kvlab.experiments.results import MEASURED_SERVED, KVMeasurement
 from kvlab.serve.metrics import ServerMetrics
 
 

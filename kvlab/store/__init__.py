@@ -4,7 +4,7 @@
 Usage::
 
     store = Store()                       # a new, empty database gets the schema
-    experiment_id = store.create_experiment(spec, kvlab.provenance.environment())
+    experiment_id = store.create_experiment(spec, kvlab.experiments.provenance.environment())
     trials = store.claim_trials("host-1:worker-0")   # a worker takes configs of the oldest experiment
 """
 

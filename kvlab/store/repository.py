@@ -32,7 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kvlab.config import ExperimentSpec, parse_spec, spec_to_dict
-from kvlab.results import ItemResult
+from kvlab.experiments.results import ItemResult
 from kvlab.secrets import redact
 from kvlab.store import migrate
 from kvlab.store.engine import WRITE, create_store_engine, resolve_url, shown_url, translate_errors
@@ -171,7 +171,7 @@ class Store:
     def create_experiment(self, spec: ExperimentSpec, environment: dict[str, Any], status: str = "queued") -> int:
         """Store the experiment with one queued trial per config (baseline at position 0).
 
-        ``environment`` is :func:`kvlab.provenance.environment` (versions, git commit, hardware) of
+        ``environment`` is :func:`kvlab.experiments.provenance.environment` (versions, git commit, hardware) of
         the host that queues it; a worker on another host records its own with
         :meth:`record_environment`.  ``status="running"`` is for a foreground run, which then
         claims the trials itself with ``claim_trials(..., experiment_id=...)``.

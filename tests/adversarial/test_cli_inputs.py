@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from kvlab.config import parse_spec
-from kvlab.provenance import environment
-from kvlab.results import ItemResult
+from kvlab.experiments.provenance import environment
+from kvlab.experiments.results import ItemResult
 from kvlab.store import Store
 
 TIMEOUT_S = 60

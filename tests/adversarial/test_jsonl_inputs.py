@@ -22,7 +22,7 @@ import pytest
 
 from kvlab.config import ConfigError
 from kvlab.errors import HostLacksError
-from kvlab.spec_form import build_spec, default_form
+from kvlab.dashboard.spec_form import build_spec, default_form
 from kvlab.tasks.data_dir import DATA_DIR_VAR, checked_data_file, resolve_data_path, save_upload
 from kvlab.tasks.jsonl import JsonlFileMissingError, JsonlTaskError, Limits, validate_file
 
@@ -36,7 +36,7 @@ def _peak():
     status = Path("/proc/self/status").read_text()
     Path(os.environ["KVLAB_TEST_PEAK_FILE"]).write_text(re.search(r"VmHWM:\\s+(\\d+) kB", status).group(1))
 atexit.register(_peak)
-from kvlab.cli import main
+from kvlab.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 GOOD = {"context": "The sky is blue.", "question": "\nColour of the sky:", "answer": "blue"}

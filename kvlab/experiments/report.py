@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from kvlab.analysis import ConfigSummary, Decision, breakdown, decide, length_group, natural_key
-from kvlab.results import ItemResult
+from kvlab.experiments.analysis import ConfigSummary, Decision, breakdown, decide, length_group, natural_key
+from kvlab.experiments.results import ItemResult
 
 MIB = 1024 * 1024
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab.config import ConfigError
-from kvlab.telemetry import MAX_HZ, MIN_HZ
+from kvlab.experiments.telemetry import MAX_HZ, MIN_HZ
 
 #: Inclusive bounds of the numeric settings (the flag is the field with ``-`` for ``_``).  A
 #: heartbeat or poll under 50 ms would hammer a shared database; the upper bounds catch typos.

@@ -4,7 +4,7 @@ Accuracy is the mean per-item score in [0, 1] with Wilson's 95% interval (for fr
 too: a score bounded in [0, 1] has variance at most p(1 - p), where a bootstrap interval collapses
 when nearly every score is equal).  A config is compared with the baseline on the *same items*:
 exact McNemar for 0/1 scores, Wilcoxon signed-rank otherwise, and the paired difference with its
-interval and the non-inferiority verdict of :mod:`kvlab.decision`.
+interval and the non-inferiority verdict of :mod:`kvlab.experiments.decision`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 from scipy import stats
 
 from kvlab.compress.accounting import compression_ratio
-from kvlab.decision import ALPHA_ONE_SIDED, DEFAULT_MAX_DROP, RULE, PairedScores, holm, items_needed
-from kvlab.results import ItemResult
+from kvlab.experiments.decision import ALPHA_ONE_SIDED, DEFAULT_MAX_DROP, RULE, PairedScores, holm, items_needed
+from kvlab.experiments.results import ItemResult
 
 Z95 = 1.959963984540054
 
@@ -216,7 +216,7 @@ class Decision:
 
 
 def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline") -> Decision:
-    """The most compressed config shown non-inferior to the baseline (see :mod:`kvlab.decision`),
+    """The most compressed config shown non-inferior to the baseline (see :mod:`kvlab.experiments.decision`),
     at the margin :func:`summarize` judged the summaries with."""
     max_drop = summaries[0].max_drop if summaries else DEFAULT_MAX_DROP
     compared = [s for s in summaries if s.non_inferior is not None]

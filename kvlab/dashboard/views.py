@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from kvlab.analysis import ConfigSummary
+from kvlab.experiments.analysis import ConfigSummary
 from kvlab.compress.formats import FORMATS
-from kvlab.results import ItemResult
+from kvlab.experiments.results import ItemResult
 from kvlab.store.records import ExperimentRecord, TrialRecord
 
 MIB = 1024 * 1024

@@ -31,7 +31,7 @@ EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
 LOG_NAME = "cli"
 
 #: Errors whose message tells the user what to fix, by (module, name).
-USER_ERRORS = (("kvlab.cli_exit", "UserError"), ("kvlab.errors", "ConfigError"), ("kvlab.store.errors", "StoreError"),
+USER_ERRORS = (("kvlab.cli.exits", "UserError"), ("kvlab.errors", "ConfigError"), ("kvlab.store.errors", "StoreError"),
                ("kvlab.engines.base", "EngineFailure"), ("kvlab.models.registry", "ModelNotAvailableError"))
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from kvlab.cli_exit import UserError
-from kvlab.cli_types import positive_float
+from kvlab.cli.exits import UserError
+from kvlab.cli.options import positive_float
 from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, read_setting, resolve_endpoint
 
 

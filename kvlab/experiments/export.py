@@ -10,9 +10,9 @@ import re
 from dataclasses import asdict, fields
 from typing import Any
 
-from kvlab.analysis import decide, summarize
-from kvlab.decision import DEFAULT_MAX_DROP
-from kvlab.results import ItemResult
+from kvlab.experiments.analysis import decide, summarize
+from kvlab.experiments.decision import DEFAULT_MAX_DROP
+from kvlab.experiments.results import ItemResult
 from kvlab.secrets import redact, redact_data
 from kvlab.store import Store
 

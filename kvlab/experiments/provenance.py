@@ -27,7 +27,7 @@ def package_versions() -> dict[str, str]:
 
 def git_commit() -> str | None:
     """The commit of the kvlab checkout (with ``-dirty`` if it has local changes), or None."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=5, check=True).stdout.strip()

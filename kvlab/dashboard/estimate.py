@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvlab.config import ExperimentSpec
-from kvlab.results import ItemResult
+from kvlab.experiments.results import ItemResult
 
 #: Configs a worker claims together (``kvlab worker --max-trials``' default): they share prefills.
 CONFIGS_PER_CLAIM = 4

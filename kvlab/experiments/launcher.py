@@ -1,4 +1,4 @@
-"""Start local worker processes (for :mod:`kvlab.submit`: `kvlab run --background`, rerun and the dashboard)."""
+"""Start local worker processes (for :mod:`kvlab.experiments.submit`: `kvlab run --background`, rerun and the dashboard)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ MAX_LOCAL_WORKERS = 64  # what `kvlab run --background --workers` and `kvlab rer
 
 def worker_log_dir() -> Path:
     """Where local workers write their logs: ``$KVLAB_LOG_DIR``, else ``db/logs`` in the checkout."""
-    return Path(os.environ.get(LOG_DIR_VAR) or Path(__file__).resolve().parent.parent / "db" / "logs")
+    return Path(os.environ.get(LOG_DIR_VAR) or Path(__file__).resolve().parents[2] / "db" / "logs")
 
 
 def threads_per_worker(workers: int) -> int:

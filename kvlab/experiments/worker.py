@@ -6,7 +6,7 @@ item result is written as soon as it exists; a trial picked up again after a cra
 items it already has (the store refuses duplicates anyway).  A trial whose worker stops
 heartbeating for ``stale_after_s`` is requeued (or failed) by whichever worker looks next.
 
-:class:`~kvlab.worker_settings.WorkerSettings` checks every option when it is made, so a worker
+:class:`~kvlab.experiments.worker_settings.WorkerSettings` checks every option when it is made, so a worker
 with a bad option (``--telemetry-hz 1000``) stops with a ``ConfigError`` before it claims anything.
 
 What goes wrong in a batch is sorted by whose problem it is:
@@ -49,14 +49,14 @@ from kvlab.engines.base import Engine, EngineFailure
 from kvlab.errlog import debug_enabled, log_details, one_line
 from kvlab.errors import HostLacksError
 from kvlab.models.registry import ModelNotAvailableError
-from kvlab.provenance import environment
-from kvlab.results import ItemResult
-from kvlab.runner import build_engine, build_items, evaluate_configs
+from kvlab.experiments.provenance import environment
+from kvlab.experiments.results import ItemResult
+from kvlab.experiments.runner import build_engine, build_items, evaluate_configs
 from kvlab.secrets import redact
 from kvlab.store import ExperimentNotFoundError, Store, TrialNotFoundError
 from kvlab.store.records import TelemetrySample, TrialRecord
-from kvlab.telemetry import SampleContext, TelemetrySampler, detect_sources
-from kvlab.worker_settings import WorkerSettings
+from kvlab.experiments.telemetry import SampleContext, TelemetrySampler, detect_sources
+from kvlab.experiments.worker_settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """``kvlab`` command line: the same operations as the dashboard.
 
 Exit statuses (0 success, 2 user error, 1 internal error, 130 Ctrl-C, 141 closed pipe) are
-:mod:`kvlab.cli_exit`'s; every error is one line on stderr.
+:mod:`kvlab.cli.exits`'s; every error is one line on stderr.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import json
 import sys
 from typing import NoReturn
 
-from kvlab import cli_exit
-from kvlab.cli_doctor import add_doctor_parser
-from kvlab.cli_files import check_output, write_output
-from kvlab.cli_serve import add_serve_parser
-from kvlab.cli_store import add_store_commands
-from kvlab.cli_types import float_between, int_between, positive_int
+from kvlab.cli import exits as cli_exit
+from kvlab.cli.doctor import add_doctor_parser
+from kvlab.cli.outputs import check_output, write_output
+from kvlab.cli.serve import add_serve_parser
+from kvlab.cli.store import add_store_commands
+from kvlab.cli.options import float_between, int_between, positive_int
 from kvlab.config import load_spec
-from kvlab.launcher import MAX_LOCAL_WORKERS
+from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import install_log_redaction
 
 
@@ -39,18 +39,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.background:
-        from kvlab.cli_store import submit_background
+        from kvlab.cli.store import submit_background
 
         return submit_background(spec, warnings, args.workers)
-    from kvlab.report import render
+    from kvlab.experiments.report import render
 
     print(f"{spec.name}: {len(spec.all_configs())} configs on {spec.model} ({spec.backend.kind})", file=sys.stderr)
     if args.no_store:
-        from kvlab.runner import run_experiment
+        from kvlab.experiments.runner import run_experiment
 
         run = run_experiment(spec, progress=not args.quiet, limit=args.limit)
     else:
-        from kvlab.submit import RunCancelled, run_here
+        from kvlab.experiments.submit import RunCancelled, run_here
 
         def announce(experiment_id: int, url: str) -> None:
             print(f"experiment {experiment_id} in {url}: `kvlab show {experiment_id}`, or the dashboard's "

@@ -3,7 +3,7 @@ processes (:func:`submit`, :func:`rerun`: ``kvlab run --background``, ``kvlab re
 or by a worker in this process that takes only its trials (:func:`run_here`: ``kvlab run``).
 
 Every function opens the store of ``KVLAB_DATABASE_URL`` (else db/kvlab.sqlite), the one the
-local workers inherit; they log to :func:`kvlab.launcher.worker_log_dir`.
+local workers inherit; they log to :func:`kvlab.experiments.launcher.worker_log_dir`.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from datetime import UTC, datetime
 
 from tqdm import tqdm
 
-from kvlab import launcher
+from kvlab.experiments import launcher
 from kvlab.config import ExperimentSpec
 from kvlab.engines.base import Engine
 from kvlab.engines.factory import build_engine
 from kvlab.errlog import debug_enabled
-from kvlab.provenance import environment
-from kvlab.results import ItemResult
-from kvlab.runner import ExperimentRun, missing_baseline
+from kvlab.experiments.provenance import environment
+from kvlab.experiments.results import ItemResult
+from kvlab.experiments.runner import ExperimentRun, missing_baseline
 from kvlab.store import Store, StoreError
-from kvlab.worker import Worker
-from kvlab.worker_settings import WorkerSettings
+from kvlab.experiments.worker import Worker
+from kvlab.experiments.worker_settings import WorkerSettings
 
 
 class RunCancelled(KeyboardInterrupt):
@@ -132,7 +132,7 @@ def _work(store: Store, experiment_id: int, spec: ExperimentSpec, engine: Engine
 @contextmanager
 def _worker_log_quiet() -> Iterator[None]:
     """The in-process worker's log lines would repeat what :func:`run_here` reports (except with KVLAB_DEBUG)."""
-    logger = logging.getLogger("kvlab.worker")
+    logger = logging.getLogger("kvlab.experiments.worker")
     level = logger.level
     if not debug_enabled():
         logger.setLevel(logging.CRITICAL)

@@ -1,7 +1,7 @@
 """Pure figure builders: experiment data -> plotly Figure.  Every axis says its unit.
 
-The dashboard, the HTML report and the exports (``kvlab.chart_export``) draw the same figures.
-Metrics come from :mod:`kvlab.analysis`; nothing here computes one of its own.
+The dashboard, the HTML report and the exports (``kvlab.dashboard.chart_export``) draw the same figures.
+Metrics come from :mod:`kvlab.experiments.analysis`; nothing here computes one of its own.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvlab.analysis import ConfigSummary, decide, pareto_front
-from kvlab.results import ItemResult
+from kvlab.experiments.analysis import ConfigSummary, decide, pareto_front
+from kvlab.experiments.results import ItemResult
 from kvlab.store.records import TelemetrySample
-from kvlab.views import MIB, CompareRow
+from kvlab.dashboard.views import MIB, CompareRow
 
 X_TITLES = {"bytes": "physical KV cache (MiB)", "ratio": "compression ratio (x, baseline bytes / physical bytes)"}
 ACCURACY_TITLE = "accuracy (fraction correct, 95% CI)"

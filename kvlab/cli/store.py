@@ -7,9 +7,9 @@ import json
 import logging
 import sys
 
-from kvlab.cli_files import check_output, write_output
-from kvlab.cli_types import float_between, int_between, non_negative_int, positive_int
-from kvlab.launcher import MAX_LOCAL_WORKERS
+from kvlab.cli.outputs import check_output, write_output
+from kvlab.cli.options import float_between, int_between, non_negative_int, positive_int
+from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import redact
 
 
@@ -22,7 +22,7 @@ def _store():
 def cmd_worker(args: argparse.Namespace) -> int:
     """Exit 0 when stopped or idle; 2 for a bad option (before anything is claimed); 1 when the
     worker gave up on its host or left experiments it could not run to other workers."""
-    from kvlab.worker_settings import WorkerSettings
+    from kvlab.experiments.worker_settings import WorkerSettings
 
     settings = WorkerSettings(max_trials=args.max_trials, heartbeat_s=args.heartbeat_s,
                               stale_after_s=args.stale_after_s, on_stale=args.on_stale,
@@ -31,7 +31,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import torch
 
     from kvlab.store import Store
-    from kvlab.worker import Worker, WorkerGaveUp
+    from kvlab.experiments.worker import Worker, WorkerGaveUp
 
     if settings.threads:
         torch.set_num_threads(settings.threads)
@@ -58,7 +58,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def submit_background(spec, warnings: list[str], workers: int) -> int:
     """Store the experiment, start local workers, print how to follow it."""
     from kvlab.store.engine import shown_url
-    from kvlab.submit import submit
+    from kvlab.experiments.submit import submit
 
     experiment_id = submit(spec, warnings, workers)
     print(f"experiment {experiment_id} queued on {shown_url()} with {len(spec.all_configs())} trials; "
@@ -91,9 +91,9 @@ def cmd_show(args: argparse.Namespace) -> int:
               + (f"   error: {redact(t.error)}" if t.error else ""))
     results = store.item_results(args.id)
     if results:
-        from kvlab.analysis import summarize  # scipy: imported only when there is something to summarise
-        from kvlab.decision import DEFAULT_MAX_DROP
-        from kvlab.report import render
+        from kvlab.experiments.analysis import summarize  # scipy: imported only when there is something to summarise
+        from kvlab.experiments.decision import DEFAULT_MAX_DROP
+        from kvlab.experiments.report import render
 
         baseline = next((t.config_name for t in trials if t.position == 0), "baseline")
         print()
@@ -114,7 +114,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
-    from kvlab.submit import rerun
+    from kvlab.experiments.submit import rerun
 
     new_id = rerun(args.id, args.workers)
     print(f"experiment {new_id} queued (a rerun of {args.id}); {args.workers} local worker(s) started"
@@ -126,7 +126,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = check_output(args.out, "--out") if args.out else None
     store = _store()
     store.get_experiment(args.id)  # an unknown id, before the (scipy) imports below
-    from kvlab.export import experiment_document, results_csv
+    from kvlab.experiments.export import experiment_document, results_csv
 
     if args.format == "csv":
         text = results_csv(store.item_results(args.id))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvlab.cli_types import float_between, int_between, positive_int
+from kvlab.cli.options import float_between, int_between, positive_int
 from kvlab.compress.formats import GROUP_SIZES
 from kvlab.compress.methods import BUDGET_BOUNDS, BUDGET_HELP, PARAMS
 from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, ConfigError, KVCacheConfig

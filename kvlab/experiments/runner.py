@@ -1,7 +1,7 @@
 """Runs an experiment: items x configs -> scored ItemResults, with a summary per config.
 
 :func:`evaluate_configs` is the one evaluation loop: :func:`run_experiment` (``kvlab run --no-store``)
-and the store's workers (:mod:`kvlab.worker`, which ``kvlab run`` uses in-process) both call it.
+and the store's workers (:mod:`kvlab.experiments.worker`, which ``kvlab run`` uses in-process) both call it.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kvlab.analysis import ConfigSummary, Decision, decide, summarize
+from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.config import BASELINE, ExperimentSpec, KVCacheConfig, spec_to_dict
 from kvlab.engines.base import Engine, EngineFailure, evaluate_all, passes
 from kvlab.engines.factory import build_engine
-from kvlab.provenance import environment
-from kvlab.results import ItemResult
+from kvlab.experiments.provenance import environment
+from kvlab.experiments.results import ItemResult
 from kvlab.tasks import TaskItem, generate_items, score_item, shortcut_scores
 
 

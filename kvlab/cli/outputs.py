@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvlab.cli_exit import UserError
+from kvlab.cli.exits import UserError
 
 
 def check_output(path: str, option: str, create_parents: bool = False) -> Path:

@@ -1,0 +1,1 @@
+"""What the Streamlit pages show, computed without Streamlit: form mapping, tables, charts, exports."""

@@ -1,0 +1,1 @@
+"""Running experiments: submit, evaluate (runner, worker), store results, analyse and report them."""
