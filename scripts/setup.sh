@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 
 extras=""
 [ "${1:-}" = "--dev" ] && extras="[dev]"
+# One line per step; pip's own lines aside, nothing else (`KVLAB_VERBOSE=1` shows the libraries' logs).
+step() { echo "setup: $*" >&2; }
 
+step "virtual environment .venv"
 python3 -m venv .venv 2>/dev/null || true
 # shellcheck disable=SC1091
 . .venv/bin/activate
@@ -16,6 +19,7 @@ python -m pip install --quiet --upgrade pip
 # torch first, so nothing later pulls a second (multi-GB) build: the CPU wheel here,
 # the default CUDA build where an NVIDIA GPU is present.
 if ! python -c "import torch" 2>/dev/null; then
+  step "torch (a large download, once)"
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     python -m pip install --quiet torch
   else
@@ -23,5 +27,8 @@ if ! python -c "import torch" 2>/dev/null; then
   fi
 fi
 
+step "kvlab${extras:+ with its test tools}"
 python -m pip install --quiet -e ".${extras}"
+step "the default model (smollm2-135m)"
 kvlab models pull smollm2-135m
+step "done: .venv/bin/streamlit run app.py, or .venv/bin/kvlab --help"

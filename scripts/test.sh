@@ -6,8 +6,11 @@ scripts/setup.sh --dev
 . .venv/bin/activate
 # Everything below is required: a test that would skip for want of it fails instead (KVLAB_STRICT_TESTS).
 export KVLAB_STRICT_TESTS=1
+step() { echo "test.sh: $*" >&2; }
 # The second model, for the sliding-window tests.
+step "the second model (gemma3-270m)"
 kvlab models pull gemma3-270m >/dev/null
+step "a throwaway PostgreSQL"
 # A throwaway PostgreSQL for the store tests (installs it with apt when missing, needs root then).
 pg_env=$(bash scripts/postgres.sh) || { echo "test.sh: could not start PostgreSQL (scripts/postgres.sh)" >&2; exit 1; }
 eval "$pg_env"
@@ -18,4 +21,5 @@ if ! command -v chromium >/dev/null 2>&1; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
     || { echo "test.sh: could not install chromium (apt-get install chromium)" >&2; exit 1; }
 fi
+step "the tests"
 python -m pytest -q "$@"

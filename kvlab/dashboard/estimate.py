@@ -5,7 +5,7 @@ prefill) and then compresses and decodes per config, so::
 
     time ~ load + items x (prefill(length) x batches + per_config x configs)
 
-Default rates are measured on these 2-core CPUs with SmolLM2-135M (prefill ~1.2 s at 1K tokens,
+Default rates are measured on 2 CPU cores with SmolLM2-135M (prefill ~1.2 s at 1K tokens,
 ~2.6 s at 2K; ~0.5 s to compress and decode one config of one item).  Past results of the same
 model in the store, where there are any, replace them (:func:`rates_from_results`).
 """
@@ -33,7 +33,7 @@ class Rates:
     prefill_quadratic: float = 0.1
     per_config_item: float = 0.5
     load_s: float = 10.0
-    source: str = "measured defaults (SmolLM2-135M, 2-core CPU)"
+    source: str = "measurements of SmolLM2-135M on 2 CPU cores"
 
     def prefill_s(self, tokens: int) -> float:
         k = tokens / 1024

@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from scipy import stats
-
 from kvlab.compress.accounting import compression_ratio
 from kvlab.experiments.decision import ALPHA_ONE_SIDED, DEFAULT_MAX_DROP, RULE, PairedScores, holm, items_needed
 from kvlab.experiments.results import ItemResult
@@ -48,11 +46,20 @@ def paired_test(baseline: Sequence[float], other: Sequence[float]) -> tuple[str,
         gained = sum(1 for b, o in zip(baseline, other, strict=True) if b == 0 and o == 1)
         if lost + gained == 0:
             return ("mcnemar-exact", 1.0)
-        return ("mcnemar-exact", float(stats.binomtest(lost, lost + gained, 0.5).pvalue))
+        return ("mcnemar-exact", binomial_two_sided_half(lost, lost + gained))
     diffs = [o - b for b, o in zip(baseline, other, strict=True)]
     if all(d == 0 for d in diffs):
         return ("wilcoxon", 1.0)
+    from scipy import stats  # only for fractional scores: `kvlab show` of 0/1 scores needs no scipy
+
     return ("wilcoxon", float(stats.wilcoxon(diffs, zero_method="zsplit").pvalue))
+
+
+def binomial_two_sided_half(k: int, n: int) -> float:
+    """Exact two-sided p-value of ``k`` successes in ``n`` trials at p = 1/2 (scipy's ``binomtest``):
+    the distribution is symmetric, so it is twice the smaller tail, in exact integers."""
+    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1))
+    return min(1.0, 2 * tail / 2**n)
 
 
 def _median(values: Iterable[float | None]) -> float | None:

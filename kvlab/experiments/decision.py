@@ -20,14 +20,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from scipy.stats import norm
+from statistics import NormalDist
 
 DEFAULT_MAX_DROP = 0.05
 ALPHA_ONE_SIDED = 0.025  # the lower end of a two-sided 95% interval
 RULE = ("most compressed config whose accuracy is non-inferior to the baseline's: the lower end of the paired "
         "95% interval of (config - baseline) is above -{margin} points, Holm-corrected across {m} configs")
 _Z_MAX = 12.0  # p below 1e-32 is zero for every purpose here
+_NORMAL = NormalDist()  # the standard library's, not scipy's: `kvlab show` must not import scipy
+
+
+def normal_sf(z: float) -> float:
+    """P(Z > z) for a standard normal Z, through ``erfc`` so that it stays exact far in the tail
+    (``1 - cdf(z)`` is 0 beyond z = 8.3)."""
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def normal_isf(q: float) -> float:
+    """The z with P(Z > z) = q."""
+    return -_NORMAL.inv_cdf(q)
 
 
 def wilson_bounds(mean: float, n: float, z: float) -> tuple[float, float]:
@@ -72,7 +83,7 @@ class PairedScores:
     def difference(self) -> float:
         return self.config_mean - self.baseline_mean
 
-    def interval(self, z: float = norm.ppf(1 - ALPHA_ONE_SIDED)) -> tuple[float, float]:
+    def interval(self, z: float = normal_isf(ALPHA_ONE_SIDED)) -> tuple[float, float]:
         """Two-sided interval of config - baseline at normal quantile ``z`` (1.96 for 95%)."""
         p1, p2, r = self.config_mean, self.baseline_mean, self.correlation
         l1, u1 = wilson_bounds(p1, self.n, z)
@@ -87,12 +98,12 @@ class PairedScores:
         if self.difference <= -max_drop:
             return 1.0
         if self.interval(_Z_MAX)[0] > -max_drop:
-            return float(norm.sf(_Z_MAX))
+            return normal_sf(_Z_MAX)
         low, high = 0.0, _Z_MAX  # lower bound(z) falls as z grows: bisect for the crossing
         for _ in range(60):
             mid = (low + high) / 2
             low, high = (mid, high) if self.interval(mid)[0] > -max_drop else (low, mid)
-        return float(norm.sf(low))
+        return normal_sf(low)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -112,7 +123,7 @@ def items_needed(baseline_accuracy: float, max_drop: float, n_configs: int, limi
     the baseline's (a cautious assumption), would be shown non-inferior: the expected paired table
     run through the same test, at the Holm threshold of the first step (alpha / configs)."""
     p = baseline_accuracy
-    z = norm.isf(ALPHA_ONE_SIDED / max(n_configs, 1))
+    z = normal_isf(ALPHA_ONE_SIDED / max(n_configs, 1))
     correlation = 0.0  # independent errors
 
     def shown(n: int) -> bool:

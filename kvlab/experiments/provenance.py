@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import torch
 
 PACKAGES = ("kvlab", "torch", "transformers", "kvpress", "pydantic", "numpy", "scipy")
 
@@ -38,16 +37,23 @@ def git_commit() -> str | None:
     return commit + ("-dirty" if dirty else "")
 
 
-def hardware() -> dict[str, Any]:
+def hardware(torch_facts: bool = True) -> dict[str, Any]:
+    """This host; ``torch_facts=False`` leaves out torch's threads and GPUs (seconds of imports), for a
+    host that only queues the experiment: the worker that runs it records its own environment."""
     info: dict[str, Any] = {
         "platform": platform.platform(), "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(), "memory_bytes": psutil.virtual_memory().total,
+        "memory_bytes": psutil.virtual_memory().total,
     }
+    if not torch_facts:
+        return info
+    import torch
+
+    info["torch_threads"] = torch.get_num_threads()
     if torch.cuda.is_available():
         info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return info
 
 
-def environment() -> dict[str, Any]:
-    return {"versions": package_versions(), "git_commit": git_commit(), "hardware": hardware()}
+def environment(torch_facts: bool = True) -> dict[str, Any]:
+    return {"versions": package_versions(), "git_commit": git_commit(), "hardware": hardware(torch_facts)}

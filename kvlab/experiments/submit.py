@@ -38,8 +38,9 @@ class RunCancelled(KeyboardInterrupt):
 
 
 def store_experiment(store: Store, spec: ExperimentSpec, warnings: Sequence[str] = ()) -> int:
-    """Store a queued experiment with this host's environment; its warnings become warning events."""
-    experiment_id = store.create_experiment(spec, environment())
+    """Store a queued experiment with this host's environment (without torch's facts: the worker that
+    runs it records its own); its warnings become warning events."""
+    experiment_id = store.create_experiment(spec, environment(torch_facts=False))
     for warning in [*warnings, *missing_baseline(spec)]:
         store.log_event(experiment_id, warning, level="warning")
     return experiment_id
@@ -57,7 +58,7 @@ def submit(spec: ExperimentSpec, warnings: Sequence[str] = (), workers: int = 1)
 def rerun(experiment_id: int, workers: int = 1) -> int:
     """Queue the experiment's spec again as a new experiment and start ``workers`` local workers."""
     with Store() as store:
-        new_id = store.rerun_experiment(experiment_id, environment())
+        new_id = store.rerun_experiment(experiment_id, environment(torch_facts=False))
     if workers:
         launcher.start_local_workers(workers)
     return new_id

@@ -5,11 +5,37 @@ kvlab models pull NAME       -> pull_model(NAME, progress=print)
 load_model("smollm2-135m")   -> LoadedModel (model, tokenizer, architecture facts, model_id)
 """
 
-from .arch import ModelArch, model_arch
-from .cache import kvlab_home
-from .loader import LoadedModel, default_device, default_dtype, load_model, load_tokenizer, model_fingerprint
-from .registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailableError, ModelSpec
-from .resolve import ModelStatus, list_models, pull_model, resolve_model
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .arch import ModelArch, model_arch
+    from .cache import kvlab_home
+    from .loader import LoadedModel, default_device, default_dtype, load_model, load_tokenizer, model_fingerprint
+    from .registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailableError, ModelSpec
+    from .resolve import ModelStatus, list_models, pull_model, resolve_model
+
+#: Each name's module, imported on first use: ``kvlab models list``, the dashboard's model menu and the
+#: store commands need the registry, not the seconds of torch and transformers imports of the loader.
+_HOMES = {
+    "ModelArch": "arch", "model_arch": "arch", "kvlab_home": "cache",
+    "LoadedModel": "loader", "default_device": "loader", "default_dtype": "loader", "load_model": "loader",
+    "load_tokenizer": "loader", "model_fingerprint": "loader",
+    "DEFAULT_MODEL": "registry", "KNOWN_MODELS": "registry", "ModelNotAvailableError": "registry",
+    "ModelSpec": "registry",
+    "ModelStatus": "resolve", "list_models": "resolve", "pull_model": "resolve", "resolve_model": "resolve",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_MODEL",

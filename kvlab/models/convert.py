@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from .arch import model_arch
 from .cache import write_manifest
 from .gguf_tokenizer import build_tokenizer, read_gguf_vocab
+from .quiet import library_output
 from .registry import ModelNotAvailableError, ModelSpec, Progress
 
 PROBE_TEXT = "The capital of France is Paris.\nKV caches grow with every token: 12345 tokens!"
@@ -28,8 +29,13 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: Progress, spec: ModelSpec 
     """Write model + tokenizer + manifest to ``out_dir``; return the manifest.
 
     With ``spec``, also check that the converted model has the architecture and chat-template
-    status the registry promises.
+    status the registry promises.  The libraries' logs and bars are off unless verbose (:mod:`.quiet`).
     """
+    with library_output():
+        return _convert(gguf, out_dir, progress, spec)
+
+
+def _convert(gguf: Path, out_dir: Path, progress: Progress, spec: ModelSpec | None) -> dict:
     progress(f"Reading the tokenizer from {gguf.name}")
     tokenizer = build_tokenizer(read_gguf_vocab(gguf))
     progress(f"Loading and dequantizing {gguf.name} (the slow step)")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils import logging as transformers_logging
 
 from .arch import ModelArch, model_arch
 from .cache import read_manifest
+from .quiet import library_output
 from .registry import Progress
 from .resolve import resolve_model
 
@@ -40,7 +40,9 @@ class LoadedModel(ModelArch):
 
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
     """Only the tokenizer of a model kvlab can resolve (pulled, or a local directory)."""
-    return AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+    path = resolve_model(name_or_path)
+    with library_output():
+        return AutoTokenizer.from_pretrained(path)
 
 
 def default_device() -> str:
@@ -67,10 +69,10 @@ def load_model(
         torch_dtype = _DTYPES[dtype]
     except KeyError:
         raise ValueError(f"Unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}") from None
-    transformers_logging.disable_progress_bar()  # a per-tensor bar on every (1 s) load is noise in logs and CLIs
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
-    model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    with library_output():  # a per-tensor bar on every (1 s) load is noise in logs and CLIs
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+        model.to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
     arch = model_arch(model.config)
     name = str(name_or_path)
     return LoadedModel(

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cache import dir_size, install, is_complete, model_dir, models_root, read_manifest, staging_dir
-from .convert import convert_gguf
 from .fetch import fetch_gguf
-from .registry import KNOWN_MODELS, ModelNotAvailableError, Progress, get_spec
+from .registry import KNOWN_MODELS, ModelNotAvailableError, ModelSpec, Progress, get_spec
 
 log = logging.getLogger("kvlab.models")
 
@@ -58,6 +57,14 @@ def pull_model(name: str, progress: Progress | None = None) -> Path:
         path = install(work / "model", name)
     progress(f"Pulled {spec.display_name} to {path} in {time.monotonic() - start:.0f} s")
     return path
+
+
+def convert_gguf(gguf: Path, out_dir: Path, progress: Progress, spec: ModelSpec | None = None) -> dict:
+    """:func:`kvlab.models.convert.convert_gguf`, imported when there is something to convert: it needs
+    torch and transformers, which listing or resolving a pulled model does not."""
+    from .convert import convert_gguf as convert
+
+    return convert(gguf, out_dir, progress, spec)
 
 
 def resolve_model(name_or_path: str | Path, progress: Progress | None = None) -> Path:
