@@ -18,8 +18,9 @@ install_log_redaction()  # the dashboard's log never shows a URL password or a k
 st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
 
 pages = [
-    st.Page(PAGE_FILES[PAGE_EXPERIMENTS], title="Experiments", icon=":material/table_rows:", url_path=PAGE_EXPERIMENTS,
-            default=True),
+    st.Page(PAGE_FILES[PAGE_EXPERIMENTS], title="Experiments", icon=":material/table_rows:", default=True),
+    # The default page's URL is the root: this hidden twin keeps /experiments links working.
+    st.Page(PAGE_FILES[PAGE_EXPERIMENTS], title="Experiments", url_path=PAGE_EXPERIMENTS, visibility="hidden"),
     st.Page(PAGE_FILES[PAGE_NEW], title="New experiment", icon=":material/add_circle:", url_path=PAGE_NEW),
     st.Page(PAGE_FILES[PAGE_EXPERIMENT], title="Experiment", icon=":material/monitoring:", url_path=PAGE_EXPERIMENT),
     st.Page(PAGE_FILES[PAGE_COMPARE], title="Compare", icon=":material/compare_arrows:", url_path=PAGE_COMPARE),

@@ -7,29 +7,44 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import plotly.graph_objects as go
 import streamlit as st
 
 from kvlab.dashboard import views
-from kvlab.experiments.analysis import ConfigSummary, summarize, sweet_spot
+from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.experiments.decision import DEFAULT_MAX_DROP
-from kvlab.dashboard.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image
+from kvlab.dashboard.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image, warm_up
 from kvlab.errlog import debug_enabled, log_details, one_line
 from kvlab.secrets import redact
 from kvlab.errors import ConfigError
 from kvlab.experiments.results import ItemResult
 from kvlab.store import ExperimentRecord, Store, StoreError
 
-#: Page files by URL path.  No file is named like a URL path: with a pages/ folder present Streamlit
-#: first tries its older folder-based navigation, which would run a page whose file name matches the
-#: requested URL without app.py (and its st.navigation) when that URL is a process's first request.
+#: Page files by URL path.  No page file is named like a URL path: those names belong to the stubs
+#: that send a process's first request through app.py (:func:`run_app`).
 PAGE_FILES = {views.PAGE_EXPERIMENTS: "pages/list_experiments.py", views.PAGE_NEW: "pages/new_experiment.py",
               views.PAGE_EXPERIMENT: "pages/view_experiment.py", views.PAGE_COMPARE: "pages/compare_experiments.py",
               views.PAGE_DOCTOR: "pages/endpoint_doctor.py"}
+
+APP = Path(__file__).resolve().parent.parent / "app.py"
+
+
+def run_app() -> None:
+    """Run app.py, whose ``st.navigation`` then opens the page of the requested URL.
+
+    With a pages/ folder next to app.py, a Streamlit process serves its first request with its older
+    folder-based navigation: it runs the file in pages/ named like the URL path, and without one shows
+    a "Page not found" dialog over app.py.  The stubs named like the URL paths (pages/new.py, ...)
+    call this, so that request too goes through app.py, with no dialog; once app.py has called
+    ``st.navigation`` the process uses it alone.
+    """
+    exec(compile(APP.read_text(), str(APP), "exec"), {"__name__": "__main__", "__file__": str(APP)})  # noqa: S102
 
 
 #: Errors whose message tells the user what to fix: shown as they are.
@@ -64,10 +79,14 @@ def _open_store(url: str | None) -> Store:
     return Store(url)
 
 
+def db_url() -> str | None:
+    return os.environ.get("KVLAB_DATABASE_URL")
+
+
 def get_store() -> Store:
     """The store of ``$KVLAB_DATABASE_URL`` (else db/kvlab.sqlite), opened once per process."""
     try:
-        return _open_store(os.environ.get("KVLAB_DATABASE_URL"))
+        return _open_store(db_url())
     except StoreError as error:
         st.error(f"The experiment store cannot be opened: {error}")
         st.stop()
@@ -83,30 +102,66 @@ def load_results(experiment_id: int, version: tuple[Any, ...], db: str | None) -
     return store.item_results(experiment_id), baseline
 
 
+class View(NamedTuple):
+    """What an experiment's analysis depends on: its last update and the viewer's choices.  A tuple of
+    plain values, so that ``st.cache_data`` keys on it."""
+
+    experiment_id: int
+    version: tuple[Any, ...]  # items done, status: a result set changes only when they do
+    db: str | None
+    hidden: tuple[str, ...] = ()
+    max_drop: float = DEFAULT_MAX_DROP
+
+
+def view_of(experiment: ExperimentRecord, hidden: Sequence[str] = (), max_drop: float | None = None) -> View:
+    return View(experiment.id, (experiment.items_done, experiment.status), db_url(),
+                tuple(hidden), float(experiment.spec.get("max_drop", DEFAULT_MAX_DROP) if max_drop is None
+                                     else max_drop))
+
+
 def results_of(experiment: ExperimentRecord) -> tuple[list[ItemResult], str]:
-    return load_results(experiment.id, (experiment.items_done, experiment.status),
-                        os.environ.get("KVLAB_DATABASE_URL"))
+    view = view_of(experiment)
+    return load_results(view.experiment_id, view.version, view.db)
+
+
+def shown_results(view: View) -> tuple[list[ItemResult], str]:
+    """The results of the configs not hidden, and the baseline's name."""
+    results, baseline = load_results(view.experiment_id, view.version, view.db)
+    return [r for r in results if r.config_name not in view.hidden], baseline
+
+
+@st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
+def analysed(view: View) -> tuple[list[ConfigSummary], Decision]:
+    """The per-config summaries and the sweet-spot decision, computed once per view."""
+    results, baseline = shown_results(view)
+    summaries = summarize(results, baseline, view.max_drop)
+    return summaries, decide(summaries, baseline)
 
 
 def summaries_of(experiment: ExperimentRecord) -> tuple[list[ConfigSummary], str]:
-    results, baseline = results_of(experiment)
-    return summarize(results, baseline, experiment.spec.get("max_drop", DEFAULT_MAX_DROP)), baseline
+    return analysed(view_of(experiment))[0], results_of(experiment)[1]
 
 
 def best_label(experiment: ExperimentRecord) -> str:
     """The sweet spot of an experiment with results ("-" without)."""
     if not experiment.items_done:
         return "-"
-    summaries, baseline = summaries_of(experiment)
-    return views.sweet_spot_label(sweet_spot(summaries, baseline))
+    return views.sweet_spot_label(analysed(view_of(experiment))[1].sweet_spot)
 
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "kvlab"
 
 
+@st.cache_resource(show_spinner=False)
+def _export_renderer() -> threading.Thread:
+    """The image-export renderer, started once per server process by the first page with a chart."""
+    return warm_up()
+
+
 def chart(fig: go.Figure, key: str, file_stem: str) -> None:
     """The figure, and under it downloads as PNG / SVG / PDF / HTML, rendered only when clicked."""
+    _export_renderer()
     st.plotly_chart(fig, key=key, width="stretch")
     with st.container(horizontal=True):
         for fmt, mime in IMAGE_FORMATS.items():

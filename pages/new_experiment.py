@@ -150,7 +150,7 @@ for kind, text in st.session_state.pop("form_flash", []):
 
 with st.container(border=True):
     st.markdown("**New here?** Launch the tiny example sweep (3 configs, 2 passkey items at 256 tokens, "
-                "about a minute on a laptop CPU) and watch it run.")
+                "under a minute on 2 CPU cores: 28 s measured) and watch it run.")
     if st.button("Launch the tiny example", type="primary", icon=":material/rocket_launch:", key="launch_example"):
         tiny, _ = load_spec(list_examples()[EXAMPLE_TO_LAUNCH])
         launch(tiny, 1, [])

@@ -1,26 +1,33 @@
-"""Experiment: live progress and telemetry while it runs; the tradeoff, latency, breakdowns, needle
-heatmap, failed items, spec and environment once it has results; exports of all of it."""
+"""Experiment: a finished one opens on its result (the sweet spot, the tradeoff chart, the summary
+table); one still running opens on its progress and telemetry.  The other sections (latency,
+breakdowns, needle heatmap, failed items, spec and environment, exports) are picked with a selector
+bound to the URL (``tab``), and only the picked one is built and drawn: its charts come from caches
+keyed by the experiment's last update and the viewer's choices."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
+import plotly.graph_objects as go
 import streamlit as st
 
 from kvlab.dashboard import charts, views
-from kvlab.experiments.analysis import ConfigSummary, breakdown, decide, length_group, summarize
+from kvlab.experiments.analysis import breakdown, length_group
 from kvlab.experiments.decision import DEFAULT_MAX_DROP
 from kvlab.dashboard.chart_export import report_html
 from kvlab.config import dump_spec, parse_spec
 from kvlab.experiments.export import experiment_document, results_csv
-from kvlab.experiments.results import ItemResult
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord
-from pages.common import chart, empty_state, get_store, guard, results_of, share_box, slug
+from kvlab.store.records import TelemetrySample
+from pages.common import (View, analysed, chart, db_url, empty_state, get_store, guard, results_of, share_box,
+                          shown_results, slug, view_of)
 
 LIVE_EVERY_S = 2.0
 TELEMETRY_LIMIT = 3000
-TABS = ["Tradeoff", "Latency", "Breakdown", "Needles", "Failed items", "Spec & environment", "Export"]
+#: Sections that use the config filter and the margin.
+ANALYSED = ("Tradeoff", "Latency", "Breakdown", "Needles", "Failed items", "Export")
 
 store = get_store()
 recent = store.list_experiments(limit=200)
@@ -55,14 +62,15 @@ if experiment.error:
 
 
 @st.fragment(run_every=None if experiment.is_terminal else LIVE_EVERY_S)
-def live_panel(experiment_id: int, shown: tuple[str, int]) -> None:
-    """Progress, trials and telemetry; refreshed every few seconds while the experiment runs.  When
-    a trial ends (or the experiment does) the whole page reruns so the results below catch up."""
+def live_panel(experiment_id: int, shown: tuple[str, int], detailed: bool) -> None:
+    """The progress bar and, in the Progress section (``detailed``), the trials, telemetry and events;
+    refreshed every few seconds while the experiment runs.  When a trial ends (or the experiment does)
+    the whole page reruns so the results catch up."""
     with guard("Experiment: live panel"):  # its reruns every few seconds run outside app.py's guard
-        _live_panel(experiment_id, shown)
+        _live_panel(experiment_id, shown, detailed)
 
 
-def _live_panel(experiment_id: int, shown: tuple[str, int]) -> None:
+def _live_panel(experiment_id: int, shown: tuple[str, int], detailed: bool) -> None:
     try:
         current = store.get_experiment(experiment_id)
     except ExperimentNotFoundError as error:  # deleted meanwhile
@@ -72,58 +80,98 @@ def _live_panel(experiment_id: int, shown: tuple[str, int]) -> None:
     st.progress(views.progress(current), text=(
         f"{current.status}: {current.items_done}/{current.items_total or '?'} items, {ended}/{current.trials_total} "
         f"trials ended · {views.fmt_duration(views.experiment_duration(current))}"))
-    with st.expander("Trials", expanded=not current.is_terminal):
-        st.dataframe(views.trial_rows(store.trials(experiment_id)), hide_index=True, column_config={
-            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent")})
-    samples = store.telemetry(experiment_id, limit=TELEMETRY_LIMIT)
-    if samples:
-        chart(charts.telemetry_figure(samples), "telemetry", f"{slug(current.name)}-memory")
-        if charts.has_gpu(samples):
-            chart(charts.gpu_figure(samples), "gpu", f"{slug(current.name)}-gpu")
-    elif current.status == "queued":
-        st.info("Queued: no worker has claimed it yet. Workers started from this dashboard pick it up within "
-                "seconds; elsewhere run `kvlab worker` with the same KVLAB_DATABASE_URL.")
-    else:
-        st.caption("No telemetry for this experiment (its workers sample memory once a second while they run).")
-    events = store.events(experiment_id)[-8:]
-    with st.expander("Recent events"):
-        for event in events:
-            st.text(f"{event.level:7} {event.message}")
+    if detailed:
+        _progress_details(current)
     if (current.status, ended) != shown:
         st.rerun(scope="app")
 
 
-ended_now = experiment.trials_done + experiment.trials_failed + experiment.trials_cancelled
-st.subheader("Progress")
-live_panel(experiment.id, (experiment.status, ended_now))
+def _progress_details(current: ExperimentRecord) -> None:
+    with st.expander("Trials", expanded=not current.is_terminal):
+        st.dataframe(views.trial_rows(store.trials(current.id)), hide_index=True, column_config={
+            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent")})
+    if current.is_terminal:  # the samples no longer change: build their charts once
+        figures = telemetry_figures(current.id, (current.status, current.finished_at), db_url())
+    else:
+        figures = build_telemetry_figures(store.telemetry(current.id, limit=TELEMETRY_LIMIT))
+    for name, built in figures.items():
+        chart(built, name, f"{slug(current.name)}-{'memory' if name == 'telemetry' else name}")
+    if not figures and current.status == "queued":
+        st.info("Queued: no worker has claimed it yet. Workers started from this dashboard pick it up within "
+                "seconds; elsewhere run `kvlab worker` with the same KVLAB_DATABASE_URL.")
+    elif not figures:
+        st.caption("No telemetry for this experiment (its workers sample memory once a second while they run).")
+    with st.expander("Recent events"):
+        for event in store.events(current.id)[-8:]:
+            st.text(f"{event.level:7} {event.message}")
 
+
+def build_telemetry_figures(samples: Sequence[TelemetrySample]) -> dict[str, go.Figure]:
+    """The memory chart, and the GPU one when there are GPU samples (none without samples)."""
+    if not samples:
+        return {}
+    figures = {"telemetry": charts.telemetry_figure(samples)}
+    if charts.has_gpu(samples):
+        figures["gpu"] = charts.gpu_figure(samples)
+    return figures
+
+
+@st.cache_data(show_spinner=False, max_entries=64, ttl=3600)
+def telemetry_figures(experiment_id: int, version: tuple[Any, ...], db: str | None) -> dict[str, go.Figure]:
+    """:func:`build_telemetry_figures` of an ended experiment; ``version`` and ``db`` only key the cache."""
+    return build_telemetry_figures(store.telemetry(experiment_id, limit=TELEMETRY_LIMIT))
+
+
+@st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
+def figure(kind: str, view: View, option: str = "", title: str = "") -> go.Figure:
+    """One chart of the results, built once per (experiment, last update, the viewer's choices)."""
+    summaries, _ = analysed(view)
+    results, baseline = shown_results(view)
+    if kind == "tradeoff":
+        return charts.tradeoff_figure(summaries, option, baseline, title=title)
+    if kind == "latency":
+        return charts.latency_figure(summaries)
+    if kind == "breakdown":
+        key = (lambda r: r.task) if option == "task" else length_group
+        return charts.breakdown_figure(breakdown(results, key, baseline, view.max_drop), option)
+    if kind == "needle":
+        return charts.needle_heatmap(results, option)
+    raise ValueError(f"no chart {kind!r}")
+
+
+ended_now = experiment.trials_done + experiment.trials_failed + experiment.trials_cancelled
 results, baseline = results_of(experiment)
 if not results:
+    live_panel(experiment.id, (experiment.status, ended_now), detailed=True)
     empty_state("No results yet: they appear here as trials finish (the page follows along)."
                 if not experiment.is_terminal else "This experiment stored no results.")
     share_box({"id": experiment.id})
     st.stop()
 
-all_configs = list(dict.fromkeys(r.config_name for r in results))
-hidden = st.multiselect("Hide configs", all_configs, key="hide", bind="query-params",
-                        help="Leave configs out of every chart and table below.")
-shown_results = [r for r in results if r.config_name not in hidden]
-margin_points = st.number_input(
-    "Non-inferiority margin (accuracy points)", min_value=0.5, max_value=50.0, step=0.5, key="margin",
-    value=100 * float(experiment.spec.get("max_drop", DEFAULT_MAX_DROP)), bind="query-params",
-    help="How much accuracy a config may lose against the baseline and still count as holding it (the spec's "
-         "max_drop); decided by a paired test on the same items, Holm-corrected across configs.")
-summaries = summarize(shown_results, baseline, margin_points / 100)
-decision = decide(summaries, baseline)
-sweet = decision.sweet_spot
+sections = views.experiment_sections(experiment.is_terminal)
+section = st.segmented_control("Section", sections, default=sections[0], required=True, key="tab",
+                               bind="query-params", label_visibility="collapsed")
+live_panel(experiment.id, (experiment.status, ended_now), detailed=section == views.LIVE_SECTION)
+
+hidden: list[str] = st.session_state.get("hide", st.query_params.get_all("hide"))  # kept in the URL meanwhile
+margin_points = 100 * float(experiment.spec.get("max_drop", DEFAULT_MAX_DROP))
+if section in ANALYSED:
+    with st.expander("Configs and margin", expanded=False):
+        hidden = st.multiselect("Hide configs", list(dict.fromkeys(r.config_name for r in results)), key="hide",
+                                bind="query-params", persist_state="page",
+                                help="Leave configs out of every chart and table.")
+        margin_points = st.number_input(
+            "Non-inferiority margin (accuracy points)", min_value=0.5, max_value=50.0, step=0.5, key="margin",
+            value=margin_points, bind="query-params", persist_state="page",
+            help="How much accuracy a config may lose against the baseline and still count as holding it (the "
+                 "spec's max_drop); decided by a paired test on the same items, Holm-corrected across configs.")
+view = view_of(experiment, hidden, margin_points / 100)
 stem = slug(f"{experiment.id}-{experiment.name}")
+needle = st.query_params.get("needle")  # the Needles section sets it from its picker
 
-tradeoff_tab, latency_tab, breakdown_tab, needle_tab, failed_tab, spec_tab, export_tab = st.tabs(
-    TABS, key="tab", bind="query-params", on_change="rerun")
-
-with tradeoff_tab:
-    axis = st.radio("x axis", views.X_AXES, key="x", bind="query-params", horizontal=True,
-                    help="bytes: physical KV cache in MiB; ratio: baseline bytes / physical bytes")
+if section == "Tradeoff":
+    summaries, decision = analysed(view)
+    sweet = decision.sweet_spot
     if sweet is not None:
         st.success(f"Sweet spot: **{sweet.config_name}** at {sweet.compression_ratio:.2f}x "
                    f"({sweet.physical_kv_bytes / views.MIB:.3f} MiB), accuracy {sweet.accuracy:.2f}, "
@@ -132,8 +180,9 @@ with tradeoff_tab:
     else:
         st.info(f"No sweet spot: {decision.note}.")
     st.caption(f"Rule: the {decision.rule}.")
-    tradeoff = charts.tradeoff_figure(summaries, axis, baseline, title=f"{experiment.name}: memory vs accuracy")
-    chart(tradeoff, "tradeoff", f"{stem}-tradeoff")
+    axis = st.radio("x axis", views.X_AXES, key="x", bind="query-params", horizontal=True, persist_state="page",
+                    help="bytes: physical KV cache in MiB; ratio: baseline bytes / physical bytes")
+    chart(figure("tradeoff", view, axis, f"{experiment.name}: memory vs accuracy"), "tradeoff", f"{stem}-tradeoff")
     st.dataframe(views.summary_rows(summaries, sweet.config_name if sweet else None), hide_index=True)
     with st.expander("Definitions"):
         st.markdown(
@@ -149,46 +198,41 @@ with tradeoff_tab:
             "- **Pareto front**: configs no other config beats on both bytes (lower) and accuracy (higher).\n"
             "- **TTFT**: prefill (without eviction scorers) + this config's own scorer + compression + first token, "
             "as if it ran alone; **TPOT**: decode time after the first token per token.")
-
-with latency_tab:
-    chart(charts.latency_figure(summaries), "latency", f"{stem}-latency")
-
-with breakdown_tab:
-    for dimension, key in (("task", lambda r: r.task), ("context length", length_group)):
-        groups = breakdown(shown_results, key, baseline, margin_points / 100)
-        chart(charts.breakdown_figure(groups, dimension), f"breakdown-{dimension}", f"{stem}-by-{slug(dimension)}")
-
-with needle_tab:
-    needles = charts.needle_configs(shown_results)
+elif section == "Latency":
+    chart(figure("latency", view), "latency", f"{stem}-latency")
+elif section == "Breakdown":
+    for dimension in ("task", "context length"):
+        chart(figure("breakdown", view, dimension), f"breakdown-{dimension}", f"{stem}-by-{slug(dimension)}")
+elif section == "Needles":
+    needles = charts.needle_configs(shown_results(view)[0])
     if needles:
-        needle = st.selectbox("Config", needles, key="needle", bind="query-params")
-        chart(charts.needle_heatmap(shown_results, needle), "needle-chart", f"{stem}-needle-{slug(needle)}")
+        needle = st.selectbox("Config", needles, key="needle", bind="query-params", persist_state="page")
+        chart(figure("needle", view, needle), "needle-chart", f"{stem}-needle-{slug(needle)}")
+        needle = needle if needle != needles[0] else None  # the default stays out of the link
     else:
         st.info("No needle heatmap: this experiment has no retrieval items (passkey, multikey) with needle depths.")
-        needle = None
-
-with failed_tab:
-    failed = views.failed_rows(shown_results)
+elif section == "Failed items":
+    failed = views.failed_rows(shown_results(view)[0])
     if failed:
         st.caption("Items scored below 1 or that raised, with what the model generated.")
         st.dataframe(failed, hide_index=True)
     else:
         st.success("Every scored item was answered correctly.")
-
-with spec_tab:
+elif section == "Spec & environment":
     st.code(dump_spec(parse_spec(experiment.spec)), language="toml")
     st.json({"git_commit": experiment.git_commit, "versions": experiment.versions, "hardware": experiment.hardware},
             expanded=False)
 
 
-def _report(experiment: ExperimentRecord, summaries: Sequence[ConfigSummary], results: Sequence[ItemResult]) -> str:
+def _report(experiment: ExperimentRecord, view: View) -> str:
+    summaries, decided = analysed(view)
+    results, baseline = shown_results(view)
     figures = {"Memory vs accuracy": charts.tradeoff_figure(summaries, "bytes", baseline),
                "Compression ratio vs accuracy": charts.tradeoff_figure(summaries, "ratio", baseline),
                "Latency": charts.latency_figure(summaries),
                "Accuracy by context length": charts.breakdown_figure(
                    breakdown(results, length_group, baseline), "context length")}
     figures |= {f"Needles: {name}": charts.needle_heatmap(results, name) for name in charts.needle_configs(results)}
-    decided = decide(summaries, baseline)
     best = decided.sweet_spot
     meta = {"experiment": experiment.id, "status": experiment.status, "model": experiment.model,
             "backend": experiment.backend_kind, "seed": experiment.seed,
@@ -203,7 +247,7 @@ def _report(experiment: ExperimentRecord, summaries: Sequence[ConfigSummary], re
                         "hardware": experiment.hardware})
 
 
-with export_tab:
+if section == "Export":
     st.caption("Each chart has its own PNG / SVG / PDF / HTML buttons under it. Here: the data and a report.")
     csv_col, json_col, report_col = st.columns(3)
     csv_col.download_button("Results (CSV)", data=lambda: results_csv(results), file_name=f"{stem}.csv",
@@ -211,10 +255,9 @@ with export_tab:
     json_col.download_button("Everything (JSON)", file_name=f"{stem}.json", mime="application/json",
                              data=lambda: json.dumps(experiment_document(store, experiment.id), indent=1),
                              on_click="ignore", icon=":material/download:")
-    report_col.download_button("HTML report", data=lambda: _report(experiment, summaries, shown_results),
-                               file_name=f"{stem}-report.html", mime="text/html", on_click="ignore",
-                               type="primary", icon=":material/description:")
+    report_col.download_button("HTML report", data=lambda: _report(experiment, view), file_name=f"{stem}-report.html",
+                               mime="text/html", on_click="ignore", type="primary", icon=":material/description:")
 
-tab = st.session_state.get("tab")
-share_box({"id": experiment.id, "tab": tab if tab != TABS[0] else None, "x": axis if axis != views.X_AXES[0] else None,
-           "hide": hidden, "needle": needle if needles and needle != needles[0] else None})
+axis = st.session_state.get("x", st.query_params.get("x"))
+share_box({"id": experiment.id, "tab": section if section != sections[0] else None,
+           "x": axis if axis != views.X_AXES[0] else None, "hide": hidden, "needle": needle})

@@ -244,33 +244,53 @@ def test_new_experiment_tasks_can_be_added_and_removed(store):
     assert not [s for s in at.selectbox if s.key == "f:tasks.1.name"]
 
 
-def test_experiment_page_shows_results(filled):
+def test_a_finished_experiment_opens_on_its_result_and_draws_only_that(filled):
     _, done_id, _ = filled
     at = open_page(VIEW, id=str(done_id))
     assert_clean(at)
     assert at.title[0].value == "synthetic-sweep"
+    assert at.segmented_control(key="tab").value == "Tradeoff"
     assert "Sweet spot: **int4** at 3.70x" in texts(at.success)
-    # telemetry, tradeoff, latency, 2 breakdowns, needle heatmap
-    assert plotly_charts(at) == 6
+    assert plotly_charts(at) == 1  # the tradeoff chart only: no telemetry, no other section's charts
     summary = next(df.value for df in at.dataframe if "KV (MiB)" in df.value.columns)
     assert list(summary["config"]) == ["baseline", "int4  ★ sweet spot", "int2", "snapkv-50"]
-    failed = next(df.value for df in at.dataframe if "generated" in df.value.columns)
-    assert set(failed["config"]) == {"int2", "snapkv-50"}
-    assert 'name = "synthetic-sweep"' in texts(at.code)
+    assert not [df for df in at.dataframe if "generated" in df.value.columns]
     assert any(c.value.endswith(f"?id={done_id}") for c in at.code)
-    downloads = [b.proto.label for b in at.get("download_button")]
-    assert {"PNG", "SVG", "PDF", "HTML", "Results (CSV)", "Everything (JSON)", "HTML report"} <= set(downloads)
+    assert {"PNG", "SVG", "PDF", "HTML"} <= {b.proto.label for b in at.get("download_button")}
+
+
+@pytest.mark.parametrize(("section", "charts"), [("Progress", 1), ("Latency", 1), ("Breakdown", 2), ("Needles", 1),
+                                                 ("Failed items", 0), ("Spec & environment", 0), ("Export", 0)])
+def test_each_section_draws_its_own_content(filled, section, charts):
+    _, done_id, _ = filled
+    at = open_page(VIEW, id=str(done_id), tab=section)
+    assert_clean(at)
+    assert at.segmented_control(key="tab").value == section
+    assert plotly_charts(at) == charts
+    assert "Sweet spot" not in texts(at.success)
+    if section == "Progress":
+        assert at.get("progress") and any("trial" in df.value.columns for df in at.dataframe)
+    if section == "Failed items":
+        failed = next(df.value for df in at.dataframe if "generated" in df.value.columns)
+        assert set(failed["config"]) == {"int2", "snapkv-50"}
+    if section == "Spec & environment":
+        assert 'name = "synthetic-sweep"' in texts(at.code)
+    if section == "Export":
+        assert {"Results (CSV)", "Everything (JSON)", "HTML report"} <= {b.proto.label
+                                                                        for b in at.get("download_button")}
 
 
 def test_experiment_view_state_comes_from_the_url(filled):
     _, done_id, _ = filled
     at = open_page(VIEW, id=str(done_id), x="ratio", tab="Needles", hide="int2", needle="snapkv-50")
     assert_clean(at)
-    assert at.radio(key="x").value == "ratio" and at.selectbox(key="needle").value == "snapkv-50"
-    summary = next(df.value for df in at.dataframe if "KV (MiB)" in df.value.columns)
-    assert "int2" not in list(summary["config"])
+    assert at.selectbox(key="needle").value == "snapkv-50" and at.multiselect(key="hide").value == ["int2"]
     link = next(c.value for c in at.code if c.value.startswith("?"))
     assert link == f"?id={done_id}&tab=Needles&x=ratio&hide=int2&needle=snapkv-50"
+    at = open_page(VIEW, id=str(done_id), x="ratio", hide="int2")
+    assert at.radio(key="x").value == "ratio"
+    summary = next(df.value for df in at.dataframe if "KV (MiB)" in df.value.columns)
+    assert "int2" not in list(summary["config"])
 
 
 def test_experiment_page_while_running_and_unknown(filled):
@@ -278,6 +298,7 @@ def test_experiment_page_while_running_and_unknown(filled):
     at = open_page(VIEW, id=str(running_id))
     assert_clean(at)
     assert at.title[0].value == "running-one" and at.get("progress")
+    assert at.segmented_control(key="tab").value == "Progress" and plotly_charts(at) == 1  # telemetry leads
     queued = store.create_experiment(store.get_experiment(done_id).experiment_spec(), {})
     at = open_page(VIEW, id=str(queued))
     assert_clean(at)

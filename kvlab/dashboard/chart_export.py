@@ -2,9 +2,10 @@
 
 kaleido 1.x renders in a headless Chromium that it drives over the DevTools protocol.  It never
 downloads one here: :func:`browser_path` finds the system's (Debian's ``chromium``), and one
-render server is started per process on first use (~1 s a figure after that; starting a browser
-per figure would cost seconds each).  Nothing it exports holds a secret: specs name the
-environment variable of an API key, never the key, and URLs lose their user:password part.
+render server is started per process, by :func:`warm_up` when a page with charts opens or else on
+first use (~1 s a figure after that; starting a browser per figure would cost seconds each).
+Nothing it exports holds a secret: specs name the environment variable of an API key, never the
+key, and URLs lose their user:password part.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import atexit
 import html
 import json
+import logging
 import os
 import shutil
 import threading
@@ -27,6 +29,7 @@ from kvlab.secrets import redact_data
 IMAGE_FORMATS = {"png": "image/png", "svg": "image/svg+xml", "pdf": "application/pdf"}
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 _lock = threading.Lock()
+_log = logging.getLogger(__name__)
 _server_started = False
 
 
@@ -55,6 +58,22 @@ def _ensure_server() -> None:
     kaleido.start_sync_server(path=path, mathjax=False, silence_warnings=True)
     atexit.register(_stop_server)
     _server_started = True
+
+
+def warm_up() -> threading.Thread:
+    """Start the render server and render a blank figure in the background, so that the first export
+    takes as long as the later ones (starting the browser and loading plotly.js into it take ~10 s
+    on 2 CPU cores).  A failure is logged here; the export that meets it says what to install."""
+    thread = threading.Thread(target=_warm, name="kvlab-export-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def _warm() -> None:
+    try:
+        figure_image(go.Figure(), "png", width=10, height=10)
+    except ExportError as error:
+        _log.warning("export renderer not started: %s", error)
 
 
 def _stop_server() -> None:

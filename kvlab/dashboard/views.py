@@ -33,6 +33,16 @@ MAX_ID = 2**63 - 1  # the largest id a database column holds
 
 X_AXES = ("bytes", "ratio")
 
+#: The experiment page's sections (its ``tab`` query parameter), and the one that leads while it runs.
+SECTIONS = ("Tradeoff", "Latency", "Breakdown", "Needles", "Failed items", "Progress", "Spec & environment", "Export")
+LIVE_SECTION = "Progress"
+
+
+def experiment_sections(ended: bool) -> list[str]:
+    """The sections in order; the page opens on the first: the result once the experiment has ended,
+    its progress and telemetry while it is queued or running."""
+    return list(SECTIONS) if ended else [LIVE_SECTION, *(s for s in SECTIONS if s != LIVE_SECTION)]
+
 
 def parse_int(value: str | None) -> int | None:
     """An id from the URL, or None for anything that is not a positive integer a database id can be."""

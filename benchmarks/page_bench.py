@@ -1,0 +1,145 @@
+"""Page benchmark: in Debian chromium, the time from navigation until a page's main chart or table
+is drawn, on a real `streamlit run app.py`.
+
+For each page: the first load after the server starts (a fresh server per page, so that this load is
+the process's first request, in a browser with an empty cache), then warm loads (the same server and
+browser, a new tab each: a new session), median of ``--runs``.  Two stores: the tiny example's results
+(synthesised as tests/dashboard_data.py writes them) and the dashboard benchmark's big store
+(benchmarks/dashboard_bench.py: ~10k trials, 1M telemetry samples; ``--big-experiments`` and
+``--big-telemetry`` shrink it).  Goals on 2 CPU cores: under 2 s warm, under 5 s on the first load.
+
+Usage: python benchmarks/page_bench.py [--stores tiny,big] [--runs 3] [--big-experiments 60]
+       [--big-telemetry 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the synthetic stores are built by the tests' and the other benchmark's helpers
+
+from playwright.sync_api import Browser, BrowserContext, sync_playwright  # noqa: E402
+
+from benchmarks.dashboard_bench import fill  # noqa: E402
+from kvlab.store import Store  # noqa: E402
+from tests.dashboard_data import populate  # noqa: E402
+from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port  # noqa: E402
+
+#: page URL -> the element that means its main chart or table is drawn
+PAGES = {
+    "/experiments": "[data-testid=stDataFrame] canvas",
+    "/experiment?id=1": ".js-plotly-plot .main-svg",
+    "/new": "[data-testid=stMetric]",  # the form's preview: trials, items, evaluations, duration
+    "/compare?ids=1": ".js-plotly-plot .main-svg",
+}
+WARM_GOAL_S, FIRST_GOAL_S = 2.0, 5.0
+
+
+@contextmanager
+def server(store_url: str, log: Path) -> Iterator[str]:
+    """`streamlit run app.py` on a free port over ``store_url``, until the block ends."""
+    port = _free_port()
+    env = dict(os.environ, KVLAB_DATABASE_URL=store_url, KVLAB_CHROMIUM=CHROMIUM)
+    with log.open("ab") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+             "--server.headless", "true", "--server.address", "127.0.0.1", "--server.fileWatcherType", "none"],
+            cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                    if response.read() == b"ok":
+                        break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"streamlit did not start: see {log}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def load_time(context: BrowserContext, url: str, selector: str) -> float:
+    """Seconds from navigation (a new tab: a new session) until ``selector`` is visible."""
+    page = context.new_page()
+    try:
+        start = time.perf_counter()
+        page.goto(url, wait_until="commit")
+        page.locator(selector).first.wait_for(state="visible", timeout=120_000)
+        return time.perf_counter() - start
+    finally:
+        page.close()
+
+
+def bench_store(browser: Browser, store_url: str, runs: int, log: Path) -> dict[str, tuple[float, float]]:
+    """page -> (first load, warm median) seconds.  The first load is a fresh browser's (no cache) on a
+    fresh server; the warm ones reopen the page in new tabs of that browser (its HTTP cache holds the
+    frontend's scripts, as a returning user's does; each tab is a new session)."""
+    figures = {}
+    for path, selector in PAGES.items():
+        with server(store_url, log) as base:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            try:
+                first = load_time(context, base + path, selector)
+                warm = [load_time(context, base + path, selector) for _ in range(runs)]
+            finally:
+                context.close()
+        figures[path] = (first, statistics.median(warm))
+    return figures
+
+
+def build(kind: str, folder: Path, experiments: int, telemetry: int) -> str:
+    url = f"sqlite:///{folder / f'{kind}.sqlite'}"
+    start = time.perf_counter()
+    with Store(url) as store:
+        if kind == "tiny":
+            populate(store, "tiny")
+            print("tiny store: 1 experiment of 4 configs x 8 items, with telemetry")
+        else:
+            fill(store, experiments, telemetry)
+            trials = sum(e.trials_total for e in store.list_experiments(limit=100_000))
+            print(f"big store: {trials:,} trials, {telemetry:,} telemetry samples "
+                  f"(built in {time.perf_counter() - start:.0f} s)")
+    return url
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stores", default="tiny,big", help="comma-separated: tiny, big")
+    parser.add_argument("--runs", type=int, default=3, help="warm loads per page (median)")
+    parser.add_argument("--big-experiments", type=int, default=60)
+    parser.add_argument("--big-telemetry", type=int, default=1_000_000)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as driver:
+        folder = Path(tmp)
+        browser = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        for kind in args.stores.split(","):
+            url = build(kind, folder, args.big_experiments, args.big_telemetry)
+            for path, (first, warm) in bench_store(browser, url, args.runs, folder / "streamlit.log").items():
+                rows.append((kind, path, first, warm))
+        browser.close()
+    print(f"\n{'store':6} {'page':18} {'first load':>11} {'warm':>7}   goals: < {FIRST_GOAL_S:g} s first, "
+          f"< {WARM_GOAL_S:g} s warm")
+    for kind, path, first, warm in rows:
+        flag = "" if first < FIRST_GOAL_S and warm < WARM_GOAL_S else "  (over goal)"
+        print(f"{kind:6} {path:18} {first:10.2f}s {warm:6.2f}s{flag}")
+
+
+if __name__ == "__main__":
+    main()

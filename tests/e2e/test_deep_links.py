@@ -1,0 +1,108 @@
+"""Every page URL, with its query parameters, opened as a shared link: a freshly started
+`streamlit run app.py` (so the first request of the process is the link itself), a fresh browser
+context each, and the page must show its own content with no dialog ("Page not found" was one).
+
+With a pages/ folder next to app.py, Streamlit serves a process's first request with its
+folder-based navigation; pages.common.run_app is the fix that this test keeps honest.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvlab.dashboard import views
+from kvlab.store import Store
+from tests.dashboard_data import populate
+from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, ROOT, _free_port
+
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                                  reason=f"no {CHROMIUM}: `apt-get install chromium`")]
+
+#: URL -> text that only that page shows once it has run.
+LINKS = {
+    "/": "Experiments",
+    f"/{views.PAGE_EXPERIMENTS}?sort=oldest": "Experiments",
+    f"/{views.PAGE_NEW}": "New experiment",
+    f"/{views.PAGE_EXPERIMENT}?id=1": "synthetic-sweep",
+    f"/{views.PAGE_EXPERIMENT}?id=1&tab=Needles&needle=int4": "synthetic-sweep",
+    f"/{views.PAGE_COMPARE}?ids=1": "Compare experiments",
+    f"/{views.PAGE_DOCTOR}": "Endpoint doctor",
+}
+
+
+def _start(store_url: str, log: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = dict(os.environ, KVLAB_DATABASE_URL=store_url, KVLAB_CHROMIUM=CHROMIUM)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.read() == b"ok":
+                    return process, url
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"streamlit did not start: {log.read_text()}") from None
+            time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def store_url(tmp_path_factory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('links') / 'kvlab.sqlite'}"
+    with Store(url) as store:
+        populate(store)
+    return url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    with playwright.sync_playwright() as driver:
+        launched = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def _has_page_stub(path: str) -> bool:
+    return (ROOT / "pages" / f"{path}.py").is_file()
+
+
+def test_every_page_url_has_its_first_request_stub():
+    """Without pages/<url>.py, a process's first request of /<url> shows the dialog."""
+    urls = [views.PAGE_EXPERIMENTS, views.PAGE_NEW, views.PAGE_EXPERIMENT, views.PAGE_COMPARE, views.PAGE_DOCTOR]
+    assert [u for u in urls if not _has_page_stub(u)] == []
+
+
+@pytest.mark.parametrize("link", list(LINKS))
+def test_a_shared_link_on_a_fresh_server_opens_its_page_without_a_dialog(link, store_url, browser, tmp_path):
+    process, base = _start(store_url, tmp_path / "streamlit.log")
+    context = browser.new_context(viewport={"width": 1400, "height": 1200})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        page.goto(base + link)
+        page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
+        main = page.get_by_test_id("stMain")
+        main.get_by_role("heading", name=LINKS[link]).first.wait_for()
+        page.wait_for_timeout(1000)  # a dialog arrives with the first script run: give it time to show
+        assert page.locator("[role=dialog]").count() == 0, page.locator("[role=dialog]").all_inner_texts()
+        assert "Page not found" not in page.content()
+        assert main.is_visible()
+    finally:
+        context.close()
+        process.terminate()
+        process.wait(timeout=30)
