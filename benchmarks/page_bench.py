@@ -15,13 +15,10 @@ Usage: python benchmarks/page_bench.py [--stores tiny,big] [--runs 3] [--big-exp
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +31,7 @@ from playwright.sync_api import Browser, BrowserContext, sync_playwright  # noqa
 from benchmarks.dashboard_bench import fill  # noqa: E402
 from kvlab.store import Store  # noqa: E402
 from tests.dashboard_data import populate  # noqa: E402
-from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port  # noqa: E402
+from tests.e2e.dashboard_server import CHROMIUM, CHROMIUM_ARGS, start_dashboard  # noqa: E402
 
 #: page URL -> the element that means its main chart or table is drawn
 PAGES = {
@@ -49,25 +46,8 @@ WARM_GOAL_S, FIRST_GOAL_S = 2.0, 5.0
 @contextmanager
 def server(store_url: str, log: Path) -> Iterator[str]:
     """`streamlit run app.py` on a free port over ``store_url``, until the block ends."""
-    port = _free_port()
-    env = dict(os.environ, KVLAB_DATABASE_URL=store_url, KVLAB_CHROMIUM=CHROMIUM)
-    with log.open("ab") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-             "--server.headless", "true", "--server.address", "127.0.0.1", "--server.fileWatcherType", "none"],
-            cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    process, url = start_dashboard(store_url, log)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                    if response.read() == b"ok":
-                        break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"streamlit did not start: see {log}") from None
-                time.sleep(0.2)
         yield url
     finally:
         process.terminate()

@@ -9,13 +9,8 @@ artifacts/dashboard/ (git-ignored).
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,51 +18,26 @@ import psutil
 import pytest
 
 from kvlab.secrets import mask
+from tests.e2e.dashboard_server import CHROMIUM, CHROMIUM_ARGS, ROOT, start_dashboard
 from tests.serving import API_KEY, API_KEY_VAR
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
 
 expect = playwright.expect
-ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "dashboard"
-CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 RUN_TIMEOUT_S = 180
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                                   reason=f"no {CHROMIUM}: `apt-get install chromium`")]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[str]:
     """`streamlit run app.py` on a free port and an empty SQLite store; its workers are stopped with it."""
     tmp = tmp_path_factory.mktemp("dashboard")
-    port = _free_port()
-    env = dict(os.environ, KVLAB_DATABASE_URL=f"sqlite:///{tmp / 'kvlab.sqlite'}", KVLAB_CHROMIUM=CHROMIUM,
-               **{API_KEY_VAR: API_KEY})  # the key of kvlab_server, for the workers the dashboard starts
-    log = open(tmp / "streamlit.log", "wb")  # noqa: SIM115 -- closed below
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
-         "--server.address", "127.0.0.1", "--server.fileWatcherType", "none"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    process, url = start_dashboard(f"sqlite:///{tmp / 'kvlab.sqlite'}", tmp / "streamlit.log",
+                                   {API_KEY_VAR: API_KEY})  # the key of kvlab_server, for the workers it starts
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                    if response.read() == b"ok":
-                        break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"streamlit did not start: {(tmp / 'streamlit.log').read_text()}") from None
-                time.sleep(0.5)
         yield url
     finally:
         children = psutil.Process(process.pid).children(recursive=True) if process.poll() is None else []
@@ -77,7 +47,6 @@ def server(tmp_path_factory) -> Iterator[str]:
         psutil.wait_procs(workers, timeout=20)
         process.terminate()
         process.wait(timeout=30)
-        log.close()
 
 
 def _cmdline(process: psutil.Process) -> list[str]:

@@ -8,11 +8,6 @@ folder-based navigation; pages.common.run_app is the fix that this test keeps ho
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +16,7 @@ import pytest
 from kvlab.dashboard import views
 from kvlab.store import Store
 from tests.dashboard_data import populate
-from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, ROOT, _free_port
+from tests.e2e.dashboard_server import CHROMIUM, CHROMIUM_ARGS, ROOT, start_dashboard
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
 
@@ -38,27 +33,6 @@ LINKS = {
     f"/{views.PAGE_COMPARE}?ids=1": "Compare experiments",
     f"/{views.PAGE_DOCTOR}": "Endpoint doctor",
 }
-
-
-def _start(store_url: str, log: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = dict(os.environ, KVLAB_DATABASE_URL=store_url, KVLAB_CHROMIUM=CHROMIUM)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
-         "--server.address", "127.0.0.1", "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.read() == b"ok":
-                    return process, url
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"streamlit did not start: {log.read_text()}") from None
-            time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +63,7 @@ def test_every_page_url_has_its_first_request_stub():
 
 @pytest.mark.parametrize("link", list(LINKS))
 def test_a_shared_link_on_a_fresh_server_opens_its_page_without_a_dialog(link, store_url, browser, tmp_path):
-    process, base = _start(store_url, tmp_path / "streamlit.log")
+    process, base = start_dashboard(store_url, tmp_path / "streamlit.log")
     context = browser.new_context(viewport={"width": 1400, "height": 1200})
     try:
         page = context.new_page()
