@@ -6,8 +6,11 @@ prefill) and then compresses and decodes per config, so::
     time ~ load + items x (prefill(length) x batches + per_config x configs)
 
 Default rates are measured on 2 CPU cores with SmolLM2-135M (prefill ~1.2 s at 1K tokens,
-~2.6 s at 2K; ~0.5 s to compress and decode one config of one item).  Past results of the same
-model in the store, where there are any, replace them (:func:`rates_from_results`).
+~2.6 s at 2K; ~1.2 s to compress and decode one config of one item: about 10 new tokens at
+~9.6 tokens/s; ~20 s to start: the process, its imports, the model load and the worker).  With
+these, the tiny example comes out at 27.8 s against 27.7 s measured by `kvlab run examples/tiny.toml`
+on an idle 2-core machine.  Past results of the same model in the store, where there are any,
+replace them (:func:`rates_from_results`).
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ class Rates:
 
     prefill_linear: float = 1.1
     prefill_quadratic: float = 0.1
-    per_config_item: float = 0.5
-    load_s: float = 10.0
+    per_config_item: float = 1.2
+    load_s: float = 20.0
     source: str = "measurements of SmolLM2-135M on 2 CPU cores"
 
     def prefill_s(self, tokens: int) -> float:
