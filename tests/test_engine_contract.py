@@ -19,7 +19,7 @@ import pytest
 
 import kvlab
 from kvlab.config import KVCacheConfig, parse_spec
-from kvlab.engines.base import Engine, Phase, evaluate_all, passes
+from kvlab.engines.base import Engine, Phase, passes
 from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.engines.launched import LaunchedServerEngine
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine
@@ -79,7 +79,7 @@ def test_the_defaults_make_a_minimal_engine_complete():
     assert engine.current_kv_bytes() is None and engine.telemetry_sources() == [] and engine.describe() == \
         {"engine": "minimal"}
     configs = [KVCacheConfig(), KVCacheConfig(quant="int8")]
-    done = [(item.item_id, r.config_name) for item, r in evaluate_all(engine, [(_work_item("a"), configs),
+    done = [(item.item_id, r.config_name) for item, r in engine.evaluate_many([(_work_item("a"), configs),
                                                                                 (_work_item("b"), configs[:1])])]
     assert done == [("a", configs[0].label), ("a", configs[1].label), ("b", configs[0].label)]
     assert passes(engine, configs) == [configs]

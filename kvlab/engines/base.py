@@ -16,7 +16,7 @@ from kvlab.errors import HostLacksError  # defined there: kvlab.tasks raises it 
 from kvlab.experiments.results import ItemResult
 from kvlab.tasks import TaskItem
 
-__all__ = ["Engine", "EngineFailure", "HostLacksError", "Phase", "TelemetrySource", "evaluate_all", "passes"]
+__all__ = ["Engine", "EngineFailure", "HostLacksError", "Phase", "TelemetrySource", "passes"]
 
 #: What an engine is doing now, stamped on every telemetry sample (the store's ``PHASES``, less
 #: ``score``, which only the runner's scoring uses).
@@ -101,9 +101,3 @@ T = TypeVar("T")
 def passes(engine: Engine, configs: Sequence[T]) -> list[list[T]]:
     """Groups of configs to run over all items together: all at once, or one by one."""
     return [[c] for c in configs] if engine.one_config_per_pass else [list(configs)] if configs else []
-
-
-def evaluate_all(engine: Engine, work: Iterable[tuple[TaskItem, Sequence[KVCacheConfig]]]
-                 ) -> Iterator[tuple[TaskItem, ItemResult]]:
-    """Every (item, configs) of ``work``, concurrently where the engine can, in finishing order."""
-    return engine.evaluate_many(work)

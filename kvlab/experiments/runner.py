@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.config import BASELINE, ExperimentSpec, KVCacheConfig, spec_to_dict
-from kvlab.engines.base import Engine, EngineFailure, evaluate_all, passes
+from kvlab.engines.base import Engine, EngineFailure, passes
 from kvlab.engines.factory import build_engine
 from kvlab.experiments.provenance import environment
 from kvlab.experiments.results import ItemResult
@@ -102,7 +102,7 @@ def evaluate_configs(engine: Engine, items: Sequence[TaskItem], configs: Sequenc
         if not group:
             continue  # cancelled before its pass began
         work = [(item, [c for c in group if todo(item, c)]) for item in items]
-        with closing(evaluate_all(engine, [(item, pending) for item, pending in work if pending])) as results:
+        with closing(engine.evaluate_many([(item, pending) for item, pending in work if pending])) as results:
             for item, result in results:
                 on_result(score(item, result))
                 if stopping():
