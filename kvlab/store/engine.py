@@ -13,8 +13,10 @@ and ``synchronous=NORMAL``.  pysqlite's own transaction handling is switched off
 from __future__ import annotations
 
 import os
+import random
 import re
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,13 +92,32 @@ def _sqlite_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
     cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys = ON")
     try:
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _switch_to_wal(cursor)
     except sqlite3.OperationalError as error:
         # A read-only file that is not in WAL mode yet can still be read; writes report it.
         if "readonly" not in str(error):
             raise
     cursor.execute("PRAGMA synchronous = NORMAL")
     cursor.close()
+
+
+def _switch_to_wal(cursor: sqlite3.Cursor) -> None:
+    """Put the file in WAL mode, waiting for other processes like any other write would.
+
+    Switching needs an exclusive lock, and SQLite answers ``database is locked`` at once instead of
+    calling the busy handler when another connection is mid-switch on a new file (several workers
+    opening a new database together failed 1 start in 7 this way), so kvlab retries for up to the
+    busy timeout itself.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "database is locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01 + random.random() * 0.04)
 
 
 def _sqlite_begin(connection: Connection) -> None:
