@@ -1,40 +1,37 @@
-"""Embedded engine benchmark: shared prefill, kvpress parity, byte accounting.
+"""Embedded engine benchmark: batched decode, shared prefill, kvpress parity, byte accounting.
 
-Prints, measured side by side in one run on the same model and items:
-  (a) wall time of one sweep (prefill shared across configs) / each config run on its own;
+Prints, measured side by side in one run on the same model and items (the machine's load first and last):
+  (a) wall time of examples/quick.toml's sweep per item: configs decoded as one batch / each config
+      decoded alone after the shared prefill / each config run on its own (its own prefill);
+      target <= 0.2 of the separate runs;
   (b) our per-item time / kvpress's own pipeline, for the same press and items, kvpress running on a
-      freshly loaded copy of the model whose attention kvlab never touched;
+      freshly loaded copy of the model whose attention kvlab never touched; then the batched sweep's time
+      per item-config / kvpress's (target <= 0.2);
   (c) physical / analytic KV bytes for every config;
   (d) per config of examples/quick.toml: its TTFT in the sweep / its TTFT run alone (target <= 1.1:
-      a sweep must not charge a config for other configs' scorers).
+      a sweep must not charge a config for other configs' scorers, nor for the batch);
+  (e) one decode step for a batch of K configs / K single steps, K = 1, 2, 4, 8, 16.
 
-Usage: python benchmarks/engine_bench.py [--items 2] [--lengths 1024 2048]
+Usage: python benchmarks/engine_bench.py [--items 1] [--lengths 1024 2048] [--sections a b c d e]
+(run it under `flock /tmp/kvlab-bench.lock`: benchmarks must not overlap)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import torch
 
-from kvlab.config import KVCacheConfig
+from kvlab.config import KVCacheConfig, load_spec
+from kvlab.engines.batch_timing import decode_step_timings
 from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.models import DEFAULT_MODEL, load_model
 from kvlab.tasks import generate_items
 from kvlab.tasks.spec import TaskSpec
 
-SWEEP = [
-    KVCacheConfig(name="baseline"),
-    KVCacheConfig(name="int8", quant="int8"),
-    KVCacheConfig(name="int4", quant="int4"),
-    KVCacheConfig(name="int2", quant="int2"),
-    KVCacheConfig(name="streaming-50", evict="streaming_llm", ratio=0.5),
-    KVCacheConfig(name="snapkv-50", evict="snapkv", ratio=0.5),
-    KVCacheConfig(name="h2o-50", evict="observed_attention", ratio=0.5),
-    KVCacheConfig(name="int4+snapkv-75", quant="int4", evict="snapkv", ratio=0.75),
-]
 ALL_COMBINATIONS = [
     KVCacheConfig(quant=q, evict=e, ratio=None if e == "none" else 0.5)
     for q in ("none", "int8", "int4", "int2", "fp8_e4m3", "fp8_e5m2")
@@ -44,29 +41,54 @@ ALL_COMBINATIONS = [
      KVCacheConfig(quant="int2", evict="snapkv", keep_fraction=0.25, query_aware=True)]
 
 
-def timed(fn):
-    start = time.perf_counter()
-    value = fn()
-    return value, time.perf_counter() - start
+def clocked(fn, repeats: int = 1):
+    """``fn()``, its wall seconds and this process's CPU seconds, each the least of ``repeats`` runs
+    (on a shared machine other processes only ever add time)."""
+    walls, cpus = [], []
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        value = fn()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return value, min(walls), min(cpus)
 
 
-def bench_shared_prefill(engine: EmbeddedEngine, items) -> None:
-    shared_by_length: dict[int, float] = {}
-    separate_by_length: dict[int, float] = {}
+def quick_configs() -> list[KVCacheConfig]:
+    spec, _ = load_spec("examples/quick.toml")
+    return spec.all_configs()
+
+
+def bench_sweep(engine: EmbeddedEngine, items, repeats: int) -> tuple[float, float]:
+    """(a): returns the batched sweep's wall and CPU seconds per item-config."""
+    configs = quick_configs()
+    alone = EmbeddedEngine(engine.loaded, seed=0, max_batch=1)
+    times: dict[int, list[float]] = {}  # by length: wall, then CPU, seconds of batched, decoded alone, separate
+    same = 0
     for item in items:
-        _, shared = timed(lambda: list(engine.evaluate(item, SWEEP)))
-        separate = sum(timed(lambda c=c: list(engine.evaluate(item, [c])))[1] for c in SWEEP)
-        shared_by_length[item.context_length] = shared_by_length.get(item.context_length, 0.0) + shared
-        separate_by_length[item.context_length] = separate_by_length.get(item.context_length, 0.0) + separate
-    shared, separate = sum(shared_by_length.values()), sum(separate_by_length.values())
-    per_length = ", ".join(f"{length} tokens {shared_by_length[length] / separate_by_length[length]:.3f}"
-                           for length in sorted(shared_by_length))
-    print(f"(a) sweep of {len(SWEEP)} configs x {len(items)} items: one shared prefill per item {shared:.1f} s, "
-          f"each config alone {separate:.1f} s -> ratio {shared / separate:.3f} (target <= 0.35); "
-          f"by length: {per_length}")
+        batched, *t_batched = clocked(lambda: list(engine.evaluate(item, configs)), repeats)
+        one_by_one, *t_alone = clocked(lambda: list(alone.evaluate(item, configs)), repeats)
+        separate = [clocked(lambda c=c: list(engine.evaluate(item, [c])), repeats)[1:] for c in configs]
+        t_separate = [sum(wall for wall, _ in separate), sum(cpu for _, cpu in separate)]
+        same += [r.generated for r in batched] == [r.generated for r in one_by_one]
+        row = times.setdefault(item.context_length, [0.0] * 6)
+        for index, seconds in enumerate((t_batched[0], t_alone[0], t_separate[0],
+                                         t_batched[1], t_alone[1], t_separate[1])):
+            row[index] += seconds
+    print(f"(a) examples/quick.toml's {len(configs)} configs x {len(items)} items, wall (CPU) seconds, least of "
+          f"{repeats} runs: batched decode"
+          f" / decoded alone after the shared prefill / separate runs (target <= 0.2); identical answers on "
+          f"{same}/{len(items)} items")
+    for length, (batched, alone_s, separate, batched_cpu, alone_cpu, separate_cpu) in sorted(times.items()):
+        print(f"    {length:5} tokens: batched {batched:6.1f} ({batched_cpu:6.1f}), alone {alone_s:6.1f} "
+              f"({alone_cpu:6.1f}), separate {separate:6.1f} ({separate_cpu:6.1f}) -> {batched / alone_s:.3f} "
+              f"({batched_cpu / alone_cpu:.3f}) of alone, {batched / separate:.3f} ({batched_cpu / separate_cpu:.3f})"
+              " of separate")
+    count = len(items) * len(configs)
+    return sum(row[0] for row in times.values()) / count, sum(row[3] for row in times.values()) / count
 
 
-def bench_kvpress_parity(engine: EmbeddedEngine, items, model_name: str) -> None:
+def bench_kvpress_parity(engine: EmbeddedEngine, items, model_name: str,
+                         batched_per_config: tuple[float, float] | None, repeats: int) -> None:
     """kvpress's pipeline forward (its press hooks, its DynamicCache, its greedy decoding) on the
     same token ids kvlab feeds, so answers must agree and times compare like with like.  kvpress
     gets its own freshly loaded model: kvlab's engine installs its attention on the one it uses."""
@@ -74,6 +96,7 @@ def bench_kvpress_parity(engine: EmbeddedEngine, items, model_name: str) -> None
 
     fresh = load_model(model_name)
     pipe = KVPressTextGenerationPipeline(model=fresh.model, tokenizer=fresh.tokenizer)
+    kvpress_s: list[tuple[float, float]] = []  # wall, CPU
     for name, press, config in [
         ("snapkv-50", SnapKVPress(compression_ratio=0.5), KVCacheConfig(evict="snapkv", ratio=0.5)),
         ("streaming-50", StreamingLLMPress(compression_ratio=0.5), KVCacheConfig(evict="streaming_llm", ratio=0.5)),
@@ -82,15 +105,23 @@ def bench_kvpress_parity(engine: EmbeddedEngine, items, model_name: str) -> None
         for item in items:
             context = torch.tensor([engine.tokenizer(item.context)["input_ids"]])
             question = torch.tensor([engine.tokenizer(item.question, add_special_tokens=False)["input_ids"]])
-            results, t_ours = timed(lambda: list(engine.evaluate(item, [config])))
-            answers, t_theirs = timed(lambda: pipe._forward({"context_ids": context, "questions_ids": [question]},
-                                                            max_new_tokens=results[0].output_tokens, press=press))
+            results, t_ours, _ = clocked(lambda: list(engine.evaluate(item, [config])), repeats)
+            answers, t_theirs, cpu_theirs = clocked(lambda: pipe._forward(
+                {"context_ids": context, "questions_ids": [question]}, max_new_tokens=results[0].output_tokens,
+                press=press), repeats)
             ours.append(t_ours)
             theirs.append(t_theirs)
+            kvpress_s.append((t_theirs, cpu_theirs))
             agree += results[0].generated == answers[0]
         print(f"(b) {name}: kvlab {statistics.fmean(ours):.2f} s/item, kvpress pipeline "
               f"{statistics.fmean(theirs):.2f} s/item -> ratio {statistics.fmean(ours) / statistics.fmean(theirs):.3f}"
               f" (target <= 1.0); identical answers on {agree}/{len(items)} items")
+    if batched_per_config is not None:
+        (ours_wall, ours_cpu), theirs_wall, theirs_cpu = (batched_per_config, statistics.fmean(w for w, _ in kvpress_s),
+                                                          statistics.fmean(c for _, c in kvpress_s))
+        print(f"    batched quick.toml sweep {ours_wall:.2f} s ({ours_cpu:.2f} s CPU) per item-config / kvpress "
+              f"pipeline {theirs_wall:.2f} s ({theirs_cpu:.2f} s CPU) per item-config -> {ours_wall / theirs_wall:.3f}"
+              f" ({ours_cpu / theirs_cpu:.3f} CPU) (target <= 0.2)")
 
 
 def bench_bytes(engine: EmbeddedEngine, item) -> None:
@@ -106,10 +137,7 @@ def bench_bytes(engine: EmbeddedEngine, item) -> None:
 
 def bench_ttft_attribution(engine: EmbeddedEngine, items) -> None:
     """Each config's median TTFT inside the whole quick.toml sweep over its TTFT run alone."""
-    from kvlab.config import load_spec
-
-    spec, _ = load_spec("examples/quick.toml")
-    configs = spec.all_configs()
+    configs = quick_configs()
     in_sweep: dict[str, list[float]] = {c.label: [] for c in configs}
     alone: dict[str, list[float]] = {c.label: [] for c in configs}
     for item in items:
@@ -125,10 +153,24 @@ def bench_ttft_attribution(engine: EmbeddedEngine, items) -> None:
               f"{statistics.median(alone[label]) * 1000:7.0f} ms  -> {ratio:.3f}")
 
 
+def bench_decode_steps(engine: EmbeddedEngine, lengths: list[int]) -> None:
+    print("(e) one decode step for a batch of K int4 caches / K single steps:")
+    for length in lengths:
+        for timing in decode_step_timings(engine, length):
+            print(f"    {length:5} tokens, K = {timing.members:2}: batch {timing.batched_s * 1000:6.0f} ms, "
+                  f"{timing.members} single steps {timing.singles_s * 1000:6.0f} ms -> {timing.ratio:.3f}")
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{value:.2f}" for value in os.getloadavg()) + f" on {os.cpu_count()} CPUs"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--items", type=int, default=2, help="passkey items per length")
+    parser.add_argument("--items", type=int, default=1, help="passkey items per length")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048], help="context lengths (tokens)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each timed sweep; the least counts")
+    parser.add_argument("--sections", nargs="+", default=list("abcde"), choices=list("abcde"))
     parser.add_argument("--model", default=DEFAULT_MODEL)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -136,12 +178,21 @@ def main() -> None:
     spec = TaskSpec(name="passkey", context_lengths=args.lengths, num_items=args.items)
     items = generate_items(spec, engine.tokenizer, seed=0)
     print(f"model {args.model}, {len(items)} passkey items at {args.lengths} tokens, torch threads "
-          f"{torch.get_num_threads()}")
-    list(engine.evaluate(items[0], SWEEP[:1]))  # warm-up
-    bench_shared_prefill(engine, items)
-    bench_kvpress_parity(engine, items, args.model)
-    bench_bytes(engine, items[0])
-    bench_ttft_attribution(engine, items)
+          f"{torch.get_num_threads()}; {load()}")
+    # warm-up: every code path (scorers, quantizers, batched and one-config decoding) once, on a short item
+    warm = generate_items(TaskSpec(name="passkey", context_lengths=[256], num_items=1), engine.tokenizer, seed=1)[0]
+    list(engine.evaluate(warm, quick_configs()))
+    list(EmbeddedEngine(engine.loaded, seed=0, max_batch=1).evaluate(warm, quick_configs()))
+    batched_per_config = bench_sweep(engine, items, args.repeats) if "a" in args.sections else None
+    if "b" in args.sections:
+        bench_kvpress_parity(engine, items, args.model, batched_per_config, args.repeats)
+    if "c" in args.sections:
+        bench_bytes(engine, items[0])
+    if "d" in args.sections:
+        bench_ttft_attribution(engine, items)
+    if "e" in args.sections:
+        bench_decode_steps(engine, args.lengths)
+    print(f"done; {load()}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ Stages: NVML facts (kvlab.experiments.telemetry.NvmlSource, sampled a few times)
 sglang installed in this interpreter: start its server with an fp8_e4m3 KV cache
 (server_command + ManagedServer), read the KV pool from its log, scrape /metrics once, send one
 completion with the openai client, stop it; with --sweep, ``kvlab run`` a tiny vLLM spec
-(baseline vs fp8_e4m3, passkey, 2 items at 1024 tokens).  Server logs and the sweep's files go to
+(baseline vs fp8_e4m3, passkey, 2 items at 1024 tokens); then the embedded engine's batched decode
+on CUDA (--embedded-model, default smollm2-135m): one decode step for a batch of K configs against K
+single steps, K = 1, 2, 4, 8, 16, at 2048 tokens.  Server logs and the sweep's files go to
 --out (a new temporary directory by default).  Exit status: 1 if any stage failed, else 0.
 """
 
@@ -223,6 +225,24 @@ def check_sweep(report: Report, args: argparse.Namespace, out_dir: Path) -> None
         report.add("sweep", "OK", f"results in {result_path}:\n{tail}")
 
 
+def check_batched_decode(report: Report, args: argparse.Namespace) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        report.add("batched decode", "SKIP", "no CUDA device visible to torch")
+        return
+    from kvlab.engines.batch_timing import decode_step_timings
+    from kvlab.engines.embedded import EmbeddedEngine
+    from kvlab.models import load_model
+
+    engine = EmbeddedEngine(load_model(args.embedded_model, device="cuda"))
+    timings = decode_step_timings(engine, 2048)
+    report.add("batched decode", "OK", f"{args.embedded_model} on {torch.cuda.get_device_name()}, 2048 tokens, "
+               "one step for K int4 caches batched / K single steps: " + ", ".join(
+                   f"K={t.members} {t.batched_s * 1000:.1f}/{t.singles_s * 1000:.1f} ms ({t.ratio:.2f})"
+                   for t in timings))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="local model directory (or hub id, with internet) to serve")
@@ -232,6 +252,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="--gpu-memory-utilization / --mem-fraction-static (default 0.5)")
     parser.add_argument("--max-model-len", type=int, default=4096, help="--max-model-len / --context-length")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds a server may take to start")
+    parser.add_argument("--embedded-model", default="smollm2-135m",
+                        help="model for the embedded engine's batched-decode timing (default smollm2-135m)")
     parser.add_argument("--sweep-timeout", type=float, default=1200.0, help="seconds the sweep may take")
     return parser.parse_args(argv)
 
@@ -252,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             report.run("sweep", lambda: check_sweep(report, args, out_dir))
         else:
             report.add("sweep", "SKIP", "--sweep not given")
+        report.run("batched decode", lambda: check_batched_decode(report, args))
     except KeyboardInterrupt:
         report.add("interrupted", "FAIL", "stopped by the user")
     finally:

@@ -12,11 +12,15 @@ A module flagged with ``kvlab_return_weights`` also returns, in place of the ful
 statistic H2O (kvpress's ObservedAttentionPress: ``attentions.sum(2)``) uses, computed a block
 of queries at a time instead of materializing a q x k matrix per head (at 2K tokens that
 matrix made the prefill 2-3x slower on CPU).
+
+Batched decoding (:mod:`kvlab.engines.batched_decode`) passes one ``(keys, values)`` per member of
+the batch, as :class:`MemberStates`: each member's query rows attend to its own cache alone.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +32,22 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 ATTN_IMPLEMENTATION = "kvlab"
 
 
+class MemberClockLike(Protocol):
+    def now(self) -> Any: ...
+
+    def charge(self, member: int, start: Any) -> None: ...
+
+
+class MemberStates(list):
+    """Keys (or values) of each member of a batch, each ``[1, kv_heads, its length, head_dim]``,
+    with the clock that charges each member its own attention time."""
+
+    def __init__(self, tensors: list[torch.Tensor], clock: MemberClockLike):
+        super().__init__(tensors)
+        self.clock = clock
+
+
+
 def _lower_right_causal(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
     """Boolean mask where query i (the i-th of the last q_len tokens) sees keys up to kv_len - q_len + i."""
     return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(diagonal=kv_len - q_len)
@@ -36,6 +56,8 @@ def _lower_right_causal(q_len: int, kv_len: int, device: torch.device) -> torch.
 def kvlab_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, dropout: float = 0.0,
                             scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(key, MemberStates):
+        return _per_member(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if getattr(module, "is_sliding", False):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     q_len, kv_len = query.shape[2], key.shape[2]
@@ -50,6 +72,22 @@ def kvlab_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
                                             is_causal=q_len == kv_len and q_len > 1,
                                             enable_gqa=query.shape[1] != key.shape[1])
     return output.transpose(1, 2).contiguous(), weights
+
+
+def _per_member(module: nn.Module, query: torch.Tensor, keys: MemberStates, values: MemberStates,
+                attention_mask: torch.Tensor | None, dropout: float, scaling: float | None,
+                **kwargs) -> tuple[torch.Tensor, None]:
+    """Member ``b``'s query rows against member ``b``'s own keys and values; outputs stacked back."""
+    outputs = []
+    for index, (key, value) in enumerate(zip(keys, values, strict=True)):
+        start = keys.clock.now()
+        mask = attention_mask if attention_mask is None or attention_mask.shape[0] == 1 else \
+            attention_mask[index:index + 1]
+        output, _ = kvlab_attention_forward(module, query[index:index + 1], key, value, mask, dropout, scaling,
+                                            **kwargs)
+        keys.clock.charge(index, start)
+        outputs.append(output)
+    return torch.cat(outputs), None
 
 
 def _attention_received(query: torch.Tensor, key: torch.Tensor, scaling: float | None,

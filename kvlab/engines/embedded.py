@@ -3,8 +3,13 @@
 For each item the prefill runs **once** per prompt layout (query-agnostic: the context;
 query-aware: context and question) while every eviction scorer of the sweep records its
 scores; then each config gets its own compressed copy of that cache and decodes from it.
+The configs of a layout then decode **as one batch** (:mod:`kvlab.engines.batched_decode`): one
+forward pass per step for all of them, each against its own compressed cache, split into smaller
+batches when memory would run short.
 Each config's TTFT is charged as if it ran alone: the prefill without any scorer, plus its own
-scorer's measured time, its compression and its first step -- never another config's scorer.
+scorer's measured time, its compression and its first step -- never another config's scorer.  A
+batched step is charged to each member as if alone too: the step's shared part (projections, MLP,
+head) at its cost for one member alone, plus the member's own cache and attention time.
 """
 
 from __future__ import annotations
@@ -32,6 +37,14 @@ from kvlab.compress.eviction import (
 )
 from kvlab.config import ConfigError, KVCacheConfig
 from kvlab.engines import attention
+from kvlab.engines.batched_decode import (
+    MemberOutcome,
+    available_bytes,
+    batch_limit,
+    decode_batch,
+    finished,
+    member_bytes,
+)
 from kvlab.engines.base import Engine
 from kvlab.models import LoadedModel
 from kvlab.experiments.results import MEASURED_EMBEDDED, ItemResult, KVMeasurement
@@ -87,9 +100,11 @@ class ServedPrefix:
 class EmbeddedEngine(Engine):
     name = "embedded"
 
-    def __init__(self, loaded: LoadedModel, seed: int = 0):
+    def __init__(self, loaded: LoadedModel, seed: int = 0, max_batch: int | None = None):
+        """``max_batch``: most configs decoded together (1: each alone); None: as many as memory allows."""
         self.loaded = loaded
         self.seed = seed
+        self.max_batch = max_batch
         self.model = loaded.model
         self.device = torch.device(loaded.device)
         attention.install(self.model)
@@ -99,7 +114,7 @@ class EmbeddedEngine(Engine):
             layer_windows=tuple(loaded.sliding_window if sliding else None for sliding in loaded.layer_is_sliding),
         )
         self.max_context = loaded.max_context or 0  # positions the model takes (0: unknown)
-        self._live_cache: DynamicCache | KVLabCache | None = None
+        self._live_cache: DynamicCache | KVLabCache | list[KVLabCache] | None = None
         eos = self.model.generation_config.eos_token_id
         self.stop_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
 
@@ -119,6 +134,8 @@ class EmbeddedEngine(Engine):
         cache = self._live_cache
         if isinstance(cache, KVLabCache):
             return cache.physical_bytes
+        if isinstance(cache, list):  # a batch: every member's cache
+            return sum(member.physical_bytes for member in cache)
         if cache is not None:
             return sum(t.numel() * t.element_size() for layer in list(cache.layers)
                        for t in (layer.keys, layer.values) if t is not None)
@@ -186,9 +203,17 @@ class EmbeddedEngine(Engine):
                          targets: list[int] | None, evictable: int, prompt_tokens: int) -> Iterator[ItemResult]:
         self.current_config = None
         prefill = self._prefill(prefix, {scorer_key(c) for c in configs})
-        for config in configs:
-            self.current_config = config.label
-            yield self._run_config(item, config, prefill, prefix, suffix, targets, evictable, prompt_tokens)
+        fed = len(suffix) if targets is not None else 1
+        per_member = member_bytes(self.geometry, len(prefix) + len(suffix) + item.max_new_tokens, fed,
+                                  self.model.config.vocab_size, self.model.dtype.itemsize)
+        limit = self.max_batch or batch_limit(per_member, available_bytes(self.device))
+        for start in range(0, len(configs), limit):
+            batch = configs[start:start + limit]
+            if len(batch) == 1:
+                self.current_config = batch[0].label
+                yield self._run_config(item, batch[0], prefill, prefix, suffix, targets, evictable, prompt_tokens)
+            else:
+                yield from self._run_batch(item, batch, prefill, prefix, suffix, targets, evictable, prompt_tokens)
         self.phase, self.current_config, self._live_cache = "idle", None, None
 
     def _prefill(self, prefix: list[int], scorers: set[Any]) -> _Prefill:
@@ -233,39 +258,63 @@ class EmbeddedEngine(Engine):
 
     def _run_config(self, item: TaskItem, config: KVCacheConfig, prefill: _Prefill, prefix: list[int],
                     suffix: list[int], targets: list[int] | None, evictable: int, prompt_tokens: int) -> ItemResult:
+        """One config alone (the reference the batched path must match)."""
         device = self.device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         compressed = self._compress(config, prefill.scores_for(config), prefill.keys, prefill.values, len(prefix),
                                     evictable)
-        prefill_s, scorer_s = prefill.prefill_s, prefill.scorer_s(config)
         cache = compressed.cache
         self.phase, self._live_cache = "decode", cache
         start = time.perf_counter()
         positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=device).unsqueeze(0)
         out = self.model(input_ids=torch.tensor([suffix], device=device), past_key_values=cache,
                          position_ids=positions, logits_to_keep=0 if targets is not None else 1)
-        first_s = time.perf_counter() - start
-        nll = None
-        generated_ids: list[int] = []
-        decode_s = 0.0
+        outcome = MemberOutcome(first_s=time.perf_counter() - start)
         if targets is not None:
-            nll = F.cross_entropy(out.logits[0].float(), torch.tensor(targets, device=device), reduction="sum").item()
+            outcome.nll = F.cross_entropy(out.logits[0].float(), torch.tensor(targets, device=device),
+                                          reduction="sum").item()
         else:
             start = time.perf_counter()
-            generated_ids = list(self._greedy(cache, out.logits[0, -1], len(prefix) + len(suffix),
-                                              item.max_new_tokens, item.stop))
-            decode_s = time.perf_counter() - start
+            outcome.generated = list(self._greedy(cache, out.logits[0, -1], len(prefix) + len(suffix),
+                                                  item.max_new_tokens, item.stop))
+            outcome.decode_s = time.perf_counter() - start
+        return self._result(item, config, prefill, compressed, outcome, targets, prompt_tokens)
+
+    def _run_batch(self, item: TaskItem, configs: list[KVCacheConfig], prefill: _Prefill, prefix: list[int],
+                   suffix: list[int], targets: list[int] | None, evictable: int,
+                   prompt_tokens: int) -> Iterator[ItemResult]:
+        """The configs decoded together, each from its own compressed cache (peak memory: the batch's)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        compressed = []
+        for config in configs:
+            self.current_config = config.label
+            compressed.append(self._compress(config, prefill.scores_for(config), prefill.keys, prefill.values,
+                                             len(prefix), evictable))
+        caches = [c.cache for c in compressed]
+        # no single trial owns a batched step: telemetry samples it as the batch's, with all its caches
+        self.phase, self.current_config, self._live_cache = "decode", None, caches
+        outcomes = decode_batch(self.model, caches, suffix, len(prefix), targets, item.max_new_tokens, item.stop,
+                                self.stop_ids, self.tokenizer.decode)
+        for config, member, outcome in zip(configs, compressed, outcomes, strict=True):
+            yield self._result(item, config, prefill, member, outcome, targets, prompt_tokens)
+
+    def _result(self, item: TaskItem, config: KVCacheConfig, prefill: _Prefill, compressed: _Compressed,
+                outcome: MemberOutcome, targets: list[int] | None, prompt_tokens: int) -> ItemResult:
+        prefill_s, scorer_s = prefill.prefill_s, prefill.scorer_s(config)
+        generated_ids = outcome.generated
         return ItemResult(
             item_id=item.item_id, task=item.task, config_name=config.label,
             config=config.model_dump(mode="json"), seed=self.seed, context_length=item.context_length,
             depth=item.depth, prompt_tokens=prompt_tokens, **compressed.measured().result_fields(),
             generated=self.tokenizer.decode(generated_ids, skip_special_tokens=True), answer=item.answer,
-            output_tokens=len(generated_ids), ttft_s=prefill_s + scorer_s + compressed.compress_s + first_s,
-            tpot_s=decode_s / (len(generated_ids) - 1) if len(generated_ids) > 1 else None,
-            prefill_s=prefill_s, compress_s=compressed.compress_s, decode_s=decode_s, score_s=scorer_s,
-            first_token_s=first_s,
-            peak_memory_bytes=self._peak_memory(), nll=nll,
+            output_tokens=len(generated_ids),
+            ttft_s=prefill_s + scorer_s + compressed.compress_s + outcome.first_s,
+            tpot_s=outcome.decode_s / (len(generated_ids) - 1) if len(generated_ids) > 1 else None,
+            prefill_s=prefill_s, compress_s=compressed.compress_s, decode_s=outcome.decode_s, score_s=scorer_s,
+            first_token_s=outcome.first_s,
+            peak_memory_bytes=self._peak_memory(), nll=outcome.nll,
             nll_tokens=len(targets) if targets is not None else None,
         )
 
@@ -278,9 +327,7 @@ class EmbeddedEngine(Engine):
             next_id = int(logits.argmax())
             generated.append(next_id)
             yield next_id
-            if next_id in self.stop_ids or len(generated) >= max_new_tokens:
-                return
-            if stop and any(s in self.tokenizer.decode(generated) for s in stop):
+            if finished(generated, self.stop_ids, max_new_tokens, stop, self.tokenizer.decode):
                 return
             out = self.model(input_ids=torch.tensor([[next_id]], device=self.device), past_key_values=cache,
                              position_ids=torch.tensor([[position]], device=self.device))

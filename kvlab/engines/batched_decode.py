@@ -1,0 +1,220 @@
+"""Decode several KV configs of one item as one batch: the weights are read once per step for all.
+
+Every member holds its own compressed cache (own length, quantization, kept tokens).  The model
+runs on ``[members, q]`` input ids: embeddings, projections, MLP and head are batched; for each
+layer :class:`BatchedCache` splits the new keys/values by member, appends each to that member's
+own cache layer, and hands the attention (``kvlab.engines.attention``) one ``(keys, values)`` per
+member, which it attends to separately.  All members of a group share the prompt layout, so they
+share positions too.  Members leave the batch as they finish.
+
+Timing, as if each member ran alone: each member's own work (its cache update, dequantization and
+attention) is timed apart; the rest of a pass (projections, MLP, head) is the same for every member,
+and is charged at what it costs alone, measured once per batch on one member run alone
+(:class:`_ChargedForward`; ``docs/decisions.md``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import Cache
+
+from kvlab.compress.accounting import CacheGeometry, baseline_kv_bytes
+from kvlab.compress.cache import KVLabCache
+from kvlab.engines.attention import MemberStates
+
+#: Share of the free memory (host RAM, or GPU memory on CUDA) a batch may plan to use.
+MEMORY_SHARE = 0.5
+
+
+class MemberClock:
+    """Seconds of each member's own work during one forward pass.  On CUDA, kernels run
+    asynchronously: CUDA events mark each member's work, read after the pass, so that timing never
+    stalls the batch."""
+
+    def __init__(self, members: int, device: torch.device):
+        self._seconds = [0.0] * members
+        self._cuda = device.type == "cuda"
+        self._pending: list[tuple[int, Any, Any]] = []  # (member, start event, end event)
+
+    def now(self) -> Any:
+        """A mark to pass to :meth:`charge`: a time, or on CUDA a recorded event."""
+        if not self._cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def charge(self, member: int, start: Any) -> None:
+        if self._cuda:
+            self._pending.append((member, start, self.now()))
+        else:
+            self._seconds[member] += time.perf_counter() - start
+
+    @property
+    def seconds(self) -> list[float]:
+        if self._pending:
+            torch.cuda.synchronize()
+            for member, start, end in self._pending:
+                self._seconds[member] += start.elapsed_time(end) / 1000
+            self._pending.clear()
+        return self._seconds
+
+
+def wall_clock(device: torch.device) -> float:
+    """``time.perf_counter()`` once the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+class BatchedCache(Cache):
+    """The caches of a batch's members, seen by the model as one cache of batch size ``len(members)``.
+
+    Masks and sequence lengths come from the first member; the kvlab attention ignores them on
+    full-attention layers (it builds each member's mask from its own length), and sliding-window
+    layers are never evicted, so every member has the same length there."""
+
+    def __init__(self, members: Sequence[KVLabCache], clock: MemberClock):
+        super().__init__(layers=members[0].layers)
+        self.members = list(members)
+        self.clock = clock
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: dict[str, Any] | None = None) -> tuple[MemberStates, MemberStates]:
+        keys, values = [], []
+        for index, member in enumerate(self.members):
+            start = self.clock.now()
+            k, v = member.layers[layer_idx].update(key_states[index:index + 1], value_states[index:index + 1],
+                                                   cache_kwargs)
+            self.clock.charge(index, start)
+            keys.append(k)
+            values.append(v)
+        return MemberStates(keys, self.clock), MemberStates(values, self.clock)
+
+
+@dataclass
+class MemberOutcome:
+    """One member's result: its generated ids (greedy) or its NLL (perplexity), and its charged time."""
+
+    generated: list[int] = field(default_factory=list)
+    nll: float | None = None
+    first_s: float = 0.0
+    decode_s: float = 0.0
+
+
+def finished(generated: list[int], stop_ids: set[int], max_new_tokens: int, stop: Sequence[str],
+             decode: Callable[[list[int]], str]) -> bool:
+    """Whether greedy decoding ends after ``generated``: an end token, ``max_new_tokens``, or a stop string."""
+    if generated[-1] in stop_ids or len(generated) >= max_new_tokens:
+        return True
+    return bool(stop) and any(s in decode(generated) for s in stop)
+
+
+def _forward(model: torch.nn.Module, caches: Sequence[KVLabCache], input_ids: torch.Tensor,
+             positions: torch.Tensor, logits_to_keep: int,
+             device: torch.device) -> tuple[torch.Tensor, float, list[float]]:
+    """One batched forward: its logits, its shared seconds (all but the members' own work) and each
+    member's own seconds."""
+    clock = MemberClock(len(caches), device)
+    start = wall_clock(device)
+    logits = model(input_ids=input_ids, past_key_values=BatchedCache(caches, clock), position_ids=positions,
+                   logits_to_keep=logits_to_keep).logits
+    own = clock.seconds
+    return logits, max(wall_clock(device) - start - sum(own), 0.0), own
+
+
+class _ChargedForward:
+    """Forward passes of one shape (the suffix, or one decode step), each member charged as if alone.
+
+    The shared part of a pass (embeddings, projections, MLP, head) is the same work for every
+    member, but batched it costs more than alone.  So the first time, the first member runs alone
+    and the rest as a batch: that member's pass is measured exactly, and its shared part is each
+    other member's charge, plus their own measured cache and attention time."""
+
+    def __init__(self, model: torch.nn.Module, logits_to_keep: int, device: torch.device):
+        self.model, self.logits_to_keep, self.device = model, logits_to_keep, device
+        self.solo_shared: float | None = None
+
+    def __call__(self, caches: Sequence[KVLabCache], input_ids: torch.Tensor,
+                 positions: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+        if self.solo_shared is None or len(caches) == 1:
+            logits, shared, own = _forward(self.model, caches[:1], input_ids[:1], positions[:1], self.logits_to_keep,
+                                           self.device)
+            self.solo_shared, charged = shared, [shared + own[0]]
+            if len(caches) == 1:
+                return logits, charged
+            rest, _, own = _forward(self.model, caches[1:], input_ids[1:], positions[1:], self.logits_to_keep,
+                                    self.device)
+            return torch.cat([logits, rest]), charged + [self.solo_shared + seconds for seconds in own]
+        logits, _, own = _forward(self.model, caches, input_ids, positions, self.logits_to_keep, self.device)
+        return logits, [self.solo_shared + seconds for seconds in own]
+
+
+def decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: list[int], position: int,
+                 targets: list[int] | None, max_new_tokens: int, stop: Sequence[str], stop_ids: set[int],
+                 decode: Callable[[list[int]], str]) -> list[MemberOutcome]:
+    """Feed ``suffix`` (at ``position``) to every member, then score ``targets`` (perplexity) or
+    decode greedily until each member finishes; the caches are updated in place."""
+    device = next(model.parameters()).device
+    count = len(caches)
+    outcomes = [MemberOutcome() for _ in caches]
+    ids = torch.tensor([suffix], device=device).expand(count, -1)
+    positions = torch.arange(position, position + len(suffix), device=device).unsqueeze(0).expand(count, -1)
+    first = _ChargedForward(model, 0 if targets is not None else 1, device)
+    logits, charged = first(caches, ids, positions)
+    for outcome, seconds in zip(outcomes, charged, strict=True):
+        outcome.first_s = seconds
+    if targets is not None:
+        target_ids = torch.tensor(targets, device=device)
+        for index, outcome in enumerate(outcomes):
+            outcome.nll = F.cross_entropy(logits[index].float(), target_ids, reduction="sum").item()
+        return outcomes
+    step = _ChargedForward(model, 1, device)
+    active = list(range(count))
+    position += len(suffix)
+    while True:
+        next_ids = logits[:, -1].argmax(dim=-1).tolist()
+        still: list[tuple[int, int]] = []  # (member, its next id)
+        for member, next_id in zip(active, next_ids, strict=True):
+            generated = outcomes[member].generated
+            generated.append(next_id)
+            if not finished(generated, stop_ids, max_new_tokens, stop, decode):
+                still.append((member, next_id))
+        if not still:
+            return outcomes
+        active = [member for member, _ in still]
+        ids = torch.tensor([[next_id] for _, next_id in still], device=device)
+        positions = torch.full((len(active), 1), position, device=device)
+        logits, charged = step([caches[m] for m in active], ids, positions)
+        for member, seconds in zip(active, charged, strict=True):
+            outcomes[member].decode_s += seconds
+        position += 1
+
+
+def member_bytes(geometry: CacheGeometry, tokens: int, fed_tokens: int, vocab_size: int,
+                 compute_bytes: int) -> int:
+    """What one more member may add to a batch at most: its cache kept whole at 16-bit (the baseline;
+    compressed members hold less), one layer's keys and values rebuilt at the compute dtype (twice:
+    dequantized blocks and their concatenation), and its float32 logits for ``fed_tokens`` tokens
+    (twice: the cross-entropy's float copy)."""
+    full_layer = 2 * geometry.num_kv_heads * geometry.head_dim * tokens * compute_bytes
+    return baseline_kv_bytes(geometry, tokens) + 2 * full_layer + 2 * fed_tokens * vocab_size * 4
+
+
+def available_bytes(device: torch.device) -> int:
+    """Free memory where the caches live: GPU memory on CUDA, otherwise the host's available RAM."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return psutil.virtual_memory().available
+
+
+def batch_limit(per_member: int, free: int) -> int:
+    """Members one batch may hold: :data:`MEMORY_SHARE` of ``free`` memory over each member's worst case."""
+    return max(1, int(free * MEMORY_SHARE) // max(per_member, 1))

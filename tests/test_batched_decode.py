@@ -1,0 +1,100 @@
+"""Batched decoding of an item's configs on the real default model: the same answers as each config alone."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvlab.compress.accounting import CacheGeometry
+from kvlab.config import KVCacheConfig
+from kvlab.engines.attention import MemberStates, kvlab_attention_forward
+from kvlab.engines.batched_decode import MemberClock, batch_limit, member_bytes
+from kvlab.engines.embedded import EmbeddedEngine
+from kvlab.tasks import TaskItem, generate_items
+from kvlab.tasks.spec import TaskSpec
+
+pytestmark = pytest.mark.model
+
+#: A mixed group: baseline, three quantizations, eviction at two ratios, quantization plus eviction.
+GROUP = [
+    KVCacheConfig(name="baseline"),
+    KVCacheConfig(quant="int8"),
+    KVCacheConfig(quant="int2"),
+    KVCacheConfig(quant="fp8_e4m3"),
+    KVCacheConfig(evict="streaming_llm", ratio=0.5),
+    KVCacheConfig(evict="snapkv", ratio=0.875),
+    KVCacheConfig(quant="int4", evict="snapkv", ratio=0.5),
+]
+
+
+@pytest.fixture(scope="module")
+def alone(smollm) -> EmbeddedEngine:
+    """The reference: every config decoded on its own (the path ``kvlab serve`` uses)."""
+    return EmbeddedEngine(smollm, seed=0, max_batch=1)
+
+
+@pytest.fixture(scope="module")
+def items(engine) -> dict[str, TaskItem]:
+    passkey = generate_items(TaskSpec(name="passkey", context_lengths=[320], depths=[0.5], num_items=1),
+                             engine.tokenizer, seed=3)[0]
+    perplexity = generate_items(TaskSpec(name="perplexity", context_lengths=[256], num_items=1),
+                                engine.tokenizer, seed=1)[0]
+    # a stop string too, so that members leave the batch at different steps for different reasons
+    return {"passkey": TaskItem(**{**passkey.__dict__, "max_new_tokens": 8, "stop": (".",)}),
+            "perplexity": perplexity}
+
+
+@pytest.fixture(scope="module")
+def reference(alone, items) -> dict[str, list]:
+    return {name: list(alone.evaluate(item, GROUP)) for name, item in items.items()}
+
+
+@pytest.mark.parametrize("max_batch", [None, 3])  # the whole group at once; sub-batches of 3, 3 and 1
+def test_batched_greedy_ids_equal_each_config_alone(smollm, engine, items, reference, max_batch):
+    batched = engine if max_batch is None else EmbeddedEngine(smollm, seed=0, max_batch=max_batch)
+    results = list(batched.evaluate(items["passkey"], GROUP))
+    expected = reference["passkey"]
+    assert [r.config_name for r in results] == [r.config_name for r in expected]
+    assert [r.generated for r in results] == [r.generated for r in expected]
+    assert [r.output_tokens for r in results] == [r.output_tokens for r in expected]
+    assert len({r.output_tokens for r in expected}) > 1  # members really left at different steps
+    for ours, theirs in zip(results, expected, strict=True):  # each member's own cache, measured
+        assert (ours.physical_kv_bytes, ours.peak_kv_bytes, ours.kept_tokens) == \
+            (theirs.physical_kv_bytes, theirs.peak_kv_bytes, theirs.kept_tokens)
+        assert ours.first_token_s > 0 and ours.ttft_s > ours.first_token_s
+
+
+def test_batched_perplexity_equals_each_config_alone(engine, items, reference):
+    results = list(engine.evaluate(items["perplexity"], GROUP))
+    expected = reference["perplexity"]
+    assert len({round(r.nll, 3) for r in expected}) > 3  # the configs really differ
+    for ours, theirs in zip(results, expected, strict=True):
+        assert ours.nll_tokens == theirs.nll_tokens
+        assert ours.nll == pytest.approx(theirs.nll, rel=1e-5), ours.config_name
+
+
+def test_attention_runs_each_member_against_its_own_cache():
+    """Two members with caches of different lengths: each output row equals that member attended alone."""
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(2, 9, 1, 64, generator=generator)
+    keys = [torch.randn(1, 3, n, 64, generator=generator) for n in (40, 17)]
+    values = [torch.randn(1, 3, n, 64, generator=generator) for n in (40, 17)]
+    clock = MemberClock(2, torch.device("cpu"))
+    module = SimpleNamespace()
+    output, _ = kvlab_attention_forward(module, query, MemberStates(keys, clock), MemberStates(values, clock), None)
+    for b in range(2):
+        alone, _ = kvlab_attention_forward(module, query[b:b + 1], keys[b], values[b], None)
+        assert torch.equal(output[b:b + 1], alone)
+    assert all(seconds > 0 for seconds in clock.seconds)
+
+
+def test_batch_limit_from_memory_by_hand():
+    # smollm2-135m: 30 layers, 3 KV heads, head_dim 64, vocabulary 49152, float32
+    geometry = CacheGeometry(num_layers=30, num_kv_heads=3, head_dim=64, layer_windows=(None,) * 30)
+    per_member = member_bytes(geometry, tokens=1000, fed_tokens=1, vocab_size=49152, compute_bytes=4)
+    # 16-bit cache 30 x 2 x 3 x 64 x 1000 x 2 B + 2 rebuilt fp32 layers 2 x 3 x 64 x 1000 x 4 B + 2 x 49152 x 4 B
+    assert per_member == 23_040_000 + 3_072_000 + 393_216
+    assert batch_limit(per_member, free=10 * per_member) == 5  # half the free memory
+    assert batch_limit(per_member, free=per_member) == 1  # never fewer than one
