@@ -30,6 +30,7 @@ from kvlab.errors import ConfigError
 from kvlab.secrets import URL_USERINFO, url_credentials
 from kvlab.tasks.jsonl import check_task_files
 from kvlab.tasks.spec import TaskSpec
+from kvlab.tune.spec import TuneSpec, backend_space
 
 QuantDtype = Literal[QUANT_NAMES]  # type: ignore[valid-type]  # the format registry's names
 EvictionMethod = Literal[METHOD_NAMES]  # type: ignore[valid-type]  # "none" + the method registry's names
@@ -249,6 +250,16 @@ class BackendSpec(BaseModel):
         return self
 
 
+class Resources(BaseModel):
+    """What each worker of the experiment holds on a Ray node (``kvlab run --executor ray``; plain
+    workers ignore it).  ``num_gpus`` None: 1 for vllm/sglang or device cuda, else 0."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    num_cpus: Annotated[float, Field(gt=0, le=1024)] = 1.0
+    num_gpus: Annotated[float, Field(ge=0, le=64)] | None = None
+
+
 class ExperimentSpec(BaseModel):
     """A whole experiment: one model and backend, a task suite, and the configs to compare."""
 
@@ -261,17 +272,21 @@ class ExperimentSpec(BaseModel):
     tasks: list[TaskSpec] = Field(min_length=1)
     configs: list[KVCacheConfig] = []
     sweep: SweepGrid | None = None
+    tune: TuneSpec | None = None  # `kvlab tune`: the search space (configs/sweep then add fixed candidates)
     max_context_length: Annotated[int, Field(ge=128)] | None = None
     # The sweet spot's non-inferiority margin: the accuracy a config may lose against the baseline
     # (0.05 = 5 points), decided by a paired test with Holm's correction (kvlab.experiments.decision).
     max_drop: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] = 0.05
     tags: list[str] = []
     notes: str = ""
+    resources: Resources | None = None  # for the Ray executor; None: its defaults
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentSpec:
-        if not self.configs and self.sweep is None:
-            raise ValueError("give at least one [[configs]] entry or a [sweep] grid")
+        if not self.configs and self.sweep is None and self.tune is None:
+            raise ValueError("give at least one [[configs]] entry, a [sweep] grid or a [tune] search space")
+        if self.tune is not None:
+            backend_space(self.tune, self.backend.kind)  # raises for a backend with nothing to tune
         if self.max_context_length is not None:
             too_long = sorted({n for t in self.tasks for n in t.context_lengths if n > self.max_context_length})
             if too_long:

@@ -63,3 +63,14 @@ def float_between(low: float, high: float, inclusive_low: bool = True) -> Callab
         return value
 
     return convert
+
+
+def add_executor_options(parser: argparse.ArgumentParser, local: str) -> None:
+    """``--executor local|ray`` and ``--ray-address`` (``kvlab run``, ``kvlab tune``); ``local`` says
+    what the local executor is."""
+    parser.add_argument("--executor", choices=["local", "ray"], default="local",
+                        help=f"local: {local} (default); ray: one worker per node of a Ray cluster (needs "
+                             "`pip install 'kvlab[ray]'` and, on several nodes, a PostgreSQL KVLAB_DATABASE_URL)")
+    parser.add_argument("--ray-address", metavar="ADDRESS",
+                        help="with --executor ray: the cluster (auto, HOST:PORT or ray://HOST:10001; default: "
+                             "RAY_ADDRESS, else a cluster on this machine, else a new local one)")

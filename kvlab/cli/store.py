@@ -89,6 +89,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     for t in trials:
         print(f"{t.id:>6}  {t.status:9}  {t.items_done:>4}/{t.items_total or 0:<4}  {t.attempts:>3}  {t.config_name}"
               + (f"   error: {redact(t.error)}" if t.error else ""))
+    tune = store.tune(args.id)
+    if tune is not None:
+        from kvlab.tune.recommend import describe
+
+        stopped = [c for c in store.candidates(args.id) if c.state == "stopped"]
+        print(f"\ntune {tune.state}: {len(stopped)} candidate(s) stopped early"
+              + (f"; {tune.note}" if tune.note else "") + f" (the dashboard's /tune?id={args.id})")
+        if tune.recommendation:
+            print("\n".join(describe(tune.recommendation)))
     results = store.item_results(args.id)
     if results:
         from kvlab.experiments.analysis import summarize  # scipy: imported only when there is something to summarise

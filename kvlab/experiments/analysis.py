@@ -104,9 +104,11 @@ class ConfigSummary:
 
 
 def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
-              max_drop: float = DEFAULT_MAX_DROP) -> list[ConfigSummary]:
+              max_drop: float = DEFAULT_MAX_DROP, untested: int = 0) -> list[ConfigSummary]:
     """One summary per config, in first-seen order; the baseline pairing is by ``(item_id, task)``
-    and the non-inferiority verdicts at ``max_drop`` are Holm-corrected across these configs."""
+    and the non-inferiority verdicts at ``max_drop`` are Holm-corrected across these configs and
+    ``untested`` more (a tune's early-stopped candidates: examined on these items, so they count
+    in the family, with p = 1)."""
     by_config: dict[str, list[ItemResult]] = defaultdict(list)
     for result in results:
         by_config[result.config_name].append(result)
@@ -146,7 +148,7 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
             max_drop=max_drop, kv_bytes_estimated=any(r.kv_bytes_estimated for r in ok),
             **_paired_fields(pair, max_drop),
         ))
-    _adjust(summaries)
+    _adjust(summaries, untested)
     return summaries
 
 
@@ -158,10 +160,12 @@ def _paired_fields(pair: PairedScores | None, max_drop: float) -> dict[str, Any]
             "p_noninferior": pair.p_noninferior(max_drop)}
 
 
-def _adjust(summaries: list[ConfigSummary]) -> None:
-    """Holm across every config compared with the baseline; non-inferior when adjusted p < 2.5%."""
+def _adjust(summaries: list[ConfigSummary], untested: int = 0) -> None:
+    """Holm across every config compared with the baseline (and ``untested`` more at p = 1);
+    non-inferior when adjusted p < 2.5%."""
     compared = [s for s in summaries if s.p_noninferior is not None]
-    for summary, adjusted in zip(compared, holm([s.p_noninferior for s in compared]), strict=True):
+    adjusted_all = holm([s.p_noninferior for s in compared] + [1.0] * untested)
+    for summary, adjusted in zip(compared, adjusted_all[:len(compared)], strict=True):
         summary.p_adjusted = adjusted
         summary.non_inferior = adjusted < ALPHA_ONE_SIDED
 
@@ -222,12 +226,13 @@ class Decision:
                 "max_drop": self.max_drop, "note": self.note, "items_needed": self.items_needed}
 
 
-def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline") -> Decision:
+def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", untested: int = 0) -> Decision:
     """The most compressed config shown non-inferior to the baseline (see :mod:`kvlab.experiments.decision`),
-    at the margin :func:`summarize` judged the summaries with."""
+    at the margin :func:`summarize` judged the summaries with (``untested``: as given to it)."""
     max_drop = summaries[0].max_drop if summaries else DEFAULT_MAX_DROP
     compared = [s for s in summaries if s.non_inferior is not None]
-    rule = RULE.format(margin=f"{max_drop * 100:g}", m=len(compared))
+    family = len(compared) + untested
+    rule = RULE.format(margin=f"{max_drop * 100:g}", m=family)
     baseline = next((s for s in summaries if s.config_name == baseline_name), None)
     if baseline is None or baseline.accuracy is None:
         return Decision(None, max_drop, rule, "no scored baseline to compare with")
@@ -236,7 +241,7 @@ def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline") 
         return Decision(max(holding, key=lambda s: s.compression_ratio), max_drop, rule, "")
     if not compared:
         return Decision(None, max_drop, rule, "no config was compared with the baseline on the same items")
-    needed = items_needed(baseline.accuracy, max_drop, len(compared))
+    needed = items_needed(baseline.accuracy, max_drop, family)
     n = max(s.n_scored for s in compared)
     note = f"no config is shown non-inferior within {max_drop * 100:g} points on {n} items"
     if needed is not None and needed > n:

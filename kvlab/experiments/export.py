@@ -59,6 +59,10 @@ def experiment_document(store: Store, experiment_id: int) -> dict[str, Any]:
         "results": [r.to_dict() for r in results],
         "events": [_jsonable(asdict(e)) for e in store.events(experiment_id)],
     }
+    tune = store.tune(experiment_id)
+    if tune is not None:  # a tune's search: its verdict on each candidate and its recommendation
+        document["tune"] = _jsonable(asdict(tune)) | {
+            "candidates": [asdict(c) for c in store.candidates(experiment_id)]}
     return redact_data(document)  # a database written by an older kvlab may hold a URL password
 
 

@@ -62,8 +62,21 @@ class ExperimentRun:
 
 
 def build_items(spec: ExperimentSpec, tokenizer: Any, limit: int | None = None) -> list[TaskItem]:
+    """The spec's items in order; a tune's interleaved (:func:`interleave`), so that its first
+    rounds, which see only the first items, see every task and context length."""
     items = [item for task in spec.tasks for item in generate_items(task, tokenizer, spec.seed)]
+    if spec.tune is not None:
+        items = interleave(items)
     return items[:limit] if limit else items
+
+
+def interleave(items: Sequence[TaskItem]) -> list[TaskItem]:
+    """Round-robin over (task, context length) groups, each group's items in their own order."""
+    groups: dict[tuple[str, int], list[TaskItem]] = {}
+    for item in items:
+        groups.setdefault((item.task, item.context_length), []).append(item)
+    queues = list(groups.values())
+    return [queue[i] for i in range(max(map(len, queues), default=0)) for queue in queues if i < len(queue)]
 
 
 def missing_baseline(spec: ExperimentSpec) -> list[str]:

@@ -55,6 +55,7 @@ from kvlab.experiments.runner import build_engine, build_items, evaluate_configs
 from kvlab.secrets import redact
 from kvlab.store import ExperimentNotFoundError, Store, TrialNotFoundError
 from kvlab.store.records import TelemetrySample, TrialRecord
+from kvlab.tasks import TaskItem
 from kvlab.experiments.telemetry import SampleContext, TelemetrySampler, detect_sources
 from kvlab.experiments.worker_settings import WorkerSettings
 
@@ -226,10 +227,18 @@ class Worker:
         by_label = {config.label: trial.id for config, trial in zip(configs, trials, strict=True)}
         engine.check_configs(configs)
         items = build_items(spec, engine.tokenizer, self.item_limit)
+        # A tune's trial runs only its first ``item_limit`` items (the rest, if it is promoted).
+        limits = {t.id: min(len(items), t.item_limit or len(items)) for t in trials}
+        items = items[:max(limits.values())]
         engine.check_items(items)
+        position = {(item.item_id, item.task): i for i, item in enumerate(items)}
         done = {t.id: self.store.done_item_keys(t.id) for t in trials}
         for trial in trials:
-            self.store.set_items_total(trial.id, len(items))
+            self.store.set_items_total(trial.id, limits[trial.id])
+
+        def todo(item: TaskItem, config: KVCacheConfig) -> bool:
+            trial_id, key = by_label[config.label], (item.item_id, item.task)
+            return position[key] < limits[trial_id] and key not in done[trial_id]
 
         def store(result: ItemResult) -> None:
             trial_id = by_label[result.config_name]
@@ -244,8 +253,7 @@ class Worker:
                     self.store.finish_trial(trial_id, "done", worker_id=self.worker_id)
                     finished.add(trial_id)
 
-        evaluate_configs(engine, items, configs, store,
-                         todo=lambda item, config: (item.item_id, item.task) not in done[by_label[config.label]],
+        evaluate_configs(engine, items, configs, store, todo=todo,
                          active=lambda config: by_label[config.label] not in heartbeat.gone,
                          stopping=self._stop.is_set, on_pass_done=finish)  # stopped: the caller releases the rest
 

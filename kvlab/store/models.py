@@ -30,7 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from kvlab.store.records import STATUSES
+from kvlab.store.records import CANDIDATE_STATES, STATUSES, TUNE_STATES
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -68,9 +68,9 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def _status_check(column: str) -> CheckConstraint:
-    allowed = ", ".join(f"'{s}'" for s in STATUSES)
-    return CheckConstraint(f"{column} IN ({allowed})", name="status")
+def _status_check(column: str, statuses: tuple[str, ...] = STATUSES) -> CheckConstraint:
+    allowed = ", ".join(f"'{s}'" for s in statuses)
+    return CheckConstraint(f"{column} IN ({allowed})", name=column)
 
 
 class Base(DeclarativeBase):
@@ -129,6 +129,7 @@ class TrialRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     items_total: Mapped[int | None] = mapped_column(Integer)
     items_done: Mapped[int] = mapped_column(Integer)
+    item_limit: Mapped[int | None] = mapped_column(Integer)  # only the first N items (a tune's rounds)
 
 
 class ItemResultRow(Base):
@@ -217,3 +218,50 @@ class EventRow(Base):
     ts: Mapped[float] = mapped_column(Double)
     level: Mapped[str] = mapped_column(String(16))
     message: Mapped[str] = mapped_column(Text)
+
+
+class TuneRow(Base):
+    """A ``kvlab tune`` search on one experiment: its Optuna study and the driver that runs its rounds.
+
+    While ``state`` is running the experiment stays open even when every trial has ended (the
+    driver adds the next round's); the driver's heartbeat (``driver_seen_at``) lets another
+    ``kvlab tune --resume`` take over after a crash.
+    """
+
+    __tablename__ = "tunes"
+    __table_args__ = (_status_check("state", TUNE_STATES),)
+
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    study_name: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))
+    driver_id: Mapped[str | None] = mapped_column(Text)
+    driver_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    grid_points: Mapped[int] = mapped_column(Integer)
+    grid_item_evals: Mapped[int] = mapped_column(Integer)
+    recommendation: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    note: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class TuneCandidateRow(Base):
+    """A tune's verdict on one trial: how far it got, and why it stopped (the baseline has one too)."""
+
+    __tablename__ = "tune_candidates"
+    __table_args__ = (_status_check("state", CANDIDATE_STATES), Index(None, "experiment_id"))
+
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    number: Mapped[int | None] = mapped_column(Integer)  # the Optuna trial number (None: the baseline)
+    rung: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    judged_items: Mapped[int] = mapped_column(Integer)
+    accuracy: Mapped[float | None] = mapped_column(Double)
+    diff: Mapped[float | None] = mapped_column(Double)
+    diff_low: Mapped[float | None] = mapped_column(Double)
+    diff_high: Mapped[float | None] = mapped_column(Double)
+    kv_bytes: Mapped[float | None] = mapped_column(Double)
+    ttft_ms: Mapped[float | None] = mapped_column(Double)
+    tpot_ms: Mapped[float | None] = mapped_column(Double)
+    judged_at: Mapped[float | None] = mapped_column(Double)

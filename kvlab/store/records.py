@@ -19,6 +19,11 @@ PHASES = ("load", "prefill", "compress", "decode", "idle", "score",
           "launch", "request")  # launch: a vLLM/SGLang server starting; request: waiting on a server
 SOURCES = ("cpu", "nvml", "server")
 LEVELS = ("info", "warning", "error")
+#: A tune's state: running while its driver may add trials (the experiment stays open meanwhile).
+TUNE_STATES = ("running", "done", "cancelled", "failed")
+#: A tune candidate: ``active`` (still being evaluated or waiting for its next round),
+#: ``stopped`` (early, with the reason), ``complete`` (judged on every item).
+CANDIDATE_STATES = ("active", "stopped", "complete")
 
 
 @dataclass
@@ -78,6 +83,7 @@ class TrialRecord:
     error: str | None
     items_total: int | None
     items_done: int
+    item_limit: int | None = None  # only the first N items (a tune's rounds); None: all
 
     @property
     def is_terminal(self) -> bool:
@@ -123,3 +129,42 @@ class EventRecord:
     ts: float
     level: str
     message: str
+
+
+@dataclass
+class TuneRecord:
+    """A ``kvlab tune`` search (one per experiment)."""
+
+    experiment_id: int
+    study_name: str
+    state: str
+    driver_id: str | None
+    driver_seen_at: datetime | None
+    grid_points: int
+    grid_item_evals: int
+    recommendation: dict[str, Any] | None
+    note: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass
+class CandidateRecord:
+    """A tune's latest verdict on one trial (see ``kvlab.tune.judge``): accuracy and the paired
+    difference to the baseline (with its 95% interval) on the first ``judged_items`` items."""
+
+    trial_id: int
+    experiment_id: int
+    number: int | None
+    rung: int
+    state: str
+    reason: str | None
+    judged_items: int
+    accuracy: float | None
+    diff: float | None
+    diff_low: float | None
+    diff_high: float | None
+    kv_bytes: float | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    judged_at: float | None

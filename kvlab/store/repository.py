@@ -37,7 +37,7 @@ from kvlab.secrets import redact
 from kvlab.store import migrate
 from kvlab.store.engine import WRITE, create_store_engine, resolve_url, shown_url, translate_errors
 from kvlab.store.errors import ExperimentNotFoundError, StoreError, TrialNotFoundError
-from kvlab.store.models import EventRow, ExperimentRow, ItemResultRow, TelemetryRow, TrialRow
+from kvlab.store.models import EventRow, ExperimentRow, ItemResultRow, TelemetryRow, TrialRow, TuneRow
 from kvlab.store.records import (
     LEVELS,
     PHASES,
@@ -49,6 +49,7 @@ from kvlab.store.records import (
     TelemetrySample,
     TrialRecord,
 )
+from kvlab.store.tunes import TuneQueries, tune_is_running
 
 ORDER_FIELDS = ("id", "name", "status", "created_at", "started_at", "finished_at")
 _RESULT_FIELDS = [f.name for f in fields(ItemResult)]
@@ -63,7 +64,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-class Store:
+class Store(TuneQueries):
     """The experiment store on a SQLite file or a PostgreSQL database.
 
     ``url``: any SQLAlchemy URL of SQLite or PostgreSQL (default ``$KVLAB_DATABASE_URL``, else
@@ -168,8 +169,10 @@ class Store:
 
     # -- experiments --------------------------------------------------------------------------
 
-    def create_experiment(self, spec: ExperimentSpec, environment: dict[str, Any], status: str = "queued") -> int:
-        """Store the experiment with one queued trial per config (baseline at position 0).
+    def create_experiment(self, spec: ExperimentSpec, environment: dict[str, Any], status: str = "queued",
+                          item_limit: int | None = None) -> int:
+        """Store the experiment with one queued trial per config (baseline at position 0), each on
+        its first ``item_limit`` items when given (a tune's first round).
 
         ``environment`` is :func:`kvlab.experiments.provenance.environment` (versions, git commit, hardware) of
         the host that queues it; a worker on another host records its own with
@@ -190,7 +193,8 @@ class Store:
             session.flush()
             session.execute(insert(TrialRow), [
                 {"experiment_id": row.id, "position": position, "config_name": config.label,
-                 "config": config.model_dump(mode="json"), "status": "queued", "attempts": 0, "items_done": 0}
+                 "config": config.model_dump(mode="json"), "status": "queued", "attempts": 0, "items_done": 0,
+                 "item_limit": item_limit}
                 for position, config in enumerate(configs)
             ])
             _event(session, row.id, f"created with {len(configs)} configs: {', '.join(c.label for c in configs)}")
@@ -258,6 +262,8 @@ class Store:
                 .values(status="cancelled", finished_at=now).returning(TrialRow.id)
                 .execution_options(synchronize_session=False)).all())
             row.status, row.finished_at = "cancelled", now
+            session.execute(update(TuneRow).where(TuneRow.experiment_id == experiment_id, TuneRow.state == "running")
+                            .values(state="cancelled", finished_at=now))
             _event(session, experiment_id, f"cancelled ({cancelled} trials stopped)")
             return cancelled
 
@@ -267,6 +273,9 @@ class Store:
         ``environment`` defaults to the original's (the worker that runs it records its own).
         """
         old = self.get_experiment(experiment_id)
+        if self.tune(experiment_id) is not None:
+            raise StoreError(f"experiment {experiment_id} is a tune: start a new one with `kvlab tune SPEC` (its spec: "
+                             f"`kvlab export {experiment_id}`), or continue it with `kvlab tune --resume {experiment_id}`")
         env = environment if environment is not None else {
             "versions": old.versions, "git_commit": old.git_commit, "hardware": old.hardware}
         new_id = self.create_experiment(parse_spec(old.spec), env)
@@ -554,7 +563,7 @@ def _event(session: Session, experiment_id: int, message: str, level: str = "inf
 def _roll_up(session: Session, experiment: ExperimentRow, now: datetime) -> None:
     """Once no trial is queued or running, the experiment ends: failed if any trial failed,
     else cancelled if any was cancelled, else done."""
-    if experiment.status in TERMINAL_STATUSES:
+    if experiment.status in TERMINAL_STATUSES or tune_is_running(session, experiment.id):
         return
     counts = dict(session.execute(select(TrialRow.status, func.count()).where(
         TrialRow.experiment_id == experiment.id).group_by(TrialRow.status)).all())

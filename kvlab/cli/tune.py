@@ -1,0 +1,125 @@
+"""``kvlab tune``: search a spec's ``[tune]`` space for the sweet spot, and print a recommendation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kvlab.cli import exits as cli_exit
+from kvlab.cli.options import add_executor_options, float_between, positive_int
+from kvlab.cli.outputs import check_output, write_output
+from kvlab.config import ExperimentSpec, dump_spec, load_spec
+
+
+def add_tune_parser(sub: argparse._SubParsersAction) -> None:
+    tune = sub.add_parser("tune", help="search a spec's [tune] space for the sweet spot (Optuna, early stopping)")
+    tune.add_argument("spec", nargs="?", help="a spec TOML with a [tune] table (see examples/tune.toml)")
+    tune.add_argument("--resume", type=positive_int, metavar="ID",
+                      help="take over the tune of experiment ID whose `kvlab tune` stopped (crash, Ctrl-C)")
+    tune.add_argument("--max-drop", type=float_between(0.0, 0.5, inclusive_low=False), metavar="FRACTION",
+                      help="non-inferiority margin (default: the spec's max_drop, 0.05)")
+    tune.add_argument("--max-trials", type=positive_int, metavar="N", help="override [tune] max_trials")
+    tune.add_argument("--workers", type=int, choices=[0, 1], default=1,
+                      help="1: run the rounds with a worker in this process (default); 0: only drive the search, "
+                           "`kvlab worker` processes on any host using the same store run the rounds")
+    add_executor_options(tune, "the rounds run here, or by `kvlab worker`s with --workers 0")
+    tune.add_argument("--json", metavar="OUT", help="write the recommendation as JSON")
+    tune.add_argument("--background", action="store_true",
+                      help="run the tune in a detached process (its log in db/logs) and return at once")
+    tune.set_defaults(func=cmd_tune)
+
+
+def _spec(args: argparse.Namespace) -> ExperimentSpec | None:
+    if args.resume is not None:
+        if args.spec or args.max_drop is not None or args.max_trials is not None:
+            raise cli_exit.UserError("--resume continues the stored tune as it was: give no spec and no overrides")
+        return None
+    if not args.spec:
+        raise cli_exit.UserError("give a spec with a [tune] table, or --resume ID")
+    spec, warnings = load_spec(args.spec)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if spec.tune is None:
+        raise cli_exit.UserError(f"{args.spec}: no [tune] table: `kvlab run` runs a fixed list of configs; "
+                                 "examples/tune.toml shows a search space")
+    if args.max_drop is not None:
+        spec = spec.model_copy(update={"max_drop": args.max_drop})
+    if args.max_trials is not None:
+        spec = spec.model_copy(update={"tune": spec.tune.model_copy(update={"max_trials": args.max_trials})})
+    return spec
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    spec = _spec(args)
+    on_ray = args.executor == "ray"
+    if args.ray_address and not on_ray:
+        raise cli_exit.UserError("--ray-address is for --executor ray")
+    if on_ray:
+        if args.background:
+            raise cli_exit.UserError("--executor ray drives the cluster from here: drop --background")
+        from kvlab.experiments.ray_executor import import_ray
+
+        import_ray()
+    json_out = check_output(args.json, "--json", create_parents=True) if args.json else None
+    if args.background:
+        log = start_background(spec, args.resume)
+        print(f"tune started in the background; log: {log}; the dashboard lists it under Experiments", file=sys.stderr)
+        return 0
+    if args.workers and not on_ray:
+        print(f"loading {spec.model if spec else 'the stored spec'}'s model ...", file=sys.stderr, flush=True)
+    from kvlab.tune.recommend import describe
+    from kvlab.tune.session import tune_here
+
+    started = time.monotonic()
+
+    def announce(experiment_id: int, url: str) -> None:
+        print(f"tune: experiment {experiment_id} in {url}: the dashboard's /tune?id={experiment_id} follows it "
+              f"live; resume after a crash with `kvlab tune --resume {experiment_id}`", file=sys.stderr)
+
+    try:
+        outcome = tune_here(spec, resume=args.resume, workers=args.workers, on_ray=on_ray,
+                            ray_address=args.ray_address, say=lambda line: print(line, file=sys.stderr, flush=True),
+                            announce=announce)
+    except KeyboardInterrupt:
+        print("interrupted: the tune is kept; continue it with `kvlab tune --resume ID`", file=sys.stderr)
+        return cli_exit.EXIT_INTERRUPTED
+    answer = outcome.answer
+    if not answer:
+        print(f"experiment {outcome.experiment_id}: the tune was cancelled", file=sys.stderr)
+        return cli_exit.EXIT_INTERRUPTED
+    print("\n".join(describe(answer)))
+    grid = answer.get("grid_item_evals") or 0
+    print(f"\n{answer['item_evals']} item evaluations"
+          + (f", {answer['item_evals'] / grid:.0%} of the full grid's {grid}" if grid else "")
+          + f", in {time.monotonic() - started:.0f} s (experiment {outcome.experiment_id})", file=sys.stderr)
+    if json_out:
+        write_output(json_out, json.dumps({"experiment_id": outcome.experiment_id, **answer}, indent=1), "--json")
+        print(f"wrote {json_out}", file=sys.stderr)
+    return 0
+
+
+def start_background(spec: ExperimentSpec | None, resume: int | None = None) -> Path:
+    """Start ``kvlab tune`` detached (the dashboard's Tune mode too); returns its log file."""
+    from kvlab.experiments.launcher import worker_log_dir
+
+    log_dir = worker_log_dir()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    args = [sys.executable, "-m", "kvlab.cli", "tune"]
+    if resume is not None:
+        args += ["--resume", str(resume)]
+    else:
+        assert spec is not None
+        spec_file = log_dir / f"tune-{stamp}.toml"
+        spec_file.write_text(dump_spec(spec), encoding="utf-8")
+        args.append(str(spec_file))
+    log = log_dir / f"tune-{stamp}.log"
+    with open(log, "ab") as handle:
+        subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         start_new_session=True)
+    return log

@@ -1,0 +1,148 @@
+"""Which candidates stop, which get more items: successive halving on the paired rule.
+
+Every candidate is compared with the baseline on the *same* first ``n`` items
+(:class:`~kvlab.experiments.decision.PairedScores`, the interval the sweet spot is decided with).
+Items come in rungs (``min_items``, x ``eta``, ..., all).  After each rung a candidate:
+
+* **stops, clearly inferior**, when the whole 95% interval of its accuracy difference lies below
+  ``-max_drop``: more items cannot make it non-inferior;
+* **stops, over a latency limit**, when its median TTFT / TPOT exceeds ``max_ttft_ms`` / ``max_tpot_ms``;
+* **stops, dominated**, when it holds at least as many bytes as a candidate already shown
+  non-inferior on every item: it cannot be the sweet spot (the most compressed non-inferior config);
+* **is complete** on the last rung;
+* otherwise **waits** at its rung and is **promoted** (asynchronous successive halving, ASHA) while
+  it is among the most compressed ``1/eta`` of the candidates that reached the rung, counting only
+  the plausibly non-inferior ones (point estimate of the difference above ``-max_drop``).  Once the
+  sampler proposes nothing more, the most compressed plausible waiting candidate of each rung is
+  promoted each round, until the rest are dominated.
+
+Pure functions over plain values: the driver feeds them what the store holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvlab.experiments.decision import PairedScores
+
+
+def rungs(n_items: int, min_items: int, eta: int) -> list[int]:
+    """Item counts of the rungs, ascending: ``n_items``, divided by ``eta`` while above ``min_items``,
+    the smallest being ``min_items``; a rung under 1.5x the one below it is dropped (it would
+    decide nothing new)."""
+    floor = min(min_items, n_items)
+    sizes = [n_items]
+    while sizes[-1] > floor:
+        sizes.append(max(math.ceil(sizes[-1] / eta), floor))
+    sizes.reverse()
+    kept = [sizes[0]]
+    for size in sizes[1:]:
+        if size >= 1.5 * kept[-1] or size == n_items:
+            if size == n_items and len(kept) > 1 and size < 1.5 * kept[-1]:
+                kept.pop()
+            kept.append(size)
+    return kept
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A candidate as judged now: its rung, and what its first ``n_items`` items show against the
+    baseline's same items."""
+
+    trial_id: int
+    label: str
+    rung: int
+    n_items: int
+    paired: PairedScores
+    kv_bytes: float
+    ttft_ms: float | None
+    tpot_ms: float | None
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return self.paired.interval()
+
+    def plausible(self, max_drop: float) -> bool:
+        return self.paired.difference > -max_drop
+
+    def non_inferior(self, max_drop: float) -> bool:
+        return self.interval[0] > -max_drop
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_drop: float
+    max_ttft_ms: float | None = None
+    max_tpot_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str  # active | stopped | complete
+    reason: str | None = None
+    promote_to: int | None = None  # the rung to run next (active only)
+
+
+def latency_problem(evidence: Evidence, limits: Limits) -> str | None:
+    for name, value, limit in (("TTFT", evidence.ttft_ms, limits.max_ttft_ms),
+                               ("TPOT", evidence.tpot_ms, limits.max_tpot_ms)):
+        if limit is not None and value is not None and value > limit:
+            return f"median {name} {value:.0f} ms over the limit of {limit:g} ms"
+    return None
+
+
+def confirmed(evidence: Evidence, last_rung: int, limits: Limits) -> bool:
+    """Shown non-inferior on every item and within the latency limits: a sweet-spot candidate."""
+    return (evidence.rung == last_rung and evidence.non_inferior(limits.max_drop)
+            and latency_problem(evidence, limits) is None)
+
+
+def judge(waiting: list[Evidence], reached: dict[int, list[Evidence]], best: Evidence | None, last_rung: int,
+          limits: Limits, eta: int, exploring: bool) -> dict[int, Verdict]:
+    """Verdicts for the candidates that finished their rung (``waiting``); those left out wait.
+
+    ``reached[r]``: every candidate that ever reached rung ``r`` (waiting there, promoted past it
+    or stopped), with its latest evidence: the ASHA quota of rung ``r`` is ``len(reached[r]) //
+    eta`` promotions.  ``best``: the most compressed confirmed candidate so far.  ``exploring``:
+    the sampler may still propose candidates (else the final phase promotes one per rung).
+    """
+    verdicts: dict[int, Verdict] = {}
+    for evidence in waiting:
+        low, high = evidence.interval
+        if high < -limits.max_drop:
+            verdicts[evidence.trial_id] = Verdict("stopped", (
+                f"clearly inferior after {evidence.n_items} items: accuracy difference [{low:+.3f}, {high:+.3f}] "
+                f"lies below -{limits.max_drop:g}"))
+        elif problem := latency_problem(evidence, limits):
+            verdicts[evidence.trial_id] = Verdict("stopped", f"{problem} after {evidence.n_items} items")
+        elif best is not None and best.trial_id != evidence.trial_id and evidence.kv_bytes >= best.kv_bytes:
+            verdicts[evidence.trial_id] = Verdict("stopped", (
+                f"dominated: no smaller than {best.label} ({best.kv_bytes / 1e6:.2f} MB), already non-inferior "
+                f"on all {best.n_items} items"))
+        elif evidence.rung == last_rung:
+            verdicts[evidence.trial_id] = Verdict("complete")
+    for rung in range(last_rung):
+        here = {e.trial_id for e in waiting if e.rung == rung and e.trial_id not in verdicts}
+        if not here:
+            continue
+        ever = reached.get(rung, [])
+        plausible = sorted((e for e in ever if e.plausible(limits.max_drop)), key=lambda e: (e.kv_bytes, e.trial_id))
+        if exploring:
+            quota = len(ever) // eta
+            slots = quota - sum(1 for e in ever if e.rung > rung)
+            chosen = [e for e in plausible[:quota] if e.trial_id in here][:max(slots, 0)]
+        else:
+            chosen = [e for e in plausible if e.trial_id in here][:1]
+        for evidence in chosen:
+            verdicts[evidence.trial_id] = Verdict("active", promote_to=rung + 1)
+    return verdicts
+
+
+def leftover_reason(evidence: Evidence, eta: int, max_drop: float) -> str:
+    """Why a candidate still waiting when the search ends was never promoted."""
+    if not evidence.plausible(max_drop):
+        return (f"not promoted: its accuracy difference after {evidence.n_items} items "
+                f"({evidence.paired.difference:+.3f}) is below -{max_drop:g}")
+    return (f"not promoted: not among the most compressed 1/{eta} of the plausible candidates "
+            f"after {evidence.n_items} items")

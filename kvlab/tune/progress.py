@@ -1,0 +1,201 @@
+"""Where a tune stands, as plain data: its candidates, the Pareto front so far, the hypervolume over
+trials, and the item evaluations used against the full grid's.
+
+Read from what the store holds (:meth:`Store.candidates`, :meth:`Store.trials`), so the dashboard's
+tune page and the CLI show the same numbers.  Pure functions: no streamlit, no optuna.
+
+Which points count (for the front, the hypervolume and the best so far): **feasible** ones only --
+candidates judged on every item (state ``complete``) whose paired 95% interval of the accuracy
+difference lies above ``-max_drop`` (non-inferior; a complete candidate also passed the latency
+limits, else the judge stopped it).  Stopped and still-active candidates are drawn but never count.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvlab.config import ExperimentSpec
+from kvlab.experiments.results import ItemResult
+from kvlab.store.records import CandidateRecord, TrialRecord
+from kvlab.tune.judge import rungs
+from kvlab.tune.spec import backend_space, candidate_grid
+
+MB = 1e6  # the recommendation and `kvlab tune` speak decimal MB
+
+
+@dataclass(frozen=True)
+class Point:
+    """A candidate as the tune page shows it (the baseline is not one)."""
+
+    trial_id: int
+    label: str
+    number: int | None  # Optuna's trial number; None for a fixed [[configs]] entry
+    state: str  # active | stopped | complete
+    reason: str | None
+    rung: int
+    judged_items: int
+    accuracy: float | None
+    diff: float | None
+    diff_low: float | None
+    diff_high: float | None
+    kv_bytes: float | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    feasible: bool
+
+
+def baseline_trial(trials: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The baseline: the trial at position 0 (a tune's store writes it first)."""
+    return min(trials, key=lambda t: t.position, default=None)
+
+
+def baseline_measures(results: Sequence[ItemResult]) -> tuple[float | None, float | None]:
+    """The baseline's mean physical KV bytes and accuracy over the items it has done (an item that
+    raised scores 0, as the judge counts it); None without results."""
+    kv = [r.physical_kv_bytes for r in results if r.physical_kv_bytes is not None]
+    scores = [float(r.score) if r.score is not None and r.error is None else 0.0 for r in results]
+    return (sum(kv) / len(kv) if kv else None), (sum(scores) / len(scores) if scores else None)
+
+
+def is_feasible(candidate: CandidateRecord, max_drop: float) -> bool:
+    """Complete and shown non-inferior at ``max_drop`` (see the module docstring)."""
+    return (candidate.state == "complete" and candidate.kv_bytes is not None and candidate.accuracy is not None
+            and candidate.diff_low is not None and candidate.diff_low > -max_drop)
+
+
+def points(candidates: Sequence[CandidateRecord], trials: Sequence[TrialRecord], max_drop: float) -> list[Point]:
+    """The candidates in trial order (the order the tune proposed them), the baseline left out."""
+    labels = {t.id: t.config_name for t in trials}
+    base = baseline_trial(trials)
+    return [Point(trial_id=c.trial_id, label=labels.get(c.trial_id, f"trial {c.trial_id}"), number=c.number,
+                  state=c.state, reason=c.reason, rung=c.rung, judged_items=c.judged_items, accuracy=c.accuracy,
+                  diff=c.diff, diff_low=c.diff_low, diff_high=c.diff_high, kv_bytes=c.kv_bytes, ttft_ms=c.ttft_ms,
+                  tpot_ms=c.tpot_ms, feasible=is_feasible(c, max_drop))
+            for c in sorted(candidates, key=lambda c: c.trial_id) if base is None or c.trial_id != base.id]
+
+
+def dominates(a: Point, b: Point) -> bool:
+    """``a`` is no bigger and no less accurate than ``b``, and better on one of the two."""
+    assert a.kv_bytes is not None and a.accuracy is not None and b.kv_bytes is not None and b.accuracy is not None
+    return (a.kv_bytes <= b.kv_bytes and a.accuracy >= b.accuracy
+            and (a.kv_bytes < b.kv_bytes or a.accuracy > b.accuracy))
+
+
+def pareto_front(shown: Sequence[Point]) -> list[Point]:
+    """The feasible points no other feasible point dominates, from the smallest to the biggest."""
+    feasible = [p for p in shown if p.feasible]
+    front = [p for p in feasible if not any(dominates(q, p) for q in feasible)]
+    return sorted(front, key=lambda p: (p.kv_bytes, -(p.accuracy or 0.0)))
+
+
+def hypervolume(values: Sequence[tuple[float, float]], reference: tuple[float, float]) -> float:
+    """The 2-D hypervolume of ``(kv_bytes, accuracy)`` points, bytes minimised and accuracy maximised:
+    the area between ``reference`` (worst bytes, worst accuracy) and the union of the rectangles each
+    point dominates.  A point no better than the reference on both counts adds nothing."""
+    ref_bytes, ref_accuracy = reference
+    inside = sorted((b, a) for b, a in values if b < ref_bytes and a > ref_accuracy)
+    area, best = 0.0, ref_accuracy
+    for index, (kv, accuracy) in enumerate(inside):  # ascending bytes: each strip up to the next point
+        best = max(best, accuracy)
+        right = inside[index + 1][0] if index + 1 < len(inside) else ref_bytes
+        area += (right - kv) * (best - ref_accuracy)
+    return area
+
+
+def hypervolume_history(shown: Sequence[Point], baseline_kv_bytes: float) -> list[float]:
+    """After each candidate (trial order), the hypervolume of the feasible ones so far, reference
+    (baseline bytes, accuracy 0), as a fraction of the box [0, baseline bytes] x [0, 1]: 1.0 would be
+    a config of no bytes at full accuracy."""
+    if baseline_kv_bytes <= 0:
+        return [0.0 for _ in shown]
+    history, counted = [], []
+    for point in shown:
+        if point.feasible:
+            counted.append((point.kv_bytes, point.accuracy))
+        history.append(hypervolume(counted, (baseline_kv_bytes, 0.0)) / baseline_kv_bytes)
+    return history
+
+
+def best_so_far(shown: Sequence[Point]) -> Point | None:
+    """The current answer while the tune runs: the most compressed feasible candidate (the sweet-spot
+    rule's choice among those judged on every item; the final one also applies Holm's correction)."""
+    return min((p for p in shown if p.feasible), key=lambda p: (p.kv_bytes, -(p.accuracy or 0.0)), default=None)
+
+
+def item_evals(trials: Sequence[TrialRecord]) -> int:
+    """Item x config evaluations done so far, the baseline's included (what the budget counts)."""
+    return sum(t.items_done for t in trials)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def interval_text(point: Point) -> str:
+    if point.diff is None:
+        return "-"
+    return f"{point.diff:+.3f} [{_fmt(point.diff_low, '+.3f')}, {_fmt(point.diff_high, '+.3f')}]"
+
+
+def candidate_rows(shown: Sequence[Point]) -> list[dict[str, Any]]:
+    """The candidates table (and its CSV): one row per candidate, in trial order."""
+    return [{"label": p.label, "trial": p.number if p.number is not None else "-", "state": p.state,
+             "rung/items": f"{p.rung}/{p.judged_items}", "accuracy": _fmt(p.accuracy, ".3f"),
+             "diff [low, high]": interval_text(p), "MB": _fmt(None if p.kv_bytes is None else p.kv_bytes / MB, ".3f"),
+             "feasible": "yes" if p.feasible else "no",
+             "reason": p.reason or ("judged on every item" if p.state == "complete" else
+                                    "running or waiting for its next round" if p.state == "active" else "")}
+            for p in shown]
+
+
+def rows_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The candidates table as CSV (the tune page's export)."""
+    out = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return out.getvalue()
+
+
+def counts(shown: Sequence[Point]) -> Mapping[str, int]:
+    """How many candidates are in each state."""
+    tally = {"active": 0, "stopped": 0, "complete": 0}
+    for point in shown:
+        tally[point.state] = tally.get(point.state, 0) + 1
+    return tally
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a tune of a spec will search and how it starts, before it runs (the form's preview)."""
+
+    grid_points: int  # configs of the space on the spec's backend, the baseline excluded
+    grid_item_evals: int  # the equivalent full grid: every point and the baseline on every item
+    rounds: list[int]  # items per rung
+    first_candidates: int  # candidates of the first round
+    first_item_evals: int  # the first round's evaluations, the baseline's included
+    budget: str  # the stopping rule, in words
+    notes: list[str]  # what the backend leaves out of the space
+
+
+def plan(spec: ExperimentSpec, n_items: int) -> Plan:
+    """The tune ``spec`` describes, on ``n_items`` items (``spec.tune`` must be set)."""
+    assert spec.tune is not None
+    tune, notes = backend_space(spec.tune, spec.backend.kind)
+    points = len(candidate_grid(tune))
+    sizes = rungs(n_items, tune.min_items, tune.eta) if n_items else [0]
+    first = min(tune.candidates_per_round, points, tune.max_trials or points)
+    limits = [f"{tune.max_trials} candidates" if tune.max_trials is not None else "",
+              f"{tune.max_minutes:g} minutes" if tune.max_minutes is not None else "",
+              f"{tune.max_item_evals:,} item evaluations" if tune.max_item_evals is not None else ""]
+    return Plan(grid_points=points, grid_item_evals=(points + 1) * n_items, rounds=sizes, first_candidates=first,
+                first_item_evals=(first + 1) * sizes[0], budget=_either([x for x in limits if x]), notes=notes)
+
+
+def _either(limits: list[str]) -> str:
+    return limits[0] if len(limits) == 1 else " or ".join(limits) + ", whichever comes first"

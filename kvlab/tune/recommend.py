@@ -1,0 +1,110 @@
+"""The answer of a tune, ready to deploy: the config, what it measured, and how to run it.
+
+For every backend it says how to deploy the choice: the exact ``kvlab serve`` command (kvlab's
+own server runs every config), and for vLLM / SGLang the exact ``--kv-cache-dtype`` flag when the
+engine has that cache -- or a plain statement that it has no equivalent (token eviction, integer
+KIVI codes).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import tomli_w
+
+from kvlab.compress.formats import DEFAULT_GROUP_SIZE, FORMATS, INT_BITS
+from kvlab.compress.methods import PARAMS
+from kvlab.config import KVCacheConfig
+from kvlab.experiments.analysis import ConfigSummary, Decision
+
+ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def serve_command(model: str, config: KVCacheConfig) -> str:
+    """``kvlab serve`` with ``config`` as every request's default KV cache."""
+    argv = ["kvlab", "serve", "--model", model]
+    if config.quant != "none":
+        argv += ["--quant", config.quant]
+        if config.quant in INT_BITS:
+            argv += ["--group-size", str(config.group_size), "--residual-length", str(config.residual_length)]
+        elif config.group_size != DEFAULT_GROUP_SIZE:
+            argv += ["--group-size", str(config.group_size)]
+    if config.evict != "none":
+        argv += ["--evict", config.evict]
+        for budget in ("ratio", "keep_fraction", "threshold"):
+            value = getattr(config, budget)
+            if value is not None:
+                argv += [f"--{budget.replace('_', '-')}", f"{value:g}"]
+        for name, param in PARAMS.items():
+            if getattr(config, name) != param.default:
+                argv += [f"--{name.replace('_', '-')}", str(getattr(config, name))]
+    return shlex.join(argv)
+
+
+def engine_flag(kind: str, config: KVCacheConfig) -> dict[str, str | None]:
+    """``{"flag": "--kv-cache-dtype X" | None, "statement": ...}`` for launching engine ``kind``."""
+    name = ENGINES[kind]
+    dtype = FORMATS[config.quant].engine_dtype(kind)
+    if config.evict != "none":
+        return {"flag": None, "statement": (
+            f"{name} has no equivalent: it evicts no tokens from a sequence's KV cache ({config.evict} needs the "
+            "embedded engine or `kvlab serve`)" + (f"; its quantization alone is --kv-cache-dtype {dtype}"
+                                                    if dtype and config.quant != "none" else ""))}
+    if dtype is None:
+        note = FORMATS[config.quant].engine_notes.get(kind, "it has no such KV cache")
+        return {"flag": None, "statement": f"{name} has no equivalent of {config.quant}: {note}"}
+    return {"flag": f"--kv-cache-dtype {dtype}", "statement": f"launch {name} with --kv-cache-dtype {dtype}"}
+
+
+def config_toml(config: KVCacheConfig) -> str:
+    """The config as a ``[[configs]]`` entry of a spec."""
+    fields = config.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
+    return tomli_w.dumps({"configs": [{"name": config.label, **fields}]})
+
+
+def recommendation(model: str, decision: Decision, summaries: list[ConfigSummary],
+                   baseline: ConfigSummary | None) -> dict[str, Any]:
+    """The tune's answer as stored and shown (JSON-ready); ``config`` is None without a sweet spot."""
+    spot = decision.sweet_spot
+    answer: dict[str, Any] = {"rule": decision.rule, "note": decision.note, "items_needed": decision.items_needed,
+                              "max_drop": decision.max_drop, "configs_judged": len(summaries), "config": None}
+    if spot is None:
+        return answer
+    config = KVCacheConfig(**spot.config)
+    answer |= {
+        "label": spot.config_name, "config": config.model_dump(mode="json"),
+        "kv_bytes": spot.physical_kv_bytes, "baseline_kv_bytes": spot.baseline_kv_bytes,
+        "compression_ratio": spot.compression_ratio, "accuracy": spot.accuracy,
+        "baseline_accuracy": baseline.accuracy if baseline else None,
+        "diff": spot.diff_estimate, "diff_ci": [spot.diff_ci_low, spot.diff_ci_high],
+        "p_adjusted": spot.p_adjusted, "n_items": spot.n_items,
+        "ttft_ms": spot.ttft_s * 1000 if spot.ttft_s is not None else None,
+        "tpot_ms": spot.tpot_s * 1000 if spot.tpot_s is not None else None,
+        "kvlab_serve": serve_command(model, config),
+        "engines": {kind: engine_flag(kind, config) for kind in ENGINES},
+        "toml": config_toml(config),
+    }
+    return answer
+
+
+def describe(answer: dict[str, Any]) -> list[str]:
+    """The recommendation as the lines ``kvlab tune`` prints."""
+    if answer.get("config") is None:
+        return [f"no config shown non-inferior: {answer.get('note') or 'none of the candidates passed the rule'}"]
+    low, high = answer["diff_ci"]
+    lines = [
+        f"recommended: {answer['label']}: {answer['kv_bytes'] / 1e6:.2f} MB KV per item measured "
+        f"({answer['compression_ratio']:.1f}x smaller than the 16-bit baseline), accuracy {answer['accuracy']:.3f} "
+        f"vs {answer['baseline_accuracy']:.3f}, difference {answer['diff']:+.3f} [{low:+.3f}, {high:+.3f}] "
+        f"on {answer['n_items']} items",
+    ]
+    latency = [f"{name} {answer[key]:.0f} ms" for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
+               if answer.get(key) is not None]
+    if latency:
+        lines.append("latency (median): " + ", ".join(latency))
+    lines.append(f"deploy: {answer['kvlab_serve']}")
+    for kind, name in ENGINES.items():
+        lines.append(f"{name}: {answer['engines'][kind]['statement']}")
+    lines.append("as a spec entry:\n" + answer["toml"].rstrip())
+    return lines

@@ -1,0 +1,146 @@
+"""The ``[tune]`` table of a spec: the search space, the constraints and the budget of ``kvlab tune``.
+
+The space is a grid -- formats x group sizes x residual lengths x eviction methods x budgets on
+``budget_step`` -- which the sampler explores without enumerating it (budgets are drawn on their
+step, so that "one grid step" and the equivalent full grid are well defined).  A candidate's
+group size and residual length only exist for integer formats, and its budget only with an
+eviction method: the space is conditional, and :func:`grid` counts it the same way.
+
+Pure data and validation: nothing here imports torch or optuna (``kvlab show`` reads specs).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kvlab.compress.formats import DEFAULT_GROUP_SIZE, FORMATS, GROUP_SIZES, INT_BITS, QUANT_ALIASES, QUANT_NAMES
+from kvlab.compress.methods import COUNT_BUDGETS, METHOD_ALIASES, METHOD_NAMES, METHODS
+
+QuantName = Literal[QUANT_NAMES]  # type: ignore[valid-type]
+MethodName = Literal[METHOD_NAMES]  # type: ignore[valid-type]
+Sampler = Literal["tpe", "gp"]
+
+
+class TuneSpec(BaseModel):
+    """What ``kvlab tune`` searches, under which constraints, for how long.
+
+    Objectives: physical KV bytes (minimise) and accuracy (maximise).  Constraints: accuracy
+    non-inferior to the baseline at the spec's ``max_drop`` (the paired rule of
+    :mod:`kvlab.experiments.decision`), and optionally the median TTFT / TPOT in milliseconds.
+    Budget: the search stops at whichever of ``max_trials`` (candidates proposed),
+    ``max_minutes`` and ``max_item_evals`` (item x config evaluations, the baseline's included)
+    comes first.
+
+    Rounds: each candidate first runs on ``min_items`` items; it gets ``eta`` times more items
+    (up to all of them) while it stays among the most compressed ``1/eta`` of the plausibly
+    non-inferior candidates judged on that many items.  One that is already clearly inferior, or
+    bigger than a candidate already shown non-inferior on every item, stops.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    quant: list[QuantName] = Field(default_factory=lambda: ["none", "int8", "int4", "int2"], min_length=1)
+    group_sizes: list[Literal[GROUP_SIZES]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: [DEFAULT_GROUP_SIZE], min_length=1)
+    residual_lengths: list[Annotated[int, Field(ge=0, le=8192)]] = Field(default_factory=lambda: [64], min_length=1)
+    evict: list[MethodName] = Field(default_factory=lambda: ["none"], min_length=1)
+    budget: Literal[COUNT_BUDGETS] = "ratio"  # type: ignore[valid-type]
+    budget_range: tuple[float, float] = (0.25, 0.875)
+    budget_step: Annotated[float, Field(gt=0, lt=1)] = 0.125
+    query_aware: bool = False
+    sampler: Sampler = "tpe"
+    candidates_per_round: Annotated[int, Field(ge=1, le=64)] = 4
+    min_items: Annotated[int, Field(ge=2, le=10_000)] = 4
+    eta: Annotated[int, Field(ge=2, le=10)] = 3
+    max_trials: Annotated[int, Field(ge=1, le=10_000)] | None = 40
+    max_minutes: Annotated[float, Field(gt=0)] | None = None
+    max_item_evals: Annotated[int, Field(ge=1)] | None = None
+    max_ttft_ms: Annotated[float, Field(gt=0)] | None = None
+    max_tpot_ms: Annotated[float, Field(gt=0)] | None = None
+
+    @field_validator("quant", "evict", mode="before")
+    @classmethod
+    def _canonical(cls, value: object) -> object:
+        aliases = QUANT_ALIASES | METHOD_ALIASES
+        if isinstance(value, list):
+            return [aliases.get(v.strip().lower().replace("-", "_"), v.strip().lower().replace("-", "_"))
+                    if isinstance(v, str) else v for v in value]
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> TuneSpec:
+        low, high = self.budget_range
+        if not 0 < low <= high < 1:
+            raise ValueError(f"budget_range = [{low}, {high}]: need 0 < low <= high < 1 ({self.budget} is a fraction)")
+        if self.max_trials is None and self.max_minutes is None and self.max_item_evals is None:
+            raise ValueError("give the search a budget: max_trials, max_minutes or max_item_evals")
+        for method in self.evict:
+            if method != "none" and self.budget not in METHODS[method].budgets:
+                raise ValueError(f"evict = {method!r} does not take budget = {self.budget!r} "
+                                 f"(it takes {', '.join(METHODS[method].budgets)})")
+        if self.query_aware and self.evict == ["none"]:
+            raise ValueError("query_aware = true needs an eviction method in evict")
+        if not candidate_grid(self):
+            raise ValueError("the search space holds only the baseline (quant = ['none'], evict = ['none']): "
+                             "add a format or an eviction method")
+        for name, values in (("quant", self.quant), ("evict", self.evict), ("group_sizes", self.group_sizes),
+                             ("residual_lengths", self.residual_lengths)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} lists a value twice: {values}")
+        return self
+
+    def budgets(self) -> list[float]:
+        """The budget values of the grid: ``budget_range`` on ``budget_step`` (ends included)."""
+        low, high = self.budget_range
+        steps = math.floor((high - low) / self.budget_step + 1e-9)
+        return [round(low + i * self.budget_step, 6) for i in range(steps + 1)]
+
+
+def candidate_grid(tune: TuneSpec) -> list[dict[str, object]]:
+    """Every point of the space as ``KVCacheConfig`` fields, the baseline excluded (it always runs)."""
+    points: list[dict[str, object]] = []
+    for quant, method in itertools.product(tune.quant, tune.evict):
+        quant_parts: list[dict[str, object]] = (
+            [{"quant": quant, "group_size": g, "residual_length": r}
+             for g, r in itertools.product(tune.group_sizes, tune.residual_lengths)]
+            if quant in INT_BITS else [{"quant": quant}] if quant != "none" else [{}])
+        evict_parts: list[dict[str, object]] = (
+            [{}] if method == "none" else
+            [{"evict": method, tune.budget: b, **({"query_aware": True} if tune.query_aware else {})}
+             for b in tune.budgets()])
+        points += [q | e for q, e in itertools.product(quant_parts, evict_parts) if q or e]
+    return points
+
+
+def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str]]:
+    """The part of the space ``backend_kind`` can run, and a note per thing left out.
+
+    The embedded engine and ``kvlab serve`` run everything.  A launched vLLM/SGLang server has
+    only its KV dtypes (the format registry's flags) and no token eviction; an OpenAI-compatible
+    endpoint has no KV setting a client can choose, so there is nothing to tune there.
+    """
+    if backend_kind == "embedded":
+        return tune, []
+    if backend_kind == "openai_compat":
+        raise ValueError("an OpenAI-compatible endpoint decides its own KV cache: there is nothing kvlab can tune "
+                         "through it; tune with backend kind 'embedded' (or 'vllm' / 'sglang', which kvlab launches "
+                         "with a --kv-cache-dtype)")
+    notes = []
+    formats = [q for q in tune.quant if FORMATS[q].engine_dtype(backend_kind) is not None]
+    dropped = [q for q in tune.quant if q not in formats]
+    if dropped:
+        notes.append(f"{backend_kind} has no KV cache like {', '.join(dropped)}: left out of the search")
+    methods = [m for m in tune.evict if m != "none"]
+    if methods:
+        notes.append(f"{backend_kind} evicts no tokens: {', '.join(methods)} left out of the search")
+    if not [q for q in formats if q != "none"]:
+        raise ValueError(f"nothing left to tune on {backend_kind}: its KV dtypes are "
+                         f"{', '.join(q for q in FORMATS if FORMATS[q].engine_dtype(backend_kind))}; "
+                         "put one of them in [tune] quant")
+    narrowed = tune.model_copy(update={"quant": formats, "evict": ["none"], "group_sizes": [DEFAULT_GROUP_SIZE],
+                                       "residual_lengths": [tune.residual_lengths[0]], "query_aware": False})
+    return narrowed, notes
