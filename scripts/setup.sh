@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Set up kvlab in .venv and pull the default model. Idempotent: a second run is quick.
 #   scripts/setup.sh          # kvlab and the default model
-#   scripts/setup.sh --dev    # plus the test tools
+#   scripts/setup.sh --dev    # plus the test tools and Ray (the kvlab[ray] extra)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=""
-[ "${1:-}" = "--dev" ] && extras="[dev]"
+[ "${1:-}" = "--dev" ] && extras="[dev,ray]"  # the tests run a two-node Ray cluster (tests/test_ray_executor.py)
 # One line per step; pip's own lines aside, nothing else (`KVLAB_VERBOSE=1` shows the libraries' logs).
 step() { echo "setup: $*" >&2; }
 

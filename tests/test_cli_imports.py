@@ -19,7 +19,7 @@ from kvlab.experiments.decision import normal_isf, normal_sf
 from kvlab.store import Store
 from tests.dashboard_data import populate
 
-HEAVY = ("torch", "transformers", "kvpress", "scipy", "streamlit")
+HEAVY = ("torch", "transformers", "kvpress", "scipy", "streamlit", "ray")
 MARK = "LOADED-MODULES "
 SCRIPT = f"""
 import json, sys

@@ -7,6 +7,7 @@ Exit statuses (0 success, 2 user error, 1 internal error, 130 Ctrl-C, 141 closed
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -17,7 +18,8 @@ from kvlab.cli.doctor import add_doctor_parser
 from kvlab.cli.outputs import check_output, write_output
 from kvlab.cli.serve import add_serve_parser
 from kvlab.cli.store import add_store_commands
-from kvlab.cli.options import float_between, int_between, positive_int
+from kvlab.cli.tune import add_tune_parser
+from kvlab.cli.options import add_executor_options, float_between, int_between, positive_int
 from kvlab.config import load_spec
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import install_log_redaction
@@ -37,6 +39,7 @@ class Parser(argparse.ArgumentParser):
 def _cmd_run(args: argparse.Namespace) -> int:
     spec, warnings = load_spec(args.spec)  # before the heavy imports below: a bad spec is refused at once
     json_out = check_output(args.json, "--json", create_parents=True) if args.json else None
+    on_ray = _check_executor(args)
     if args.backend:
         spec = spec.model_copy(update={"backend": spec.backend.model_copy(update={"kind": args.backend})})
     if args.max_drop is not None:
@@ -54,7 +57,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from kvlab.experiments.report import render
 
     print(f"{spec.name}: {len(spec.all_configs())} configs on {spec.model} ({spec.backend.kind})", file=sys.stderr)
-    loading = spec.backend.kind == "embedded"  # its own step: the imports and the load come before the bar
+    # its own step: the imports and the load come before the bar (on Ray the model loads on the nodes)
+    loading = spec.backend.kind == "embedded" and not on_ray
     if loading:
         print(f"loading {spec.model} ({FIRST_LOAD})", file=sys.stderr, flush=True)
     started = time.monotonic()
@@ -71,8 +75,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"experiment {experiment_id} in {url}: `kvlab show {experiment_id}`, or the dashboard's "
                   f"/experiment?id={experiment_id}", file=sys.stderr)
 
+        runner = run_here
+        if on_ray:
+            from kvlab.experiments.ray_run import run_on_ray
+
+            runner = functools.partial(run_on_ray, address=args.ray_address)  # run_here's contract, on the cluster
         try:
-            run = run_here(spec, warnings, limit=args.limit, progress=not args.quiet, announce=announce)
+            run = runner(spec, warnings, limit=args.limit, progress=not args.quiet, announce=announce)
         except RunCancelled as cancelled:
             print(f"interrupted: {cancelled} (`kvlab show {cancelled.experiment_id}`)", file=sys.stderr)
             return cli_exit.EXIT_INTERRUPTED
@@ -89,6 +98,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if run.failure:  # the engine's failure, as when it raises EngineFailure before any result
         raise cli_exit.UserError(f"the run stopped early, {len(run.results)} results kept: {run.failure}")
     return 0
+
+
+def _check_executor(args: argparse.Namespace) -> bool:
+    """Whether the run goes to Ray; without the extra, a one-line error saying how to install it."""
+    if args.executor != "ray":
+        if args.ray_address:
+            raise cli_exit.UserError("--ray-address is for --executor ray")
+        return False
+    if args.background or args.no_store:
+        raise cli_exit.UserError("--executor ray stores the run and waits for the cluster: "
+                                 "drop --background / --no-store")
+    from kvlab.experiments.ray_executor import import_ray
+
+    import_ray()
+    return True
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -159,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "and listed by `kvlab ls` and the dashboard)")
     run.add_argument("--workers", type=int_between(0, MAX_LOCAL_WORKERS), default=1,
                      help=f"with --background: local workers to start (0: none; at most {MAX_LOCAL_WORKERS})")
+    add_executor_options(run, "a worker in this process")
     run.set_defaults(func=_cmd_run)
     models = sub.add_parser("models", help="list or pull models")
     models_sub = models.add_subparsers(dest="action", required=True)
@@ -169,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.set_defaults(func=_cmd_models)
     methods = sub.add_parser("methods", help="list quantization formats and eviction methods")
     methods.set_defaults(func=_cmd_methods)
+    add_tune_parser(sub)
     add_serve_parser(sub)
     add_doctor_parser(sub)
     add_store_commands(sub)

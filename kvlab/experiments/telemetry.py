@@ -50,12 +50,19 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, index: int = 0, nvml: Any = None):
+    def __init__(self, index: int | None = None, nvml: Any = None):
         if nvml is None:
             import pynvml as nvml
         self.nvml = nvml
         nvml.nvmlInit()
-        self.handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        # NVML counts every GPU of the host: by default sample the first one this process may use (a Ray
+        # actor's CUDA_VISIBLE_DEVICES names the GPU Ray granted it, by index or by UUID)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        if index is None and visible.startswith(("GPU-", "MIG-")):
+            self.handle = nvml.nvmlDeviceGetHandleByUUID(visible)
+        else:
+            self.handle = nvml.nvmlDeviceGetHandleByIndex(int(visible) if index is None and visible.isdigit()
+                                                          else index or 0)
         self.pid = os.getpid()
 
     def read(self) -> dict[str, float | None]:

@@ -1,0 +1,92 @@
+"""``kvlab run SPEC --executor ray``: store the experiment, run it with :class:`RayWorkers`, return its results.
+
+The same contract as :func:`kvlab.experiments.submit.run_here` (an :class:`ExperimentRun` as stored,
+:class:`RunCancelled` on Ctrl-C) but the trials run in Ray actors, one per node, and nothing is
+loaded in this process: the model loads on the nodes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from tqdm import tqdm
+
+from kvlab.config import ExperimentSpec
+from kvlab.experiments.ray_executor import RayWorkers, WorkerOutcome, import_ray
+from kvlab.experiments.runner import ExperimentRun, missing_baseline
+from kvlab.experiments.submit import RunCancelled, store_experiment
+from kvlab.store import Store, StoreError
+
+
+def run_on_ray(spec: ExperimentSpec, warnings: Sequence[str] = (), address: str | None = None, *,
+               limit: int | None = None, progress: bool = False,
+               announce: Callable[[int, str], None] = lambda experiment_id, url: None) -> ExperimentRun:
+    """Store the experiment and run it on the Ray cluster at ``address``; return once it has ended.
+    A cluster that cannot take it (no Ray, SQLite on several nodes, no node big enough) leaves
+    nothing stored."""
+    import_ray()  # before anything is stored: without the extra this is a one-line error
+    started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
+    with Store() as store:
+        experiment_id = store_experiment(store, spec, warnings)
+        if limit:
+            store.log_event(experiment_id, f"kvlab run --limit {limit}: only the first {limit} items of the spec")
+        try:
+            workers = RayWorkers(None, experiment_id, spec, address, item_limit=limit)
+        except BaseException:
+            store.delete_experiment(experiment_id)
+            raise
+        with workers:
+            announce(experiment_id, store.url)
+            outcomes = _wait(store, experiment_id, workers, spec.name, progress)
+        failure = settle(store, experiment_id, outcomes)
+        record = store.get_experiment(experiment_id)
+        return ExperimentRun(
+            spec=spec, configs=spec.all_configs(), results=store.item_results(experiment_id),
+            engine={"kind": spec.backend.kind, "model": spec.model, "executor": "ray",
+                    "workers": sorted(o.worker_id for o in outcomes)},
+            environment={"versions": record.versions, "git_commit": record.git_commit, "hardware": record.hardware},
+            started_at=started_at, wall_s=time.perf_counter() - started, warnings=missing_baseline(spec),
+            failure=failure)
+
+
+def _wait(store: Store, experiment_id: int, workers: RayWorkers, name: str, progress: bool) -> list[WorkerOutcome]:
+    """Until the workers return, with a progress bar read from the store; Ctrl-C cancels the experiment."""
+    with tqdm(total=None, disable=not progress, unit="eval", desc=name) as bar:
+
+        def advance() -> bool:
+            record = store.get_experiment(experiment_id)
+            if record.items_total and bar.total != record.items_total:
+                bar.total = record.items_total
+                bar.refresh()
+            if record.items_done > bar.n:
+                bar.update(record.items_done - bar.n)
+            return False
+
+        try:
+            return workers.wait(stop_when=advance if progress else None)
+        except KeyboardInterrupt:
+            kept = store.get_experiment(experiment_id).items_done
+            try:
+                store.cancel_experiment(experiment_id)
+            except StoreError:
+                pass  # it ended meanwhile
+            raise RunCancelled(experiment_id, kept) from None
+
+
+def settle(store: Store, experiment_id: int, outcomes: list[WorkerOutcome]) -> str | None:
+    """Why the experiment did not end done, if so; one the workers all left unfinished is failed here
+    (nothing else would run it) with their reason."""
+    record = store.get_experiment(experiment_id)
+    if record.status == "done":
+        return None
+    if record.status == "failed":
+        return next((t.error for t in store.trials(experiment_id) if t.error), record.error)
+    if record.status == "cancelled":
+        return f"experiment {experiment_id} was cancelled while it ran (`kvlab cancel` or the dashboard)"
+    why = next((o.error or next(iter(o.left_behind.values())) for o in outcomes if o.error or o.left_behind),
+               "the Ray workers ended before the experiment did")
+    for trial in store.trials(experiment_id):
+        store.finish_trial(trial.id, "failed", why)
+    return why
