@@ -1,5 +1,7 @@
 """Compare: several experiments' tradeoff curves overlaid, and a parallel-coordinates view of the
-knobs (KV bits, evicted fraction) against the outcomes (ratio achieved, accuracy)."""
+knobs (KV bits, evicted fraction) against the outcomes (ratio achieved, accuracy) with their table.
+The two are sections picked with a selector bound to the URL (``tab``): only the picked one is drawn
+(the parallel coordinates need plotly.js' full bundle, which the tradeoffs do not)."""
 
 from __future__ import annotations
 
@@ -41,9 +43,12 @@ summaries = {i: summaries_of(records[i])[0] for i in chosen}
 trial_keys = [views.trial_key(i, s.config_name) for i, rows in summaries.items() for s in rows]
 hidden = st.multiselect("Hide configs", trial_keys, key="hide", bind="query-params",
                         help="experiment/config: leave these out of the charts")
+section = st.segmented_control("Section", views.COMPARE_SECTIONS, default=views.COMPARE_SECTIONS[0], required=True,
+                               key="tab", bind="query-params", label_visibility="collapsed")
 axis = st.radio("x axis", views.X_AXES, key="x", bind="query-params", horizontal=True,
                 help="bytes: physical KV cache in MiB; ratio: baseline bytes / physical bytes")
-share_box({"ids": chosen, "hide": hidden, "x": axis if axis != views.X_AXES[0] else None})
+share_box({"ids": chosen, "hide": hidden, "tab": section if section != views.COMPARE_SECTIONS[0] else None,
+           "x": axis if axis != views.X_AXES[0] else None})
 
 if not chosen:
     st.info("Pick one or more experiments above (or select them on the Experiments page and press Compare).")
@@ -52,11 +57,11 @@ if not trial_keys:
     st.info("The chosen experiments have no results yet.")
     st.stop()
 
-curves = {experiment_label(records[i]): [s for s in rows if views.trial_key(i, s.config_name) not in hidden]
-          for i, rows in summaries.items()}
-chart(charts.compare_figure(curves, axis), "compare", "kvlab-compare")
-rows = views.compare_rows(summaries, [k for k in trial_keys if k not in hidden])
-if rows:
+if section == views.COMPARE_SECTIONS[0]:
+    curves = {experiment_label(records[i]): [s for s in rows if views.trial_key(i, s.config_name) not in hidden]
+              for i, rows in summaries.items()}
+    chart(charts.compare_figure(curves, axis), "compare", "kvlab-compare")
+elif rows := views.compare_rows(summaries, [k for k in trial_keys if k not in hidden]):
     chart(charts.parallel_figure(rows), "parallel", "kvlab-parameters")
     st.dataframe([{"experiment": r.experiment_id, "config": r.config_name, "KV bits": r.quant_bits,
                    "evicted (fraction)": round(r.removed_fraction, 3), "ratio (x)": round(r.ratio, 2),

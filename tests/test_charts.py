@@ -127,6 +127,28 @@ def test_compare_and_parallel():
                       "accuracy (0-1)"]
 
 
+def test_the_page_bundle_is_the_plotly_js_of_plotly_py_and_draws_the_pages_figures():
+    """The dashboard draws with the vendored cartesian bundle (pages/plotly_view.py): the same
+    plotly.js version as plotly.py's full bundle (the one the exports use), and every figure but the
+    parallel coordinates within its trace types."""
+    from plotly.offline import get_plotlyjs
+
+    from pages import plotly_view
+
+    def version(script: str) -> str:
+        return re.search(r"plotly\.js [^\n]*?v(\d+\.\d+\.\d+)", script[:300]).group(1)
+
+    bundle = (plotly_view.STATIC / plotly_view.BUNDLE).read_text()
+    assert version(bundle) == version(get_plotlyjs()) == plotly_view.PLOTLY_JS_VERSION
+    assert "plotly.js (cartesian" in bundle[:100]
+    figures = [charts.tradeoff_figure(SUMMARIES), charts.latency_figure(SUMMARIES),
+               charts.breakdown_figure(breakdown(RESULTS, lambda r: r.task, "baseline"), "task"),
+               charts.needle_heatmap(RESULTS, "baseline"), charts.telemetry_figure(_samples()),
+               charts.gpu_figure(_samples("nvml")), charts.compare_figure({"#1 a": SUMMARIES})]
+    assert all(plotly_view.drawable(fig) for fig in figures)
+    assert not plotly_view.drawable(charts.parallel_figure(compare_rows({1: SUMMARIES}, ["1/int4"])))
+
+
 def test_html_export_is_self_contained():
     page = figure_html(charts.tradeoff_figure(SUMMARIES))
     assert page.lower().startswith("<!doctype html>") and "plotly" in page and "Plotly.newPlot" in page

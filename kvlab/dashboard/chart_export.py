@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -60,16 +61,19 @@ def _ensure_server() -> None:
     _server_started = True
 
 
-def warm_up() -> threading.Thread:
+def warm_up(delay_s: float = 0.0) -> threading.Thread:
     """Start the render server and render a blank figure in the background, so that the first export
     takes as long as the later ones (starting the browser and loading plotly.js into it take ~10 s
-    on 2 CPU cores).  A failure is logged here; the export that meets it says what to install."""
-    thread = threading.Thread(target=_warm, name="kvlab-export-warm-up", daemon=True)
+    on 2 CPU cores).  ``delay_s`` first leaves the CPU to what asked for it: the dashboard's first
+    page load, which the renderer's start would otherwise slow down.  A failure is logged here; the
+    export that meets it says what to install."""
+    thread = threading.Thread(target=_warm, args=(delay_s,), name="kvlab-export-warm-up", daemon=True)
     thread.start()
     return thread
 
 
-def _warm() -> None:
+def _warm(delay_s: float) -> None:
+    time.sleep(delay_s)
     try:
         figure_image(go.Figure(), "png", width=10, height=10)
     except ExportError as error:

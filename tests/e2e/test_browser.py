@@ -93,7 +93,7 @@ def _fill(page, label: str, value: str) -> None:
 
 
 def _section(page, name: str):
-    """A button of the experiment page's section selector."""
+    """A button of a page's section selector (the experiment and compare pages')."""
     return page.get_by_test_id("stButtonGroup").get_by_role("radio", name=name, exact=True)
 
 
@@ -155,7 +155,7 @@ def test_create_launch_watch_share_export(server, browser, tmp_path):
     page.get_by_text("compression ratio (x, baseline bytes / physical bytes)").wait_for()
     _section(page, "Needles").click()
     _wait_idle(page)
-    share = page.get_by_test_id("stSidebar").get_by_test_id("stCode")
+    share = page.get_by_test_id("stSidebar").locator(".st-key-share-link code")
     expect(share).to_contain_text("tab=Needles")
     link = share.inner_text().strip()
     assert link == f"{server}/experiment?id=1&tab=Needles&x=ratio", link
@@ -201,6 +201,10 @@ def test_create_launch_watch_share_export(server, browser, tmp_path):
     page.goto(f"{server}/compare?ids=1")
     page.get_by_text("Tradeoffs compared").wait_for()
     _shot(page, "6-compare")
+    _section(page, "Parameters").click()  # the parallel coordinates (st.plotly_chart: plotly.js' full bundle)
+    page.get_by_text("Parameters and outcomes").wait_for()
+    page.get_by_test_id("stDataFrame").wait_for()
+    expect(page).to_have_url(re.compile(r"/compare\?.*tab=Parameters"))
     page.goto(server)
     page.get_by_test_id("stDataFrame").wait_for()
     _shot(page, "7-experiments")
