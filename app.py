@@ -11,7 +11,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.secrets import install_log_redaction
-from kvlab.dashboard.views import PAGE_COMPARE, PAGE_DOCTOR, PAGE_EXPERIMENT, PAGE_EXPERIMENTS, PAGE_NEW
+from kvlab.dashboard.views import PAGE_COMPARE, PAGE_DOCTOR, PAGE_EXPERIMENT, PAGE_EXPERIMENTS, PAGE_NEW, PAGE_TUNE
 from pages.common import PAGE_FILES, guard
 
 install_log_redaction()  # the dashboard's log never shows a URL password or a key
@@ -23,6 +23,7 @@ pages = [
     st.Page(PAGE_FILES[PAGE_EXPERIMENTS], title="Experiments", url_path=PAGE_EXPERIMENTS, visibility="hidden"),
     st.Page(PAGE_FILES[PAGE_NEW], title="New experiment", icon=":material/add_circle:", url_path=PAGE_NEW),
     st.Page(PAGE_FILES[PAGE_EXPERIMENT], title="Experiment", icon=":material/monitoring:", url_path=PAGE_EXPERIMENT),
+    st.Page(PAGE_FILES[PAGE_TUNE], title="Tune", icon=":material/tune:", url_path=PAGE_TUNE),
     st.Page(PAGE_FILES[PAGE_COMPARE], title="Compare", icon=":material/compare_arrows:", url_path=PAGE_COMPARE),
     st.Page(PAGE_FILES[PAGE_DOCTOR], title="Endpoint doctor", icon=":material/stethoscope:", url_path=PAGE_DOCTOR),
 ]

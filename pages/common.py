@@ -20,6 +20,7 @@ from kvlab.dashboard import views
 from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.experiments.decision import DEFAULT_MAX_DROP
 from kvlab.dashboard.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image, warm_up
+from pages.plotly_view import plotly_figure
 from kvlab.errlog import debug_enabled, log_details, one_line
 from kvlab.secrets import redact
 from kvlab.errors import ConfigError
@@ -30,7 +31,7 @@ from kvlab.store import ExperimentRecord, Store, StoreError
 #: that send a process's first request through app.py (:func:`run_app`).
 PAGE_FILES = {views.PAGE_EXPERIMENTS: "pages/list_experiments.py", views.PAGE_NEW: "pages/new_experiment.py",
               views.PAGE_EXPERIMENT: "pages/view_experiment.py", views.PAGE_COMPARE: "pages/compare_experiments.py",
-              views.PAGE_DOCTOR: "pages/endpoint_doctor.py"}
+              views.PAGE_DOCTOR: "pages/endpoint_doctor.py", views.PAGE_TUNE: "pages/view_tune.py"}
 
 APP = Path(__file__).resolve().parent.parent / "app.py"
 
@@ -153,16 +154,21 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "kvlab"
 
 
+#: Seconds between the first chart page's run and the export renderer's start: the browser draws that
+#: page meanwhile, rather than share 2 CPU cores with the renderer's Chromium starting (docs/decisions.md).
+EXPORT_WARM_UP_DELAY_S = 5.0
+
+
 @st.cache_resource(show_spinner=False)
 def _export_renderer() -> threading.Thread:
     """The image-export renderer, started once per server process by the first page with a chart."""
-    return warm_up()
+    return warm_up(EXPORT_WARM_UP_DELAY_S)
 
 
 def chart(fig: go.Figure, key: str, file_stem: str) -> None:
     """The figure, and under it downloads as PNG / SVG / PDF / HTML, rendered only when clicked."""
     _export_renderer()
-    st.plotly_chart(fig, key=key, width="stretch")
+    plotly_figure(fig, key)
     with st.container(horizontal=True):
         for fmt, mime in IMAGE_FORMATS.items():
             st.download_button(fmt.upper(), data=_image_callable(fig, fmt), file_name=f"{file_stem}.{fmt}", mime=mime,
@@ -176,11 +182,13 @@ def _image_callable(fig: go.Figure, fmt: str) -> Callable[[], bytes]:
 
 
 def share_box(params: Mapping[str, str | int | Sequence[str | int] | None]) -> None:
-    """The link to this view (page and its state), in the sidebar with a copy button."""
+    """The link to this view (page and its state), in the sidebar, to select and copy.  Inline code,
+    not ``st.code``: its syntax highlighter is a 1.5 MB script that every new tab would evaluate (~0.5 s
+    of a page's load on 2 CPU cores, docs/decisions.md)."""
     url = views.share_url(st.context.url, params)
-    with st.sidebar:
+    with st.sidebar, st.container(key="share-link"):
         st.caption("Share this view (copy the link):")
-        st.code(url, language=None, wrap_lines=True)
+        st.markdown(f"`{url}`")
 
 
 def empty_state(message: str, page: str | None = None, label: str | None = None) -> None:

@@ -34,6 +34,7 @@ from kvlab.dashboard.spec_form import (
     BUDGET_RANGE,
     BUDGET_STEP,
     CONFIG_COLUMNS,
+    MODES,
     SpecForm,
     assign_errors,
     build_spec,
@@ -42,11 +43,13 @@ from kvlab.dashboard.spec_form import (
     form_from_spec,
     list_examples,
 )
-from kvlab.experiments.submit import submit
+from kvlab.dashboard import executor_form
 from kvlab.tasks.data_dir import DATA_DIR_VAR, UPLOADS, data_dir, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
 from kvlab.tasks.spec import TaskName
+from pages import tune_form
 from pages.common import PAGE_FILES, get_store, share_box
+from pages.executor_choice import executor_choice
 
 P = "f:"  # widget keys: P + spec field path
 TASK_NAMES: tuple[str, ...] = TaskName.__args__  # type: ignore[attr-defined]
@@ -118,8 +121,9 @@ def remove_task(index: int) -> None:
     st.session_state["form_n_tasks"] = count - 1
 
 
-def launch(spec: ExperimentSpec, workers: int, warnings: list[str]) -> None:
-    experiment_id = submit(spec, warnings, workers)
+def launch(spec: ExperimentSpec, workers: int, warnings: list[str],
+           executor: executor_form.Executor = executor_form.Executor()) -> None:
+    experiment_id = executor_form.submit(executor, spec, warnings, workers)
     st.switch_page(PAGE_FILES[views.PAGE_EXPERIMENT], query_params={"id": str(experiment_id)})
 
 
@@ -315,53 +319,61 @@ for index in range(st.session_state["form_n_tasks"]):
 st.button("Add a task", on_click=add_task, icon=":material/add:")
 slot("tasks")
 
-st.header("KV-cache configs")
-st.caption("The baseline (no quantization, no eviction) always runs first. Eviction needs exactly one budget: "
-           "**ratio** = fraction of context tokens *removed* (kvpress's compression_ratio), **keep fraction** "
-           "(top-k) or **threshold** (score quantile). Quantization stores what is kept.")
-edited = st.data_editor(
-    pd.DataFrame(st.session_state["form_configs"], columns=list(dict.fromkeys(
-        [*CONFIG_COLUMNS, *(k for row in st.session_state["form_configs"] for k in row)]))),
-    key=f"configs_editor_{st.session_state['form_version']}", num_rows="dynamic", hide_index=True,
-    column_order=CONFIG_COLUMNS, width="stretch",
-    column_config={
-        "name": st.column_config.TextColumn("name", help="optional; derived from the settings if blank"),
-        "quant": st.column_config.SelectboxColumn("quant", options=list(QUANT_DTYPES), default="none"),
-        "group_size": st.column_config.SelectboxColumn("group size", options=list(GROUP_SIZES),
-                                                       default=DEFAULT_GROUP_SIZE),
-        "residual_length": st.column_config.NumberColumn("residual (tokens)", min_value=0, max_value=8192,
-                                                         step=1, default=64),
-        "evict": st.column_config.SelectboxColumn("evict", options=list(EVICTION_METHODS), default="none",
-                                                  help="the budgets each method accepts: `kvlab methods`"),
-        **{budget: st.column_config.NumberColumn(label, min_value=BUDGET_RANGE[0], max_value=BUDGET_RANGE[1],
-                                                 step=BUDGET_STEP, help=BUDGET_HELP[budget])
-           for budget, label in (("ratio", "ratio (removed)"), ("keep_fraction", "keep fraction"),
-                                 ("threshold", "threshold (quantile)"))},
-        "query_aware": st.column_config.CheckboxColumn("query-aware", default=False),
-    })
-slot("configs")
+mode = st.segmented_control("Mode", MODES, key=P + "mode", required=True,
+                            help="Sweep: run the configs listed (and a grid). Tune: search a space for the "
+                                 "sweet spot, stopping clear losers early (`kvlab tune`).")
+if mode == MODES[1]:
+    st.header("Tune: search space, constraints, budget")
+    tune_form.fields(P, slot)
+    edited = pd.DataFrame(st.session_state["form_configs_seen"])  # the configs table waits for Sweep mode
+else:
+    st.header("KV-cache configs")
+    st.caption("The baseline (no quantization, no eviction) always runs first. Eviction needs exactly one budget: "
+               "**ratio** = fraction of context tokens *removed* (kvpress's compression_ratio), **keep fraction** "
+               "(top-k) or **threshold** (score quantile). Quantization stores what is kept.")
+    edited = st.data_editor(
+        pd.DataFrame(st.session_state["form_configs"], columns=list(dict.fromkeys(
+            [*CONFIG_COLUMNS, *(k for row in st.session_state["form_configs"] for k in row)]))),
+        key=f"configs_editor_{st.session_state['form_version']}", num_rows="dynamic", hide_index=True,
+        column_order=CONFIG_COLUMNS, width="stretch",
+        column_config={
+            "name": st.column_config.TextColumn("name", help="optional; derived from the settings if blank"),
+            "quant": st.column_config.SelectboxColumn("quant", options=list(QUANT_DTYPES), default="none"),
+            "group_size": st.column_config.SelectboxColumn("group size", options=list(GROUP_SIZES),
+                                                           default=DEFAULT_GROUP_SIZE),
+            "residual_length": st.column_config.NumberColumn("residual (tokens)", min_value=0, max_value=8192,
+                                                             step=1, default=64),
+            "evict": st.column_config.SelectboxColumn("evict", options=list(EVICTION_METHODS), default="none",
+                                                      help="the budgets each method accepts: `kvlab methods`"),
+            **{budget: st.column_config.NumberColumn(label, min_value=BUDGET_RANGE[0], max_value=BUDGET_RANGE[1],
+                                                     step=BUDGET_STEP, help=BUDGET_HELP[budget])
+               for budget, label in (("ratio", "ratio (removed)"), ("keep_fraction", "keep fraction"),
+                                     ("threshold", "threshold (quantile)"))},
+            "query_aware": st.column_config.CheckboxColumn("query-aware", default=False),
+        })
+    slot("configs")
 
-st.header("Sweep grid")
-sweep_on = st.toggle("Add a grid: every quantization x every eviction method x every ratio", key=P + "sweep.on")
-if sweep_on:
-    quant_col, evict_col, ratios_col = st.columns(3)
-    with quant_col:
-        st.multiselect("Quantization", list(QUANT_DTYPES), key=P + "sweep.quant")
-        slot("sweep.quant")
-    with evict_col:
-        st.multiselect("Eviction methods", list(EVICTION_METHODS), key=P + "sweep.evict")
-        slot("sweep.evict")
-    with ratios_col:
-        st.text_input("Ratios (fraction removed)", key=P + "sweep.ratios", help="Comma-separated, each in (0, 1)")
-        slot("sweep.ratios")
-    group_col, residual_col, aware_col = st.columns(3)
-    group_col.selectbox("Group size", list(GROUP_SIZES), key=P + "sweep.group_size")
-    with residual_col:
-        st.number_input("Residual length (tokens)", min_value=0, step=1, key=P + "sweep.residual_length")
-        slot("sweep.residual_length")
-    aware_col.checkbox("Query-aware eviction", key=P + "sweep.query_aware",
-                       help="The question is in SnapKV's observation window and never evicted.")
-slot("sweep")
+    st.header("Sweep grid")
+    sweep_on = st.toggle("Add a grid: every quantization x every eviction method x every ratio", key=P + "sweep.on")
+    if sweep_on:
+        quant_col, evict_col, ratios_col = st.columns(3)
+        with quant_col:
+            st.multiselect("Quantization", list(QUANT_DTYPES), key=P + "sweep.quant")
+            slot("sweep.quant")
+        with evict_col:
+            st.multiselect("Eviction methods", list(EVICTION_METHODS), key=P + "sweep.evict")
+            slot("sweep.evict")
+        with ratios_col:
+            st.text_input("Ratios (fraction removed)", key=P + "sweep.ratios", help="Comma-separated, each in (0, 1)")
+            slot("sweep.ratios")
+        group_col, residual_col, aware_col = st.columns(3)
+        group_col.selectbox("Group size", list(GROUP_SIZES), key=P + "sweep.group_size")
+        with residual_col:
+            st.number_input("Residual length (tokens)", min_value=0, step=1, key=P + "sweep.residual_length")
+            slot("sweep.residual_length")
+        aware_col.checkbox("Query-aware eviction", key=P + "sweep.query_aware",
+                           help="The question is in SnapKV's observation window and never evicted.")
+    slot("sweep")
 
 values = {k.removeprefix(P): v for k, v in st.session_state.items() if isinstance(k, str) and k.startswith(P)}
 st.session_state["form_values"] = values
@@ -376,6 +388,10 @@ st.header("Preview and launch")
 if result.spec is None:
     st.error("Fix the fields marked above to see the cost and launch."
              + ("\n\n" + "\n\n".join(general) if general else ""), icon=":material/error:")
+elif mode == MODES[1]:
+    tune_form.preview(result.spec)
+    tune_form.launch_row(result.spec, store, lambda experiment_id: st.switch_page(
+        PAGE_FILES[views.PAGE_TUNE], query_params={"id": str(experiment_id)}))
 else:
     spec = result.spec
     configs = spec.all_configs()
@@ -388,12 +404,13 @@ else:
     evals_col.metric("Evaluations", len(configs) * items)
     time_col.metric("Estimated duration", views.fmt_duration(seconds))
     st.caption(f"Configs: {', '.join(c.label for c in configs)}. Estimate from {rates.source}.")
+    executor = executor_choice()
     download_col, workers_col, launch_col = st.columns([1.2, 1, 1])
     download_col.download_button("Download spec (TOML)", data=dump_spec(spec), file_name=f"{spec.name}.toml",
                                  mime="application/toml", icon=":material/download:", on_click="ignore")
     workers = int(workers_col.number_input(
         "Local workers", min_value=1, max_value=max(1, os.cpu_count() or 1), value=1, step=1,
         help="Workers split the CPU cores, so on a CPU one worker is as fast as several."))
-    if launch_col.button("Launch", type="primary", key="launch",
+    if launch_col.button("Launch", type="primary", key="launch", disabled=executor.problem is not None,
                          icon=":material/play_arrow:"):
-        launch(spec, workers, st.session_state.get("form_warnings", []))
+        launch(spec, workers, st.session_state.get("form_warnings", []), executor)

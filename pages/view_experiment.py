@@ -21,8 +21,8 @@ from kvlab.config import dump_spec, parse_spec
 from kvlab.experiments.export import experiment_document, results_csv
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord
 from kvlab.store.records import TelemetrySample
-from pages.common import (View, analysed, chart, db_url, empty_state, get_store, guard, results_of, share_box,
-                          shown_results, slug, view_of)
+from pages.common import (PAGE_FILES, View, analysed, chart, db_url, empty_state, get_store, guard, results_of,
+                          share_box, shown_results, slug, view_of)
 
 LIVE_EVERY_S = 2.0
 TELEMETRY_LIMIT = 3000
@@ -59,6 +59,9 @@ st.caption(f"#{experiment.id} · {experiment.status} · model {experiment.model}
            + (f" · tags: {', '.join(experiment.tags)}" if experiment.tags else ""))
 if experiment.error:
     st.error(experiment.error)
+if experiment.spec.get("tune") is not None:
+    st.page_link(PAGE_FILES[views.PAGE_TUNE], label="A tune: its Pareto front, stopped candidates and recommendation",
+                 query_params={"id": str(experiment.id)}, icon=":material/tune:")
 
 
 @st.fragment(run_every=None if experiment.is_terminal else LIVE_EVERY_S)

@@ -62,8 +62,14 @@ def assert_clean(at: AppTest) -> None:
     assert "Something went wrong" not in texts(at.error)
 
 
+def share_link(at: AppTest) -> str:
+    """The share box's link (pages.common.share_box: inline code; AppTest has no URL, so it starts at ``?``)."""
+    return next(m.value.strip("`") for m in at.markdown if m.value.startswith("`?"))
+
+
 def plotly_charts(at: AppTest) -> int:
-    return len(at.get("plotly_chart"))
+    """Charts drawn by st.plotly_chart or by kvlab's plotly component (pages/plotly_view.py)."""
+    return len(at.get("plotly_chart")) + len(at.get("bidi_component"))
 
 
 @pytest.mark.parametrize("page", [LIST, NEW, VIEW, COMPARE])
@@ -255,7 +261,7 @@ def test_a_finished_experiment_opens_on_its_result_and_draws_only_that(filled):
     summary = next(df.value for df in at.dataframe if "KV (MiB)" in df.value.columns)
     assert list(summary["config"]) == ["baseline", "int4  ★ sweet spot", "int2", "snapkv-50"]
     assert not [df for df in at.dataframe if "generated" in df.value.columns]
-    assert any(c.value.endswith(f"?id={done_id}") for c in at.code)
+    assert share_link(at) == f"?id={done_id}"
     assert {"PNG", "SVG", "PDF", "HTML"} <= {b.proto.label for b in at.get("download_button")}
 
 
@@ -285,8 +291,7 @@ def test_experiment_view_state_comes_from_the_url(filled):
     at = open_page(VIEW, id=str(done_id), x="ratio", tab="Needles", hide="int2", needle="snapkv-50")
     assert_clean(at)
     assert at.selectbox(key="needle").value == "snapkv-50" and at.multiselect(key="hide").value == ["int2"]
-    link = next(c.value for c in at.code if c.value.startswith("?"))
-    assert link == f"?id={done_id}&tab=Needles&x=ratio&hide=int2&needle=snapkv-50"
+    assert share_link(at) == f"?id={done_id}&tab=Needles&x=ratio&hide=int2&needle=snapkv-50"
     at = open_page(VIEW, id=str(done_id), x="ratio", hide="int2")
     assert at.radio(key="x").value == "ratio"
     summary = next(df.value for df in at.dataframe if "KV (MiB)" in df.value.columns)
@@ -313,14 +318,18 @@ def test_compare_page(filled):
     at = open_page(COMPARE, ids=[str(done_id), str(running_id)])
     assert_clean(at)
     assert at.multiselect(key="compare_pick").value == [done_id, running_id]
-    assert plotly_charts(at) == 2
+    assert at.segmented_control(key="tab").value == "Tradeoffs"
+    assert plotly_charts(at) == 1 and not at.dataframe  # the tradeoffs only: the parameters are a section
+    at = open_page(COMPARE, ids=[str(done_id), str(running_id)], tab="Parameters")
+    assert_clean(at)
+    assert plotly_charts(at) == 1
     table = at.dataframe[0].value
     assert len(table) == 8 and set(table["KV bits"]) == {16.0, 4.0, 2.0}
-    at = open_page(COMPARE, ids=[str(done_id), "77"], hide=[f"{done_id}/int2"], x="ratio")
+    at = open_page(COMPARE, ids=[str(done_id), "77"], hide=[f"{done_id}/int2"], x="ratio", tab="Parameters")
     assert_clean(at)
     assert "#77" in texts(at.warning)
     assert "int2" not in list(at.dataframe[0].value["config"])
-    assert any(c.value == f"?ids={done_id}&hide={done_id}%2Fint2&x=ratio" for c in at.code)
+    assert share_link(at) == f"?ids={done_id}&hide={done_id}%2Fint2&tab=Parameters&x=ratio"
     at = open_page(COMPARE)
     assert "Pick one or more experiments" in texts(at.info)
 

@@ -20,6 +20,7 @@ from kvlab.experiments.decision import DEFAULT_MAX_DROP
 from kvlab.engines.server_flags import SERVER_KINDS, check_config
 from kvlab.secrets import DEFAULT_KEY_VAR
 from kvlab.tasks.data_dir import checked_data_file
+from kvlab.tune.spec import TuneSpec
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 
@@ -35,6 +36,14 @@ _SWEEP_DEFAULTS = SweepGrid().model_dump(mode="json") | {"quant": ["none", "int4
 #: which a number column (inclusive bounds) shows as [step, 1 - step].
 BUDGET_STEP = 0.01
 BUDGET_RANGE = (BUDGET_BOUNDS[0] + BUDGET_STEP, BUDGET_BOUNDS[1] - BUDGET_STEP)
+
+#: The form's modes: a sweep runs the configs listed (and the grid); a tune searches the [tune] space.
+MODES = ("Sweep", "Tune")
+#: The Tune mode's defaults are TuneSpec's, with one eviction method to search (its default is none).
+_TUNE_DEFAULTS = TuneSpec().model_dump(mode="json") | {"evict": ["none", "snapkv"]}
+#: Tune fields where the form's 0 means "no limit" (None in the spec).
+TUNE_OPTIONAL = ("max_trials", "max_minutes", "max_item_evals", "max_ttft_ms", "max_tpot_ms")
+TUNE_COUNTS = ("max_trials", "max_item_evals")  # whole numbers; the others are minutes and milliseconds
 
 DEFAULT_SPEC: dict[str, Any] = {
     "name": "my-sweep", "model": "smollm2-135m",
@@ -101,8 +110,45 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
         "sweep.residual_length": int(sweep["residual_length"]),
         "sweep.query_aware": bool(sweep["query_aware"]),
     }
+    values |= tune_values(data.get("tune"))
     configs = [_CONFIG_DEFAULTS | {"name": ""} | c for c in data.get("configs", [])]
     return SpecForm(values=values, n_tasks=len(tasks), configs=configs, base=data)
+
+
+def tune_values(tune: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The Tune mode's widget values (``mode`` is Tune when the spec has a ``[tune]`` table)."""
+    data = _TUNE_DEFAULTS | dict(tune or {})
+    low, high = data["budget_range"]
+    return {"mode": MODES[1] if tune is not None else MODES[0],
+            "tune.quant": list(data["quant"]), "tune.group_sizes": list(data["group_sizes"]),
+            "tune.residual_lengths": _join(data["residual_lengths"]), "tune.evict": list(data["evict"]),
+            "tune.budget": data["budget"], "tune.budget_low": float(low), "tune.budget_high": float(high),
+            "tune.budget_step": float(data["budget_step"]),
+            **{f"tune.{key}": (int if key in TUNE_COUNTS else float)(data[key] or 0) for key in TUNE_OPTIONAL}}
+
+
+def tune_from_values(values: Mapping[str, Any],
+                     base: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The ``[tune]`` table from the Tune mode's widgets (fields without one, such as ``eta``, ride
+    along from ``base``), and the problems the form itself finds, by field path."""
+    errors: dict[str, list[str]] = {}
+    tune = dict(base or {})
+    try:
+        tune["residual_lengths"] = parse_numbers(str(values.get("tune.residual_lengths", "")), int)
+    except ValueError as error:
+        errors["tune.residual_lengths"] = [str(error)]
+    for key in ("quant", "group_sizes", "evict"):
+        tune[key] = list(values.get(f"tune.{key}") or [])
+        if not tune[key]:
+            errors[f"tune.{key}"] = ["pick at least one"]
+    tune |= {"budget": values.get("tune.budget", _TUNE_DEFAULTS["budget"]),
+             "budget_range": [float(values.get("tune.budget_low", _TUNE_DEFAULTS["budget_range"][0])),
+                              float(values.get("tune.budget_high", _TUNE_DEFAULTS["budget_range"][1]))],
+             "budget_step": float(values.get("tune.budget_step", _TUNE_DEFAULTS["budget_step"]))}
+    for key in TUNE_OPTIONAL:
+        number = values.get(f"tune.{key}") or 0
+        tune[key] = (int if key in TUNE_COUNTS else float)(number) or None
+    return tune, errors
 
 
 def default_form() -> SpecForm:
@@ -172,7 +218,7 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
                 errors.setdefault(prefix + "path", []).append(str(error))
         tasks.append({k: v for k, v in task.items() if v is not None})
 
-    data: dict[str, Any] = {k: v for k, v in base.items() if k not in ("sweep", "configs", "tasks")}
+    data: dict[str, Any] = {k: v for k, v in base.items() if k not in ("sweep", "configs", "tasks", "tune")}
     data |= {
         "name": str(values.get("name", "")).strip() or "experiment",
         "model": str(values.get("model") or "").strip(),
@@ -186,7 +232,11 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
     }
     if not data["model"]:
         errors.setdefault("model", []).append("give a registry name (smollm2-135m), a local directory or a .gguf file")
-    if values.get("sweep.on"):
+    if values.get("mode") == MODES[1]:  # a tune searches its space: the configs table and the grid stay out
+        data["configs"] = []
+        data["tune"], problems = tune_from_values(values, base.get("tune"))
+        errors |= problems
+    elif values.get("sweep.on"):
         data["sweep"] = {
             "quant": list(values.get("sweep.quant") or []), "evict": list(values.get("sweep.evict") or []),
             "ratios": numbers("sweep.ratios", float),

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from kvlab.experiments.analysis import ConfigSummary
+from kvlab.experiments.nodes import node_of
 from kvlab.compress.formats import FORMATS
 from kvlab.experiments.results import ItemResult
 from kvlab.store.records import ExperimentRecord, TrialRecord
@@ -23,7 +24,7 @@ MIB = 1024 * 1024
 
 #: URL paths of the pages (``st.Page(url_path=...)``).
 PAGE_EXPERIMENTS, PAGE_NEW, PAGE_EXPERIMENT, PAGE_COMPARE = "experiments", "new", "experiment", "compare"
-PAGE_DOCTOR = "doctor"
+PAGE_DOCTOR, PAGE_TUNE = "doctor", "tune"
 
 #: Experiments table: sort choice -> ``Store.list_experiments(order=...)``.
 SORTS = {"newest": "-created_at", "oldest": "created_at", "name": "name", "status": "status",
@@ -36,6 +37,9 @@ X_AXES = ("bytes", "ratio")
 #: The experiment page's sections (its ``tab`` query parameter), and the one that leads while it runs.
 SECTIONS = ("Tradeoff", "Latency", "Breakdown", "Needles", "Failed items", "Progress", "Spec & environment", "Export")
 LIVE_SECTION = "Progress"
+#: The compare page's sections: the overlaid tradeoffs (the default), the knobs and outcomes (parallel
+#: coordinates and their table).
+COMPARE_SECTIONS = ("Tradeoffs", "Parameters")
 
 
 def experiment_sections(ended: bool) -> list[str]:
@@ -160,7 +164,8 @@ def trial_rows(trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:
     return [{"trial": t.id, "config": t.config_name, "status": t.status,
              "items": f"{t.items_done}/{t.items_total if t.items_total is not None else '?'}",
              "progress": (t.items_done / t.items_total) if t.items_total else 0.0,
-             "attempts": t.attempts, "worker": t.worker_id or "-", "error": t.error or ""} for t in trials]
+             "attempts": t.attempts, "node": node_of(t.worker_id), "worker": t.worker_id or "-",
+             "error": t.error or ""} for t in trials]
 
 
 def summary_rows(summaries: Sequence[ConfigSummary], sweet_name: str | None = None) -> list[dict[str, Any]]:

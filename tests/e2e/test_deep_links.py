@@ -16,6 +16,7 @@ import pytest
 from kvlab.dashboard import views
 from kvlab.store import Store
 from tests.dashboard_data import populate
+from tests.tune_data import populate_tune
 from tests.e2e.dashboard_server import CHROMIUM, CHROMIUM_ARGS, ROOT, start_dashboard
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
@@ -32,6 +33,7 @@ LINKS = {
     f"/{views.PAGE_EXPERIMENT}?id=1&tab=Needles&needle=int4": "synthetic-sweep",
     f"/{views.PAGE_COMPARE}?ids=1": "Compare experiments",
     f"/{views.PAGE_DOCTOR}": "Endpoint doctor",
+    f"/{views.PAGE_TUNE}?id=2&show=stopped": "Tune: synthetic-tune",
 }
 
 
@@ -40,6 +42,7 @@ def store_url(tmp_path_factory) -> str:
     url = f"sqlite:///{tmp_path_factory.mktemp('links') / 'kvlab.sqlite'}"
     with Store(url) as store:
         populate(store)
+        populate_tune(store)  # experiment 2
     return url
 
 
@@ -57,7 +60,8 @@ def _has_page_stub(path: str) -> bool:
 
 def test_every_page_url_has_its_first_request_stub():
     """Without pages/<url>.py, a process's first request of /<url> shows the dialog."""
-    urls = [views.PAGE_EXPERIMENTS, views.PAGE_NEW, views.PAGE_EXPERIMENT, views.PAGE_COMPARE, views.PAGE_DOCTOR]
+    urls = [views.PAGE_EXPERIMENTS, views.PAGE_NEW, views.PAGE_EXPERIMENT, views.PAGE_COMPARE, views.PAGE_DOCTOR,
+            views.PAGE_TUNE]
     assert [u for u in urls if not _has_page_stub(u)] == []
 
 

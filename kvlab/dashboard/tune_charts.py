@@ -1,0 +1,94 @@
+"""Pure figure builders of the tune page: a tune's progress (:mod:`kvlab.tune.progress`) -> plotly Figure.
+
+Every axis says its unit; the page, its exports and the CLI's numbers come from the same points.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+
+from kvlab.tune.progress import MB, Point
+
+_LAYOUT = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
+#: How each state is drawn: complete solid, stopped greyed, active (still running or waiting) open.
+STYLES = {
+    "complete": {"name": "complete (every item)", "marker": {"color": "#1f77b4", "size": 10,
+                                                               "symbol": "circle"}, "opacity": 1.0},
+    "active": {"name": "active (more items to come)", "marker": {"color": "#ff7f0e", "size": 10,
+                                                                    "symbol": "circle-open", "line": {"width": 2}},
+               "opacity": 1.0},
+    "stopped": {"name": "stopped early", "marker": {"color": "#9e9e9e", "size": 8, "symbol": "x"}, "opacity": 0.55},
+}
+FRONT_TITLE = "Pareto front so far: KV bytes vs accuracy"
+HYPERVOLUME_TITLE = "Hypervolume over trials"
+
+
+def _drawn(point: Point) -> bool:
+    return point.kv_bytes is not None and point.accuracy is not None
+
+
+def _hover(point: Point) -> str:
+    interval = (f"{point.diff:+.3f} [{point.diff_low:+.3f}, {point.diff_high:+.3f}]"
+                if point.diff is not None and point.diff_low is not None and point.diff_high is not None else "-")
+    return (f"<b>{point.label}</b><br>{point.state} on {point.judged_items} items (rung {point.rung})"
+            f"<br>accuracy {point.accuracy:.3f}, vs baseline {interval}<br>KV {point.kv_bytes / MB:.3f} MB"
+            + (f"<br>{point.reason}" if point.reason else ""))
+
+
+def front_figure(shown: Sequence[Point], front: Sequence[Point], baseline: tuple[float | None, float | None],
+                 recommended: str | None = None, title: str = FRONT_TITLE) -> go.Figure:
+    """Every judged candidate at (KV MB, accuracy) with its paired-difference 95% interval drawn
+    around its accuracy (the difference's interval, shifted by the candidate's accuracy minus the
+    difference: the baseline's accuracy on the same items); the feasible front as a step line; the
+    baseline; ``recommended`` ringed."""
+    fig = go.Figure()
+    for state in ("stopped", "active", "complete"):
+        group = [p for p in shown if p.state == state and _drawn(p)]
+        if not group:
+            continue
+        style = STYLES[state]
+        fig.add_trace(go.Scatter(
+            x=[p.kv_bytes / MB for p in group], y=[p.accuracy for p in group], mode="markers", name=style["name"],
+            marker=style["marker"], opacity=style["opacity"], hovertext=[_hover(p) for p in group],
+            hoverinfo="text",
+            error_y={"type": "data", "symmetric": False, "thickness": 1.2,
+                     "array": [(p.diff_high - p.diff) if p.diff is not None and p.diff_high is not None else 0
+                               for p in group],
+                     "arrayminus": [(p.diff - p.diff_low) if p.diff is not None and p.diff_low is not None else 0
+                                    for p in group]}))
+    if front:
+        fig.add_trace(go.Scatter(x=[p.kv_bytes / MB for p in front], y=[p.accuracy for p in front],
+                                 mode="lines", line={"color": "#2ca02c", "width": 2, "shape": "hv"},
+                                 name="Pareto front (feasible)", hoverinfo="skip"))
+    base_bytes, base_accuracy = baseline
+    if base_bytes is not None and base_accuracy is not None:
+        fig.add_trace(go.Scatter(x=[base_bytes / MB], y=[base_accuracy], mode="markers", name="baseline (16-bit)",
+                                 marker={"color": "black", "size": 13, "symbol": "star"},
+                                 hovertext=[f"<b>baseline</b><br>accuracy {base_accuracy:.3f}"
+                                            f"<br>KV {base_bytes / MB:.3f} MB"], hoverinfo="text"))
+    chosen = [p for p in shown if p.label == recommended and _drawn(p)]
+    if chosen:
+        fig.add_trace(go.Scatter(x=[chosen[0].kv_bytes / MB], y=[chosen[0].accuracy], mode="markers",
+                                 name=f"recommended: {chosen[0].label}", hoverinfo="skip",
+                                 marker={"color": "#d62728", "size": 22, "symbol": "circle-open",
+                                         "line": {"width": 3}}))
+    fig.update_layout(title=title, xaxis_title="physical KV cache (MB per item, measured)",
+                      yaxis_title="accuracy (fraction correct; bars: paired 95% interval vs baseline)",
+                      legend={"orientation": "h", "y": -0.2}, **_LAYOUT)
+    fig.update_yaxes(range=[-0.05, 1.05])
+    return fig
+
+
+def hypervolume_figure(shown: Sequence[Point], history: Sequence[float], title: str = HYPERVOLUME_TITLE) -> go.Figure:
+    """The hypervolume after each candidate, in the order the tune proposed them."""
+    fig = go.Figure(go.Scatter(
+        x=list(range(1, len(history) + 1)), y=list(history), mode="lines+markers", line={"shape": "hv"},
+        name="hypervolume", hovertext=[f"after {p.label}: {h:.3f}" for p, h in zip(shown, history, strict=False)],
+        hoverinfo="text"))
+    fig.update_layout(title=title, xaxis_title="candidates proposed (trial order)",
+                      yaxis_title="hypervolume (fraction of baseline bytes x accuracy 1)", showlegend=False, **_LAYOUT)
+    fig.update_xaxes(dtick=1)
+    fig.update_yaxes(rangemode="tozero")
+    return fig

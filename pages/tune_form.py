@@ -1,0 +1,107 @@
+"""The new-experiment page's Tune mode: the ``[tune]`` table's widgets, the preview (the full grid
+against what the tune starts with) and the launch, which starts ``kvlab tune`` in the background
+(:func:`kvlab.cli.tune.start_background`) and opens the tune's page once its experiment is stored.
+
+Widget keys are the form's (``f:tune.quant``, ...): :mod:`kvlab.dashboard.spec_form` turns them into
+the table and places kvlab's validation messages next to them.  Not a page: pages/new_experiment.py
+draws it (streamlit code lives in pages/, the logic in kvlab/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import streamlit as st
+
+from kvlab.compress.formats import FORMATS, GROUP_SIZES
+from kvlab.compress.methods import BUDGET_HELP, COUNT_BUDGETS, METHODS
+from kvlab.config import ExperimentSpec, dump_spec
+from kvlab.dashboard import estimate
+from kvlab.dashboard.tune_launch import APPEAR_TIMEOUT_S, last_line, wait_for_tune
+from kvlab.store import Store
+from kvlab.tune.progress import plan
+
+def fields(prefix: str, slot: Callable[[str], None]) -> None:
+    """The search space, the constraints and the budget (the margin is the form's max_drop)."""
+    st.caption("The tune searches this space instead of running all of it: formats x group sizes x residual "
+               "lengths x eviction methods x budgets. Candidates are judged against the baseline by the paired "
+               "non-inferiority rule at the margin above (max_drop); clear losers stop after a few items.")
+    quant_col, group_col, residual_col = st.columns(3)
+    with quant_col:
+        st.multiselect("Quantization formats", list(FORMATS), key=prefix + "tune.quant")
+        slot("tune.quant")
+    with group_col:
+        st.multiselect("Group sizes (integer formats)", list(GROUP_SIZES), key=prefix + "tune.group_sizes")
+        slot("tune.group_sizes")
+    with residual_col:
+        st.text_input("Residual lengths (tokens, integer formats)", key=prefix + "tune.residual_lengths",
+                      help="Comma-separated, e.g. 32, 64")
+        slot("tune.residual_lengths")
+    evict_col, budget_col, low_col, high_col, step_col = st.columns([3, 1.2, 1, 1, 1])
+    with evict_col:
+        st.multiselect("Eviction methods", ["none", *METHODS], key=prefix + "tune.evict")
+        slot("tune.evict")
+    with budget_col:
+        budget = st.selectbox("Budget", list(COUNT_BUDGETS), key=prefix + "tune.budget")
+    low_col.number_input("from", min_value=0.01, max_value=0.99, step=0.05, format="%.3f",
+                         key=prefix + "tune.budget_low", help=BUDGET_HELP.get(budget))
+    high_col.number_input("to", min_value=0.01, max_value=0.99, step=0.05, format="%.3f",
+                          key=prefix + "tune.budget_high")
+    step_col.number_input("step", min_value=0.005, max_value=0.95, step=0.005, format="%.3f",
+                          key=prefix + "tune.budget_step")
+    slot("tune.budget_range")
+    slot("tune.budget_step")
+    ttft_col, tpot_col, trials_col, minutes_col, evals_col = st.columns(5)
+    ttft_col.number_input("Max TTFT (ms; 0: none)", min_value=0.0, step=100.0, key=prefix + "tune.max_ttft_ms",
+                          help="Candidates whose median time to first token is over it stop")
+    tpot_col.number_input("Max TPOT (ms; 0: none)", min_value=0.0, step=10.0, key=prefix + "tune.max_tpot_ms")
+    trials_col.number_input("Max candidates (0: none)", min_value=0, step=1, key=prefix + "tune.max_trials")
+    minutes_col.number_input("Max minutes (0: none)", min_value=0.0, step=5.0, key=prefix + "tune.max_minutes")
+    evals_col.number_input("Max item evaluations (0: none)", min_value=0, step=50, key=prefix + "tune.max_item_evals")
+    for key in ("tune.max_trials", "tune.max_minutes", "tune.max_item_evals", "tune.max_ttft_ms", "tune.max_tpot_ms"):
+        slot(key)
+    slot("tune")
+
+
+def preview(spec: ExperimentSpec) -> None:
+    """The full grid against what the tune starts with."""
+    n_items = estimate.items_per_config(spec)
+    planned = plan(spec, n_items)
+    grid_col, evals_col, first_col, rounds_col = st.columns(4)
+    grid_col.metric("Full grid (configs)", planned.grid_points)
+    evals_col.metric("Full grid (item evaluations)", f"{planned.grid_item_evals:,}",
+                     help=f"every config and the baseline on all {n_items} items")
+    first_col.metric("First round (item evaluations)", planned.first_item_evals,
+                     help=f"{planned.first_candidates} candidates and the baseline on {planned.rounds[0]} items")
+    rounds_col.metric("Rounds (items)", " → ".join(map(str, planned.rounds)))
+    st.caption(f"The tune starts with {planned.first_candidates} candidates of the {planned.grid_points} on "
+               f"{planned.rounds[0]} items; promising ones get more items ({', '.join(map(str, planned.rounds))}). "
+               f"It stops proposing after {planned.budget}.")
+    for note in planned.notes:
+        st.caption(note)
+
+
+def launch_row(spec: ExperimentSpec, store: Store, open_tune: Callable[[int], None]) -> None:
+    """Download the spec, or launch the tune (it runs in a background ``kvlab tune`` with its own worker)."""
+    download_col, launch_col = st.columns([1.2, 1])
+    download_col.download_button("Download spec (TOML)", data=dump_spec(spec), file_name=f"{spec.name}.toml",
+                                 mime="application/toml", icon=":material/download:", on_click="ignore")
+    if launch_col.button("Launch tune", type="primary", key="launch_tune", icon=":material/play_arrow:",
+                         help="Starts `kvlab tune` in the background on this host; `kvlab worker` processes "
+                              "with the same store can help"):
+        launch(spec, store, open_tune)
+
+
+def launch(spec: ExperimentSpec, store: Store, open_tune: Callable[[int], None]) -> None:
+    """Start ``kvlab tune`` in the background, wait for its experiment, and open its page."""
+    from kvlab.cli.tune import start_background  # noqa: PLC0415 -- the CLI's parser is not needed to draw the form
+
+    newest = max((e.id for e in store.list_experiments(limit=1)), default=0)
+    log = start_background(spec)
+    with st.spinner("Starting the tune (it loads the model, then stores its experiment) ..."):
+        experiment_id = wait_for_tune(store, spec.name, newest, APPEAR_TIMEOUT_S)
+    if experiment_id is None:
+        st.error(f"The tune did not store its experiment within {APPEAR_TIMEOUT_S:.0f} s: {last_line(log)} "
+                 f"(its log: {log})")
+        return
+    open_tune(experiment_id)

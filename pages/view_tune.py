@@ -1,0 +1,58 @@
+"""Tune: a ``kvlab tune`` search, live while it runs (pages/tune_view.py draws it).  The URL
+carries the experiment (``id``) and which candidates are shown (``show``)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from kvlab.dashboard import views
+from kvlab.store import ExperimentNotFoundError
+from pages import tune_view
+from pages.common import PAGE_FILES, empty_state, get_store, guard, share_box, slug
+
+store = get_store()
+tunes = [e for e in store.list_experiments(limit=200) if e.spec.get("tune") is not None]
+wanted = views.parse_int(st.query_params.get("id"))
+if wanted is None and st.query_params.get("id") is not None:
+    st.warning(f"The link's id {st.query_params.get('id')[:40]!r} is not an experiment id (a whole number from 1): "
+               "showing the newest tune instead.")
+if wanted is None and not tunes:
+    empty_state("No tunes yet: start one on the New experiment page (mode Tune) or with `kvlab tune SPEC.toml`.",
+                views.PAGE_NEW, "New experiment")
+    st.stop()
+labels = {e.id: f"#{e.id} {e.name}" for e in tunes}
+if wanted is not None and wanted not in labels:
+    labels = {wanted: f"#{wanted}"} | labels
+experiment_id = st.selectbox("Tune", list(labels), format_func=labels.get,
+                             index=list(labels).index(wanted) if wanted in labels else 0, key="tune_pick")
+if st.query_params.get("id") != str(experiment_id):
+    st.query_params["id"] = str(experiment_id)
+try:
+    experiment = store.get_experiment(experiment_id)
+except ExperimentNotFoundError as error:
+    st.error(f"{error}. Pick another tune above.")
+    st.stop()
+tune = store.tune(experiment.id)
+if tune is None:
+    st.error(f"Experiment #{experiment.id} ({experiment.name}) is not a tune: `kvlab run` made it.")
+    st.page_link(PAGE_FILES[views.PAGE_EXPERIMENT], label="Open it on the experiment page",
+                 query_params={"id": str(experiment.id)}, icon=":material/arrow_forward:")
+    st.stop()
+
+st.title(f"Tune: {experiment.name}")
+st.caption(f"#{experiment.id} · tune {tune.state} · model {experiment.model} ({experiment.backend_kind}) · "
+           f"max_drop {experiment.spec.get('max_drop')} · started {tune.started_at:%Y-%m-%d %H:%M} UTC")
+st.page_link(PAGE_FILES[views.PAGE_EXPERIMENT], label="Its trials, telemetry and results on the experiment page",
+             query_params={"id": str(experiment.id)}, icon=":material/monitoring:")
+show = st.segmented_control("Show", tune_view.SHOWS, default=tune_view.SHOWS[0], required=True, key="show",
+                            bind="query-params", help="Which candidates the chart and the table show")
+share_box({"id": experiment.id, "show": show if show != tune_view.SHOWS[0] else None})
+
+
+@st.fragment(run_every=tune_view.LIVE_EVERY_S if tune.state == "running" else None)
+def live_view(seen: str, shown: str) -> None:
+    with guard("Tune: live view"):  # its reruns every few seconds run outside app.py's guard
+        tune_view.live(store, experiment, seen, shown, slug(f"{experiment.id}-{experiment.name}"))
+
+
+live_view(tune.state, show)
