@@ -106,6 +106,15 @@ def test_telemetry_by_phase_in_mib():
     assert not charts.has_gpu(_samples())
 
 
+def test_telemetry_names_each_node():
+    samples = [TelemetrySample(experiment_id=1, worker_id=worker, ts=100.0 + i, phase="decode", source="cpu",
+                               rss_bytes=(i + 1) * MIB, kv_bytes=MIB)
+               for worker in ("ray:hostA:1a2b3c4d:ab12cd", "hostB-4242-ef34ab") for i in range(2)]
+    lines = [t for t in charts.telemetry_figure(samples).data if t.mode == "lines"]
+    assert [t.name for t in lines] == ["hostA (ray node 1a2b3c4d)", "hostB"] * 2  # the RSS rows, then the KV rows
+    assert "hostA (ray node 1a2b3c4d)" in lines[0].hovertemplate
+
+
 def test_gpu_figure():
     samples = _samples("nvml")
     assert charts.has_gpu(samples)

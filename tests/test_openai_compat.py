@@ -56,7 +56,8 @@ def test_served_results_match_the_embedded_engine(kvlab_server, key, engine):
     assert remote.engine["server"]["engine"] == "embedded" and API_KEY not in json.dumps(remote.to_dict())
 
 
-def test_cli_run_against_kvlab_serve_writes_results(kvlab_server, key, tmp_path, capsys):
+def test_cli_run_against_kvlab_serve_writes_results(kvlab_server, key, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{tmp_path / 'kvlab.sqlite'}")  # not the checkout's store
     spec = tmp_path / "served.toml"
     spec.write_text(f'name = "cli"\nmodel = "smollm2-135m"\n[backend]\nkind = "openai_compat"\n'
                     f'base_url = "{kvlab_server[1]}"\napi_key_env = "{API_KEY_VAR}"\n'

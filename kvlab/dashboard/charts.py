@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvlab.experiments.analysis import ConfigSummary, decide, pareto_front
+from kvlab.experiments.nodes import node_of
 from kvlab.experiments.results import ItemResult
 from kvlab.store.records import TelemetrySample
 from kvlab.dashboard.views import MIB, CompareRow
@@ -178,7 +179,8 @@ def needle_heatmap(results: Sequence[ItemResult], config_name: str) -> go.Figure
 
 
 def telemetry_figure(samples: Sequence[TelemetrySample]) -> go.Figure:
-    """Process RSS and KV-cache bytes over time, each sample coloured by the worker's phase."""
+    """Process RSS and KV-cache bytes over time, each sample coloured by the worker's phase; a grey line
+    per worker names its machine (its Ray node) on hover."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("process memory (RSS)", "KV cache in use"))
     t0 = min((s.ts for s in samples), default=0.0)
@@ -188,9 +190,11 @@ def telemetry_figure(samples: Sequence[TelemetrySample]) -> go.Figure:
     for row, attr in ((1, "rss_bytes"), (2, "kv_bytes")):
         for worker, rows in by_worker.items():
             shown = [s for s in rows if getattr(s, attr) is not None]
+            node = node_of(worker)  # one line per worker: on Ray, one per node
             fig.add_trace(go.Scatter(x=[s.ts - t0 for s in shown], y=[getattr(s, attr) / MIB for s in shown],
                                      mode="lines", line={"color": "#bbbbbb", "width": 1}, showlegend=False,
-                                     name=worker, hoverinfo="skip"), row=row, col=1)
+                                     name=node, hovertemplate=f"{node}<br>%{{x:.1f}} s<br>%{{y:.1f}} MiB"
+                                                              "<extra></extra>"), row=row, col=1)
         for phase, color in PHASE_COLORS.items():
             shown = [s for s in samples if s.phase == phase and getattr(s, attr) is not None]
             if shown:
