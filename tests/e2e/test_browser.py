@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from kvlab.secrets import mask
-from tests.e2e.dashboard_server import CHROMIUM, CHROMIUM_ARGS, ROOT, start_dashboard
+from tests.e2e.dashboard_server import CHROMIUM, ROOT, start_dashboard
 from tests.serving import API_KEY, API_KEY_VAR
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
@@ -54,14 +54,6 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except psutil.Error:
         return []
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright.sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 def _page(browser, url: str):

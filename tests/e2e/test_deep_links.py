@@ -8,7 +8,6 @@ folder-based navigation; pages.common.run_app is the fix that this test keeps ho
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from kvlab.dashboard import views
 from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.tune_data import populate_tune
-from tests.e2e.dashboard_server import CHROMIUM, CHROMIUM_ARGS, ROOT, start_dashboard
+from tests.e2e.dashboard_server import CHROMIUM, ROOT, start_dashboard
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
 
@@ -44,14 +43,6 @@ def store_url(tmp_path_factory) -> str:
         populate(store)
         populate_tune(store)  # experiment 2
     return url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
-    with playwright.sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 def _has_page_stub(path: str) -> bool:

@@ -15,7 +15,7 @@ import pytest
 
 from kvlab.dashboard import views
 from kvlab.store import Store
-from tests.e2e.dashboard_server import CHROMIUM, CHROMIUM_ARGS, start_dashboard
+from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
 from tests.tune_data import CANDIDATES, populate_tune
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
@@ -44,14 +44,6 @@ def server(tmp_path_factory) -> Iterator[Served]:
     finally:
         process.terminate()
         process.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright.sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 def _open(browser, url: str):
