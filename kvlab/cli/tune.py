@@ -70,8 +70,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
         log = start_background(spec, args.resume)
         print(f"tune started in the background; log: {log}; the dashboard lists it under Experiments", file=sys.stderr)
         return 0
-    if args.workers and not on_ray:
-        print(f"loading {spec.model if spec else 'the stored spec'}'s model ...", file=sys.stderr, flush=True)
     from kvlab.tune.recommend import describe
     from kvlab.tune.session import tune_here
 

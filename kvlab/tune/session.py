@@ -88,6 +88,8 @@ def tune_here(spec: ExperimentSpec | None, warnings: Sequence[str] = (), *, resu
             store.requeue_orphans(resume)
             spec = parse_spec(store.get_experiment(resume).spec)
         assert spec is not None and spec.tune is not None, "the CLI checks for a [tune] table"
+        if workers:
+            say(f"loading {spec.model} (its first load takes a while)")
         engine = build_engine(spec) if workers else None
         try:
             if engine is not None:  # the whole space, so that no candidate is refused halfway
