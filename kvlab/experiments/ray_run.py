@@ -16,8 +16,8 @@ from tqdm import tqdm
 from kvlab.config import ExperimentSpec
 from kvlab.experiments.ray_executor import RayWorkers, WorkerOutcome, import_ray
 from kvlab.experiments.runner import ExperimentRun, missing_baseline
-from kvlab.experiments.submit import RunCancelled, store_experiment
-from kvlab.store import Store, StoreError
+from kvlab.experiments.submit import cancelled_on_ctrl_c, store_experiment
+from kvlab.store import Store
 
 
 def run_on_ray(spec: ExperimentSpec, warnings: Sequence[str] = (), address: str | None = None, *,
@@ -64,15 +64,8 @@ def _wait(store: Store, experiment_id: int, workers: RayWorkers, name: str, prog
                 bar.update(record.items_done - bar.n)
             return False
 
-        try:
+        with cancelled_on_ctrl_c(store, experiment_id):
             return workers.wait(stop_when=advance if progress else None)
-        except KeyboardInterrupt:
-            kept = store.get_experiment(experiment_id).items_done
-            try:
-                store.cancel_experiment(experiment_id)
-            except StoreError:
-                pass  # it ended meanwhile
-            raise RunCancelled(experiment_id, kept) from None
 
 
 def settle(store: Store, experiment_id: int, outcomes: list[WorkerOutcome]) -> str | None:

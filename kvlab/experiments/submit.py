@@ -107,16 +107,8 @@ def _work(store: Store, experiment_id: int, spec: ExperimentSpec, engine: Engine
 
         worker = Worker(store, settings, engine_factory=lambda _spec: engine, experiment_id=experiment_id,
                         item_limit=limit, on_stored=advance)
-        try:
-            with _worker_log_quiet():
-                worker.run()
-        except KeyboardInterrupt:
-            kept = store.get_experiment(experiment_id).items_done
-            try:
-                store.cancel_experiment(experiment_id)
-            except StoreError:
-                pass  # it ended meanwhile
-            raise RunCancelled(experiment_id, kept) from None
+        with cancelled_on_ctrl_c(store, experiment_id), _worker_log_quiet():
+            worker.run()
     why = worker.left_behind().get(experiment_id)
     if why is not None:  # this host could not go on (its trials went back to the queue): the run ends here
         for trial in store.trials(experiment_id):
@@ -128,6 +120,21 @@ def _work(store: Store, experiment_id: int, spec: ExperimentSpec, engine: Engine
     if record.status == "cancelled":
         return f"experiment {experiment_id} was cancelled while it ran (`kvlab cancel` or the dashboard)"
     return None
+
+
+@contextmanager
+def cancelled_on_ctrl_c(store: Store, experiment_id: int) -> Iterator[None]:
+    """Ctrl-C while the experiment runs here: cancel it in the store (its results kept) and raise
+    :class:`RunCancelled`."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        kept = store.get_experiment(experiment_id).items_done
+        try:
+            store.cancel_experiment(experiment_id)
+        except StoreError:
+            pass  # it ended meanwhile
+        raise RunCancelled(experiment_id, kept) from None
 
 
 @contextmanager
