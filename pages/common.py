@@ -25,7 +25,7 @@ from kvlab.errlog import debug_enabled, log_details, one_line
 from kvlab.secrets import redact
 from kvlab.errors import ConfigError
 from kvlab.experiments.results import ItemResult
-from kvlab.store import ExperimentRecord, Store, StoreError
+from kvlab.store import ExperimentNotFoundError, ExperimentRecord, Store, StoreError
 
 #: Page files by URL path.  No page file is named like a URL path: those names belong to the stubs
 #: that send a process's first request through app.py (:func:`run_app`).
@@ -200,3 +200,27 @@ def empty_state(message: str, page: str | None = None, label: str | None = None)
 
 def experiment_label(experiment: ExperimentRecord) -> str:
     return f"#{experiment.id} {experiment.name} ({experiment.status})"
+
+
+def pick_experiment(store: Store, candidates: Sequence[ExperimentRecord], what: str, key: str) -> ExperimentRecord:
+    """The experiment the URL's ``id`` names (else the newest of ``candidates``), with a selector to
+    switch that keeps ``id`` in the URL; a link to a missing one says so and stops the page."""
+    raw = st.query_params.get("id")
+    wanted = views.parse_int(raw)
+    if wanted is None and raw is not None:
+        st.warning(f"The link's id {raw[:40]!r} is not an experiment id (a whole number from 1): "
+                   f"showing the newest {what} instead.")
+    labels = {e.id: f"#{e.id} {e.name}" for e in candidates}  # no status: the live panels show the current one
+    if wanted is not None and wanted not in labels:
+        labels = {wanted: f"#{wanted}"} | labels
+    experiment_id = st.selectbox(what.capitalize(), list(labels), format_func=labels.get,
+                                 index=list(labels).index(wanted) if wanted in labels else 0, key=key)
+    if st.query_params.get("id") != str(experiment_id):
+        st.query_params["id"] = str(experiment_id)
+    try:
+        return store.get_experiment(experiment_id)
+    except ExperimentNotFoundError as error:
+        st.error(f"{error}. Pick another {what} above.")
+        st.stop()
+        raise  # st.stop() ends the script; this line only tells type checkers so
+

@@ -21,8 +21,8 @@ from kvlab.config import dump_spec, parse_spec
 from kvlab.experiments.export import experiment_document, results_csv
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord
 from kvlab.store.records import TelemetrySample
-from pages.common import (PAGE_FILES, View, analysed, chart, db_url, empty_state, get_store, guard, results_of,
-                          share_box, shown_results, slug, view_of)
+from pages.common import (PAGE_FILES, View, analysed, chart, db_url, empty_state, get_store, guard, pick_experiment,
+                          results_of, share_box, shown_results, slug, view_of)
 
 LIVE_EVERY_S = 2.0
 TELEMETRY_LIMIT = 3000
@@ -36,22 +36,7 @@ if not recent:
                 views.PAGE_NEW, "New experiment")
     st.stop()
 
-labels = {e.id: f"#{e.id} {e.name}" for e in recent}  # no status here: the live panel below has the current one
-wanted = views.parse_int(st.query_params.get("id"))
-if wanted is None and st.query_params.get("id") is not None:
-    st.warning(f"The link's id {st.query_params.get('id')[:40]!r} is not an experiment id (a whole number from 1): "
-               "showing the newest experiment instead.")
-if wanted is not None and wanted not in labels:
-    labels = {wanted: f"#{wanted}"} | labels
-experiment_id = st.selectbox("Experiment", list(labels), format_func=labels.get,
-                             index=list(labels).index(wanted) if wanted in labels else 0, key="experiment_pick")
-if st.query_params.get("id") != str(experiment_id):
-    st.query_params["id"] = str(experiment_id)
-try:
-    experiment = store.get_experiment(experiment_id)
-except ExperimentNotFoundError as error:
-    st.error(f"{error}. Pick another experiment above.")
-    st.stop()
+experiment = pick_experiment(store, recent, "experiment", key="experiment_pick")
 
 st.title(experiment.name)
 st.caption(f"#{experiment.id} · {experiment.status} · model {experiment.model} ({experiment.backend_kind}) · "

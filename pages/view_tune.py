@@ -6,32 +6,16 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.dashboard import views
-from kvlab.store import ExperimentNotFoundError
 from pages import tune_view
-from pages.common import PAGE_FILES, empty_state, get_store, guard, share_box, slug
+from pages.common import PAGE_FILES, empty_state, get_store, guard, pick_experiment, share_box, slug
 
 store = get_store()
 tunes = [e for e in store.list_experiments(limit=200) if e.spec.get("tune") is not None]
-wanted = views.parse_int(st.query_params.get("id"))
-if wanted is None and st.query_params.get("id") is not None:
-    st.warning(f"The link's id {st.query_params.get('id')[:40]!r} is not an experiment id (a whole number from 1): "
-               "showing the newest tune instead.")
-if wanted is None and not tunes:
+if views.parse_int(st.query_params.get("id")) is None and not tunes:
     empty_state("No tunes yet: start one on the New experiment page (mode Tune) or with `kvlab tune SPEC.toml`.",
                 views.PAGE_NEW, "New experiment")
     st.stop()
-labels = {e.id: f"#{e.id} {e.name}" for e in tunes}
-if wanted is not None and wanted not in labels:
-    labels = {wanted: f"#{wanted}"} | labels
-experiment_id = st.selectbox("Tune", list(labels), format_func=labels.get,
-                             index=list(labels).index(wanted) if wanted in labels else 0, key="tune_pick")
-if st.query_params.get("id") != str(experiment_id):
-    st.query_params["id"] = str(experiment_id)
-try:
-    experiment = store.get_experiment(experiment_id)
-except ExperimentNotFoundError as error:
-    st.error(f"{error}. Pick another tune above.")
-    st.stop()
+experiment = pick_experiment(store, tunes, "tune", key="tune_pick")
 tune = store.tune(experiment.id)
 if tune is None:
     st.error(f"Experiment #{experiment.id} ({experiment.name}) is not a tune: `kvlab run` made it.")

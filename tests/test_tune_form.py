@@ -9,17 +9,8 @@ import pytest
 
 from kvlab.dashboard import spec_form
 from kvlab.dashboard.tune_launch import last_line, wait_for_tune
-from kvlab.store import Store
-from tests.test_dashboard import NEW, assert_clean, open_page, texts
+from tests.test_dashboard import NEW, assert_clean, open_page, store, texts  # noqa: F401 -- store: the fixture
 from tests.tune_data import populate_tune
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path / 'kvlab.sqlite'}"
-    monkeypatch.setenv("KVLAB_DATABASE_URL", url)
-    with Store(url) as opened:
-        yield opened
 
 
 def metrics(at) -> dict[str, str]:

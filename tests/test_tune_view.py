@@ -6,20 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.store import Store
 from tests.dashboard_data import populate
-from tests.test_dashboard import assert_clean, open_page, texts
+from tests.test_dashboard import assert_clean, open_page, store, texts  # noqa: F401 -- store: the fixture
 from tests.tune_data import populate_tune
 
 TUNE = "pages/view_tune.py"
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path / 'kvlab.sqlite'}"
-    monkeypatch.setenv("KVLAB_DATABASE_URL", url)
-    with Store(url) as opened:
-        yield opened
 
 
 def test_the_tune_page_reads_the_stored_tune(store):
