@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import tomllib
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -27,9 +29,22 @@ from kvlab.compress.methods import (
     methods_with,
 )
 from kvlab.errors import ConfigError
+from kvlab.limits import (
+    CONFIGS,
+    ITEM_EVALS,
+    ITEMS,
+    MAX_NOTES_CHARS,
+    MAX_TAG_CHARS,
+    MAX_TAGS,
+    TASKS,
+    FieldProblem,
+    check_text,
+)
+from kvlab.models.registry import context_limit
 from kvlab.secrets import URL_USERINFO, url_credentials
+from kvlab.tasks import planned_items
 from kvlab.tasks.jsonl import check_task_files
-from kvlab.tasks.spec import TaskSpec
+from kvlab.tasks.spec import MAX_PATH_CHARS, TaskSpec
 from kvlab.tune.spec import TuneSpec, backend_space
 
 QuantDtype = Literal[QUANT_NAMES]  # type: ignore[valid-type]  # the format registry's names
@@ -85,6 +100,11 @@ class KVCacheConfig(BaseModel):
     query_aware: bool = False
     window_size: _param("window_size") = PARAMS["window_size"].default  # type: ignore[valid-type]
     n_sink: _param("n_sink") = PARAMS["n_sink"].default  # type: ignore[valid-type]
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        return check_text(name)
 
     @field_validator("quant", "evict", mode="before")
     @classmethod
@@ -165,13 +185,17 @@ BASELINE = KVCacheConfig(name="baseline")
 
 
 class SweepGrid(BaseModel):
-    """A grid over quantization x eviction method x budget, expanded into configs."""
+    """A grid over quantization x eviction method x budget, expanded into configs.
+
+    Each list holds at least one value and none twice, so the grid's points are distinct and
+    :meth:`size` counts them without expanding it.
+    """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    quant: list[QuantDtype] = ["none"]
-    evict: list[EvictionMethod] = ["none"]
-    ratios: list[Fraction] = [0.5]
+    quant: list[QuantDtype] = Field(default=["none"], min_length=1)
+    evict: list[EvictionMethod] = Field(default=["none"], min_length=1)
+    ratios: list[Fraction] = Field(default=[0.5], min_length=1)
     group_size: Literal[GROUP_SIZES] = DEFAULT_GROUP_SIZE  # type: ignore[valid-type]
     residual_length: Annotated[int, Field(ge=0, le=8192)] = 64
     query_aware: bool = False
@@ -182,6 +206,19 @@ class SweepGrid(BaseModel):
         if isinstance(value, list):
             return [KVCacheConfig._canonical_name(v) for v in value]
         return value
+
+    @field_validator("quant", "evict", "ratios")
+    @classmethod
+    def _distinct(cls, values: list[Any]) -> list[Any]:
+        twice = [str(value) for value, count in Counter(values).items() if count > 1]
+        if twice:
+            raise ValueError(f"lists {', '.join(twice)} twice: give each value once")
+        return values
+
+    def size(self) -> int:
+        """Configs :meth:`expand` makes, counted (a method ``none`` takes no ratio)."""
+        methods = sum(method != "none" for method in self.evict)
+        return len(self.quant) * (("none" in self.evict) + methods * len(self.ratios))
 
     def expand(self) -> list[KVCacheConfig]:
         configs = []
@@ -281,22 +318,68 @@ class ExperimentSpec(BaseModel):
     notes: str = ""
     resources: Resources | None = None  # for the Ray executor; None: its defaults
 
+    @model_validator(mode="before")
+    @classmethod
+    def _count_entries(cls, data: Any) -> Any:
+        """A spec of thousands of [[configs]] or [[tasks]] entries is refused before they are validated
+        one by one (which takes seconds)."""
+        for key, bound in (("configs", CONFIGS), ("tasks", TASKS)):
+            entries = data.get(key) if isinstance(data, dict) else None
+            if isinstance(entries, list):
+                bound.check(key, len(entries), f"{{n}} [[{key}]] entries")
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if not name.strip():
+            raise ValueError("give the experiment a name (it is how `kvlab ls` and the dashboard list it)")
+        return check_text(name)
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, model: str) -> str:
+        return check_text(model, MAX_PATH_CHARS)
+
+    @field_validator("tags")
+    @classmethod
+    def _check_tags(cls, tags: list[str]) -> list[str]:
+        if len(tags) > MAX_TAGS:
+            raise ValueError(f"{len(tags):,} tags; at most {MAX_TAGS}")
+        for index, tag in enumerate(tags):
+            try:
+                check_text(tag, MAX_TAG_CHARS)
+            except ValueError as problem:
+                raise FieldProblem(str(index), str(problem)) from None
+        return tags
+
+    @field_validator("notes")
+    @classmethod
+    def _check_notes(cls, notes: str) -> str:
+        return check_text(notes, MAX_NOTES_CHARS, allowed="\n\t")
+
     @model_validator(mode="after")
     def _check(self) -> ExperimentSpec:
         if not self.configs and self.sweep is None and self.tune is None:
             raise ValueError("give at least one [[configs]] entry, a [sweep] grid or a [tune] search space")
         if self.tune is not None:
             backend_space(self.tune, self.backend.kind)  # raises for a backend with nothing to tune
-        if self.max_context_length is not None:
-            too_long = sorted({n for t in self.tasks for n in t.context_lengths if n > self.max_context_length})
-            if too_long:
-                raise ValueError(
-                    f"context_lengths {too_long} exceed max_context_length = {self.max_context_length}"
-                )
-        labels = [c.label for c in self.all_configs()]
-        duplicates = sorted({lbl for lbl in labels if labels.count(lbl) > 1})
+        for index, task in enumerate(self.tasks):
+            if task.name != "jsonl":  # a file's items are bounded by its own limits (KVLAB_MAX_JSONL_ITEMS)
+                ITEMS.check(f"tasks.{index}.num_items", task.items_per_length, "{n} items")
+        check_context_lengths(self, context_limit(self.model))
+        if self.sweep is not None:  # counted before it is expanded: a grid of millions is refused at once
+            if self.sweep.quant == ["none"] and self.sweep.evict == ["none"]:
+                raise FieldProblem("sweep", "the grid holds only the baseline (quant = ['none'], evict = ['none']), "
+                                            "which always runs: add a format to quant or an eviction method to evict")
+            CONFIGS.check("sweep", self.sweep.size(), "the [sweep] grid expands to {n} configs")
+        configs = self.all_configs()
+        CONFIGS.check("configs", len(configs), "{n} configs (the baseline, [[configs]] and the [sweep] grid)")
+        labels = Counter(c.label for c in configs)
+        duplicates = sorted(label for label, count in labels.items() if count > 1)
         if duplicates:
             raise ValueError(f"duplicate config names {duplicates}: give each [[configs]] entry a distinct name")
+        check_item_evals(self, known_items)
         return self
 
     def all_configs(self) -> list[KVCacheConfig]:
@@ -314,11 +397,63 @@ class ExperimentSpec(BaseModel):
         return (baselines[:1] or [BASELINE]) + others
 
 
+def known_items(task: TaskSpec) -> int | None:
+    """Items ``task`` generates, as far as the spec alone tells: a jsonl file's count needs the file."""
+    return None if task.name == "jsonl" else task.items_per_length * len(task.context_lengths)
+
+
+def check_item_evals(spec: ExperimentSpec, items_of: Callable[[TaskSpec], int | None]) -> None:
+    """Refuse more item evaluations (items x configs) than :data:`kvlab.limits.ITEM_EVALS` allows;
+    ``items_of`` counts a task's items (None: unknown, left out).  Validation counts what the spec
+    says (:func:`known_items`); the submit path counts jsonl files too (``kvlab.tasks.planned_items``)."""
+    items = sum(n for n in map(items_of, spec.tasks) if n is not None)
+    configs = len(spec.all_configs())
+    ITEM_EVALS.check("tasks", items * configs, f"{{n}} item evaluations ({items:,} items x {configs:,} configs)")
+
+
+def check_context_lengths(spec: ExperimentSpec, model_limit: int | None) -> None:
+    """Refuse context lengths longer than the spec's ``max_context_length`` or than the model takes
+    (``model_limit``: its positions, None when not known here).  A launched server (vLLM, SGLang)
+    serves ``model`` itself; an OpenAI-compatible endpoint serves a model of its own, whose limit
+    only the endpoint knows."""
+    limits = [(spec.max_context_length, "max_context_length = {limit:,}", "")]
+    if spec.backend.kind != "openai_compat":
+        limits.append((model_limit, "{model}'s maximum context of {limit:,} tokens",
+                       " or a model with a longer context"))
+    for index, task in enumerate(spec.tasks):
+        if task.name == "jsonl":  # its prompts are measured once tokenized (the engine refuses one too long)
+            continue
+        for limit, what, remedy in limits:
+            too_long = [n for n in task.context_lengths if limit is not None and n > limit]
+            if limit is not None and too_long:
+                exceeded = what.format(limit=limit, model=spec.model)  # the template is ours, the model is a value
+                raise FieldProblem(f"tasks.{index}.context_lengths",
+                                   f"{too_long} exceed {exceeded}: the prompt and its new tokens must fit; "
+                                   f"use shorter context lengths{remedy}")
+
+
+def check_on_this_host(spec: ExperimentSpec) -> None:
+    """What validation cannot tell from the spec alone, checked before anything is stored or loaded
+    (:func:`load_spec`, and the submit path of every front end): context lengths against a local
+    model directory's limit (validation knows the registry's), and the item evaluations with each
+    jsonl file's records counted."""
+    try:
+        check_context_lengths(spec, context_limit(spec.model, read_files=True))
+        check_item_evals(spec, planned_items)
+    except FieldProblem as problem:
+        raise ConfigError(f"{problem.path}: {problem}") from None
+
+
 def format_validation_error(error: ValidationError) -> str:
-    """One line per problem, each naming the field path, e.g. ``configs.2.quant: Input should be ...``."""
+    """One line per problem, each naming the field path, e.g. ``configs.2.quant: Input should be ...``
+    (a whole-spec check names its field with :class:`kvlab.limits.FieldProblem`)."""
     lines = []
     for problem in error.errors():
-        path = ".".join(str(p) for p in problem["loc"]) or "spec"
+        path = ".".join(str(p) for p in problem["loc"])
+        cause = problem.get("ctx", {}).get("error")
+        if isinstance(cause, FieldProblem):
+            path = ".".join(p for p in (path, cause.path) if p)
+        path = path or "spec"
         message = problem["msg"].removeprefix("Value error, ")
         lines.append(f"{path}: {message}")
     return "\n".join(lines)
@@ -393,7 +528,8 @@ def spec_text(data: bytes, source: str) -> str:
 
 def load_spec(path: str | Path) -> tuple[ExperimentSpec, list[str]]:
     """Read a TOML spec file (native or seed-blog shaped) and return it with any warnings; jsonl
-    task files are validated too, and their paths made absolute (:func:`check_task_files`)."""
+    task files are validated too, and their paths made absolute (:func:`check_task_files`), and
+    what this host's files tell checked (:func:`check_on_this_host`)."""
     path = Path(path)
     try:
         if path.is_dir():
@@ -411,7 +547,12 @@ def load_spec(path: str | Path) -> tuple[ExperimentSpec, list[str]]:
     except OSError as error:
         raise ConfigError(f"{path}: cannot be read ({error.strerror or error})") from None
     spec, warnings = parse_spec_toml(spec_text(data, str(path)), str(path))
-    return check_task_files(spec), warnings  # a bad task file is refused before any model loads
+    spec = check_task_files(spec)  # a bad task file is refused before any model loads
+    try:
+        check_on_this_host(spec)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    return spec, warnings
 
 
 def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, dump_spec, load_spec, parse_spec
+from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, SweepGrid, dump_spec, load_spec, parse_spec
 
 TASKS = [{"name": "passkey", "context_lengths": [1024]}]
 
@@ -131,3 +131,15 @@ def test_seed_threshold_and_target_ratio(tmp_path):
 def test_seed_errors(tmp_path, body, fragment):
     with pytest.raises(ConfigError, match=fragment):
         _seed(tmp_path, body)
+
+
+@pytest.mark.parametrize("grid", [
+    {"quant": ["int8"]},
+    {"quant": ["none", "int4", "fp8_e4m3"], "evict": ["none", "snapkv", "knorm"], "ratios": [0.25, 0.5, 0.75]},
+    {"evict": ["snapkv", "tova"], "ratios": [0.5]},
+    {"quant": ["int2", "int8"], "evict": ["none"], "ratios": [0.1, 0.2]},
+])
+def test_sweep_size_counts_what_expand_builds(grid):
+    """The bound on configs counts the grid without expanding it: the count must be the expansion's."""
+    sweep = SweepGrid(**grid)
+    assert sweep.size() == len(sweep.expand()) == len(set(sweep.expand()))

@@ -88,8 +88,10 @@ def _command_line(argv: Sequence[str]) -> str:
 
 
 def _say(line: str) -> None:
+    from kvlab.cli.outputs import shown  # here: outputs imports this module
+
     try:
-        print(line, file=sys.stderr, flush=True)
+        print(shown(line), file=sys.stderr, flush=True)
     except (BrokenPipeError, ValueError):  # stderr closed too: nobody to tell
         pass
 

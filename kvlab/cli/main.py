@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shlex
 import sys
 import time
 from typing import NoReturn
@@ -38,6 +39,9 @@ class Parser(argparse.ArgumentParser):
 
 def _cmd_run(args: argparse.Namespace) -> int:
     spec, warnings = load_spec(args.spec)  # before the heavy imports below: a bad spec is refused at once
+    if spec.tune is not None:  # `kvlab run` would run the baseline and the fixed configs, not the search
+        raise cli_exit.UserError(f"{args.spec}: has a [tune] table, which `kvlab run` does not search; "
+                                 f"run `kvlab tune {shlex.quote(args.spec)}`, or remove the [tune] table")
     json_out = check_output(args.json, "--json", create_parents=True) if args.json else None
     on_ray = _check_executor(args)
     if args.backend:

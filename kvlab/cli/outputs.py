@@ -1,5 +1,6 @@
-"""Output files named on the command line (``--out``, ``--json``): checked before any work is done,
-written with a message that names the option and the path when the system refuses."""
+"""What the CLI writes: text for the terminal (:func:`shown`), and the output files named on the
+command line (``--out``, ``--json``), checked before any work is done and written with a message
+that names the option and the path when the system refuses."""
 
 from __future__ import annotations
 
@@ -7,6 +8,20 @@ import os
 from pathlib import Path
 
 from kvlab.cli.exits import UserError
+
+
+def shown(value: object, lines: bool = False) -> str:
+    """``value`` as text that is safe to print on a terminal: every control or format character
+    (the ESC that starts ANSI and OSC sequences, CR, BEL, backspace, a bidi override, and a newline
+    unless ``lines``) written as its escape, e.g. ``\\x1b``.  A name, tag or message read from a
+    store that others write to can then neither clear the screen, retitle the window nor forge a
+    row.  Every printer of the CLI passes stored text through here (errors too, in
+    :mod:`kvlab.cli.exits`)."""
+    text = str(value)
+    if text.isprintable() or (lines and all(line.isprintable() for line in text.split("\n"))):
+        return text
+    return "".join(c if c.isprintable() or (lines and c == "\n") else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
 
 
 def check_output(path: str, option: str, create_parents: bool = False) -> Path:

@@ -6,8 +6,9 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 
-from kvlab.cli.outputs import check_output, write_output
+from kvlab.cli.outputs import check_output, shown, write_output
 from kvlab.cli.options import float_between, int_between, non_negative_int, positive_int
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import redact
@@ -74,8 +75,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     print(f"{'id':>5}  {'status':9}  {'trials':>9}  {'items':>11}  {'created':19}  name")
     for e in experiments:
-        print(f"{e.id:>5}  {e.status:9}  {e.trials_done:>4}/{e.trials_total:<4}  {e.items_done:>5}/{e.items_total:<5}  "
-              f"{e.created_at:%Y-%m-%d %H:%M:%S}  {e.name}" + (f"  [{', '.join(e.tags)}]" if e.tags else ""))
+        print(f"{e.id:>5}  {shown(e.status):9}  {e.trials_done:>4}/{e.trials_total:<4}  {e.items_done:>5}/{e.items_total:<5}  "
+              f"{e.created_at:%Y-%m-%d %H:%M:%S}  {shown(e.name)}"
+              + (f"  [{', '.join(map(shown, e.tags))}]" if e.tags else ""))
     return 0
 
 
@@ -83,36 +85,39 @@ def cmd_show(args: argparse.Namespace) -> int:
     store = _store()
     experiment = store.get_experiment(args.id)
     trials = store.trials(args.id)
-    print(f"experiment {experiment.id} '{experiment.name}': {experiment.status}, model {experiment.model} "
-          f"({experiment.backend_kind}), seed {experiment.seed}, commit {experiment.git_commit or '-'}")
+    print(f"experiment {experiment.id} '{shown(experiment.name)}': {shown(experiment.status)}, model "
+          f"{shown(experiment.model)} ({shown(experiment.backend_kind)}), seed {experiment.seed}, "
+          f"commit {shown(experiment.git_commit or '-')}")
     print(f"{'trial':>6}  {'status':9}  {'items':>9}  {'att':>3}  config")
     for t in trials:
-        print(f"{t.id:>6}  {t.status:9}  {t.items_done:>4}/{t.items_total or 0:<4}  {t.attempts:>3}  {t.config_name}"
-              + (f"   error: {redact(t.error)}" if t.error else ""))
+        print(f"{t.id:>6}  {shown(t.status):9}  {t.items_done:>4}/{t.items_total or 0:<4}  {t.attempts:>3}  "
+              f"{shown(t.config_name)}" + (f"   error: {shown(redact(t.error))}" if t.error else ""))
     tune = store.tune(args.id)
     if tune is not None:
         from kvlab.tune.recommend import describe
 
         stopped = [c for c in store.candidates(args.id) if c.state == "stopped"]
-        print(f"\ntune {tune.state}: {len(stopped)} candidate(s) stopped early"
-              + (f"; {tune.note}" if tune.note else "") + f" (the dashboard's /tune?id={args.id})")
+        print(f"\ntune {shown(tune.state)}: {len(stopped)} candidate(s) stopped early"
+              + (f"; {shown(tune.note)}" if tune.note else "") + f" (the dashboard's /tune?id={args.id})")
         if tune.recommendation:
-            print("\n".join(describe(tune.recommendation)))
+            print(shown("\n".join(describe(tune.recommendation)), lines=True))
     results = store.item_results(args.id)
     if results:
         from kvlab.experiments.analysis import summarize  # scipy: imported only when there is something to summarise
         from kvlab.experiments.decision import DEFAULT_MAX_DROP
         from kvlab.experiments.report import render
 
-        baseline = next((t.config_name for t in trials if t.position == 0), "baseline")
+        # names escaped before the tables are laid out: a newline in one cannot forge a row
+        results = [replace(r, config_name=shown(r.config_name), task=shown(r.task)) for r in results]
+        baseline = shown(next((t.config_name for t in trials if t.position == 0), "baseline"))
         print()
         max_drop = args.max_drop or experiment.spec.get("max_drop", DEFAULT_MAX_DROP)
-        print(render(summarize(results, baseline, max_drop), results, baseline))
+        print(shown(render(summarize(results, baseline, max_drop), results, baseline), lines=True))
     events = store.events(args.id)[-args.events:] if args.events else []
     if events:
         print("\nrecent events:")
         for event in events:
-            print(f"  {event.level:7} {redact(event.message)}")
+            print(f"  {shown(event.level):7} {shown(redact(event.message))}")
     return 0
 
 

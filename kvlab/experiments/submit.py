@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from tqdm import tqdm
 
 from kvlab.experiments import launcher
-from kvlab.config import ExperimentSpec
+from kvlab.config import ExperimentSpec, check_on_this_host
 from kvlab.engines.base import Engine
 from kvlab.engines.factory import build_engine
 from kvlab.errlog import debug_enabled
@@ -39,7 +39,9 @@ class RunCancelled(KeyboardInterrupt):
 
 def store_experiment(store: Store, spec: ExperimentSpec, warnings: Sequence[str] = ()) -> int:
     """Store a queued experiment with this host's environment (without torch's facts: the worker that
-    runs it records its own); its warnings become warning events."""
+    runs it records its own); its warnings become warning events.  Refused first if this host's
+    files say it cannot run (:func:`kvlab.config.check_on_this_host`)."""
+    check_on_this_host(spec)
     experiment_id = store.create_experiment(spec, environment(torch_facts=False))
     for warning in [*warnings, *missing_baseline(spec)]:
         store.log_event(experiment_id, warning, level="warning")
@@ -74,6 +76,7 @@ def run_here(spec: ExperimentSpec, warnings: Sequence[str] = (), *, limit: int |
     the engine refuses stores nothing.  Raises :class:`RunCancelled` on Ctrl-C.
     """
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
+    check_on_this_host(spec)  # before the model loads
     engine = build_engine(spec)
     try:
         engine.check_configs(spec.all_configs())  # refusals (a server not installed...) store nothing

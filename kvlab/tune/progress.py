@@ -22,7 +22,7 @@ from kvlab.config import ExperimentSpec
 from kvlab.experiments.results import ItemResult
 from kvlab.store.records import CandidateRecord, TrialRecord
 from kvlab.tune.judge import rungs
-from kvlab.tune.spec import backend_space, candidate_grid
+from kvlab.tune.spec import backend_space, grid_points
 
 MB = 1e6  # the recommendation and `kvlab tune` speak decimal MB
 
@@ -187,7 +187,7 @@ def plan(spec: ExperimentSpec, n_items: int) -> Plan:
     """The tune ``spec`` describes, on ``n_items`` items (``spec.tune`` must be set)."""
     assert spec.tune is not None
     tune, notes = backend_space(spec.tune, spec.backend.kind)
-    points = len(candidate_grid(tune))
+    points = grid_points(tune)
     sizes = rungs(n_items, tune.min_items, tune.eta) if n_items else [0]
     first = min(tune.candidates_per_round, points, tune.max_trials or points)
     limits = [f"{tune.max_trials} candidates" if tune.max_trials is not None else "",

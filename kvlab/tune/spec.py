@@ -4,7 +4,8 @@ The space is a grid -- formats x group sizes x residual lengths x eviction metho
 ``budget_step`` -- which the sampler explores without enumerating it (budgets are drawn on their
 step, so that "one grid step" and the equivalent full grid are well defined).  A candidate's
 group size and residual length only exist for integer formats, and its budget only with an
-eviction method: the space is conditional, and :func:`grid` counts it the same way.
+eviction method: the space is conditional, and :func:`grid_points` counts it the same way,
+arithmetically: validation never builds the grid (:data:`kvlab.limits.TUNE_POINTS` bounds it).
 
 Pure data and validation: nothing here imports torch or optuna (``kvlab show`` reads specs).
 """
@@ -19,10 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kvlab.compress.formats import DEFAULT_GROUP_SIZE, FORMATS, GROUP_SIZES, INT_BITS, QUANT_ALIASES, QUANT_NAMES
 from kvlab.compress.methods import COUNT_BUDGETS, METHOD_ALIASES, METHOD_NAMES, METHODS
+from kvlab.limits import TUNE_POINTS
 
 QuantName = Literal[QUANT_NAMES]  # type: ignore[valid-type]
 MethodName = Literal[METHOD_NAMES]  # type: ignore[valid-type]
 Sampler = Literal["tpe", "gp"]
+#: The finest budget step: budgets are fractions kept to 6 decimals, and a finer grid only grows the
+#: space (a step of 1e-9 once made validation build a billion candidates).
+MIN_BUDGET_STEP = 0.001
 
 
 class TuneSpec(BaseModel):
@@ -50,7 +55,7 @@ class TuneSpec(BaseModel):
     evict: list[MethodName] = Field(default_factory=lambda: ["none"], min_length=1)
     budget: Literal[COUNT_BUDGETS] = "ratio"  # type: ignore[valid-type]
     budget_range: tuple[float, float] = (0.25, 0.875)
-    budget_step: Annotated[float, Field(gt=0, lt=1)] = 0.125
+    budget_step: Annotated[float, Field(ge=MIN_BUDGET_STEP, lt=1)] = 0.125
     query_aware: bool = False
     sampler: Sampler = "tpe"
     candidates_per_round: Annotated[int, Field(ge=1, le=64)] = 4
@@ -84,20 +89,41 @@ class TuneSpec(BaseModel):
                                  f"(it takes {', '.join(METHODS[method].budgets)})")
         if self.query_aware and self.evict == ["none"]:
             raise ValueError("query_aware = true needs an eviction method in evict")
-        if not candidate_grid(self):
-            raise ValueError("the search space holds only the baseline (quant = ['none'], evict = ['none']): "
-                             "add a format or an eviction method")
         for name, values in (("quant", self.quant), ("evict", self.evict), ("group_sizes", self.group_sizes),
                              ("residual_lengths", self.residual_lengths)):
             if len(set(values)) != len(values):
-                raise ValueError(f"{name} lists a value twice: {values}")
+                raise ValueError(f"{name} lists a value twice: {_shown(values)}")
+        points = grid_points(self)
+        if not points:
+            raise ValueError("the search space holds only the baseline (quant = ['none'], evict = ['none']): "
+                             "add a format or an eviction method")
+        TUNE_POINTS.check("", points, "the search space holds {n} candidates")
         return self
+
+    def budget_count(self) -> int:
+        """How many values :meth:`budgets` holds."""
+        low, high = self.budget_range
+        return math.floor((high - low) / self.budget_step + 1e-9) + 1
 
     def budgets(self) -> list[float]:
         """The budget values of the grid: ``budget_range`` on ``budget_step`` (ends included)."""
-        low, high = self.budget_range
-        steps = math.floor((high - low) / self.budget_step + 1e-9)
-        return [round(low + i * self.budget_step, 6) for i in range(steps + 1)]
+        low = self.budget_range[0]
+        return [round(low + i * self.budget_step, 6) for i in range(self.budget_count())]
+
+
+def _shown(values: list[object]) -> str:
+    """A list as a message quotes it: a spec may hold thousands of values."""
+    text = repr(values)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def grid_points(tune: TuneSpec) -> int:
+    """``len(candidate_grid(tune))``, counted without building the grid."""
+    settings = len(tune.group_sizes) * len(tune.residual_lengths)  # of each integer format
+    formats = sum(settings if quant in INT_BITS else 1 for quant in tune.quant)
+    budgets = sum(method != "none" for method in tune.evict) * tune.budget_count()
+    evictions = ("none" in tune.evict) + budgets
+    return formats * evictions - ("none" in tune.quant and "none" in tune.evict)
 
 
 def candidate_grid(tune: TuneSpec) -> list[dict[str, object]]:
