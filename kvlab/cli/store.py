@@ -29,13 +29,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
                               stale_after_s=args.stale_after_s, on_stale=args.on_stale,
                               telemetry_hz=args.telemetry_hz, threads=args.threads, backoff_s=args.backoff_s,
                               max_failures=args.max_failures, exit_when_idle=args.exit_when_idle)
-    import torch
-
     from kvlab.store import Store
     from kvlab.experiments.worker import Worker, WorkerGaveUp
+    from kvlab.threads import set_torch_threads
 
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
+    set_torch_threads(settings.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     worker = Worker(Store(), settings)
     try:
@@ -75,8 +73,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     print(f"{'id':>5}  {'status':9}  {'trials':>9}  {'items':>11}  {'created':19}  name")
     for e in experiments:
-        print(f"{e.id:>5}  {shown(e.status):9}  {e.trials_done:>4}/{e.trials_total:<4}  {e.items_done:>5}/{e.items_total:<5}  "
-              f"{e.created_at:%Y-%m-%d %H:%M:%S}  {shown(e.name)}"
+        print(f"{e.id:>5}  {shown(e.status):9}  {e.trials_done:>4}/{e.trials_total:<4}  "
+              f"{e.items_done:>5}/{e.items_total:<5}  {e.created_at:%Y-%m-%d %H:%M:%S}  {shown(e.name)}"
               + (f"  [{', '.join(map(shown, e.tags))}]" if e.tags else ""))
     return 0
 
@@ -181,7 +179,8 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
                         help="requeue trials of workers silent this long (at least twice --heartbeat-s)")
     worker.add_argument("--on-stale", choices=["requeue", "fail"], default="requeue")
     worker.add_argument("--telemetry-hz", type=float, default=1.0, help="sampling rate, 0.1..20")
-    worker.add_argument("--threads", type=int, help="torch CPU threads (split the cores between local workers)")
+    worker.add_argument("--threads", type=int, help="torch CPU threads (default: the cores this process may use; "
+                        "local workers started together split them)")
     worker.add_argument("--backoff-s", type=float, default=600.0,
                         help="leave an experiment this host could not run to other workers for this long")
     worker.add_argument("--max-failures", type=int, default=3,

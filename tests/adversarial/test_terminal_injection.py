@@ -23,7 +23,8 @@ from tests.adversarial.test_cli_inputs import Kvlab
 
 TASKS = [{"name": "passkey", "context_lengths": [256]}]
 #: Clears the screen, sets the window title, then starts a line that looks like a finished experiment.
-EVIL = "\x1b[2J\x1b[H\x1b]0;pwned\x07ok\n   99  done          1/1     100/100    2026-01-01 00:00:00  fake\r\u202egnp.exe\x9b31m"
+EVIL = ("\x1b[2J\x1b[H\x1b]0;pwned\x07ok\n   99  done          1/1     100/100    2026-01-01 00:00:00  fake"
+        "\r\u202egnp.exe\x9b31m")
 FORGED_ROW = "   99  done"
 
 
