@@ -269,7 +269,8 @@ def test_spec_errors_name_the_field_and_allowed_values(fields, message):
 def test_spec_defaults():
     spec = TaskSpec(name="multikey")
     assert spec.context_lengths == [1024] and spec.depths == [0.1, 0.5, 0.9]
-    assert (spec.num_items, spec.num_pairs, spec.num_chains, spec.num_hops) == (10, 4, 4, 4)
+    assert (spec.items_per_length, spec.num_pairs, spec.num_chains, spec.num_hops) == (10, 4, 4, 4)
+    assert spec.num_items is None  # unset stays unset through a JSON round trip (test_spec_round_trip)
 
 
 # --- scoring --------------------------------------------------------------------------

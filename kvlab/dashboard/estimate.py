@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from kvlab.config import ExperimentSpec
 from kvlab.experiments.results import ItemResult
+from kvlab.tasks import TaskSpec, planned_items
 
 #: Configs a worker claims together (``kvlab worker --max-trials``' default): they share prefills.
 CONFIGS_PER_CLAIM = 4
@@ -47,7 +48,14 @@ DEFAULT_RATES = Rates()
 
 
 def items_per_config(spec: ExperimentSpec) -> int:
-    return sum(task.num_items * (1 if task.name == "jsonl" else len(task.context_lengths)) for task in spec.tasks)
+    """Items each config runs on (a jsonl file that cannot be read here counts its ``num_items``,
+    or the default: the estimate stays an estimate, validation says what is wrong with the file)."""
+    return sum(_planned(task) for task in spec.tasks)
+
+
+def _planned(task: TaskSpec) -> int:
+    planned = planned_items(task)
+    return task.items_per_length if planned is None else planned
 
 
 def estimate_seconds(spec: ExperimentSpec, rates: Rates = DEFAULT_RATES) -> float:
@@ -58,8 +66,9 @@ def estimate_seconds(spec: ExperimentSpec, rates: Rates = DEFAULT_RATES) -> floa
     total = rates.load_s
     for task in spec.tasks:
         lengths = [JSONL_GUESS_TOKENS] if task.name == "jsonl" else task.context_lengths
+        per_length = _planned(task) / len(lengths)
         for length in lengths:
-            total += task.num_items * (rates.prefill_s(length) * batches + rates.per_config_item * len(configs))
+            total += per_length * (rates.prefill_s(length) * batches + rates.per_config_item * len(configs))
     return total
 
 

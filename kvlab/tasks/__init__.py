@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 
 from kvlab.tasks import jsonl, multikey, passkey, perplexity, variable_tracking
@@ -47,6 +49,27 @@ def shortcut_scores(item: TaskItem) -> dict[str, float]:
     return shortcut(item) if shortcut else {}
 
 
+def planned_items(spec: TaskSpec) -> int | None:
+    """How many items ``spec`` will generate, counted without a tokenizer: per context length for
+    generated tasks; a jsonl file's lines (at most ``num_items``), or None when the file cannot be
+    read here (validation reports why, this count does not)."""
+    if spec.name != "jsonl":
+        return spec.items_per_length * len(spec.context_lengths)
+    assert spec.path is not None  # TaskSpec guarantees it for jsonl
+    try:
+        status = os.stat(spec.path)
+        lines = _count_records(spec.path, status.st_mtime_ns, status.st_size)
+    except (OSError, JsonlTaskError):
+        return None
+    return lines if spec.num_items is None else min(lines, spec.num_items)
+
+
+@functools.lru_cache(maxsize=64)
+def _count_records(path: str, mtime_ns: int, size: int) -> int:
+    """Records of a jsonl file, cached per version of it (the dashboard asks on every rerun)."""
+    return jsonl.validate_file(path)
+
+
 def generate_items(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """The items of ``spec``, identical for the same (spec, tokenizer, seed).
 
@@ -69,6 +92,7 @@ __all__ = [
     "check_task_files",
     "count_tokens",
     "generate_items",
+    "planned_items",
     "score_item",
     "shortcut_scores",
 ]

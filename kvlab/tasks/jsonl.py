@@ -270,13 +270,13 @@ def check_task_files(spec: ExperimentSpec) -> ExperimentSpec:
 
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
-    """Items in file order; at most ``num_items`` if that was set explicitly. The whole file is
+    """Items in file order; at most ``num_items`` when it is given (not None). The whole file is
     validated either way.
 
     ``seed`` is unused: the file fixes the items.
     """
     assert spec.path is not None  # TaskSpec guarantees it for jsonl
-    cap = spec.num_items if "num_items" in spec.model_fields_set else None
+    cap = spec.num_items
     items = []
     for number, record in iter_records(spec.path):
         if cap is not None and len(items) >= cap:

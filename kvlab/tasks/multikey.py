@@ -154,7 +154,7 @@ def shortcut_scores(item: TaskItem) -> dict[str, float]:
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; the queried pair's depth is round-robin."""
     items = []
-    for slot in item_slots("multikey", spec.context_lengths, spec.num_items, seed, spec.depths):
+    for slot in item_slots("multikey", spec.context_lengths, spec.items_per_length, seed, spec.depths):
         rng, depth = slot.rng, slot.depth
         pairs = rng.sample(range(len(ADJECTIVES) * len(NOUNS)), spec.num_pairs)
         keys = [f"{ADJECTIVES[p // len(NOUNS)]}-{NOUNS[p % len(NOUNS)]}" for p in pairs]

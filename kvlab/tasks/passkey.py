@@ -34,7 +34,7 @@ def needle_text(key: str) -> str:
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; depths assigned round-robin."""
     items = []
-    for slot in item_slots("passkey", spec.context_lengths, spec.num_items, seed, spec.depths):
+    for slot in item_slots("passkey", spec.context_lengths, spec.items_per_length, seed, spec.depths):
         key = str(slot.rng.randint(10_000, 99_999))
         needle = Needle(needle_text(key), slot.depth)
         prompt = haystack_prompt(slot, tokenizer, PREFIX, QUESTION, [needle])

@@ -22,7 +22,7 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; ``depths`` is not used."""
     haystack = load_haystack()
     items = []
-    for slot in item_slots("perplexity", spec.context_lengths, spec.num_items, seed):
+    for slot in item_slots("perplexity", spec.context_lengths, spec.items_per_length, seed):
         prompt = haystack_prompt(slot, tokenizer, "", "")
         continuation = fit_to_length(tokenizer, spec.continuation_tokens, "",
                                      partial(render_context, haystack, " ", prompt.start + prompt.fitted.n_words))

@@ -11,6 +11,8 @@ TaskName = Literal["passkey", "multikey", "variable_tracking", "perplexity", "js
 MIN_CONTEXT_LENGTH = 128
 MAX_CONTEXT_LENGTH = 131072
 MAX_PATH_CHARS = 4096
+#: Items per context length of a generated task whose spec does not say.
+DEFAULT_NUM_ITEMS = 10
 
 
 class TaskSpec(BaseModel):
@@ -36,11 +38,11 @@ class TaskSpec(BaseModel):
         description="Needle depths as a fraction of the context, each in [0, 1] "
         "(passkey; multikey: depth of the queried pair).",
     )
-    num_items: int = Field(
-        default=10,
+    num_items: int | None = Field(
+        default=None,
         ge=1,
-        description="Items per context length. jsonl: reads at most this many lines if set, "
-        "otherwise the whole file.",
+        description=f"Items per context length; unset: {DEFAULT_NUM_ITEMS}. jsonl: at most this many "
+        "lines of the file; unset: the whole file.",
     )
     num_pairs: int = Field(default=4, ge=2, le=1000, description="multikey: key-value pairs.")
     num_chains: int = Field(default=4, ge=1, le=100,
@@ -57,6 +59,15 @@ class TaskSpec(BaseModel):
     max_new_tokens: int | None = Field(
         default=None, ge=1, le=4096, description="Generation budget; default depends on the task."
     )
+
+    @property
+    def items_per_length(self) -> int:
+        """Items per context length of a generated task (``num_items``, else the default).
+
+        "Unset" is ``None``, never pydantic's ``model_fields_set``: a spec crosses the store as
+        JSON, and the round trip marks every default as set.
+        """
+        return DEFAULT_NUM_ITEMS if self.num_items is None else self.num_items
 
     @field_validator("context_lengths")
     @classmethod

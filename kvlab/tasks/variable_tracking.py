@@ -68,7 +68,7 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; ``depths`` is not used."""
     per_chain = spec.num_hops + 1
     items = []
-    for slot in item_slots("variable_tracking", spec.context_lengths, spec.num_items, seed):
+    for slot in item_slots("variable_tracking", spec.context_lengths, spec.items_per_length, seed):
         names = _names(slot.rng, spec.num_chains * per_chain)
         values = [str(v) for v in slot.rng.sample(range(10_000, 100_000), spec.num_chains)]
         needles = []
