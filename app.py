@@ -8,14 +8,19 @@ the details of an unexpected one go to $KVLAB_HOME/logs/kvlab-dashboard.log).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 
 from kvlab.secrets import install_log_redaction
 from kvlab.dashboard.views import PAGE_COMPARE, PAGE_DOCTOR, PAGE_EXPERIMENT, PAGE_EXPERIMENTS, PAGE_NEW, PAGE_TUNE
 from pages.common import PAGE_FILES, guard
 
+#: The tab's icon ships with the app: a ``:material/...:`` page icon is fetched from a font CDN, offline too.
+ICON = Path(__file__).resolve().parent / "static" / "kvlab-icon.png"
+
 install_log_redaction()  # the dashboard's log never shows a URL password or a key
-st.set_page_config(page_title="kvlab", page_icon=":material/memory:", layout="wide")
+st.set_page_config(page_title="kvlab", page_icon=ICON, layout="wide")
 
 pages = [
     st.Page(PAGE_FILES[PAGE_EXPERIMENTS], title="Experiments", icon=":material/table_rows:", default=True),

@@ -8,19 +8,15 @@ The key is never typed here or kept by the page: it is read from the environment
 from __future__ import annotations
 
 import logging
-import re
 
 import streamlit as st
 
-from kvlab.doctor import Check, DoctorReport, diagnose
+from kvlab.dashboard.views import md
+from kvlab.doctor import LABELS, Check, DoctorReport, diagnose
 from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, hide_credentials, mask, read_setting
 
-ICONS = {"ok": "✅", "warn": "⚠️", "fail": "❌", "skip": "⏭️"}
-
-
-def md(text: str) -> str:
-    """Server text as literal markdown: messages and HTML titles may hold *, _, $ or :emoji:."""
-    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~$:])", r"\\\1", text)
+#: A problem's icon: Material Symbols, which Streamlit ships (an emoji needs a font the host may lack).
+ICONS = {"warn": ":material/warning:", "fail": ":material/error:"}
 
 
 def key_caption(var: str) -> str:
@@ -57,8 +53,8 @@ def show_report(report: DoctorReport) -> None:
         st.error(f"{failed} check(s) failed: the fixes are below.", icon=":material/error:")
     for check in report.problems:
         show_problem(check)
-    rows = [{"": ICONS[check.status], "Check": check.name, "Status": check.status, "Result": check.detail,
-             "Fix": check.fix} for check in report.checks]
+    rows = [{"Check": check.name, "Status": LABELS[check.status], "Result": check.detail, "Fix": check.fix}
+            for check in report.checks]  # text, not emoji: a table cell draws with the page's font
     st.dataframe(rows, hide_index=True, width="stretch")
 
 

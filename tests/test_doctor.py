@@ -4,6 +4,7 @@ misbehaving in one way, through the function, the CLI and the dashboard page."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -258,6 +259,28 @@ def test_missing_scheme_stops_everything():
     assert base_check.status == "fail" and "no scheme" in base_check.detail
     assert "http://127.0.0.1:8000/v1" in base_check.fix
     assert all(c.status == "skip" for c in report.checks[1:])
+
+
+@pytest.mark.parametrize("text", ["not a url at all", "host:port", "http//:x y"])
+def test_text_that_is_no_url_is_said_so_with_an_example(text):
+    """Not "write it as http://not a url at all": a scheme would not make it a URL."""
+    base_check = check(diagnose(text, None, None, timeout_s=1), "base URL")
+    assert base_check.status == "fail" and base_check.detail == f"{text} is not a URL"
+    assert "for example http://127.0.0.1:8000/v1" in base_check.fix and f"http://{text}" not in base_check.fix
+
+
+def test_the_page_draws_its_statuses_without_an_emoji_font():
+    """Problems carry Material icons (Streamlit ships the font); the table says each status in words."""
+    at = AppTest.from_file(PAGE, default_timeout=20).run()
+    at.text_input(key="doctor_base_url").input("not a url at all")
+    at.button(key="doctor_check").click().run()
+    assert not at.exception
+    assert [e.icon for e in at.error] == [":material/error:", ":material/error:"]  # the summary, the base URL
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["Check", "Status", "Result", "Fix"]
+    assert list(table["Status"]) == ["FAIL", *["skip"] * (len(CHECK_NAMES) - 1)]
+    emoji = re.compile("[\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F]")
+    assert not emoji.search(page_text(at) + table.to_csv())
 
 
 def test_wrong_model_lists_the_servers_models(serve):

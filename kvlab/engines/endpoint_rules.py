@@ -58,8 +58,11 @@ def parse_base_url(raw: str) -> BaseURL:
                            f"set {BASE_URL_VAR} or backend.base_url (for example {EXAMPLE_BASE_URL})")
     shown = hide_credentials(raw)
     if "://" not in raw:
-        raise BaseURLError(f"{shown} has no scheme",
-                           f"write it as http://{strip_credentials(raw)} (https:// if the server uses TLS)")
+        with_scheme = f"http://{strip_credentials(raw)}"
+        if not _valid_url(with_scheme):  # "not a url at all": no scheme would make it one
+            raise BaseURLError(f"{shown} is not a URL",
+                               f"give the server's base URL, scheme included, for example {EXAMPLE_BASE_URL}")
+        raise BaseURLError(f"{shown} has no scheme", f"write it as {with_scheme} (https:// if the server uses TLS)")
     parts = urlsplit(strip_credentials(raw))
     if parts.scheme.lower() not in ("http", "https"):
         raise BaseURLError(f"{parts.scheme}:// is not HTTP",
