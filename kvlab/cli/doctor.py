@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from kvlab.cli.exits import UserError
 from kvlab.cli.options import positive_float
+from kvlab.cli.outputs import shown
 from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, read_setting, resolve_endpoint
 
 
@@ -36,7 +38,9 @@ def run_doctor(args: argparse.Namespace) -> int:
         raise UserError(str(error)) from None
     report = diagnose(base_url or "", endpoint.model_id, endpoint.api_key, timeout_s=args.timeout,
                       key_source=endpoint.key_source, key_var=args.api_key_env)
-    print(report.to_text())
+    # each field escaped before the lines are laid out: model ids and errors come from the endpoint
+    print(replace(report, base_url=shown(report.base_url), model_id=report.model_id and shown(report.model_id),
+                  checks=[replace(c, detail=shown(c.detail), fix=shown(c.fix)) for c in report.checks]).to_text())
     if not report.ok:
         failed = sum(check.status == "fail" for check in report.checks)
         raise UserError(f"doctor: {failed} check(s) failed; the report above gives the fix for each")

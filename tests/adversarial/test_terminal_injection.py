@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 
 import pytest
 
@@ -137,3 +138,21 @@ def test_error_lines_are_escaped(tmp_path):
     kvlab = Kvlab(tmp_path)
     line = kvlab.user_error("run", "\x1b]0;pwned\x07\n99 done.toml", says=("spec file not found",))
     assert_safe(line)
+
+
+def test_doctor_escapes_what_the_endpoint_says(tmp_path):
+    """Model ids come from the endpoint: a hostile one cannot reach the terminal raw either."""
+    from tests.test_doctor import Behaviour, FakeOpenAI, FakeServer
+
+    server = FakeServer(("127.0.0.1", 0), FakeOpenAI)
+    server.behaviour = Behaviour(models=(EVIL, "other-model"))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        kvlab = Kvlab(tmp_path)
+        result = kvlab("doctor", "--base-url", f"http://127.0.0.1:{server.server_address[1]}/v1", "--model", "x",
+                       "--timeout", "30", KVLAB_SECRETS_FILE=str(tmp_path / "none.toml"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "\\x1b]0;pwned\\x07" in result.stdout, result.stdout + result.stderr
+    assert_safe(result.stdout + result.stderr)
