@@ -188,7 +188,7 @@ def share_box(params: Mapping[str, str | int | Sequence[str | int] | None]) -> N
     url = views.share_url(st.context.url, params)
     with st.sidebar, st.container(key="share-link"):
         st.caption("Share this view (copy the link):")
-        st.markdown(f"`{url}`")
+        st.markdown(views.code_span(url))
 
 
 def empty_state(message: str, page: str | None = None, label: str | None = None) -> None:
@@ -208,7 +208,7 @@ def pick_experiment(store: Store, candidates: Sequence[ExperimentRecord], what: 
     raw = st.query_params.get("id")
     wanted = views.parse_int(raw)
     if wanted is None and raw is not None:
-        st.warning(f"The link's id {raw[:40]!r} is not an experiment id (a whole number from 1): "
+        st.warning(f"The link's id {views.md(repr(raw[:40]))} is not an experiment id (a whole number from 1): "
                    f"showing the newest {what} instead.")
     labels = {e.id: f"#{e.id} {e.name}" for e in candidates}  # no status: the live panels show the current one
     if wanted is not None and wanted not in labels:

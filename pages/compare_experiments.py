@@ -31,7 +31,7 @@ if missing:
     st.warning(f"Experiment(s) {', '.join(f'#{i}' for i in missing)} no longer exist(s).")
 invalid = views.invalid_ids(st.query_params.get_all("ids"))
 if invalid:
-    st.warning(f"Ignored in the link's ids: {', '.join(repr(v[:40]) for v in invalid[:5])}"
+    st.warning(f"Ignored in the link's ids: {views.md(', '.join(repr(v[:40]) for v in invalid[:5]))}"
                f"{' ...' if len(invalid) > 5 else ''}: an experiment id is a whole number from 1.")
 wanted = [i for i in views.parse_ids(st.query_params.get_all("ids")) if i in records]
 chosen = st.multiselect("Experiments", list(records), default=wanted, key="compare_pick",

@@ -51,10 +51,8 @@ st.dataframe(
     column_config={
         "id": st.column_config.NumberColumn("id", width="small"),
         "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
-        "best ratio holding baseline": st.column_config.TextColumn(
-            "best ratio holding baseline",
-            help="The most compressed config whose accuracy holds the baseline's (95% intervals overlap, "
-                 "within 10 points): compression ratio = baseline KV bytes / physical KV bytes."),
+        "best ratio holding baseline": st.column_config.TextColumn("best ratio holding baseline",
+                                                                   help=views.BEST_RATIO_HELP),
     })
 st.caption(f"Page {page}: {len(experiments)} experiments" + ("; more on the next page." if has_next else "."))
 

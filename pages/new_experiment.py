@@ -34,6 +34,7 @@ from kvlab.dashboard.spec_form import (
     BUDGET_RANGE,
     BUDGET_STEP,
     CONFIG_COLUMNS,
+    CONFIG_LABELS,
     MODES,
     SpecForm,
     assign_errors,
@@ -339,17 +340,17 @@ else:
         column_config={
             "name": st.column_config.TextColumn("name", help="optional; derived from the settings if blank"),
             "quant": st.column_config.SelectboxColumn("quant", options=list(QUANT_DTYPES), default="none"),
-            "group_size": st.column_config.SelectboxColumn("group size", options=list(GROUP_SIZES),
+            "group_size": st.column_config.SelectboxColumn(CONFIG_LABELS["group_size"], options=list(GROUP_SIZES),
                                                            default=DEFAULT_GROUP_SIZE),
-            "residual_length": st.column_config.NumberColumn("residual (tokens)", min_value=0, max_value=8192,
-                                                             step=1, default=64),
+            "residual_length": st.column_config.NumberColumn(CONFIG_LABELS["residual_length"], min_value=0,
+                                                             max_value=8192, step=1, default=64),
             "evict": st.column_config.SelectboxColumn("evict", options=list(EVICTION_METHODS), default="none",
                                                       help="the budgets each method accepts: `kvlab methods`"),
-            **{budget: st.column_config.NumberColumn(label, min_value=BUDGET_RANGE[0], max_value=BUDGET_RANGE[1],
-                                                     step=BUDGET_STEP, help=BUDGET_HELP[budget])
-               for budget, label in (("ratio", "ratio (removed)"), ("keep_fraction", "keep fraction"),
-                                     ("threshold", "threshold (quantile)"))},
-            "query_aware": st.column_config.CheckboxColumn("query-aware", default=False),
+            **{budget: st.column_config.NumberColumn(CONFIG_LABELS[budget], min_value=BUDGET_RANGE[0],
+                                                     max_value=BUDGET_RANGE[1], step=BUDGET_STEP,
+                                                     help=BUDGET_HELP[budget])
+               for budget in ("ratio", "keep_fraction", "threshold")},
+            "query_aware": st.column_config.CheckboxColumn(CONFIG_LABELS["query_aware"], default=False),
         })
     slot("configs")
 

@@ -16,8 +16,9 @@ import streamlit as st
 from kvlab.compress.formats import FORMATS, GROUP_SIZES
 from kvlab.compress.methods import BUDGET_HELP, COUNT_BUDGETS, METHODS
 from kvlab.config import ExperimentSpec, dump_spec
-from kvlab.dashboard import estimate
-from kvlab.dashboard.tune_launch import APPEAR_TIMEOUT_S, last_line, wait_for_tune
+from kvlab.dashboard import estimate, views
+from kvlab.dashboard.spec_form import TUNE_LABELS
+from kvlab.dashboard.tune_launch import APPEAR_TIMEOUT_S, last_line, record_launch, wait_for_tune
 from kvlab.store import Store
 from kvlab.tune.progress import plan
 
@@ -51,15 +52,17 @@ def fields(prefix: str, slot: Callable[[str], None]) -> None:
                           key=prefix + "tune.budget_step")
     slot("tune.budget_range")
     slot("tune.budget_step")
-    ttft_col, tpot_col, trials_col, minutes_col, evals_col = st.columns(5)
-    ttft_col.number_input("Max TTFT (ms; 0: none)", min_value=0.0, step=100.0, key=prefix + "tune.max_ttft_ms",
-                          help="Candidates whose median time to first token is over it stop")
-    tpot_col.number_input("Max TPOT (ms; 0: none)", min_value=0.0, step=10.0, key=prefix + "tune.max_tpot_ms")
-    trials_col.number_input("Max candidates (0: none)", min_value=0, step=1, key=prefix + "tune.max_trials")
-    minutes_col.number_input("Max minutes (0: none)", min_value=0.0, step=5.0, key=prefix + "tune.max_minutes")
-    evals_col.number_input("Max item evaluations (0: none)", min_value=0, step=50, key=prefix + "tune.max_item_evals")
-    for key in ("tune.max_trials", "tune.max_minutes", "tune.max_item_evals", "tune.max_ttft_ms", "tune.max_tpot_ms"):
-        slot(key)
+    # No min_value: a negative limit is refused with a message (spec_form.tune_from_values), not clamped to 0,
+    # which would mean no limit at all.
+    steps = {"max_ttft_ms": 100.0, "max_tpot_ms": 10.0, "max_trials": 1, "max_minutes": 5.0, "max_item_evals": 50}
+    helps = {"max_ttft_ms": "Candidates whose median time to first token is over it stop",
+             "max_trials": "How many candidates the search proposes at most"}
+    for column, key in zip(st.columns(len(steps)), steps, strict=True):
+        with column:
+            label = TUNE_LABELS[key]  # "Max TTFT (ms)" -> "Max TTFT (ms; 0: none)"
+            label = f"{label[:-1]}; 0: none)" if label.endswith(")") else f"{label} (0: none)"
+            st.number_input(label, step=steps[key], key=f"{prefix}tune.{key}", help=helps.get(key))
+            slot(f"tune.{key}")
     slot("tune")
 
 
@@ -97,11 +100,15 @@ def launch(spec: ExperimentSpec, store: Store, open_tune: Callable[[int], None])
     from kvlab.cli.tune import start_background  # noqa: PLC0415 -- the CLI's parser is not needed to draw the form
 
     newest = max((e.id for e in store.list_experiments(limit=1)), default=0)
-    log = start_background(spec)
+    started = start_background(spec)
     with st.spinner("Starting the tune (it loads the model, then stores its experiment) ..."):
-        experiment_id = wait_for_tune(store, spec.name, newest, APPEAR_TIMEOUT_S)
+        experiment_id = wait_for_tune(store, spec.name, newest, APPEAR_TIMEOUT_S,
+                                      ended=lambda: started.process.returncode is not None)  # set by its reaper
     if experiment_id is None:
-        st.error(f"The tune did not store its experiment within {APPEAR_TIMEOUT_S:.0f} s: {last_line(log)} "
-                 f"(its log: {log})")
+        ended = started.process.returncode is not None
+        st.error(("`kvlab tune` stopped before it stored its experiment: " if ended else
+                  f"The tune did not store its experiment within {APPEAR_TIMEOUT_S:.0f} s: ")
+                 + views.md(f"{last_line(started.log)} (its log: {started.log})"))
         return
+    record_launch(store, experiment_id, started.log)
     open_tune(experiment_id)

@@ -16,7 +16,7 @@ from typing import Any
 import streamlit as st
 
 from kvlab.config import KVCacheConfig
-from kvlab.dashboard import tune_charts
+from kvlab.dashboard import tune_charts, views
 from kvlab.experiments.decision import DEFAULT_MAX_DROP
 from kvlab.store import ExperimentRecord, Store
 from kvlab.store.records import TuneRecord
@@ -102,7 +102,7 @@ def _header(state: TuneState) -> None:
                     f"({state.tune.grid_points} configs) · {tally['complete']} complete, {tally['stopped']} stopped "
                     f"early, {tally['active']} active")
     if state.tune.note:
-        st.caption(state.tune.note)
+        st.caption(views.md(state.tune.note))
 
 
 def _recommendation(state: TuneState) -> None:
@@ -113,9 +113,9 @@ def _recommendation(state: TuneState) -> None:
         if best is None:
             st.info("No candidate is complete and non-inferior yet: the current best appears here as soon as one is "
                     "judged on every item." if state.tune.state == "running" else
-                    f"The tune is {state.tune.state}: {state.tune.note or 'no recommendation'}.")
+                    f"The tune is {state.tune.state}: {views.md(state.tune.note or 'no recommendation')}.")
             return
-        st.info(f"Current best so far (the tune is {state.tune.state}): **{best.label}**, "
+        st.info(f"Current best so far (the tune is {state.tune.state}): **{views.md(best.label)}**, "
                 f"{best.kv_bytes / progress.MB:.3f} MB KV per item, accuracy {best.accuracy:.3f}, difference "
                 f"{progress.interval_text(best)} on {best.judged_items} items. The final choice also corrects for "
                 "the number of candidates (Holm).")
@@ -123,12 +123,13 @@ def _recommendation(state: TuneState) -> None:
             command(serve_command(state.model, KVCacheConfig(**state.configs[best.trial_id])))
         return
     if answer.get("config") is None:
-        st.warning(f"No config shown non-inferior: {answer.get('note') or 'none of the candidates passed the rule'}")
+        st.warning("No config shown non-inferior: "
+                   + views.md(answer.get("note") or "none of the candidates passed the rule"))
         return
     low, high = answer["diff_ci"]
     latency = ", ".join(f"{name} {answer[key]:.0f} ms" for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
                         if answer.get(key) is not None)
-    st.success(f"Recommended: **{answer['label']}**: {answer['kv_bytes'] / progress.MB:.3f} MB KV per item "
+    st.success(f"Recommended: **{views.md(answer['label'])}**: {answer['kv_bytes'] / progress.MB:.3f} MB KV per item "
                f"(measured, {answer['compression_ratio']:.2f}x smaller than the 16-bit baseline), accuracy "
                f"{answer['accuracy']:.3f} vs {answer['baseline_accuracy']:.3f}, difference {answer['diff']:+.3f} "
                f"[{low:+.3f}, {high:+.3f}] on {answer['n_items']} items" + (f"; {latency} (median)" if latency else ""))
@@ -150,7 +151,7 @@ def _recommendation(state: TuneState) -> None:
 def command(text: str) -> None:
     """A command as inline code: selectable and copyable, without ``st.code``'s 1.5 MB highlighter
     (0.6 s of browser time per tab, measured for the share box)."""
-    st.markdown(f"`{text}`")
+    st.markdown(views.code_span(text))
 
 
 def _candidates_table(visible: Sequence[progress.Point], stem: str) -> None:

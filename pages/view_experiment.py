@@ -38,12 +38,12 @@ if not recent:
 
 experiment = pick_experiment(store, recent, "experiment", key="experiment_pick")
 
-st.title(experiment.name)
-st.caption(f"#{experiment.id} · {experiment.status} · model {experiment.model} ({experiment.backend_kind}) · "
-           f"seed {experiment.seed} · created {experiment.created_at:%Y-%m-%d %H:%M} UTC"
-           + (f" · tags: {', '.join(experiment.tags)}" if experiment.tags else ""))
+st.title(views.md(experiment.name))
+st.caption(f"#{experiment.id} · {experiment.status} · model {views.md(experiment.model)} ({experiment.backend_kind}) "
+           f"· seed {experiment.seed} · created {experiment.created_at:%Y-%m-%d %H:%M} UTC"
+           + (f" · tags: {views.md(', '.join(experiment.tags))}" if experiment.tags else ""))
 if experiment.error:
-    st.error(experiment.error)
+    st.error(views.md(experiment.error))
 if experiment.spec.get("tune") is not None:
     st.page_link(PAGE_FILES[views.PAGE_TUNE], label="A tune: its Pareto front, stopped candidates and recommendation",
                  query_params={"id": str(experiment.id)}, icon=":material/tune:")
@@ -136,40 +136,89 @@ if not results:
     share_box({"id": experiment.id})
     st.stop()
 
+
+
+def _section_picked() -> None:
+    st.session_state["tab_picked"] = True
+
+
+def follow_default_section(default: str) -> None:
+    """Until the viewer picks a section (in the selector, or with a link's ``tab``), the selector
+    follows the section the page opens on: Progress while the experiment runs, the result once it
+    has ended (the live panel reruns the page then), and ``tab`` stays out of the URL."""
+    if "tab_picked" not in st.session_state:
+        st.session_state["tab_picked"] = st.query_params.get("tab") in views.SECTIONS
+    if not st.session_state["tab_picked"] and st.session_state.get("tab", default) != default:
+        st.session_state["tab"] = default
+
+
+def kept(key: str) -> Any:
+    """A bound widget's value in a run that does not draw it: what it kept (``persist_state``), else the link's."""
+    if key in st.session_state:
+        return st.session_state[key]
+    values = st.query_params.get_all(key)
+    return values if key == "hide" else (values[-1] if values else None)
+
+
+def kept_margin(default: float) -> float:
+    """The margin (accuracy points) while its widget is not drawn: the kept or linked one, else the spec's."""
+    try:
+        return float(kept("margin") or default)
+    except ValueError:  # not a number: the widget says so once it is drawn
+        return default
+
+
+def view_state(section: str, default_section: str, spec_margin: float) -> views.ExperimentViewState:
+    """The viewer's choices, each from its widget where this section draws it (else as it was kept):
+    the one state that the analysis, the charts and the share link all come from."""
+    hidden, margin = list(kept("hide") or []), kept_margin(spec_margin)
+    if section in ANALYSED:
+        with st.expander("Configs and margin", expanded=False):
+            hidden = st.multiselect("Hide configs", list(dict.fromkeys(r.config_name for r in results)), key="hide",
+                                    bind="query-params", persist_state="page",
+                                    help="Leave configs out of every chart and table.")
+            margin = st.number_input(
+                "Non-inferiority margin (accuracy points)", min_value=0.5, max_value=50.0, step=0.5, key="margin",
+                value=spec_margin, bind="query-params", persist_state="page",
+                help="How much accuracy a config may lose against the baseline and still count as holding it (the "
+                     "spec's max_drop); decided by a paired test on the same items, Holm-corrected across configs.")
+    axis = kept("x")
+    if section == "Tradeoff":
+        axis = st.radio("x axis", views.X_AXES, key="x", bind="query-params", horizontal=True, persist_state="page",
+                        help="bytes: physical KV cache in MiB; ratio: baseline bytes / physical bytes")
+    needle = kept("needle")
+    needles = charts.needle_configs([r for r in results if r.config_name not in hidden])
+    if section == "Needles" and needles:
+        needle = st.selectbox("Config", needles, key="needle", bind="query-params", persist_state="page")
+    return views.ExperimentViewState(
+        experiment.id, tab=None if section == default_section else section,
+        x=None if axis in (None, views.X_AXES[0]) else axis, hide=tuple(hidden),
+        margin=None if margin == spec_margin else margin, needle=None if needle in (None, *needles[:1]) else needle)
+
+
 sections = views.experiment_sections(experiment.is_terminal)
+follow_default_section(sections[0])
 section = st.segmented_control("Section", sections, default=sections[0], required=True, key="tab",
-                               bind="query-params", label_visibility="collapsed")
+                               bind="query-params", label_visibility="collapsed", on_change=_section_picked)
 live_panel(experiment.id, (experiment.status, ended_now), detailed=section == views.LIVE_SECTION)
 
-hidden: list[str] = st.session_state.get("hide", st.query_params.get_all("hide"))  # kept in the URL meanwhile
-margin_points = 100 * float(experiment.spec.get("max_drop", DEFAULT_MAX_DROP))
-if section in ANALYSED:
-    with st.expander("Configs and margin", expanded=False):
-        hidden = st.multiselect("Hide configs", list(dict.fromkeys(r.config_name for r in results)), key="hide",
-                                bind="query-params", persist_state="page",
-                                help="Leave configs out of every chart and table.")
-        margin_points = st.number_input(
-            "Non-inferiority margin (accuracy points)", min_value=0.5, max_value=50.0, step=0.5, key="margin",
-            value=margin_points, bind="query-params", persist_state="page",
-            help="How much accuracy a config may lose against the baseline and still count as holding it (the "
-                 "spec's max_drop); decided by a paired test on the same items, Holm-corrected across configs.")
-view = view_of(experiment, hidden, margin_points / 100)
+spec_margin = 100 * float(experiment.spec.get("max_drop", DEFAULT_MAX_DROP))
+state = view_state(section, sections[0], spec_margin)
+view = view_of(experiment, state.hide, (spec_margin if state.margin is None else state.margin) / 100)
+axis = state.x or views.X_AXES[0]
 stem = slug(f"{experiment.id}-{experiment.name}")
-needle = st.query_params.get("needle")  # the Needles section sets it from its picker
 
 if section == "Tradeoff":
     summaries, decision = analysed(view)
     sweet = decision.sweet_spot
     if sweet is not None:
-        st.success(f"Sweet spot: **{sweet.config_name}** at {sweet.compression_ratio:.2f}x "
+        st.success(f"Sweet spot: **{views.md(sweet.config_name)}** at {sweet.compression_ratio:.2f}x "
                    f"({sweet.physical_kv_bytes / views.MIB:.3f} MiB), accuracy {sweet.accuracy:.2f}, "
                    f"{sweet.diff_estimate:+.3f} [{sweet.diff_ci_low:+.3f}, {sweet.diff_ci_high:+.3f}] against the "
                    f"baseline on the same items.")
     else:
-        st.info(f"No sweet spot: {decision.note}.")
+        st.info(f"No sweet spot: {views.md(decision.note)}.")
     st.caption(f"Rule: the {decision.rule}.")
-    axis = st.radio("x axis", views.X_AXES, key="x", bind="query-params", horizontal=True, persist_state="page",
-                    help="bytes: physical KV cache in MiB; ratio: baseline bytes / physical bytes")
     chart(figure("tradeoff", view, axis, f"{experiment.name}: memory vs accuracy"), "tradeoff", f"{stem}-tradeoff")
     st.dataframe(views.summary_rows(summaries, sweet.config_name if sweet else None), hide_index=True)
     with st.expander("Definitions"):
@@ -194,9 +243,8 @@ elif section == "Breakdown":
 elif section == "Needles":
     needles = charts.needle_configs(shown_results(view)[0])
     if needles:
-        needle = st.selectbox("Config", needles, key="needle", bind="query-params", persist_state="page")
+        needle = state.needle or needles[0]
         chart(figure("needle", view, needle), "needle-chart", f"{stem}-needle-{slug(needle)}")
-        needle = needle if needle != needles[0] else None  # the default stays out of the link
     else:
         st.info("No needle heatmap: this experiment has no retrieval items (passkey, multikey) with needle depths.")
 elif section == "Failed items":
@@ -246,6 +294,4 @@ if section == "Export":
     report_col.download_button("HTML report", data=lambda: _report(experiment, view), file_name=f"{stem}-report.html",
                                mime="text/html", on_click="ignore", type="primary", icon=":material/description:")
 
-axis = st.session_state.get("x", st.query_params.get("x"))
-share_box({"id": experiment.id, "tab": section if section != sections[0] else None,
-           "x": axis if axis != views.X_AXES[0] else None, "hide": hidden, "needle": needle})
+share_box(state.params())

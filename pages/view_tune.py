@@ -6,6 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.dashboard import views
+from kvlab.dashboard.tune_launch import launched_here
 from pages import tune_view
 from pages.common import PAGE_FILES, empty_state, get_store, guard, pick_experiment, share_box, slug
 
@@ -16,16 +17,36 @@ if views.parse_int(st.query_params.get("id")) is None and not tunes:
                 views.PAGE_NEW, "New experiment")
     st.stop()
 experiment = pick_experiment(store, tunes, "tune", key="tune_pick")
-tune = store.tune(experiment.id)
-if tune is None:
-    st.error(f"Experiment #{experiment.id} ({experiment.name}) is not a tune: `kvlab run` made it.")
+if experiment.spec.get("tune") is None:  # what made it is in its spec: a [tune] table, or a list of configs
+    st.error(f"Experiment #{experiment.id} ({views.md(experiment.name)}) is a sweep of fixed configs, not a tune.")
     st.page_link(PAGE_FILES[views.PAGE_EXPERIMENT], label="Open it on the experiment page",
                  query_params={"id": str(experiment.id)}, icon=":material/arrow_forward:")
     st.stop()
 
-st.title(f"Tune: {experiment.name}")
-st.caption(f"#{experiment.id} · tune {tune.state} · model {experiment.model} ({experiment.backend_kind}) · "
-           f"max_drop {experiment.spec.get('max_drop')} · started {tune.started_at:%Y-%m-%d %H:%M} UTC")
+
+@st.fragment(run_every=tune_view.LIVE_EVERY_S)
+def starting(experiment_id: int) -> None:
+    """``kvlab tune`` stores its experiment, then its search: between the two, wait for the search."""
+    with guard("Tune: starting"):
+        if store.tune(experiment_id) is not None:
+            st.rerun(scope="app")
+        st.info(f"Tune #{experiment_id} is starting: `kvlab tune` has stored its experiment and not yet its search "
+                "(this page follows along). If this lasts, that process stopped first: the experiment page shows "
+                "its events.", icon=":material/hourglass_top:")
+
+
+tune = store.tune(experiment.id)
+if tune is None:
+    st.title(f"Tune: {views.md(experiment.name)}")
+    starting(experiment.id)
+    st.stop()
+
+
+origin = "launched from the dashboard" if launched_here(store, experiment.id) else "launched by `kvlab tune`"
+st.title(f"Tune: {views.md(experiment.name)}")
+st.caption(f"#{experiment.id} · tune {tune.state} · {origin} · model "
+           f"{views.md(experiment.model)} ({experiment.backend_kind}) · max_drop {experiment.spec.get('max_drop')} · "
+           f"started {tune.started_at:%Y-%m-%d %H:%M} UTC")
 st.page_link(PAGE_FILES[views.PAGE_EXPERIMENT], label="Its trials, telemetry and results on the experiment page",
              query_params={"id": str(experiment.id)}, icon=":material/monitoring:")
 show = st.segmented_control("Show", tune_view.SHOWS, default=tune_view.SHOWS[0], required=True, key="show",

@@ -112,7 +112,7 @@ def test_telemetry_names_each_node():
                for worker in ("ray:hostA:1a2b3c4d:ab12cd", "hostB-4242-ef34ab") for i in range(2)]
     lines = [t for t in charts.telemetry_figure(samples).data if t.mode == "lines"]
     assert [t.name for t in lines] == ["hostA (ray node 1a2b3c4d)", "hostB"] * 2  # the RSS rows, then the KV rows
-    assert "hostA (ray node 1a2b3c4d)" in lines[0].hovertemplate
+    assert lines[0].hovertemplate.startswith("%{fullData.name}<br>")  # the name, never inside the template
 
 
 def test_gpu_figure():
@@ -185,3 +185,54 @@ def test_image_exports_have_the_right_magic():
     assert figure_image(fig, "pdf").startswith(b"%PDF")
     with pytest.raises(ValueError, match="format"):
         figure_image(fig, "bmp")
+
+
+#: A config name as an adversary writes it into a shared store: Plotly reads figure text as HTML.
+MARKUP = '<a href="http://evil.example">int4</a><span style="font-size:99px">&big</span>'
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _assert_inert(fig) -> None:
+    """No text of the figure holds the name's markup, and the name is shown (escaped) somewhere."""
+    texts = _strings(fig.to_plotly_json())
+    assert not [t for t in texts if re.search(r"<(a|span)\b", t)]
+    assert any("&lt;a href=\"http://evil.example\"&gt;int4&lt;/a&gt;&lt;span" in t for t in texts)
+    assert not [t for t in texts if "&big" in t and "&amp;big" not in t]  # a bare & would start an entity
+
+
+def test_names_with_markup_are_text_in_every_figure_and_the_report():
+    from dataclasses import replace
+
+    from kvlab.dashboard import tune_charts
+    from kvlab.tune.progress import Point
+
+    results = [replace(r, config_name=MARKUP) if r.config_name == "int4" else r for r in RESULTS]
+    summaries = summarize(results, "baseline", max_drop=0.5)
+    figures = [charts.tradeoff_figure(summaries, axis, title=f"{MARKUP}: memory vs accuracy")
+               for axis in charts.X_TITLES]
+    figures += [charts.latency_figure(summaries), charts.needle_heatmap(results, MARKUP),
+                charts.breakdown_figure(breakdown(results, lambda r: r.task, "baseline"), "task"),
+                charts.compare_figure({f"#1 {MARKUP}": summaries}),
+                charts.telemetry_figure([TelemetrySample(experiment_id=1, worker_id=f"{MARKUP}-4242-ef34ab", ts=1.0,
+                                                         phase="decode", source="cpu", rss_bytes=MIB, kv_bytes=MIB)])]
+    point = Point(trial_id=2, label=MARKUP, number=0, state="stopped", reason=f"worse than {MARKUP}", rung=0,
+                  judged_items=4, accuracy=0.5, diff=-0.5, diff_low=-0.9, diff_high=-0.1, kv_bytes=1e6, ttft_ms=None,
+                  tpot_ms=None, feasible=False)
+    figures += [tune_charts.front_figure([point], [point], (4e6, 1.0), MARKUP, title=MARKUP),
+                tune_charts.hypervolume_figure([point], [0.5])]
+    for fig in figures:
+        _assert_inert(fig)
+    page = report_html(f"kvlab: {MARKUP}", {"sweet spot": MARKUP}, {"Summary": [{"config": MARKUP}]},
+                       {"Memory vs accuracy": figures[0]}, "", {})
+    outside_scripts = re.sub(r"<script\b.*?</script>", "", page, flags=re.DOTALL)  # plotly.js itself has "<a"
+    assert not re.search(r"<(a|span)\b", outside_scripts)
+    assert "http://evil.example" in page and not re.search(r'<a href=\\?"http://evil', page)  # the figure's JSON too

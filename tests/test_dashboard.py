@@ -4,13 +4,16 @@ live panel and the browser side are covered by tests/e2e/test_browser.py."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from kvlab.dashboard import views
 from kvlab.store import Store
-from tests.dashboard_data import populate
+from tests.dashboard_data import item_result, populate
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 LIST, NEW, VIEW, COMPARE = ("pages/list_experiments.py", "pages/new_experiment.py", "pages/view_experiment.py",
@@ -170,7 +173,7 @@ def test_new_experiment_validation_next_to_fields(store):
     at.text_input(key="f:tasks.0.context_lengths").set_value("256").run()
     at.toggle(key="f:sweep.on").set_value(True).run()
     at.text_input(key="f:sweep.ratios").set_value("0.5, 1.5").run()
-    assert "1: Input should be less than 1" in texts(at.error)
+    assert "value 2: Input should be less than 1" in texts(at.error)
     at.text_input(key="f:sweep.ratios").set_value("0.5").run()
     assert not at.error
     # baseline, int4, streaming-50, then the grid's 5 others: none/int4/int2 x none/snapkv less the baseline
@@ -298,6 +301,71 @@ def test_experiment_view_state_comes_from_the_url(filled):
     assert "int2" not in list(summary["config"])
 
 
+def _verdict(at: AppTest) -> str:
+    """The Tradeoff section's verdict: the sweet spot (or why none), its rule, and the summary table."""
+    summary = next(df.value for df in at.dataframe if "KV (MiB)" in df.value.columns)
+    return "\n".join([texts(at.success), texts(at.info), texts(at.caption), summary.to_csv()])
+
+
+def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdict(filled):
+    """Each piece of the page's state set from its widget (section, axis, hidden configs, margin,
+    needle config); the link, opened as a new session, shows the same view and the same verdict."""
+    _, done_id, _ = filled
+    at = open_page(VIEW, id=str(done_id))
+    default_verdict = _verdict(at)
+    at.number_input(key="margin").set_value(20.0).run()
+    at.multiselect(key="hide").set_value(["snapkv-50"]).run()
+    at.radio(key="x").set_value("ratio").run()
+    verdict = _verdict(at)
+    assert verdict != default_verdict and "within 20 points" in verdict  # at the spec's 50 points int4 holds
+    at.segmented_control(key="tab").set_value("Needles").run()
+    at.selectbox(key="needle").set_value("int2").run()
+    assert_clean(at)
+    link = share_link(at)
+    params = parse_qs(urlsplit(link).query)
+    assert set(params) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece, by its name
+    assert params == {"id": [str(done_id)], "tab": ["Needles"], "x": ["ratio"], "hide": ["snapkv-50"],
+                      "margin": ["20"], "needle": ["int2"]}
+
+    opened = open_page(VIEW, **{key: values if len(values) > 1 else values[0] for key, values in params.items()})
+    assert_clean(opened)
+    assert opened.selectbox(key="needle").value == "int2" and opened.multiselect(key="hide").value == ["snapkv-50"]
+    assert opened.number_input(key="margin").value == 20.0 and share_link(opened) == link
+    opened.segmented_control(key="tab").set_value("Tradeoff").run()
+    assert opened.radio(key="x").value == "ratio" and _verdict(opened) == verdict
+
+
+def _finish(store: Store, experiment_id: int) -> None:
+    """The rest of a running ``populate(..., finish=False)`` experiment's items, as its worker writes them."""
+    for trial in store.trials(experiment_id):
+        for index, (length, depth) in enumerate((n, d) for n in (256, 512) for d in (0.1, 0.9) for _ in range(2)):
+            if index >= 4:
+                store.add_item_result(trial.id, item_result(trial.config_name, index, length, depth))
+        store.finish_trial(trial.id, "done", worker_id="test-host:w0")
+
+
+def test_a_sweep_that_ends_leaves_progress_for_its_result(filled):
+    """Opened while it ran (with results: the section selector shows, on Progress), the page opens
+    the result once the sweep is done, and ``tab`` stays out of the link; a section the viewer
+    picked stays picked."""
+    store, _, running_id = filled
+    at = open_page(VIEW, id=str(running_id))
+    assert at.segmented_control(key="tab").value == "Progress" and share_link(at) == f"?id={running_id}"
+    _finish(store, running_id)
+    at.run()  # the live panel reruns the page when the experiment ends
+    assert_clean(at)
+    assert store.get_experiment(running_id).status == "done"
+    assert at.segmented_control(key="tab").value == "Tradeoff" and share_link(at) == f"?id={running_id}"
+    assert "Sweet spot" in texts(at.success) + texts(at.info)
+
+    picked = populate(store, "picked-one", finish=False)
+    at = open_page(VIEW, id=str(picked))
+    at.segmented_control(key="tab").set_value("Latency").run()
+    _finish(store, picked)
+    at.run()
+    assert at.segmented_control(key="tab").value == "Latency" and share_link(at) == f"?id={picked}&tab=Latency"
+
+
 def test_experiment_page_while_running_and_unknown(filled):
     store, done_id, running_id = filled
     at = open_page(VIEW, id=str(running_id))
@@ -342,3 +410,12 @@ def test_new_experiment_form_survives_a_visit_elsewhere(store):
     assert_clean(at)
     assert at.text_input(key="f:name").value == "keep-me"
     assert {m.label: m.value for m in at.metric}["Trials (configs)"] == "3"
+
+
+def test_the_dashboard_runs_without_a_file_watcher():
+    """Streamlit's watcher follows every file under the app's folder (db/ included) and filled the
+    server log with "Inotify queue overflowed"; a user's dashboard does not reload on edits."""
+    import tomllib
+
+    config = tomllib.loads((Path(APP).parent / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["fileWatcherType"] == "none" and config["server"]["runOnSave"] is False

@@ -4,8 +4,12 @@ preview shows the full grid against what the tune starts with, counted by hand."
 
 from __future__ import annotations
 
+import threading
+
 import psutil
 import pytest
+
+from kvlab.cli.tune import start_background
 
 from kvlab.dashboard import spec_form
 from kvlab.dashboard.tune_launch import last_line, wait_for_tune
@@ -100,6 +104,20 @@ def test_launch_finds_the_tune_its_process_stores(store, tmp_path):
     assert last_line(tmp_path / "missing.log") == "its log is empty"
 
 
+def test_a_background_tune_is_reaped_when_it_ends(store, tmp_path, monkeypatch):
+    """The dashboard's server outlives the ``kvlab tune`` it starts: a thread waits for the process, so
+    that it does not stay a zombie (``<defunct>``) under the server once it ends."""
+    monkeypatch.setenv("KVLAB_LOG_DIR", str(tmp_path / "logs"))
+    started = start_background(None, resume=999)  # refused at once: there is no experiment 999
+    pid = started.process.pid
+    [reaper] = [t for t in threading.enumerate() if t.name == f"kvlab-tune-{pid}-reaper"]
+    reaper.join()  # returns when the process has ended and been waited for
+    assert started.process.returncode == 2
+    with pytest.raises(psutil.NoSuchProcess):  # gone, not a zombie
+        psutil.Process(pid).status()
+    assert "999" in last_line(started.log)
+
+
 @pytest.mark.model
 def test_launch_starts_kvlab_tune_and_opens_its_page(store, tmp_path, monkeypatch):
     """A real launch: `kvlab tune` in the background on the real model; the page opens the tune's page
@@ -116,7 +134,7 @@ def test_launch_starts_kvlab_tune_and_opens_its_page(store, tmp_path, monkeypatc
     assert metrics(at)["Full grid (item evaluations)"] == "4"  # int4 and the baseline on 2 items
     at.button(key="launch_tune").click().run(timeout=150)
     assert_clean(at)
-    assert at.title[0].value == "Tune: form-tune"
+    assert at.title[0].value == "Tune: form-tune" and "launched from the dashboard" in texts(at.caption)
     [experiment] = store.list_experiments()
     assert store.tune(experiment.id) is not None and experiment.spec["tune"]["quant"] == ["int4"]
     store.cancel_experiment(experiment.id)

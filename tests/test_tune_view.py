@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from kvlab.config import parse_spec
+from kvlab.dashboard.tune_launch import record_launch
 from tests.dashboard_data import populate
 from tests.test_dashboard import assert_clean, open_page, store, texts  # noqa: F401 -- store: the fixture
-from tests.tune_data import populate_tune
+from tests.tune_data import SPEC, populate_tune
 
 TUNE = "pages/view_tune.py"
 
@@ -30,7 +32,7 @@ def test_the_tune_page_reads_the_stored_tune(store):
 
 @pytest.mark.parametrize("params, message", [
     ({"id": "abc"}, "The link's id 'abc' is not an experiment id"),
-    ({"id": "1"}, "Experiment #1 (synthetic-sweep) is not a tune"),
+    ({"id": "1"}, "Experiment #1 (synthetic-sweep) is a sweep of fixed configs, not a tune"),
     ({"id": "99"}, "No experiment 99"),
     ({"id": "2", "show": "nope"}, None),
 ])
@@ -50,3 +52,41 @@ def test_no_tunes_yet_says_where_to_start_one(store):
     at = open_page(TUNE)
     assert_clean(at)
     assert "No tunes yet" in texts(at.info)
+
+
+def test_a_tune_whose_search_is_not_stored_yet_is_starting(store):
+    """``kvlab tune`` stores its experiment, then its search: in between, the page says the tune is
+    starting (and follows along), not that something else made it."""
+    spec = parse_spec(SPEC)
+    experiment_id = store.create_experiment(spec, {}, item_limit=4)
+    at = open_page(TUNE, id=str(experiment_id))
+    assert_clean(at)
+    assert at.title[0].value == "Tune: synthetic-tune"
+    assert f"Tune #{experiment_id} is starting" in texts(at.info)
+    assert "sweep" not in texts(at.error) and "kvlab run" not in texts(at.error) + texts(at.info)
+    store.start_tune(experiment_id, "kvlab-experiment", 11, 240, "test-host-1-driver")
+    at.run()
+    assert_clean(at)
+    assert "is starting" not in texts(at.info) and at.metric  # the tune's view
+
+
+def test_the_tune_page_says_who_launched_it(store, tmp_path):
+    tune_id = populate_tune(store)
+    at = open_page(TUNE, id=str(tune_id))
+    assert "launched by `kvlab tune`" in texts(at.caption)
+    record_launch(store, tune_id, tmp_path / "tune.log")
+    at = open_page(TUNE, id=str(tune_id))
+    assert_clean(at)
+    assert "launched from the dashboard" in texts(at.caption) and "kvlab tune`" not in texts(at.caption)
+
+
+def test_a_tune_shows_when_it_started_and_how_long_it_ran(store):
+    """Its first round is queued before any trial is claimed (the experiment is running then): the
+    first claim still starts it, so the experiments table has its start and duration."""
+    tune_id = populate_tune(store)
+    tune = store.get_experiment(tune_id)
+    assert tune.started_at is not None and tune.finished_at is not None
+    at = open_page()
+    assert_clean(at)
+    row = at.dataframe[0].value.set_index("id").loc[tune_id]
+    assert row["started"] != "-" and row["duration"] != "-"

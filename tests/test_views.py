@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from kvlab.dashboard import estimate, views
+from kvlab.dashboard import estimate, spec_form, views
 from kvlab.experiments.analysis import summarize
 from kvlab.config import ConfigError, load_spec, parse_spec_toml
 from kvlab.dashboard.spec_form import (
@@ -42,6 +44,36 @@ def test_url_state():
     assert views.share_url(None, {"ids": [1, 2]}) == "?ids=1&ids=2"
     assert views.share_url("http://h/new", {}) == "http://h/new"
     assert views.trial_key(3, "int4") == "3/int4"
+
+
+def test_every_piece_of_the_experiment_view_is_in_its_link():
+    """Each field of the page's state, away from its default, is a query parameter of the share link
+    under its own name (the widget's key), and back at its default leaves the link."""
+    changed = {"tab": "Needles", "x": "ratio", "hide": ("int2", "a b"), "margin": 20.0, "needle": "snapkv-50"}
+    assert set(changed) == {f.name for f in fields(views.ExperimentViewState)} - {"id"}  # a new field: test it
+    for name, value in changed.items():
+        state = views.ExperimentViewState(7, **{name: value})
+        link = views.share_url("http://h/experiment", state.params())
+        expected = [(name, str(v)) for v in value] if isinstance(value, tuple) else [(name, "20" if name == "margin"
+                                                                                      else value)]
+        assert parse_qsl(urlsplit(link).query) == [("id", "7"), *expected], name
+    assert views.share_url("http://h/experiment", views.ExperimentViewState(7).params()) == "http://h/experiment?id=7"
+    assert views.ExperimentViewState(7, margin=12.5).params()["margin"] == "12.5"
+
+
+def test_store_text_is_literal_in_markdown():
+    name = "[click](http://evil.example) ![x](http://evil.example/t.png) :red[big] *b* `code`"
+    escaped = views.md(name)
+    assert not re.findall(r"(?<!\\)[\[\]()`*:!]", escaped)  # every markup character escaped
+    assert re.sub(r"\\(.)", r"\1", escaped) == name  # and shown as it is
+    assert views.code_span("plain") == "`plain`"
+    assert views.code_span("a`b") == "``a`b``" and views.code_span("`x``") == "``` `x`` ```"
+
+
+def test_the_best_ratio_help_states_the_decision_rule():
+    assert views.BEST_RATIO_HELP.startswith("The most compressed config whose accuracy is non-inferior")
+    assert "Holm" in views.BEST_RATIO_HELP and "margin" in views.BEST_RATIO_HELP
+    assert "overlap" not in views.BEST_RATIO_HELP and "10 points" not in views.BEST_RATIO_HELP
 
 
 def test_durations():
@@ -128,9 +160,33 @@ def test_form_errors_land_on_their_fields():
     assert errors["sweep.ratios.1"] == ["Input should be less than 1"]
     placed, rest = assign_errors(errors | {"spec": ["duplicate config names"], "seed": ["bad"]},
                                  ["tasks.0.context_lengths", "configs", "sweep.ratios", "tasks.0"])
-    assert placed["sweep.ratios"] == ["1: Input should be less than 1"]
-    assert placed["configs"][0].startswith("2: evict = 'snapkv'")
+    assert placed["sweep.ratios"] == ["value 2: Input should be less than 1"]  # "0.5, 1.5": its second value
+    assert placed["configs"][0].startswith("row 3: evict = 'snapkv'")  # rows from 1, as the table shows them
     assert rest == ["duplicate config names", "seed: bad"]
+
+
+def test_a_configs_table_error_names_its_row_and_column():
+    """The table's rows from 1, empty rows counted (they are not configs, but the user sees them), and
+    the column by its label: not ``1: Input should be less than 1``."""
+    form = default_form()
+    empty = {"name": None, "quant": None, "evict": None}
+    rows = [empty, *form.configs[:1], {"name": "too-far", "evict": "snapkv", "ratio": 1.5}]
+    placed, rest = assign_errors(build_spec(form.values, 1, rows).errors, ["configs"])
+    assert placed == {"configs": ["row 3: ratio (removed): Input should be less than 1"]} and rest == []
+
+
+def test_the_tune_form_says_its_own_labels_and_refuses_negative_limits():
+    form = default_form()
+    tune = form.values | {"mode": "Tune"}
+    unbounded = tune | {"tune.max_trials": 0, "tune.max_minutes": 0.0, "tune.max_item_evals": 0}
+    message = " ".join(build_spec(unbounded, 1, []).errors["tune"])
+    assert "Max candidates, Max minutes or Max item evaluations" in message
+    assert not re.search(r"max_trials|max_minutes|max_item_evals", message)
+    for key, value in (("max_trials", -3), ("max_item_evals", -50), ("max_minutes", -1.5), ("max_ttft_ms", -1.0)):
+        result = build_spec(tune | {f"tune.{key}": value}, 1, [])
+        assert result.spec is None, key
+        assert result.errors[f"tune.{key}"][0].startswith(f"{spec_form.TUNE_LABELS[key]} is {value:g}: give"), key
+    assert build_spec(tune | {"tune.max_trials": 3}, 1, []).spec.tune.max_trials == 3
 
 
 def test_form_keeps_fields_it_has_no_widget_for():

@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.cli import exits as cli_exit
@@ -67,8 +69,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         import_ray()
     json_out = check_output(args.json, "--json", create_parents=True) if args.json else None
     if args.background:
-        log = start_background(spec, args.resume)
-        print(f"tune started in the background; log: {log}; the dashboard lists it under Experiments", file=sys.stderr)
+        started = start_background(spec, args.resume)
+        print(f"tune started in the background; log: {started.log}; the dashboard lists it under Experiments",
+              file=sys.stderr)
         return 0
     from kvlab.tune.recommend import describe
     from kvlab.tune.session import tune_here
@@ -101,8 +104,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_background(spec: ExperimentSpec | None, resume: int | None = None) -> Path:
-    """Start ``kvlab tune`` detached (the dashboard's Tune mode too); returns its log file."""
+@dataclass(frozen=True)
+class BackgroundTune:
+    """A ``kvlab tune`` started by :func:`start_background`: its process and its log file."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+def start_background(spec: ExperimentSpec | None, resume: int | None = None) -> BackgroundTune:
+    """Start ``kvlab tune`` detached, in its own session (the dashboard's Tune mode too).
+
+    A thread of this process waits for it, so that it is reaped when it ends: the dashboard's server
+    lives on, and a child nobody waits for stays a zombie under it.  (``kvlab tune --background``
+    returns at once; the process then outlives it and init reaps it.)
+    """
     from kvlab.experiments.launcher import worker_log_dir
 
     log_dir = worker_log_dir()
@@ -118,6 +134,7 @@ def start_background(spec: ExperimentSpec | None, resume: int | None = None) -> 
         args.append(str(spec_file))
     log = log_dir / f"tune-{stamp}.log"
     with open(log, "ab") as handle:
-        subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                         start_new_session=True)
-    return log
+        process = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    threading.Thread(target=process.wait, name=f"kvlab-tune-{process.pid}-reaper", daemon=True).start()
+    return BackgroundTune(process, log)

@@ -6,6 +6,7 @@ Metrics come from :mod:`kvlab.experiments.analysis`; nothing here computes one o
 
 from __future__ import annotations
 
+import html
 import math
 import statistics
 import textwrap
@@ -31,6 +32,14 @@ PHASE_COLORS = {"load": "#9e9e9e", "prefill": "#1f77b4", "compress": "#ff7f0e", 
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
 
 
+def plotly_text(text: str) -> str:
+    """Text from the store (config and experiment names, tags, worker ids) for a Plotly figure, which
+    reads its text, hover labels, legends and titles as HTML (``<a href>`` a link, ``<span style>``
+    styled, ``<br>`` a line break): ``& < >`` become the entities it shows as those characters.  The
+    figures are the page's, the HTML report's and the exports' alike."""
+    return html.escape(str(text), quote=False)
+
+
 def _ok(value: float | None) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
 
@@ -50,7 +59,7 @@ def _error_y(summaries: Sequence[ConfigSummary]) -> dict[str, Any]:
 
 
 def _hover(summaries: Sequence[ConfigSummary]) -> list[str]:
-    return [f"<b>{s.config_name}</b><br>accuracy {s.accuracy:.3f} [{s.ci_low:.2f}, {s.ci_high:.2f}]"
+    return [f"<b>{plotly_text(s.config_name)}</b><br>accuracy {s.accuracy:.3f} [{s.ci_low:.2f}, {s.ci_high:.2f}]"
             + _difference(s)
             + f"<br>KV {'≈' if s.kv_bytes_estimated else ''}{s.physical_kv_bytes / MIB:.3f} MiB"
             + f" ({'estimated from the server pool' if s.kv_bytes_estimated else 'measured'}),"
@@ -74,7 +83,7 @@ def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", bas
         raise ValueError(f"axis {axis!r}: one of {', '.join(X_TITLES)}")
     points = _plotted(summaries, axis)
     fig = go.Figure()
-    fig.update_layout(title=title, xaxis_title=X_TITLES[axis], yaxis_title=ACCURACY_TITLE,
+    fig.update_layout(title=plotly_text(title), xaxis_title=X_TITLES[axis], yaxis_title=ACCURACY_TITLE,
                       **(_LAYOUT | {"height": 560, "margin": _LAYOUT["margin"] | {"b": 140}}))
     fig.update_yaxes(range=[-0.05, 1.08])
     if axis == "ratio":
@@ -86,7 +95,7 @@ def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", bas
         fig.add_hline(y=baseline.accuracy, line_dash="dot", line_color="#2ca02c")
     fig.add_trace(go.Scatter(
         name="configs", x=[_x(s, axis) for s in points], y=[s.accuracy for s in points], mode="markers+text",
-        text=[s.config_name for s in points], textposition="top center", error_y=_error_y(points),
+        text=[plotly_text(s.config_name) for s in points], textposition="top center", error_y=_error_y(points),
         hovertext=_hover(points), hoverinfo="text", marker={"size": 9, "color": "#1f77b4"}))
     front = sorted(pareto_front(points), key=lambda s: _x(s, axis))
     if front:
@@ -99,15 +108,15 @@ def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", bas
     sweet = decision.sweet_spot
     words = f"Sweet spot: the {decision.rule}." + (f" {decision.note[0].upper()}{decision.note[1:]}."
                                                      if decision.note else "")
-    fig.add_annotation(text="<br>".join(textwrap.wrap(words, 120)), xref="paper", yref="paper", x=0, y=-0.2,
-                       yanchor="top", showarrow=False, align="left", font={"size": 10, "color": "#555"})
+    fig.add_annotation(text="<br>".join(textwrap.wrap(plotly_text(words), 120)), xref="paper", yref="paper", x=0,
+                       y=-0.2, yanchor="top", showarrow=False, align="left", font={"size": 10, "color": "#555"})
     if sweet is not None:
         fig.add_trace(go.Scatter(name="sweet spot", x=[_x(sweet, axis)], y=[sweet.accuracy], mode="markers",
                                  marker={"size": 18, "symbol": "star", "color": "#ffbf00",
                                          "line": {"width": 1, "color": "#333"}},
                                  hovertext=_hover([sweet]), hoverinfo="text"))
         fig.add_annotation(x=_x(sweet, axis), y=sweet.accuracy, ax=40, ay=-45, showarrow=True, arrowhead=2,
-                           text=f"sweet spot: {sweet.config_name} ({sweet.compression_ratio:.2f}x)")
+                           text=f"sweet spot: {plotly_text(sweet.config_name)} ({sweet.compression_ratio:.2f}x)")
     return fig
 
 
@@ -119,7 +128,8 @@ def latency_figure(summaries: Sequence[ConfigSummary]) -> go.Figure:
         shown = [s for s in points if _ok(getattr(s, attr))]
         fig.add_trace(go.Scatter(
             name="TTFT" if col == 1 else "TPOT", x=[s.compression_ratio for s in shown],
-            y=[getattr(s, attr) * 1000 for s in shown], mode="markers+text", text=[s.config_name for s in shown],
+            y=[getattr(s, attr) * 1000 for s in shown], mode="markers+text",
+            text=[plotly_text(s.config_name) for s in shown],
             textposition="top center", marker={"size": 9}), row=1, col=col)
         fig.update_xaxes(title_text="compression ratio (x)", ticksuffix="x", row=1, col=col)
     fig.update_yaxes(title_text="TTFT (ms, median)", rangemode="tozero", row=1, col=1)
@@ -130,13 +140,14 @@ def latency_figure(summaries: Sequence[ConfigSummary]) -> go.Figure:
 
 def breakdown_figure(groups: Mapping[Any, Sequence[ConfigSummary]], dimension: str) -> go.Figure:
     """Accuracy per config, grouped by ``dimension`` (``task`` or ``context length``)."""
-    labels = [f"{g} tokens" if dimension == "context length" else str(g) for g in groups]
+    labels = [f"{g} tokens" if dimension == "context length" else plotly_text(str(g)) for g in groups]
     names = list(dict.fromkeys(s.config_name for summaries in groups.values() for s in summaries))
     fig = go.Figure()
     for name in names:
         rows = [next((s for s in summaries if s.config_name == name), None) for summaries in groups.values()]
         fig.add_trace(go.Bar(
-            name=name, x=labels, y=[s.accuracy if s is not None and _ok(s.accuracy) else None for s in rows],
+            name=plotly_text(name), x=labels,
+            y=[s.accuracy if s is not None and _ok(s.accuracy) else None for s in rows],
             error_y={"type": "data", "symmetric": False,
                      "array": [s.ci_high - s.accuracy if s is not None and _ok(s.accuracy) else 0 for s in rows],
                      "arrayminus": [s.accuracy - s.ci_low if s is not None and _ok(s.accuracy) else 0 for s in rows]}))
@@ -171,7 +182,7 @@ def needle_heatmap(results: Sequence[ItemResult], config_name: str) -> go.Figure
         x=[str(n) for n in lengths], y=[f"{d:.2f}" for d in depths], z=z, zmin=0, zmax=1, text=text,
         texttemplate="%{text}", colorscale="RdYlGn", colorbar={"title": {"text": "accuracy (0-1)"}},
         hovertemplate="length %{x} tokens<br>depth %{y}<br>accuracy %{z:.2f} (%{text})<extra></extra>"))
-    fig.update_layout(title=f"Needle retrieval: {config_name}", xaxis_title="context length (tokens)",
+    fig.update_layout(title=f"Needle retrieval: {plotly_text(config_name)}", xaxis_title="context length (tokens)",
                       yaxis_title="needle depth (fraction of context)", **_LAYOUT)
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category")
@@ -190,10 +201,10 @@ def telemetry_figure(samples: Sequence[TelemetrySample]) -> go.Figure:
     for row, attr in ((1, "rss_bytes"), (2, "kv_bytes")):
         for worker, rows in by_worker.items():
             shown = [s for s in rows if getattr(s, attr) is not None]
-            node = node_of(worker)  # one line per worker: on Ray, one per node
+            node = plotly_text(node_of(worker))  # one line per worker: on Ray, one per node
             fig.add_trace(go.Scatter(x=[s.ts - t0 for s in shown], y=[getattr(s, attr) / MIB for s in shown],
                                      mode="lines", line={"color": "#bbbbbb", "width": 1}, showlegend=False,
-                                     name=node, hovertemplate=f"{node}<br>%{{x:.1f}} s<br>%{{y:.1f}} MiB"
+                                     name=node, hovertemplate="%{fullData.name}<br>%{x:.1f} s<br>%{y:.1f} MiB"
                                                               "<extra></extra>"), row=row, col=1)
         for phase, color in PHASE_COLORS.items():
             shown = [s for s in samples if s.phase == phase and getattr(s, attr) is not None]
@@ -244,8 +255,8 @@ def compare_figure(curves: Mapping[str, Sequence[ConfigSummary]], axis: str = "b
     if axis not in X_TITLES:
         raise ValueError(f"axis {axis!r}: one of {', '.join(X_TITLES)}")
     fig = go.Figure()
-    for index, (label, summaries) in enumerate(curves.items()):
-        color = _PALETTE[index % len(_PALETTE)]
+    for index, (name, summaries) in enumerate(curves.items()):
+        color, label = _PALETTE[index % len(_PALETTE)], plotly_text(name)
         points = _plotted(summaries, axis)
         fig.add_trace(go.Scatter(name=label, legendgroup=label, x=[_x(s, axis) for s in points],
                                  y=[s.accuracy for s in points], mode="markers", error_y=_error_y(points),

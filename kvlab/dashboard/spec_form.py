@@ -41,9 +41,18 @@ BUDGET_RANGE = (BUDGET_BOUNDS[0] + BUDGET_STEP, BUDGET_BOUNDS[1] - BUDGET_STEP)
 MODES = ("Sweep", "Tune")
 #: The Tune mode's defaults are TuneSpec's, with one eviction method to search (its default is none).
 _TUNE_DEFAULTS = TuneSpec().model_dump(mode="json") | {"evict": ["none", "snapkv"]}
-#: Tune fields where the form's 0 means "no limit" (None in the spec).
-TUNE_OPTIONAL = ("max_trials", "max_minutes", "max_item_evals", "max_ttft_ms", "max_tpot_ms")
+#: Tune fields where the form's 0 means "no limit" (None in the spec), with their widgets' labels,
+#: which the form's messages use too (the spec's keys mean nothing on the page).
+TUNE_LABELS = {"max_trials": "Max candidates", "max_minutes": "Max minutes", "max_item_evals": "Max item evaluations",
+               "max_ttft_ms": "Max TTFT (ms)", "max_tpot_ms": "Max TPOT (ms)"}
+TUNE_OPTIONAL = tuple(TUNE_LABELS)
 TUNE_COUNTS = ("max_trials", "max_item_evals")  # whole numbers; the others are minutes and milliseconds
+TUNE_BUDGETS = ("max_trials", "max_minutes", "max_item_evals")  # the search stops at the first one reached
+#: The configs table's column labels (the page's column_config); its messages name the row and the column.
+CONFIG_LABELS = {"group_size": "group size", "residual_length": "residual (tokens)", "ratio": "ratio (removed)",
+                 "keep_fraction": "keep fraction", "threshold": "threshold (quantile)", "query_aware": "query-aware"}
+#: Fields the form shows as a table, one row per entry: a message about an entry says its row (from 1) and column.
+TABLES = {"configs": CONFIG_LABELS}
 
 DEFAULT_SPEC: dict[str, Any] = {
     "name": "my-sweep", "model": "smollm2-135m",
@@ -147,7 +156,13 @@ def tune_from_values(values: Mapping[str, Any],
              "budget_step": float(values.get("tune.budget_step", _TUNE_DEFAULTS["budget_step"]))}
     for key in TUNE_OPTIONAL:
         number = values.get(f"tune.{key}") or 0
+        if number < 0:
+            whole = "a whole number from 1" if key in TUNE_COUNTS else "a positive number"
+            errors[f"tune.{key}"] = [f"{TUNE_LABELS[key]} is {number:g}: give {whole}, or 0 for no limit"]
         tune[key] = (int if key in TUNE_COUNTS else float)(number) or None
+    if all(tune[key] is None for key in TUNE_BUDGETS):
+        errors["tune"] = [f"give the search a budget: set {', '.join(TUNE_LABELS[k] for k in TUNE_BUDGETS[:-1])} or "
+                          f"{TUNE_LABELS[TUNE_BUDGETS[-1]]} above 0 (0 is no limit)"]
     return tune, errors
 
 
@@ -252,9 +267,21 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
     try:
         spec = parse_spec(data)
     except ConfigError as error:
-        return FormResult(None, split_errors(str(error)))
+        return FormResult(None, _table_rows(split_errors(str(error)), configs))
     refused = backend_refusals(spec)
     return FormResult(None, {"configs": refused}) if refused else FormResult(spec, {})
+
+
+def _table_rows(errors: dict[str, list[str]], table: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """The errors with ``configs.N`` counting the configs table's rows (empty rows are not configs)."""
+    rows = [index for index, row in enumerate(table) if _config_row(row) is not None]
+    renamed: dict[str, list[str]] = {}
+    for path, messages in errors.items():
+        parts = path.split(".")
+        if parts[0] == "configs" and len(parts) > 1 and parts[1].isdigit() and int(parts[1]) < len(rows):
+            path = ".".join(["configs", str(rows[int(parts[1])]), *parts[2:]])
+        renamed.setdefault(path, []).extend(messages)
+    return renamed
 
 
 def backend_refusals(spec: ExperimentSpec) -> list[str]:
@@ -309,9 +336,22 @@ def assign_errors(errors: Mapping[str, list[str]], keys: Sequence[str]) -> tuple
             if owner is None:
                 rest.append(message if path == "spec" else f"{path}: {message}")
             else:
-                inner = path.removeprefix(owner).lstrip(".")
+                inner = _where(owner, path.removeprefix(owner).lstrip("."))
                 by_key.setdefault(owner, []).append(f"{inner}: {message}" if inner else message)
     return by_key, rest
+
+
+def _where(owner: str, inner: str) -> str:
+    """Where in a field a problem is, in the form's words: ``row 2: ratio (removed)`` in a table (its
+    rows counted from 1, its columns by label), ``value 2`` of a comma-separated list; else the path."""
+    head, _, rest = inner.partition(".")
+    if not head.isdigit():
+        return inner
+    if owner in TABLES:
+        column, _, deeper = rest.partition(".")
+        label = TABLES[owner].get(column, column) + (f".{deeper}" if deeper else "")
+        return f"row {int(head) + 1}" + (f": {label}" if label else "")
+    return f"value {int(head) + 1}" + (f".{rest}" if rest else "")
 
 
 def parse_numbers(text: str, kind: type = float) -> list[Any]:

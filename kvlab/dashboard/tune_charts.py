@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from kvlab.dashboard.charts import plotly_text
 from kvlab.tune.progress import MB, Point
 
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
@@ -32,9 +33,9 @@ def _drawn(point: Point) -> bool:
 def _hover(point: Point) -> str:
     interval = (f"{point.diff:+.3f} [{point.diff_low:+.3f}, {point.diff_high:+.3f}]"
                 if point.diff is not None and point.diff_low is not None and point.diff_high is not None else "-")
-    return (f"<b>{point.label}</b><br>{point.state} on {point.judged_items} items (rung {point.rung})"
+    return (f"<b>{plotly_text(point.label)}</b><br>{point.state} on {point.judged_items} items (rung {point.rung})"
             f"<br>accuracy {point.accuracy:.3f}, vs baseline {interval}<br>KV {point.kv_bytes / MB:.3f} MB"
-            + (f"<br>{point.reason}" if point.reason else ""))
+            + (f"<br>{plotly_text(point.reason)}" if point.reason else ""))
 
 
 def front_figure(shown: Sequence[Point], front: Sequence[Point], baseline: tuple[float | None, float | None],
@@ -71,10 +72,10 @@ def front_figure(shown: Sequence[Point], front: Sequence[Point], baseline: tuple
     chosen = [p for p in shown if p.label == recommended and _drawn(p)]
     if chosen:
         fig.add_trace(go.Scatter(x=[chosen[0].kv_bytes / MB], y=[chosen[0].accuracy], mode="markers",
-                                 name=f"recommended: {chosen[0].label}", hoverinfo="skip",
+                                 name=f"recommended: {plotly_text(chosen[0].label)}", hoverinfo="skip",
                                  marker={"color": "#d62728", "size": 22, "symbol": "circle-open",
                                          "line": {"width": 3}}))
-    fig.update_layout(title=title, xaxis_title="physical KV cache (MB per item, measured)",
+    fig.update_layout(title=plotly_text(title), xaxis_title="physical KV cache (MB per item, measured)",
                       yaxis_title="accuracy (fraction correct; bars: paired 95% interval vs baseline)",
                       legend={"orientation": "h", "y": -0.2}, **_LAYOUT)
     fig.update_yaxes(range=[-0.05, 1.05])
@@ -85,9 +86,10 @@ def hypervolume_figure(shown: Sequence[Point], history: Sequence[float], title: 
     """The hypervolume after each candidate, in the order the tune proposed them."""
     fig = go.Figure(go.Scatter(
         x=list(range(1, len(history) + 1)), y=list(history), mode="lines+markers", line={"shape": "hv"},
-        name="hypervolume", hovertext=[f"after {p.label}: {h:.3f}" for p, h in zip(shown, history, strict=False)],
+        name="hypervolume",
+        hovertext=[f"after {plotly_text(p.label)}: {h:.3f}" for p, h in zip(shown, history, strict=False)],
         hoverinfo="text"))
-    fig.update_layout(title=title, xaxis_title="candidates proposed (trial order)",
+    fig.update_layout(title=plotly_text(title), xaxis_title="candidates proposed (trial order)",
                       yaxis_title="hypervolume (fraction of baseline bytes x accuracy 1)", showlegend=False, **_LAYOUT)
     fig.update_xaxes(dtick=1)
     fig.update_yaxes(rangemode="tozero")

@@ -1,30 +1,48 @@
 """Finding the tune that the new-experiment page's Tune mode started in the background: ``kvlab tune``
 loads the model before it stores its experiment, so the page polls the store for it (and, when it
 never appears, shows the last line of the process's log, where a failed ``kvlab tune`` says why).
+Once found, the page records on it that the dashboard launched it (:data:`LAUNCH_EVENT`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kvlab.store import Store
 
 #: How long Launch waits for the background ``kvlab tune`` to store its experiment (it loads the model first).
 APPEAR_TIMEOUT_S = 90.0
+#: The event a tune launched from the dashboard carries (its origin: ``kvlab tune`` records the rest).
+LAUNCH_EVENT = "launched from the dashboard (New experiment, mode Tune)"
 
 
-def wait_for_tune(store: Store, name: str, after_id: int, timeout_s: float, poll_s: float = 1.0) -> int | None:
-    """The id of the first tune named ``name`` stored after experiment ``after_id``, or None by the timeout."""
+def wait_for_tune(store: Store, name: str, after_id: int, timeout_s: float, poll_s: float = 1.0,
+                  ended: Callable[[], bool] = lambda: False) -> int | None:
+    """The id of the first tune named ``name`` stored after experiment ``after_id`` with its search
+    recorded (``kvlab tune`` stores the experiment, then the search), or None by the timeout or once
+    the process has ``ended`` without one."""
     deadline = time.monotonic() + timeout_s
     while True:
+        was_over = ended()
         found = [e.id for e in store.list_experiments(search=name, limit=20)
-                 if e.id > after_id and e.name == name and e.spec.get("tune") is not None]
+                 if e.id > after_id and e.name == name and e.spec.get("tune") is not None
+                 and store.tune(e.id) is not None]
         if found:
             return min(found)
-        if time.monotonic() > deadline:
+        if was_over or time.monotonic() > deadline:
             return None
         time.sleep(poll_s)
+
+
+def record_launch(store: Store, experiment_id: int, log: Path) -> None:
+    store.log_event(experiment_id, f"{LAUNCH_EVENT}; the process's log: {log}")
+
+
+def launched_here(store: Store, experiment_id: int) -> bool:
+    """Whether the dashboard launched this tune (else ``kvlab tune`` in a terminal, or a script)."""
+    return any(event.message.startswith(LAUNCH_EVENT) for event in store.events(experiment_id))
 
 
 def last_line(log: Path) -> str:

@@ -8,13 +8,15 @@ link opened in another browser shows the same view.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
 from kvlab.experiments.analysis import ConfigSummary
+from kvlab.experiments.decision import DEFAULT_MAX_DROP, RULE
 from kvlab.experiments.nodes import node_of
 from kvlab.compress.formats import FORMATS
 from kvlab.experiments.results import ItemResult
@@ -46,6 +48,68 @@ def experiment_sections(ended: bool) -> list[str]:
     """The sections in order; the page opens on the first: the result once the experiment has ended,
     its progress and telemetry while it is queued or running."""
     return list(SECTIONS) if ended else [LIVE_SECTION, *(s for s in SECTIONS if s != LIVE_SECTION)]
+
+
+@dataclass(frozen=True)
+class ExperimentViewState:
+    """Everything the experiment page's view depends on, as its URL carries it: each field is a query
+    parameter, named like the widget bound to it.  The page decides each field once, draws from this
+    (the analysis and its verdict included) and builds its share link from :meth:`params`, so the
+    link reproduces the view.  A field at its default is None (or empty) and stays out of the link:
+    the defaults depend on the experiment (its margin, whether it has ended, its needle configs)."""
+
+    id: int
+    tab: str | None = None  # the section; None: the one the page opens on (the result once ended, else Progress)
+    x: str | None = None  # the tradeoff chart's x axis; None: X_AXES[0]
+    hide: tuple[str, ...] = ()  # configs left out of every chart, table and the verdict
+    margin: float | None = None  # the non-inferiority margin in accuracy points; None: the spec's max_drop
+    needle: str | None = None  # the needle heatmap's config; None: the first config with needle items
+
+    def params(self) -> dict[str, str | int | list[str] | None]:
+        """The query parameters of this view (None and empty ones are left out of a link)."""
+        values: dict[str, str | int | list[str] | None] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, float):
+                value = url_number(value)
+            values[field.name] = value
+        return values
+
+
+def url_number(value: float) -> str:
+    """A number as a bound number widget writes it into the URL (Streamlit's form: 5.0 -> ``5``)."""
+    return str(int(value)) if math.isfinite(value) and value == int(value) else repr(value)
+
+
+#: The experiments table's "best ratio holding baseline" column, in the words of the decision's own
+#: rule (:data:`kvlab.experiments.decision.RULE`): each experiment is judged at its own margin.
+BEST_RATIO_HELP = (f"The {RULE.format(margin='M', m='its')}, where M is the experiment's margin (its max_drop in "
+                   f"accuracy points: {DEFAULT_MAX_DROP * 100:g} unless its spec sets another). Compression ratio = "
+                   "baseline KV bytes / physical KV bytes.")
+
+
+#: Markdown's inline markup (links, images, emphasis, code, math, ``:colour[...]:`` and shortcodes, raw
+#: HTML, autolinked URLs and addresses), and what only means something at the start of a line.
+_MD_INLINE = re.compile(r"([\\`*_{}\[\]()<>!|~$:.@])")
+_MD_LINE_START = re.compile(r"(?m)^([ \t]*)([-+#=])")
+
+
+def md(text: str) -> str:
+    """Text from the store or a server (names, tags, notes, messages) as literal Markdown: Streamlit
+    renders ``[a](url)`` as a link, ``![](url)`` as an image it fetches, ``:red[...]`` as colour,
+    ``www.x.org`` as a link, and names may hold any of them.  A dash or a plus inside a line stays
+    as it is (``synthetic-sweep``)."""
+    return _MD_LINE_START.sub(r"\1\\\2", _MD_INLINE.sub(r"\\\1", text))
+
+
+def code_span(text: str) -> str:
+    """``text`` as Markdown inline code (selectable, copied whole), fenced by more backticks than it
+    holds in a row, so that a backtick in a name cannot end the span."""
+    fence = "`" * (1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def parse_int(value: str | None) -> int | None:

@@ -349,8 +349,11 @@ class Store(TuneQueries):
             claimed = [_trial_record(row) for row in rows]
         # A second transaction: under the lock order (experiment, then trials) a claim holding trial
         # locks must not wait for the experiment row.
+        # A tune's experiment is running (its first round queued) before any claim: it starts here too.
         with self._session(write=True) as session:
-            session.execute(update(ExperimentRow).where(ExperimentRow.id == chosen, ExperimentRow.status == "queued")
+            not_started = (ExperimentRow.status == "queued") | ((ExperimentRow.status == "running")
+                                                                & ExperimentRow.started_at.is_(None))
+            session.execute(update(ExperimentRow).where(ExperimentRow.id == chosen, not_started)
                             .values(status="running", started_at=func.coalesce(ExperimentRow.started_at, now)))
         return claimed
 

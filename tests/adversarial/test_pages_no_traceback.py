@@ -4,12 +4,15 @@ an unexpected error is one line on the page whose traceback is in the dashboard'
 
 from __future__ import annotations
 
+import json
+import re
 import sqlite3
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from kvlab.dashboard import views
 from kvlab.store import Store
 from tests.dashboard_data import populate
 
@@ -88,3 +91,33 @@ def test_an_unexpected_error_is_one_line_and_logged(db, tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_DEBUG", "1")  # re-raised to Streamlit, which logs it (and shows it with
     at = open_page(LIST)                    # client.showErrorDetails = "full")
     assert at.exception and not at.error
+
+
+#: A name as anyone who can queue into a shared store may write it: a Markdown link and colour, an HTML link.
+MARKUP = '[x](http://e.x) <a href="http://e.x">a</a> :red[b]'
+_LIVE_MARKUP = re.compile(r"(?<!\\)(\]\(|:red\[|<a href)")  # a link, colour or HTML that would render
+
+
+def test_names_with_markup_are_shown_as_text_on_every_page(db):
+    """Experiment, tag and config names from the store are literal text on the pages: no link, no
+    image, no colour (the figures' text is tests/test_charts.py's)."""
+    with Store(f"sqlite:///{db}") as store:
+        populate(store, name=MARKUP)  # experiment 2
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE experiments SET tags = ? WHERE id = 2", (json.dumps([MARKUP]),))
+        for table in ("trials", "item_results"):
+            connection.execute(f"UPDATE {table} SET config_name = ? WHERE config_name = 'int4'",  # noqa: S608
+                               (MARKUP,))
+    pages = [(VIEW, {"id": "2", "tab": section}) for section in ("Tradeoff", "Needles", "Failed items", "Export")]
+    pages += [(LIST, {}), (COMPARE, {"ids": ["1", "2"]})]
+    for page, params in pages:
+        at = open_page(page, params)
+        assert not at.exception, texts(at.exception)
+        shown = "\n".join(texts(at.get(kind)) for kind in ("title", "caption", "markdown", "success", "info",
+                                                           "warning", "error", "subheader", "header"))
+        assert not _LIVE_MARKUP.search(shown), (page, params, shown)
+        if page == VIEW:
+            assert at.title[0].value == views.md(MARKUP)
+            assert views.md(MARKUP) in texts(at.caption)  # its tags
+    at = open_page(VIEW, {"id": "2"})
+    assert f"Sweet spot: **{views.md(MARKUP)}**" in texts(at.success)  # the renamed int4 is the sweet spot
