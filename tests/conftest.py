@@ -7,8 +7,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import torch
-from sqlalchemy import create_engine, make_url
+
+from kvlab.threads import share_cores
+
+share_cores()  # before torch loads: the in-process model tests share the cores with the rest of a busy machine
+import torch  # noqa: E402
+from sqlalchemy import create_engine, make_url  # noqa: E402
 
 PG_URL = os.environ.get("KVLAB_TEST_POSTGRES_URL")
 #: Set by scripts/test.sh (the README's test command, which CI runs): everything that command installs

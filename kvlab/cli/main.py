@@ -24,6 +24,7 @@ from kvlab.cli.options import add_executor_options, float_between, int_between, 
 from kvlab.config import load_spec
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import install_log_redaction
+from kvlab.threads import share_cores
 
 VERBOSE_HELP = "show the libraries' logs and per-file progress bars (also: KVLAB_VERBOSE=1)"
 #: Measured on a 2-core machine: 5.5 s for a bare load when idle, 9 s within `kvlab run examples/tiny.toml` when busy.
@@ -206,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    share_cores()  # before any command imports torch
     argv = sys.argv[1:] if argv is None else argv
     install_log_redaction()  # no log line of any command shows a URL password or a key
     args = build_parser().parse_args(argv)

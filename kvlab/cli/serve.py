@@ -34,7 +34,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--api-key-env", metavar="VAR",
                        help="require 'Authorization: Bearer <key>', the key read from this environment variable "
                             "or .streamlit/secrets.toml (never from the command line)")
-    serve.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    serve.add_argument("--threads", type=positive_int,
+                       help="torch CPU threads (default: the cores this process may use)")
     serve.add_argument("--max-body-mb", type=float_between(0.0, 1024.0, inclusive_low=False), default=4.0,
                        help="refuse request bodies larger than this many MiB with a 413 (default: 4)")
     kv = serve.add_argument_group("KV cache (every request's default; a request may send its own `kv_cache`)")
@@ -62,13 +63,12 @@ def kv_config_from_args(args: argparse.Namespace) -> KVCacheConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import torch
-
     from kvlab.engines.embedded import EmbeddedEngine
     from kvlab.models import load_model
     from kvlab.secrets import mask, read_setting
     from kvlab.serve import ServedModel, create_app
     from kvlab.serve.server import check_address, serve
+    from kvlab.threads import set_torch_threads
 
     config = kv_config_from_args(args)
     api_key = None
@@ -81,8 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     elif args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {args.host} without an API key (--api-key-env)", file=sys.stderr)
     check_address(args.host, args.port)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     engine = EmbeddedEngine(load_model(args.model, device=args.device, dtype=args.dtype))
     engine.check_configs([config])
     served = ServedModel(engine, args.served_model_name or args.model, config)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kvlab.threads import share_of_cores
+
 
 LOG_DIR_VAR = "KVLAB_LOG_DIR"
 MAX_LOCAL_WORKERS = 64  # what `kvlab run --background --workers` and `kvlab rerun --workers` accept
@@ -15,12 +17,6 @@ MAX_LOCAL_WORKERS = 64  # what `kvlab run --background --workers` and `kvlab rer
 def worker_log_dir() -> Path:
     """Where local workers write their logs: ``$KVLAB_LOG_DIR``, else ``db/logs`` in the checkout."""
     return Path(os.environ.get(LOG_DIR_VAR) or Path(__file__).resolve().parents[2] / "db" / "logs")
-
-
-def threads_per_worker(workers: int) -> int:
-    """Split the cores: torch threads of several processes spin against each other otherwise
-    (measured here: a 320-token prefill took 7.2 s instead of 0.7 s with one competing process)."""
-    return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
 def start_local_workers(count: int, exit_when_idle: bool = True) -> list[subprocess.Popen]:
@@ -33,7 +29,7 @@ def start_local_workers(count: int, exit_when_idle: bool = True) -> list[subproc
     log_dir.mkdir(parents=True, exist_ok=True)
     processes = []
     for index in range(count):
-        args = [sys.executable, "-m", "kvlab.cli", "worker", "--threads", str(threads_per_worker(count))]
+        args = [sys.executable, "-m", "kvlab.cli", "worker", "--threads", str(share_of_cores(count))]
         args += ["--exit-when-idle"] if exit_when_idle else []
         with open(log_dir / f"worker-{os.getpid()}-{index}.log", "ab") as log:  # the child keeps its own copy
             processes.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

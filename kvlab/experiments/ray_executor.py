@@ -123,7 +123,10 @@ class NodeWorker:
         import ray
 
         from kvlab.experiments.worker import Worker
+        from kvlab.threads import set_torch_threads, share_cores
 
+        share_cores()  # this process is Ray's, not the kvlab command's: before torch loads (next line)
+        set_torch_threads(settings.threads)
         context = ray.get_runtime_context()
         self.worker_id = ray_worker_id(socket.gethostname(), context.get_node_id(), token)
         self.store = Store(store_url)

@@ -37,7 +37,7 @@ class WorkerSettings:
     on_stale: str = "requeue"  # or "fail"
     poll_s: float = 2.0
     telemetry_hz: float = 1.0
-    threads: int | None = None  # torch CPU threads; None: torch's default
+    threads: int | None = None  # torch CPU threads; None: the cores this process may use (kvlab.threads)
     backoff_s: float = 600.0  # how long this worker leaves an experiment it could not run to others
     max_failures: int = 3  # worker-side failures in a row before the worker stops
     exit_when_idle: bool = False
