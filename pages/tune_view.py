@@ -162,6 +162,8 @@ def _candidates_table(visible: Sequence[progress.Point], stem: str) -> None:
         return
     st.caption("In the order the tune proposed them. **reason**: why a candidate stopped early, or where it stands; "
                "**rung/items**: its round and the items it was judged on.")
-    st.table(rows, hide_index=True, border="horizontal")  # a table, not a grid: the reasons wrap and read whole
+    shown = [{key: views.md(value) if isinstance(value, str) else value for key, value in row.items()}
+             for row in rows]  # st.table renders its cells as Markdown: labels and reasons are the store's text
+    st.table(shown, hide_index=True, border="horizontal")  # a table, not a grid: the reasons wrap and read whole
     st.download_button("Candidates (CSV)", data=progress.rows_csv(rows), file_name=f"{stem}-candidates.csv",
                        mime="text/csv", on_click="ignore", icon=":material/download:", key="tune-csv")

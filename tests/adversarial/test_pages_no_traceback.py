@@ -15,11 +15,12 @@ from streamlit.testing.v1 import AppTest
 from kvlab.dashboard import views
 from kvlab.store import Store
 from tests.dashboard_data import populate
+from tests.tune_data import populate_tune
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
-LIST, NEW, VIEW, COMPARE, DOCTOR = ("pages/list_experiments.py", "pages/new_experiment.py",
-                                    "pages/view_experiment.py", "pages/compare_experiments.py",
-                                    "pages/endpoint_doctor.py")
+LIST, NEW, VIEW, COMPARE, DOCTOR, TUNE = ("pages/list_experiments.py", "pages/new_experiment.py",
+                                          "pages/view_experiment.py", "pages/compare_experiments.py",
+                                          "pages/endpoint_doctor.py", "pages/view_tune.py")
 HUGE = "9" * 30  # beyond any database integer
 
 
@@ -103,19 +104,23 @@ def test_names_with_markup_are_shown_as_text_on_every_page(db):
     image, no colour (the figures' text is tests/test_charts.py's)."""
     with Store(f"sqlite:///{db}") as store:
         populate(store, name=MARKUP)  # experiment 2
+        populate_tune(store)  # experiment 3
     with sqlite3.connect(db) as connection:
         connection.execute("UPDATE experiments SET tags = ? WHERE id = 2", (json.dumps([MARKUP]),))
         for table in ("trials", "item_results"):
-            connection.execute(f"UPDATE {table} SET config_name = ? WHERE config_name = 'int4'",  # noqa: S608
-                               (MARKUP,))
+            connection.execute(f"UPDATE {table} SET config_name = ? "  # noqa: S608
+                               "WHERE config_name IN ('int4', 'int4/g64/r64')", (MARKUP,))  # the tune's int4 too
     pages = [(VIEW, {"id": "2", "tab": section}) for section in ("Tradeoff", "Needles", "Failed items", "Export")]
-    pages += [(LIST, {}), (COMPARE, {"ids": ["1", "2"]})]
+    pages += [(LIST, {}), (COMPARE, {"ids": ["1", "2"]}), (TUNE, {"id": "3"})]
     for page, params in pages:
         at = open_page(page, params)
         assert not at.exception, texts(at.exception)
         shown = "\n".join(texts(at.get(kind)) for kind in ("title", "caption", "markdown", "success", "info",
                                                            "warning", "error", "subheader", "header"))
+        shown += "".join(table.value.to_csv() for table in at.table)  # st.table's cells are Markdown too
         assert not _LIVE_MARKUP.search(shown), (page, params, shown)
+        if page == TUNE:
+            assert views.md(MARKUP) in list(at.table[0].value["label"])
         if page == VIEW:
             assert at.title[0].value == views.md(MARKUP)
             assert views.md(MARKUP) in texts(at.caption)  # its tags
