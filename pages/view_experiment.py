@@ -137,7 +137,6 @@ if not results:
     st.stop()
 
 
-
 def _section_picked() -> None:
     st.session_state["tab_picked"] = True
 
