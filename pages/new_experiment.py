@@ -47,7 +47,7 @@ from kvlab.dashboard.spec_form import (
 from kvlab.dashboard import executor_form
 from kvlab.tasks.data_dir import DATA_DIR_VAR, UPLOADS, data_dir, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
-from kvlab.tasks.spec import TaskName
+from kvlab.tasks.spec import DEFAULT_NUM_ITEMS, TaskName
 from pages import tune_form
 from pages.common import PAGE_FILES, get_store, share_box
 from pages.executor_choice import executor_choice
@@ -303,7 +303,8 @@ for index in range(st.session_state["form_n_tasks"]):
                           help="Comma-separated fractions in [0, 1], e.g. 0.1, 0.5, 0.9")
             slot(t + "depths")
         with items_col:
-            st.number_input("Items per length", min_value=0, step=1, key=P + t + "num_items")
+            st.number_input("Items per length", min_value=0, step=1, key=P + t + "num_items",
+                            help=f"0: the default, {DEFAULT_NUM_ITEMS} per length, and every line of a JSONL file")
             slot(t + "num_items")
         with tokens_col:
             st.number_input("Max new tokens (0: task default)", min_value=0, step=1, key=P + t + "max_new_tokens")

@@ -104,7 +104,7 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
             prefix + "name": task.get("name", "passkey"),
             prefix + "context_lengths": _join(task.get("context_lengths", [1024])),
             prefix + "depths": _join(task.get("depths", [0.1, 0.5, 0.9])),
-            prefix + "num_items": int(task.get("num_items", 10)),
+            prefix + "num_items": int(task.get("num_items") or 0),  # 0: unset (the task's default)
             prefix + "max_new_tokens": int(task.get("max_new_tokens") or 0),
             prefix + "num_pairs": int(task.get("num_pairs", 4)),
             prefix + "path": task.get("path") or "",
@@ -220,7 +220,7 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
         task |= {"name": values.get(prefix + "name", "passkey"),
                  "context_lengths": numbers(prefix + "context_lengths", int),
                  "depths": numbers(prefix + "depths", float),
-                 "num_items": int(values.get(prefix + "num_items", 10)),
+                 "num_items": int(values.get(prefix + "num_items") or 0) or None,
                  "num_pairs": int(values.get(prefix + "num_pairs", 4))}
         max_new = int(values.get(prefix + "max_new_tokens") or 0)
         task["max_new_tokens"] = max_new or None
