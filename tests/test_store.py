@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -31,11 +32,13 @@ from kvlab.store import (
     SchemaOutdatedError,
     Store,
     StoreError,
+    StoreLost,
+    StoreReadOnlyError,
     TelemetrySample,
     TrialNotFoundError,
     head_revision,
 )
-from kvlab.store.engine import DEFAULT_SQLITE_PATH, resolve_url
+from kvlab.store.engine import DEFAULT_SQLITE_PATH, require_shared_store, resolve_url
 from kvlab.store.models import Base, TrialRow
 from kvlab.tasks.spec import TaskSpec
 
@@ -590,3 +593,79 @@ def test_read_only_sqlite(tmp_path):
             store.create_experiment(make_spec(2), ENV)
         with pytest.raises(StoreError, match="is read-only"):
             store.claim_trials("w1")
+
+
+# -- a store lost under the process that opened it (issue 18, item 11) ------------------------------
+
+LOSS_PROBE = """
+import sys
+from pathlib import Path
+from kvlab.config import ExperimentSpec, KVCacheConfig
+from kvlab.store import Store, StoreLost
+from kvlab.tasks.spec import TaskSpec
+path = Path(sys.argv[1])
+with Store(f"sqlite:///{path}") as store:
+    spec = ExperimentSpec(name="probe", tasks=[TaskSpec(name="passkey")], configs=[KVCacheConfig(name="int4", quant="int4")])
+    store.create_experiment(spec, {})
+    for file in (path, path.with_name(path.name + "-wal")):
+        file.chmod(0o444)
+    for step in (store.check_intact, lambda: (store.engine.dispose(), store.log_event(1, "a write"))):
+        try:
+            step()
+            print("no error")
+        except StoreLost as error:
+            print("lost", error)
+"""
+
+
+def test_a_sqlite_file_deleted_or_replaced_under_a_store_is_lost(tmp_path):
+    path = tmp_path / "kvlab.sqlite"
+    with Store(f"sqlite:///{path}") as store, Store(f"sqlite:///{path}") as second:
+        store.check_intact()
+        for file in tmp_path.glob("kvlab.sqlite*"):
+            file.unlink()
+        with pytest.raises(StoreLost, match=f"is gone: its file {path} was deleted or replaced"):
+            store.check_intact()
+        with Store(f"sqlite:///{path}") as new:  # a new database at the same path: the old one is still gone
+            new.check_intact()
+            with pytest.raises(StoreLost, match="was deleted or replaced"):
+                second.check_intact()
+
+
+def test_a_sqlite_file_made_read_only_under_a_store_is_lost_but_one_opened_read_only_is_not(tmp_path):
+    """The check sees the permissions change, and a write that SQLite then refuses is StoreLost too
+    (a process without root's powers, see _without_root_powers); a file read-only from the start is
+    a read-only store (test_read_only_sqlite), not a lost one."""
+    path = tmp_path / "kvlab.sqlite"
+    command = [sys.executable, "-c", LOSS_PROBE, str(path)]
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("running as root without setpriv: chmod cannot make a file read-only for root")
+        command = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *command]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"lost the store sqlite:///{path} can no longer be written: the permissions of {path} (or its -wal file) "
+        "changed while this process used it",
+        f"lost the store sqlite:///{path} became read-only while this process used it (the database {path} is "
+        "read-only (file permissions, or mode=ro / immutable in the URL): kvlab can read it but not write to it): "
+        "nothing it writes is kept any more"]
+    with Store(f"sqlite:///file:{path}?mode=ro&uri=true") as read_only:
+        read_only.check_intact()
+        with pytest.raises(StoreReadOnlyError):
+            read_only.log_event(1, "a write")
+
+
+def test_postgres_and_memory_stores_have_no_file_to_lose(db_url):
+    for url in (db_url, "sqlite://"):
+        with Store(url) as store:
+            store.check_intact()
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file::memory:?uri=true",
+                                 "sqlite:///file:shared?mode=memory&cache=shared&uri=true"])
+def test_an_in_memory_store_is_refused_for_work_other_processes_run(url, tmp_path):
+    with pytest.raises(StoreError, match=f"^{re.escape(url)} is an in-memory SQLite database, which only this process"):
+        require_shared_store(url)
+    require_shared_store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}")
+    require_shared_store("postgresql://kvlab:secret@db.example:5432/kvlab")  # never connected to here

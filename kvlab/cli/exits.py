@@ -7,6 +7,8 @@
       (unknown option, bad number) are the same one line.
 1     an internal error (a bug).  One line, ``error: internal error (<Type>: <message>);
       details in <log>``; the traceback is appended to that log (see :mod:`kvlab.errlog`).
+      Also a failure of what the command stood on, neither a bug nor the input (its store lost
+      under a running worker): one line, ``error: <message>``.
 130   interrupted (Ctrl-C).
 141   the reader of stdout went away (``kvlab show 3 | head -1``): the rest of the output is
       dropped silently and the status is the one a shell reports for any program a closed pipe
@@ -33,17 +35,20 @@ LOG_NAME = "cli"
 #: Errors whose message tells the user what to fix, by (module, name).
 USER_ERRORS = (("kvlab.cli.exits", "UserError"), ("kvlab.errors", "ConfigError"), ("kvlab.store.errors", "StoreError"),
                ("kvlab.engines.base", "EngineFailure"), ("kvlab.models.registry", "ModelNotAvailableError"))
+#: Errors that stopped the command under it (exit 1, their message alone); checked before USER_ERRORS,
+#: of which they may be subclasses.
+FAILURES = (("kvlab.store.errors", "StoreLost"),)
 
 
 class UserError(Exception):
     """A bad argument or file; the message names it and says what is allowed."""
 
 
-def user_error_types() -> tuple[type[BaseException], ...]:
-    """The user-error classes among the modules already imported.  An error of a module that was
+def user_error_types(names: Sequence[tuple[str, str]] = USER_ERRORS) -> tuple[type[BaseException], ...]:
+    """The classes of ``names`` among the modules already imported.  An error of a module that was
     never imported cannot have been raised, and importing ``kvlab.models`` only to name its error
     would add seconds of torch imports to every command."""
-    loaded = (getattr(sys.modules.get(module), name, None) for module, name in USER_ERRORS)
+    loaded = (getattr(sys.modules.get(module), name, None) for module, name in names)
     return tuple(kind for kind in loaded if isinstance(kind, type))
 
 
@@ -62,6 +67,9 @@ def run(command: Callable[[], int], argv: Sequence[str]) -> int:
     except Exception as error:
         if debug_enabled():
             raise
+        if isinstance(error, user_error_types(FAILURES)):
+            _say(f"error: {one_line(redact(str(error)))}")
+            return EXIT_INTERNAL
         if isinstance(error, user_error_types()):
             return user_error(str(error), argv)
         return internal_error(error, argv)

@@ -24,9 +24,9 @@ from kvlab.errlog import debug_enabled
 from kvlab.experiments.provenance import environment
 from kvlab.experiments.results import ItemResult
 from kvlab.experiments.runner import ExperimentRun, missing_baseline
-from kvlab.store import Store, StoreError
 from kvlab.experiments.worker import Worker
 from kvlab.experiments.worker_settings import WorkerSettings
+from kvlab.store import Store, StoreError, require_shared_store
 
 
 class RunCancelled(KeyboardInterrupt):
@@ -50,6 +50,7 @@ def store_experiment(store: Store, spec: ExperimentSpec, warnings: Sequence[str]
 
 def submit(spec: ExperimentSpec, warnings: Sequence[str] = (), workers: int = 1) -> int:
     """Queue the experiment and start ``workers`` local worker processes (0: none); returns its id."""
+    require_shared_store()
     with Store() as store:
         experiment_id = store_experiment(store, spec, warnings)
     if workers:
@@ -59,6 +60,7 @@ def submit(spec: ExperimentSpec, warnings: Sequence[str] = (), workers: int = 1)
 
 def rerun(experiment_id: int, workers: int = 1) -> int:
     """Queue the experiment's spec again as a new experiment and start ``workers`` local workers."""
+    require_shared_store()
     with Store() as store:
         new_id = store.rerun_experiment(experiment_id, environment(torch_facts=False))
     if workers:

@@ -30,6 +30,11 @@ What goes wrong in a batch is sorted by whose problem it is:
 
 Stopping a worker (:meth:`Worker.stop`, Ctrl-C) releases its unfinished trials at once instead of
 leaving them to the stale timeout.
+
+A worker whose store is lost under it -- the SQLite file deleted, replaced or made read-only
+(:meth:`Store.check_intact`, at every heartbeat and every poll, and after any failed write) -- stops
+at once with :class:`~kvlab.store.StoreLost` (``kvlab worker`` and ``kvlab run`` exit 1 naming the
+store) and writes nothing more: SQLite would go on writing to the deleted inode as if all were well.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from kvlab.experiments.provenance import environment
 from kvlab.experiments.results import ItemResult
 from kvlab.experiments.runner import build_engine, build_items, evaluate_configs
 from kvlab.secrets import redact
-from kvlab.store import ExperimentNotFoundError, Store, TrialNotFoundError
+from kvlab.store import ExperimentNotFoundError, Store, StoreLost, TrialNotFoundError
 from kvlab.store.records import TelemetrySample, TrialRecord
 from kvlab.tasks import TaskItem
 from kvlab.experiments.telemetry import SampleContext, TelemetrySampler, detect_sources
@@ -87,15 +92,24 @@ class Worker:
     _backoff: dict[int, tuple[float, str]] = field(default_factory=dict, init=False)  # id: (retry at, why)
     _failures_in_a_row: int = field(default=0, init=False)
     _last_failure: str = field(default="", init=False)
+    _lost: StoreLost | None = field(default=None, init=False)  # set by the heartbeat thread
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _stopping(self) -> bool:
+        return self._stop.is_set() or self._lost is not None
+
+    def _store_lost(self, error: StoreLost) -> None:
+        """The heartbeat found the store lost: the batch stops after its current result."""
+        self._lost = error
 
     def run(self) -> None:
         """Work until stopped (or, with ``exit_when_idle``, until no experiment it may run is queued
         or running: a running one may still need this worker if another worker dies).
 
-        Raises :class:`WorkerGaveUp` after ``max_failures`` worker-side failures in a row."""
+        Raises :class:`WorkerGaveUp` after ``max_failures`` worker-side failures in a row, and
+        :class:`~kvlab.store.StoreLost` when its store is lost."""
         log.info("worker %s on %s", self.worker_id, self.store.url)
         try:
             while not self._stop.is_set():
@@ -132,6 +146,7 @@ class Worker:
 
     def run_once(self) -> bool:
         """Recover stale trials, claim a batch and run it; False when there was nothing to do."""
+        self.store.check_intact()
         for trial_id in self.store.requeue_stale(self.settings.stale_after_s, self.settings.on_stale):
             log.warning("trial %d had a dead worker: %s", trial_id,
                         "requeued" if self.settings.on_stale == "requeue" else "failed")
@@ -174,7 +189,8 @@ class Worker:
         experiment_id = trials[0].experiment_id
         context = SampleContext(experiment_id=experiment_id, worker_id=self.worker_id, phase="load")
         sampler: TelemetrySampler | None = None
-        heartbeat = _Heartbeat(self.store, self.worker_id, [t.id for t in trials], self.settings.heartbeat_s)
+        heartbeat = _Heartbeat(self.store, self.worker_id, [t.id for t in trials], self.settings.heartbeat_s,
+                               self._store_lost)
         finished: set[int] = set()  # trials done before a later one failed
         building = broken = False  # building: every error while the engine is built is this host's
 
@@ -194,6 +210,8 @@ class Worker:
                 phase_of=lambda: (engine.phase, by_label.get(engine.current_config)),
             ).start()
             self._evaluate(spec, engine, trials, heartbeat, finished)
+            if self._lost is not None:
+                raise self._lost
             if heartbeat.gone:
                 log.info("experiment %d: trial(s) %s cancelled, deleted or taken over meanwhile: dropped here",
                          experiment_id, ", ".join(map(str, sorted(heartbeat.gone))))
@@ -201,9 +219,13 @@ class Worker:
                 self._release(experiment_id, unfinished(), "the worker was stopped")
             else:
                 self._failures_in_a_row = 0
+        except StoreLost:
+            raise
         except VANISHED:
+            self.store.check_intact()  # a replaced file has none of this worker's rows either
             log.info("experiment %d was deleted while this worker ran it: its work is dropped", experiment_id)
         except Exception as error:  # noqa: BLE001 -- sorted here: the spec's problem, or this host's
+            self.store.check_intact()  # a write that failed because the store is gone: nothing to give back
             if isinstance(error, ConfigError) and not isinstance(error, HostLacksError) and not building:
                 self._fail(experiment_id, unfinished(), error)
             else:
@@ -255,7 +277,7 @@ class Worker:
 
         evaluate_configs(engine, items, configs, store, todo=todo,
                          active=lambda config: by_label[config.label] not in heartbeat.gone,
-                         stopping=self._stop.is_set, on_pass_done=finish)  # stopped: the caller releases the rest
+                         stopping=self._stopping, on_pass_done=finish)  # stopped: the caller releases the rest
 
     # -- endings --------------------------------------------------------------------------------
 
@@ -312,6 +334,8 @@ class Worker:
 
     def _telemetry_writer(self) -> Callable[[list[TelemetrySample]], None]:
         def write(samples: list[TelemetrySample]) -> None:
+            if self._lost is not None:
+                return  # the worker is stopping: the error says why, once
             try:
                 self.store.add_telemetry(samples)
             except VANISHED:  # deleted while running: the heartbeat stops the batch
@@ -320,10 +344,13 @@ class Worker:
 
 
 class _Heartbeat:
-    """Beats for the batch on a thread; ``gone`` collects trials cancelled, deleted or taken away."""
+    """Beats for the batch on a thread; ``gone`` collects trials cancelled, deleted or taken away.
+    A beat first checks that the store is intact; once it is lost, ``on_lost`` hears it and the beats end."""
 
-    def __init__(self, store: Store, worker_id: str, trial_ids: list[int], period_s: float):
+    def __init__(self, store: Store, worker_id: str, trial_ids: list[int], period_s: float,
+                 on_lost: Callable[[StoreLost], None]):
         self.store, self.worker_id, self.trial_ids, self.period_s = store, worker_id, trial_ids, period_s
+        self.on_lost = on_lost
         self.gone: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kvlab-heartbeat", daemon=True)
@@ -332,7 +359,11 @@ class _Heartbeat:
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
             try:
+                self.store.check_intact()
                 self.gone |= self.store.heartbeat(self.worker_id, [t for t in self.trial_ids if t not in self.gone])
+            except StoreLost as error:
+                self.on_lost(error)
+                return
             except Exception as error:  # noqa: BLE001 -- a missed beat is retried; staleness takes minutes
                 log.warning("heartbeat failed: %s", one_line(str(error)))
 

@@ -8,7 +8,15 @@ Usage::
     trials = store.claim_trials("host-1:worker-0")   # a worker takes configs of the oldest experiment
 """
 
-from kvlab.store.errors import ExperimentNotFoundError, SchemaOutdatedError, StoreError, TrialNotFoundError
+from kvlab.store.errors import (
+    ExperimentNotFoundError,
+    SchemaOutdatedError,
+    StoreError,
+    StoreLost,
+    StoreReadOnlyError,
+    TrialNotFoundError,
+)
+from kvlab.store.engine import require_shared_store
 from kvlab.store.migrate import head_revision
 from kvlab.store.records import (
     LEVELS,
@@ -26,5 +34,6 @@ from kvlab.store.repository import Store
 __all__ = [
     "LEVELS", "PHASES", "SOURCES", "STATUSES", "TERMINAL_STATUSES",
     "EventRecord", "ExperimentNotFoundError", "ExperimentRecord", "SchemaOutdatedError", "Store",
-    "StoreError", "TelemetrySample", "TrialNotFoundError", "TrialRecord", "head_revision",
+    "StoreError", "StoreLost", "StoreReadOnlyError", "TelemetrySample", "TrialNotFoundError", "TrialRecord", "head_revision",
+    "require_shared_store",
 ]

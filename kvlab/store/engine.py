@@ -26,7 +26,7 @@ from sqlalchemy import URL, Engine, create_engine, event, exc, make_url
 from sqlalchemy.engine import Connection
 
 import kvlab
-from kvlab.store.errors import StoreError
+from kvlab.store.errors import StoreError, StoreReadOnlyError
 
 REPO_ROOT = Path(kvlab.__file__).resolve().parent.parent
 DEFAULT_SQLITE_PATH = REPO_ROOT / "db" / "kvlab.sqlite"
@@ -67,6 +67,31 @@ def resolve_url(url: str | None = None) -> URL:
         raise StoreError(f"database URL {mask(parsed)!r}: kvlab's store runs on SQLite or PostgreSQL, "
                          f"not {parsed.get_backend_name()!r}")
     return parsed
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The file of a SQLite URL (``sqlite:///path``, or ``sqlite:///file:path?...&uri=true``); None for
+    an in-memory database (``sqlite://``, ``:memory:``, ``mode=memory``) and for other dialects."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database or ""
+    if url.query.get("uri") == "true":
+        if url.query.get("mode") == "memory":
+            return None
+        database = database.removeprefix("file:")
+    return None if database in ("", ":memory:") else Path(database)
+
+
+def require_shared_store(url: str | None = None) -> None:
+    """Refuse an in-memory SQLite database for work that other processes run (local workers, a
+    background tune, Ray actors): such a database lives only inside this process, so they would never
+    see what is queued there, and it would vanish when this process exits."""
+    parsed = resolve_url(url)
+    if parsed.get_backend_name() == "sqlite" and sqlite_file(parsed) is None:
+        given = re.sub(r"(://[^/@:]*:)[^@/]*@", r"\1***@", url or os.environ.get(URL_ENV, ""))  # as typed, masked
+        raise StoreError(f"{given if url else f'{URL_ENV}={given}'} is an in-memory SQLite database, which only "
+                         "this process sees: work queued there would never reach the workers (or tune, or Ray "
+                         "actors) meant to run it; use a SQLite file (sqlite:///path/kvlab.sqlite) or PostgreSQL")
 
 
 def create_store_engine(url: URL) -> Engine:
@@ -148,9 +173,7 @@ def translate_errors(url: URL, shown: str) -> Iterator[None]:
 def describe_error(url: URL, shown: str, error: exc.DBAPIError) -> StoreError:
     reason = _first_line(error.orig)
     if url.get_backend_name() == "sqlite":
-        path = url.database or ":memory:"
-        if url.query.get("uri") == "true":
-            path = path.removeprefix("file:")
+        path = str(sqlite_file(url) or ":memory:")
         if "file is not a database" in reason:
             return StoreError(f"{path} is not a SQLite database (corrupt, or another kind of file): "
                               f"move it away, or point {URL_ENV} at another database")
@@ -160,7 +183,7 @@ def describe_error(url: URL, shown: str, error: exc.DBAPIError) -> StoreError:
                               f"writable, copy the file elsewhere, or read it as an immutable snapshot: "
                               f"sqlite:///file:{path}?immutable=1&uri=true")
         if "readonly" in reason or "read-only" in reason:
-            return StoreError(f"the database {path} is read-only (file permissions, or mode=ro / immutable "
+            return StoreReadOnlyError(f"the database {path} is read-only (file permissions, or mode=ro / immutable "
                               f"in the URL): kvlab can read it but not write to it")
         if "unable to open database file" in reason:
             return StoreError(f"cannot open the SQLite database {path}: does its directory exist, "

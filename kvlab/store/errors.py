@@ -7,6 +7,15 @@ class StoreError(RuntimeError):
     """The database cannot be used as asked (unreachable, corrupt, read-only, bad request...)."""
 
 
+class StoreReadOnlyError(StoreError):
+    """A write was refused: the database is read-only (file permissions, ``mode=ro`` / ``immutable``)."""
+
+
+class StoreLost(StoreError):
+    """The SQLite file this process opened was deleted, replaced or made read-only under it: nothing
+    it writes from now on would be kept, so a worker stops (``kvlab worker`` and ``kvlab run`` exit 1)."""
+
+
 class SchemaOutdatedError(StoreError):
     """The database has no kvlab schema, or an older one: `kvlab db upgrade` fixes it."""
 

@@ -18,14 +18,16 @@ Concurrency (several worker processes, possibly on several hosts):
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, fields
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Select, case, cast, delete, exists, func, insert, select, update
+from sqlalchemy import URL, Engine, Select, case, cast, delete, exists, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import IntegrityError
@@ -35,8 +37,14 @@ from kvlab.config import ExperimentSpec, parse_spec, spec_to_dict
 from kvlab.experiments.results import ItemResult
 from kvlab.secrets import redact
 from kvlab.store import migrate
-from kvlab.store.engine import WRITE, create_store_engine, resolve_url, shown_url, translate_errors
-from kvlab.store.errors import ExperimentNotFoundError, StoreError, TrialNotFoundError
+from kvlab.store.engine import WRITE, create_store_engine, resolve_url, shown_url, sqlite_file, translate_errors
+from kvlab.store.errors import (
+    ExperimentNotFoundError,
+    StoreError,
+    StoreLost,
+    StoreReadOnlyError,
+    TrialNotFoundError,
+)
 from kvlab.store.models import EventRow, ExperimentRow, ItemResultRow, TelemetryRow, TrialRow, TuneRow
 from kvlab.store.records import (
     LEVELS,
@@ -72,6 +80,9 @@ class Store(TuneQueries):
     older revision is never migrated implicitly).  ``check``: raise :class:`SchemaOutdatedError`
     unless the schema is current; ``kvlab db upgrade`` opens the store with ``check=False`` and
     calls :meth:`upgrade`.
+
+    A SQLite file is watched for being lost under this process (:meth:`check_intact`): deleted,
+    replaced or made read-only, SQLite would go on writing to the old inode, or fail, silently.
     """
 
     def __init__(self, url: str | None = None, create: bool = True, check: bool = True) -> None:
@@ -88,6 +99,7 @@ class Store(TuneQueries):
         except BaseException:
             self.engine.dispose()
             raise
+        self._file = _FileIdentity.of(self._url)
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -134,13 +146,28 @@ class Store(TuneQueries):
     def _errors(self) -> AbstractContextManager[None]:
         return translate_errors(self._url, self.url)
 
+    def check_intact(self) -> None:
+        """Raise :class:`StoreLost` if the SQLite file this store opened was deleted or replaced, or
+        was writable when opened and no longer is.  A stat and an access check: cheap enough for
+        every heartbeat.  Nothing to check on PostgreSQL (the pool reconnects to a restarted server)
+        or in memory."""
+        if self._file is not None:
+            self._file.check(self.url)
+
     @contextmanager
     def _session(self, write: bool = False) -> Iterator[Session]:
-        """One transaction; ``write`` takes SQLite's write lock up front (``BEGIN IMMEDIATE``)."""
-        with self._errors(), Session(self.engine, expire_on_commit=False) as session, session.begin():
-            if write:
-                session.connection(execution_options={WRITE: True})
-            yield session
+        """One transaction; ``write`` takes SQLite's write lock up front (``BEGIN IMMEDIATE``).  A write
+        refused as read-only in a store that was writable when opened is :class:`StoreLost`."""
+        try:
+            with self._errors(), Session(self.engine, expire_on_commit=False) as session, session.begin():
+                if write:
+                    session.connection(execution_options={WRITE: True})
+                yield session
+        except StoreReadOnlyError as error:
+            if write and self._file is not None and self._file.writable:
+                raise StoreLost(f"the store {self.url} became read-only while this process used it ({error}): "
+                                "nothing it writes is kept any more") from error
+            raise
 
     @staticmethod
     @contextmanager
@@ -551,6 +578,41 @@ class Store(TuneQueries):
                                    .order_by(EventRow.ts, EventRow.id)).all()
             return [EventRecord(id=r.id, experiment_id=r.experiment_id, trial_id=r.trial_id, ts=r.ts,
                                 level=r.level, message=r.message) for r in rows]
+
+
+class _FileIdentity:
+    """A SQLite file as it was when the store opened it: which inode, and whether it could be written."""
+
+    def __init__(self, path: Path, stat: os.stat_result, writable: bool) -> None:
+        self.path, self.inode, self.writable = path, (stat.st_dev, stat.st_ino), writable
+
+    @classmethod
+    def of(cls, url: URL) -> _FileIdentity | None:
+        path = sqlite_file(url)
+        if path is None:
+            return None
+        path = path.resolve()
+        try:
+            stat = path.stat()
+        except OSError:  # not there (yet): nothing to compare with
+            return None
+        read_only = url.query.get("mode") == "ro" or url.query.get("immutable") == "1"
+        return cls(path, stat, not read_only and os.access(path, os.W_OK))
+
+    def check(self, shown: str) -> None:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            stat = None
+        if stat is None or (stat.st_dev, stat.st_ino) != self.inode:
+            raise StoreLost(f"the store {shown} is gone: its file {self.path} was deleted or replaced while this "
+                            "process used it, and nothing it writes there now would be kept")
+        if self.writable and not all(os.access(path, os.W_OK) for path in (self.path, self._wal()) if path.exists()):
+            raise StoreLost(f"the store {shown} can no longer be written: the permissions of {self.path} (or its "
+                            "-wal file) changed while this process used it")
+
+    def _wal(self) -> Path:
+        return self.path.with_name(self.path.name + "-wal")
 
 
 # -- helpers (run inside a session) ---------------------------------------------------------------
