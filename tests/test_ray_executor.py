@@ -36,8 +36,9 @@ from kvlab.config import ConfigError, load_spec, parse_spec
 from kvlab.experiments.nodes import node_of
 from kvlab.experiments.submit import store_experiment
 from kvlab.experiments.worker_settings import WorkerSettings
-from kvlab.store import Store
+from kvlab.store import Store, StoreError
 from tests.conftest import PG_URL
+from tests.waiting import SAFETY_S
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,6 +262,31 @@ def test_a_sqlite_store_is_refused_on_two_nodes(cluster, tmp_path):
 
     with pytest.raises(ConfigError, match=r"^the Ray cluster has 2 nodes but the store is a SQLite file"):
         RayWorkers(f"sqlite:///{tmp_path / 'kvlab.sqlite'}", 1, _tiny(1))
+
+
+def test_the_address_probe_lets_the_cluster_through_and_says_when_its_token_is_missing(cluster, tmp_path):
+    """A good address passes :func:`check_ray_address` (this process has the cluster's token); a
+    ``kvlab run`` without any token is refused at once, not after Ray's 20 s of retries."""
+    from kvlab.experiments.ray_executor import check_ray_address
+
+    check_ray_address(cluster.address)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("RAY_AUTH")}
+    env |= {"HOME": str(tmp_path), "KVLAB_DATABASE_URL": f"sqlite:///{tmp_path / 'kvlab.sqlite'}"}  # no ~/.ray token
+    done = subprocess.run([sys.executable, "-m", "kvlab.cli", "run", str(ROOT / "examples" / "tiny.toml"),
+                           "--executor", "ray", "--ray-address", cluster.address], env=env, capture_output=True,
+                          text=True, timeout=SAFETY_S)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"error: --ray-address '{cluster.address}': the cluster at ")
+    assert "uses token authentication and this host has no token" in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "kvlab.sqlite").exists()
+
+
+def test_an_in_memory_store_is_refused_for_the_actors():
+    from kvlab.experiments.ray_executor import actor_store_url
+
+    for url in ("sqlite://", "sqlite:///:memory:"):
+        with pytest.raises(StoreError, match="is an in-memory SQLite database, which only this process sees"):
+            actor_store_url(url, 1)
 
 
 def test_placement_takes_the_nodes_with_the_resources_the_spec_asks_for():

@@ -114,9 +114,9 @@ def _check_executor(args: argparse.Namespace) -> bool:
     if args.background or args.no_store:
         raise cli_exit.UserError("--executor ray stores the run and waits for the cluster: "
                                  "drop --background / --no-store")
-    from kvlab.experiments.ray_executor import import_ray
+    from kvlab.experiments.ray_executor import check_ray_address
 
-    import_ray()
+    check_ray_address(args.ray_address)  # before the run is stored: an address where no cluster answers is exit 2
     return True
 
 

@@ -64,9 +64,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if on_ray:
         if args.background:
             raise cli_exit.UserError("--executor ray drives the cluster from here: drop --background")
-        from kvlab.experiments.ray_executor import import_ray
+        from kvlab.experiments.ray_executor import check_ray_address
 
-        import_ray()
+        check_ray_address(args.ray_address)  # before the tune is stored
     json_out = check_output(args.json, "--json", create_parents=True) if args.json else None
     if args.background:
         started = start_background(spec, args.resume)
@@ -120,7 +120,9 @@ def start_background(spec: ExperimentSpec | None, resume: int | None = None) -> 
     returns at once; the process then outlives it and init reaps it.)
     """
     from kvlab.experiments.launcher import worker_log_dir
+    from kvlab.store.engine import require_shared_store
 
+    require_shared_store()  # the tune's process must see the store this one does
     log_dir = worker_log_dir()
     log_dir.mkdir(parents=True, exist_ok=True)
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

@@ -18,14 +18,17 @@ from collections.abc import Sequence
 
 from kvlab.config import ConfigError, ExperimentSpec, parse_spec
 from kvlab.experiments.launcher import worker_log_dir
-from kvlab.experiments.ray_executor import RayWorkers
+from kvlab.experiments.ray_executor import RayWorkers, check_ray_address
 from kvlab.experiments.ray_run import settle
 from kvlab.experiments.submit import store_experiment
-from kvlab.store import Store
+from kvlab.store import Store, require_shared_store
 
 
 def submit_to_ray(spec: ExperimentSpec, warnings: Sequence[str], address: str | None) -> int:
-    """Queue the experiment and start its Ray driver in the background; returns its id."""
+    """Queue the experiment and start its Ray driver in the background; returns its id.  An address
+    where no cluster answers, or an in-memory store, is refused before anything is stored."""
+    check_ray_address(address)
+    require_shared_store()
     with Store() as store:
         experiment_id = store_experiment(store, spec, warnings)
     log_dir = worker_log_dir()

@@ -21,6 +21,11 @@ telemetry sample to the shared store and heartbeat there, exactly as ``kvlab wor
 
 ``import ray`` happens only when workers are started (:func:`import_ray`): the store commands and
 the dashboard never load Ray.
+
+A cluster address is checked before Ray connects (:func:`check_ray_address`): ``ray.init`` on an
+address where nothing answers retries for minutes, a warning every 5 s, so the syntax is checked,
+then a TCP connection and one gRPC call to the Ray service there must answer within
+``CONNECT_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import socket
 import uuid
 from collections.abc import Callable
@@ -42,9 +48,17 @@ from kvlab.experiments.nodes import node_of, ray_worker_id
 from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.secrets import redact
 from kvlab.store import Store
-from kvlab.store.engine import resolve_url
+from kvlab.store.engine import require_shared_store, resolve_url, sqlite_file
 
 INSTALL_HINT = "install it with: pip install 'kvlab[ray]'"
+#: Seconds a cluster address gets to accept a connection, and then to answer one call.
+CONNECT_TIMEOUT_S = 10.0
+ADDRESS_FORMS = "auto, local, HOST:PORT (the head's GCS port, 6379 by default) or ray://HOST[:10001] (Ray Client)"
+_HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
+                        r"(?::(?P<port>\d{1,5}))?")  # [IPv6] or a name / IPv4, then :PORT
+RAY_CLIENT_PORT = 10001
+#: One cheap call to each kind of Ray server: its answer (even a refusal) says a Ray service listens.
+_PROBES = {"gcs": "/ray.rpc.NodeInfoGcsService/GetClusterId", "client": "/ray.rpc.RayletDriver/ClusterInfo"}
 #: Restarts of an actor whose process died, and retries of its ``run`` call, before it is reported.
 MAX_RESTARTS = 3
 GPU_KINDS = ("vllm", "sglang")
@@ -57,6 +71,88 @@ def import_ray() -> ModuleType:
     except ImportError:
         raise ConfigError(f"the Ray executor needs Ray, which is not installed here; {INSTALL_HINT}") from None
     return ray
+
+
+def check_ray_address(address: str | None) -> ModuleType:
+    """Ray, once the cluster that ``ray.init(address)`` would join answers (ConfigError, exit 2, otherwise,
+    within twice ``CONNECT_TIMEOUT_S``).  ``None`` and ``auto`` mean ``RAY_ADDRESS`` when set, as Ray
+    reads it; ``None`` without one starts a new local cluster when none was started on this machine."""
+    given, source = address, "--ray-address"
+    if os.environ.get("RAY_ADDRESS") and address in (None, "auto"):
+        given, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    named = f"{source} {given!r}" if given is not None else "the Ray cluster recorded on this machine"
+    client = given is not None and given.startswith("ray://")
+    if client:
+        host, port = _host_port(given.removeprefix("ray://"), named, RAY_CLIENT_PORT)
+    elif given not in (None, "auto", "local"):
+        _host_port(given, named, None)  # the syntax, before the seconds that importing Ray takes
+    ray = import_ray()
+    if given == "local":
+        return ray
+    if client:
+        _probe(host, port, "client", named)
+        return ray
+    from ray._private.services import canonicalize_bootstrap_address  # where ray.init connects (a private API)
+
+    try:
+        target = canonicalize_bootstrap_address(given)
+    except ConnectionError:  # auto, and no cluster here
+        raise ConfigError(f"{named}: no Ray cluster runs on this machine; start one with `ray start --head`, "
+                          f"or give {ADDRESS_FORMS}") from None
+    except ValueError as error:
+        raise ConfigError(f"{named}: {one_line(str(error))}; give {ADDRESS_FORMS}") from None
+    if target is not None:  # None: no cluster runs here, and ray.init starts one
+        host, port = _host_port(target, named, None)
+        _probe(host, port, "gcs", named)
+    return ray
+
+
+def _host_port(text: str, named: str, default_port: int | None) -> tuple[str, int]:
+    match = _HOST_PORT.fullmatch(text)
+    port = match and (match["port"] or default_port)
+    if not match or port is None or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{named}: not a Ray address; give {ADDRESS_FORMS}")
+    return match["host"].strip("[]"), int(port)
+
+
+def _probe(host: str, port: int, kind: str, named: str) -> None:
+    """A TCP connection, then one gRPC call that a Ray server of ``kind`` answers; ConfigError otherwise."""
+    import grpc  # Ray's own dependency
+
+    where = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    hint = ("start the cluster with `ray start --head` there, or give the address it printed" if kind == "gcs"
+            else f"is the head's Ray Client server on port {RAY_CLIENT_PORT} (ray[client]) running and reachable?")
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except socket.gaierror:
+        raise ConfigError(f"{named}: the host {host!r} is not known here; {hint}") from None
+    except TimeoutError:
+        raise ConfigError(f"{named}: {where} did not accept a connection within {CONNECT_TIMEOUT_S:g} s "
+                          f"(a firewall, or a host that is down); {hint}") from None
+    except OSError as error:
+        raise ConfigError(f"{named}: cannot connect to {where} ({error.strerror or error}); {hint}") from None
+    channel = grpc.insecure_channel(where)
+    try:
+        channel.unary_unary(_PROBES[kind])(b"", timeout=CONNECT_TIMEOUT_S)
+    except grpc.RpcError as error:
+        silent = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED)
+        if error.code() in silent:  # anything else is a Ray server answering (refusing a call without its token...)
+            what = "a Ray head (GCS)" if kind == "gcs" else "a Ray Client server"
+            raise ConfigError(f"{named}: {where} accepts connections but does not answer as {what} within "
+                              f"{CONNECT_TIMEOUT_S:g} s ({error.code().name}); {hint}") from None
+        if error.code() == grpc.StatusCode.UNAUTHENTICATED and not _has_ray_token():
+            raise ConfigError(f"{named}: the cluster at {where} uses token authentication and this host has no "
+                              "token: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the "
+                              "cluster's") from None
+    finally:
+        channel.close()
+
+
+def _has_ray_token() -> bool:
+    """Whether Ray finds an auth token here: ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ~/.ray/auth_token."""
+    return bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+                or (Path.home() / ".ray" / "auth_token").is_file())
 
 
 @dataclass(frozen=True)
@@ -102,14 +198,15 @@ def plan_placement(spec: ExperimentSpec, nodes: list[dict[str, Any]]) -> Placeme
 def actor_store_url(store_url: str | None, nodes: int) -> str:
     """The URL the actors open (``None``: ``KVLAB_DATABASE_URL``, else db/kvlab.sqlite), a SQLite path made
     absolute (an actor's working directory is Ray's); SQLite is refused on a cluster of several nodes (one
-    file on one machine)."""
+    file on one machine), and in memory on any (each actor would open an empty database of its own)."""
+    require_shared_store(store_url)
     url = resolve_url(store_url)
     if url.get_backend_name() == "sqlite":
         if nodes > 1:
             raise ConfigError(f"the Ray cluster has {nodes} nodes but the store is a SQLite file, which only "
                               "one machine can open: set KVLAB_DATABASE_URL to a PostgreSQL URL all nodes reach")
-        if url.database and url.database != ":memory:":
-            url = url.set(database=str(Path(url.database).resolve()))
+        if url.query.get("uri") != "true" and (path := sqlite_file(url)) is not None:
+            url = url.set(database=str(path.resolve()))
     return url.render_as_string(hide_password=False)
 
 
@@ -181,8 +278,13 @@ class RayWorkers:
         self._ray = ray = import_ray()
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
+            check_ray_address(address)
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+            try:
+                ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+            except (ConnectionError, RuntimeError, TimeoutError) as error:  # it answered the probe, then not this
+                raise ConfigError(f"cannot join the Ray cluster at {address or 'RAY_ADDRESS / this machine'}: "
+                                  f"{redact(one_line(str(error)))[:300]}") from None
         self.actors: list[Any] = []
         self._runs: dict[Any, Any] = {}  # run() reference: its actor
         self._stopped = False

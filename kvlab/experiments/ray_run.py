@@ -14,19 +14,20 @@ from datetime import UTC, datetime
 from tqdm import tqdm
 
 from kvlab.config import ExperimentSpec
-from kvlab.experiments.ray_executor import RayWorkers, WorkerOutcome, import_ray
+from kvlab.experiments.ray_executor import RayWorkers, WorkerOutcome, check_ray_address
 from kvlab.experiments.runner import ExperimentRun, missing_baseline
 from kvlab.experiments.submit import cancelled_on_ctrl_c, store_experiment
-from kvlab.store import Store
+from kvlab.store import Store, require_shared_store
 
 
 def run_on_ray(spec: ExperimentSpec, warnings: Sequence[str] = (), address: str | None = None, *,
                limit: int | None = None, progress: bool = False,
                announce: Callable[[int, str], None] = lambda experiment_id, url: None) -> ExperimentRun:
     """Store the experiment and run it on the Ray cluster at ``address``; return once it has ended.
-    A cluster that cannot take it (no Ray, SQLite on several nodes, no node big enough) leaves
-    nothing stored."""
-    import_ray()  # before anything is stored: without the extra this is a one-line error
+    A cluster that cannot take it (no Ray, an address where no cluster answers, an in-memory store,
+    SQLite on several nodes, no node big enough) leaves nothing stored."""
+    check_ray_address(address)  # before anything is stored: each is a one-line error
+    require_shared_store()  # the actors are other processes
     started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
     with Store() as store:
         experiment_id = store_experiment(store, spec, warnings)
