@@ -10,6 +10,8 @@ import dataclasses
 import hashlib
 import io
 import json
+import re
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -29,12 +31,14 @@ from kvlab.models import (
     kvlab_home,
     list_models,
     load_model,
+    load_tokenizer,
     model_arch,
     model_fingerprint,
     pull_model,
     resolve_model,
 )
 from kvlab.models.cache import MANIFEST, models_root, read_manifest
+from kvlab.models.errors import ModelFileError
 from kvlab.models.gguf_tokenizer import (
     BYTE,
     CONTROL,
@@ -476,3 +480,54 @@ def test_gemma3_facts():
     assert gemma.sliding_window == 512 and gemma.layer_is_sliding == ([True] * 5 + [False]) * 3
     assert not gemma.has_chat_template
     assert gemma.tokenizer("The capital of France is").input_ids == [2, 818, 5279, 529, 7001, 563]  # <bos> first
+
+
+# --- files that are not what they claim (issue 18, item 14) ---------------------------------------
+
+
+def _copy_dir(source: Path, target: Path, **config_changes) -> Path:
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps(config | config_changes))
+    return target
+
+
+def test_a_gguf_that_is_not_one_is_a_model_file_error_and_installs_nothing(home, tiny_gguf, tmp_path):
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"not a GGUF file at all " * 200)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[:tiny_gguf.stat().st_size // 3])
+    with pytest.raises(ModelFileError, match=rf"^{re.escape(str(garbage))}: not a GGUF model kvlab can read "
+                                             r"\(GGUF magic invalid\)$"):
+        load_model(garbage)
+    with pytest.raises(ModelFileError, match=rf"^{re.escape(str(cut))}: not a GGUF model kvlab can read \(.+\)$"):
+        load_model(cut)
+    assert [status.name for status in list_models()] == list(KNOWN_MODELS)  # no half-converted model left
+
+
+def test_a_directory_that_needs_its_own_code_is_refused_before_anything_loads(home, tiny_dir, tmp_path):
+    auto_map = {"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    custom = _copy_dir(tiny_dir, tmp_path / "custom", auto_map=auto_map, model_type="kvlab-custom")
+    message = (rf"^{re.escape(str(custom.resolve()))}: its config.json \(auto_map\) needs the model's own Python code "
+               r"for model_type 'kvlab-custom', which transformers does not ship; kvlab never runs")
+    with pytest.raises(ModelFileError, match=message):
+        load_model(custom)
+    with pytest.raises(ModelFileError, match=message):
+        load_tokenizer(custom)
+    shipped = _copy_dir(tiny_dir, tmp_path / "shipped", auto_map=auto_map)  # llama: transformers' own classes load it
+    assert load_model(shipped).num_layers == 3
+
+
+def test_a_directory_with_broken_files_is_a_model_file_error(home, tiny_dir, tmp_path):
+    weights = _copy_dir(tiny_dir, tmp_path / "weights")
+    (weights / "model.safetensors").write_bytes(b"\xff" * 4096)
+    with pytest.raises(ModelFileError, match=rf"^{re.escape(str(weights.resolve()))}: transformers cannot load this "
+                                             r"model directory \(.+\)$"):
+        load_model(weights)
+    config = _copy_dir(tiny_dir, tmp_path / "config")
+    (config / "config.json").write_text("{not json")
+    with pytest.raises(ModelFileError, match=r": its config.json cannot be read as JSON \(Expecting property name"):
+        load_model(config)
+    (config / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelFileError, match=r": its config.json is not a JSON object$"):
+        load_model(config)

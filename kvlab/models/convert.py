@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .arch import model_arch
 from .cache import write_manifest
+from .errors import reading
 from .gguf_tokenizer import build_tokenizer, read_gguf_vocab
 from .quiet import library_output
 from .registry import ModelNotAvailableError, ModelSpec, Progress
@@ -37,9 +38,10 @@ def convert_gguf(gguf: Path, out_dir: Path, progress: Progress, spec: ModelSpec 
 
 def _convert(gguf: Path, out_dir: Path, progress: Progress, spec: ModelSpec | None) -> dict:
     progress(f"Reading the tokenizer from {gguf.name}")
-    tokenizer = build_tokenizer(read_gguf_vocab(gguf))
-    progress(f"Loading and dequantizing {gguf.name} (the slow step)")
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    with reading(gguf, "not a GGUF model kvlab can read"):
+        tokenizer = build_tokenizer(read_gguf_vocab(gguf))
+        progress(f"Loading and dequantizing {gguf.name} (the slow step)")
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     model.eval()
     if spec is not None:
         _check_against_spec(spec, model, tokenizer)

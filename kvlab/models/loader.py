@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from .arch import ModelArch, model_arch
 from .cache import read_manifest
+from .errors import ModelFileError, reading
 from .quiet import library_output
 from .registry import Progress
 from .resolve import resolve_model
@@ -41,8 +42,9 @@ class LoadedModel(ModelArch):
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
     """Only the tokenizer of a model kvlab can resolve (pulled, or a local directory)."""
     path = resolve_model(name_or_path)
-    with library_output():
-        return AutoTokenizer.from_pretrained(path)
+    _refuse_custom_code(path)
+    with library_output(), reading(path, "transformers cannot load the tokenizer of this model directory"):
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
 def default_device() -> str:
@@ -61,18 +63,23 @@ def load_model(
     attn_implementation: str = "sdpa",
     progress: Progress | None = None,
 ) -> LoadedModel:
-    """Resolve ``name_or_path`` (see :func:`resolve_model`) and load model and tokenizer."""
+    """Resolve ``name_or_path`` (see :func:`resolve_model`) and load model and tokenizer.  A directory
+    transformers cannot load (custom code, broken files) is a :class:`ModelFileError`."""
     path = resolve_model(name_or_path, progress)
+    _refuse_custom_code(path)
     device = device or default_device()
     dtype = dtype or default_dtype(device.split(":")[0])
     try:
         torch_dtype = _DTYPES[dtype]
     except KeyError:
         raise ValueError(f"Unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}") from None
-    with library_output():  # a per-tensor bar on every (1 s) load is noise in logs and CLIs
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
-        model.to(device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(path)
+    # a per-tensor bar on every (1 s) load is noise in logs and CLIs
+    with library_output(), reading(path, "transformers cannot load this model directory"):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation,
+                                                     trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        fingerprint = model_fingerprint(path)
+    model.to(device).eval()
     arch = model_arch(model.config)
     name = str(name_or_path)
     return LoadedModel(
@@ -84,8 +91,26 @@ def load_model(
         device=device,
         dtype=str(torch_dtype).removeprefix("torch."),
         has_chat_template=bool(tokenizer.chat_template),
-        model_id=f"{Path(name).name}@{model_fingerprint(path)}",
+        model_id=f"{Path(name).name}@{fingerprint}",
     )
+
+
+def _refuse_custom_code(path: Path) -> None:
+    """A config.json whose ``auto_map`` points at the checkpoint's own Python classes, for a
+    ``model_type`` transformers does not ship, cannot load without running that code, which kvlab
+    never does (``trust_remote_code`` stays off; on a terminal transformers would even ask)."""
+    from transformers import CONFIG_MAPPING
+
+    with reading(path, "its config.json cannot be read as JSON"):
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise ModelFileError(f"{path}: its config.json is not a JSON object")
+    model_type = config.get("model_type")
+    if config.get("auto_map") and model_type not in CONFIG_MAPPING:
+        raise ModelFileError(
+            f"{path}: its config.json (auto_map) needs the model's own Python code for model_type {model_type!r}, "
+            "which transformers does not ship; kvlab never runs a checkpoint's code: use a model of an architecture "
+            "transformers supports (llama, qwen2, gemma3...)")
 
 
 def model_fingerprint(path: Path) -> str:
