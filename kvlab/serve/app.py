@@ -148,11 +148,31 @@ def create_app(served: ServedModel, api_key: str | None = None,
 
 def _check(served: ServedModel, body: _Request) -> KVCacheConfig:
     """What can be refused before the prompt is tokenized; returns the request's KV config."""
+    _check_unicode(body.model_dump(), "")
     body.check()
     if body.model != served.name:
         raise APIError(404, f"The model `{body.model}` does not exist. This server serves `{served.name}`.",
                        type_="NotFoundError", param="model", code="model_not_found")
     return _config(served, body)
+
+
+def _check_unicode(value: Any, where: str) -> None:
+    """JSON's ``\\ud800`` escapes decode to lone surrogates, which are no text: no tokenizer takes them,
+    and no answer that echoed them could be encoded.  Refused wherever they are (keys too), naming the field."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            field = where or "body"
+            raise APIError(400, f"{field}: a lone surrogate (\\u{ord(value[error.start]):04x}) at character "
+                           f"{error.start} is not text; send valid Unicode", param=field) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(key, where)
+            _check_unicode(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_unicode(item, f"{where}.{index}")
 
 
 def _completion_prompt(served: ServedModel, body: CompletionRequest) -> tuple[list[int], list[int]]:
