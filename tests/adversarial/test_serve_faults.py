@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvlab.engines.managed_server import free_port
 from tests.serving import kvlab_serve
+from tests.waiting import SAFETY_S
 
 pytestmark = pytest.mark.model
 
@@ -213,6 +214,32 @@ def test_malformed_bodies_get_an_openai_shaped_400(served, content):
     response = httpx.post(f"{root}/v1/completions", content=content, headers={"content-type": "application/json"})
     assert assert_openai_error(response, 400)["param"] == "body"
     assert counted(root, "/v1/completions", 400) == before + 1
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", rb'{"model": "smollm2-135m", "prompt": "1, 2, \ud800 3", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", rb'{"model": "smollm2-135m", "prompt": ["\udfff"], "max_tokens": 2}', "prompt.0"),
+    ("/v1/completions", rb'{"model": "smollm2-\ud800", "prompt": "1, 2,"}', "model"),
+    ("/v1/completions", rb'{"model": "smollm2-135m", "prompt": "1, 2,", "stop": ["\ud83d"]}', "stop.0"),
+    ("/v1/chat/completions", rb'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi \ud800"}]}',
+     "messages.0.content"),
+    ("/v1/chat/completions", rb'{"model": "smollm2-135m", "messages": [{"role": "user", "content": '
+                             rb'[{"type": "text", "text": "\udc00"}]}]}', "messages.0.content.0.text"),
+], ids=["prompt", "prompt-list", "model", "stop", "chat", "chat-part"])
+def test_a_lone_surrogate_anywhere_in_the_body_gets_a_400_naming_the_field(served, path, body, param):
+    """``"\\ud800"`` is valid JSON but no text: no tokenizer takes it and no answer echoing it could be
+    encoded (it was a 500, a TypeError from the tokenizer)."""
+    process, root = served
+    before = counted(root, path, 400)
+    response = httpx.post(f"{root}{path}", content=body, headers={"content-type": "application/json"})
+    error = assert_openai_error(response, 400)
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert error["message"].startswith(f"{param}: a lone surrogate (\\u")
+    assert counted(root, path, 400) == before + 1
+    assert httpx.post(f"{root}/v1/completions", json=completion(), timeout=SAFETY_S).status_code == 200
+    key = rb'{"model": "smollm2-135m", "prompt": "1,", "\ud800": 1}'  # as a key: pydantic refuses it itself
+    assert assert_openai_error(httpx.post(f"{root}/v1/completions", content=key,
+                                          headers={"content-type": "application/json"}), 400)["param"] == "body"
 
 
 def test_unknown_paths_and_methods_get_openai_shaped_errors(served):
