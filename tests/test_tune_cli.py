@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import SAFETY_S
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def kvlab_tune(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "KVLAB_DATABASE_URL": f"sqlite:///{tmp_path / 'kvlab.sqlite'}"}
     return subprocess.run([sys.executable, "-m", "kvlab.cli", "tune", *args], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=SAFETY_S)
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -42,4 +44,4 @@ def test_resuming_a_plain_experiment_is_refused(tmp_path):
     with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
         experiment_id = store.create_experiment(spec, ENV)
     done = kvlab_tune("--resume", str(experiment_id), tmp_path=tmp_path)
-    assert done.returncode == 2 and f"experiment {experiment_id} is not a tune" in done.stderr, done.stderr
+    assert done.returncode == 2 and f"experiment {experiment_id} is a sweep, not a tune" in done.stderr, done.stderr

@@ -77,7 +77,8 @@ class TuneQueries:
             self._lock_experiment(session, experiment_id)
             row = session.get(TuneRow, experiment_id)
             if row is None:
-                raise StoreError(f"experiment {experiment_id} is not a tune (`kvlab run` made it)")
+                raise StoreError(f"experiment {experiment_id} is a sweep, not a tune: there is no search to resume "
+                                 f"(`kvlab rerun {experiment_id}` runs it again)")
             if row.state != "running":
                 raise StoreError(f"the tune of experiment {experiment_id} is {row.state}; nothing to resume")
             previous = row.driver_id
