@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kvlab.engines.managed_server import ManagedServer, free_port
+from tests.waiting import SAFETY_S
 
 API_KEY_VAR = "KVLAB_TEST_SERVE_KEY"
 API_KEY = "kvlab-test-key-0123456789abcdef"
@@ -25,7 +26,7 @@ def kvlab_serve(log_dir: Path, *args: str, auth: bool = False) -> Iterator[tuple
         command += ["--api-key-env", API_KEY_VAR]
         env[API_KEY_VAR] = API_KEY
     server = ManagedServer(command, f"http://127.0.0.1:{port}/health", log_dir / f"serve-{port}.log", env=env,
-                           startup_timeout_s=120)
+                           startup_timeout_s=SAFETY_S)
     server.start()
     try:
         server.wait_healthy()

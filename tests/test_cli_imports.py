@@ -18,6 +18,7 @@ from kvlab.experiments.analysis import binomial_two_sided_half
 from kvlab.experiments.decision import normal_isf, normal_sf
 from kvlab.store import Store
 from tests.dashboard_data import populate
+from tests.waiting import SAFETY_S
 
 HEAVY = ("torch", "transformers", "kvpress", "scipy", "streamlit", "ray")
 MARK = "LOADED-MODULES "
@@ -45,7 +46,7 @@ def store_env(tmp_path_factory) -> dict[str, str]:
 def loaded_modules(argv: list[str], env: dict[str, str]) -> list[str]:
     """The modules ``kvlab ARGV`` had loaded when it returned; asserts it succeeded."""
     done = subprocess.run([sys.executable, "-c", SCRIPT, *argv], env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=SAFETY_S)
     line = next(line for line in done.stdout.splitlines() if line.startswith(MARK))
     report = json.loads(line.removeprefix(MARK))
     assert report["status"] in (0, None), f"kvlab {' '.join(argv)}: {done.stderr}"
@@ -66,7 +67,7 @@ def test_show_prints_intervals_without_scipy(store_env):
     """`kvlab show` of a finished experiment computes its summary (intervals, tests, sweet spot) with
     the standard library alone."""
     done = subprocess.run([sys.executable, "-m", "kvlab.cli", "show", "1"], env=store_env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=SAFETY_S)
     assert done.returncode == 0, done.stderr
     assert "sweet spot" in done.stdout.lower() and "int4" in done.stdout
 

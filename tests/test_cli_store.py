@@ -13,6 +13,7 @@ from kvlab.config import parse_spec
 from kvlab.experiments.provenance import environment
 from kvlab.experiments.results import ItemResult
 from kvlab.store import Store
+from tests.waiting import SAFETY_S
 
 SPEC = {"name": "cli-store", "tags": ["nightly"], "tasks": [{"name": "passkey", "context_lengths": [256]}],
         "configs": [{"name": "baseline"}, {"name": "int4", "quant": "int4"}]}
@@ -94,7 +95,7 @@ def test_local_workers_use_the_database_and_log_dir_of_the_environment(tmp_path,
     monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{database}")
     monkeypatch.setenv("KVLAB_LOG_DIR", str(tmp_path / "logs"))
     [process] = start_local_workers(1)
-    assert process.wait(timeout=120) == 0
+    assert process.wait(timeout=SAFETY_S) == 0
     with Store(f"sqlite:///{database}") as store:
         assert store.list_experiments() == []
     [log] = (tmp_path / "logs").iterdir()

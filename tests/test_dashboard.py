@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 from kvlab.dashboard import views
 from kvlab.store import Store
 from tests.dashboard_data import item_result, populate
+from tests.waiting import SAFETY_S
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 LIST, NEW, VIEW, COMPARE = ("pages/list_experiments.py", "pages/new_experiment.py", "pages/view_experiment.py",
@@ -46,7 +47,7 @@ def open_page(page: str | None = None, **params: str | list[str]) -> AppTest:
     """The app on ``page`` with these query params, as a link opens it.  The first run goes through
     app.py on the default page, as a browser's first request does, so that st.navigation knows the
     pages before the switch; widgets bound to the URL take their values on their first run."""
-    at = AppTest.from_file(APP, default_timeout=60)
+    at = AppTest.from_file(APP, default_timeout=SAFETY_S)
     for key, value in params.items():
         at.query_params[key] = value
     at.run()

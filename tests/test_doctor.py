@@ -25,6 +25,7 @@ from kvlab.config import ConfigError
 from kvlab.doctor import CHECK_NAMES, DoctorReport, diagnose
 from kvlab.engines.endpoint_rules import choose_model, error_message
 from kvlab.engines.factory import openai_endpoint
+from tests.waiting import SAFETY_S
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "endpoint_doctor.py")
 KEY = "sk-kvlab-test-0123456789-right"
@@ -271,7 +272,7 @@ def test_text_that_is_no_url_is_said_so_with_an_example(text):
 
 def test_the_page_draws_its_statuses_without_an_emoji_font():
     """Problems carry Material icons (Streamlit ships the font); the table says each status in words."""
-    at = AppTest.from_file(PAGE, default_timeout=20).run()
+    at = AppTest.from_file(PAGE, default_timeout=SAFETY_S).run()
     at.text_input(key="doctor_base_url").input("not a url at all")
     at.button(key="doctor_check").click().run()
     assert not at.exception
@@ -413,7 +414,7 @@ def page_text(at: AppTest) -> str:
 def test_page_shows_the_diagnosis_and_never_the_key(serve, monkeypatch):
     monkeypatch.setenv("KVLAB_API_KEY", WRONG_KEY)
     monkeypatch.setenv("KVLAB_MODEL_ID", "tiny-model")
-    at = AppTest.from_file(PAGE, default_timeout=20).run()
+    at = AppTest.from_file(PAGE, default_timeout=SAFETY_S).run()
     assert not at.exception
     assert "environment variable KVLAB_API_KEY" in page_text(at)
     at.text_input(key="doctor_base_url").input(serve(Behaviour(key=KEY)) + "/v1")
@@ -428,7 +429,7 @@ def test_page_shows_the_diagnosis_and_never_the_key(serve, monkeypatch):
 def test_the_doctor_imports_nothing_heavy():
     """The page and the CLI import kvlab.doctor: it must load without torch."""
     code = "import sys, kvlab.doctor, kvlab.cli.doctor; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SAFETY_S, check=True)
     assert result.stdout.strip() == "[]"
 
 

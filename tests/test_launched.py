@@ -15,6 +15,7 @@ import pytest
 
 from kvlab.config import ConfigError, parse_spec
 from kvlab.experiments.runner import run_experiment
+from tests.waiting import SAFETY_S
 
 pytestmark = pytest.mark.model
 
@@ -25,7 +26,7 @@ TASKS = [{"name": "passkey", "context_lengths": [256], "depths": [0.5], "num_ite
 def spec_for(kind: str, configs: list[dict]):
     return parse_spec({"name": f"{kind}-sweep", "model": "smollm2-135m", "tasks": TASKS, "configs": configs,
                        "backend": {"kind": kind, "max_concurrency": 2,
-                                   "server": {"python": sys.executable, "startup_timeout_s": 120}}})
+                                   "server": {"python": sys.executable, "startup_timeout_s": SAFETY_S}}})
 
 
 @pytest.fixture

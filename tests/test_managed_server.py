@@ -12,6 +12,7 @@ import pytest
 
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.server_logs import parse_kv_pool
+from tests.waiting import SAFETY_S, wait_until
 
 # Refuses connections for 0.2 s, answers 503 for 0.4 s more, then 200 on /health; logs a vLLM pool line.
 SLOW_SERVER = r"""
@@ -72,15 +73,6 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _wait_for(predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def test_free_port_is_bindable():
     port = free_port()
     assert 1024 <= port < 65536
@@ -89,7 +81,7 @@ def test_free_port_is_bindable():
 
 
 def test_becomes_healthy_and_logs_the_pool(tmp_path):
-    server, _ = _server(tmp_path, SLOW_SERVER, startup_timeout_s=8, poll_s=0.1)
+    server, _ = _server(tmp_path, SLOW_SERVER, startup_timeout_s=SAFETY_S, poll_s=0.1)
     with server:
         assert server.alive()
         pool = parse_kv_pool("vllm", server.log_text())
@@ -100,7 +92,7 @@ def test_becomes_healthy_and_logs_the_pool(tmp_path):
 
 def test_log_text_is_this_runs_part_of_an_appended_log(tmp_path):
     (tmp_path / "server.log").write_text("GPU KV cache size: 1 tokens\n")
-    server, _ = _server(tmp_path, SLOW_SERVER, startup_timeout_s=8, poll_s=0.1)
+    server, _ = _server(tmp_path, SLOW_SERVER, startup_timeout_s=SAFETY_S, poll_s=0.1)
     with server:
         assert parse_kv_pool("vllm", server.log_text()).tokens == 8192
         assert "GPU KV cache size: 1 tokens" not in server.log_text()
@@ -108,7 +100,7 @@ def test_log_text_is_this_runs_part_of_an_appended_log(tmp_path):
 
 
 def test_exit_at_start_raises_with_exit_code_and_log_tail(tmp_path):
-    server, _ = _server(tmp_path, FAILING_SERVER, startup_timeout_s=8, poll_s=0.1)
+    server, _ = _server(tmp_path, FAILING_SERVER, startup_timeout_s=SAFETY_S, poll_s=0.1)
     server.start()
     with pytest.raises(ServerStartError) as error:
         server.wait_healthy()
@@ -135,19 +127,19 @@ def test_never_healthy_times_out_and_is_stopped(tmp_path):
 def test_stop_kills_the_servers_workers(tmp_path):
     server, _ = _server(tmp_path, PARENT_WITH_WORKER)
     server.start()
-    assert _wait_for(lambda: "worker ready" in server.log_text())
+    wait_until(lambda: "worker ready" in server.log_text(), "the worker's first line")
     worker = int(re.search(r"worker pid (\d+)", server.log_text()).group(1))
     assert psutil.Process(worker).status() != psutil.STATUS_ZOMBIE
     server.stop(grace_s=5)
     assert not server.alive()
-    assert _wait_for(lambda: _gone(worker))
+    wait_until(lambda: _gone(worker), "the worker's end")
 
 
 def test_stop_escalates_to_sigkill(tmp_path):
     server, _ = _server(tmp_path, STUBBORN)
     server.start()
     pid = server.pid
-    assert _wait_for(lambda: "ignoring" in server.log_text())
+    wait_until(lambda: "ignoring" in server.log_text(), "the server's first line")
     started = time.monotonic()
     server.stop(grace_s=0.3)
     assert time.monotonic() - started < 3

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_models import write_tiny_gguf
+from tests.waiting import SAFETY_S
 
 LOAD = "import sys; from kvlab.models import load_model; load_model(sys.argv[1], progress=print)"
 LIBRARY_LINES = ("Converting and de-quantizing GGUF tensors", "Materializing param", "Loading weights")
@@ -31,7 +32,7 @@ def convert_and_load(gguf: Path, home: Path, verbose: bool) -> str:
     if verbose:
         env["KVLAB_VERBOSE"] = "1"
     done = subprocess.run([sys.executable, "-c", LOAD, str(gguf)], env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=SAFETY_S)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout + done.stderr
 

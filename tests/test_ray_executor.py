@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from kvlab.experiments.submit import store_experiment
 from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.store import Store, StoreError
 from tests.conftest import PG_URL
-from tests.waiting import SAFETY_S
+from tests.waiting import SAFETY_S, wait_until
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,15 +63,6 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def _wait_for(what: str, condition: Callable[[], Any], timeout_s: float, poll_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout_s:g} s")
-        time.sleep(poll_s)
-    return value
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +95,9 @@ def cluster() -> Iterator[RayCluster]:
                 nodes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, start_new_session=True))
             if index == 0:  # the second node joins a head that answers
-                _wait_for(f"the head node (its log: {temp / 'node0.log'})",
-                          lambda: nodes[0].poll() is None and _connect(ray, f"127.0.0.1:{port}"), 60, poll_s=0.5)
-        _wait_for("two alive nodes", lambda: sum(n["Alive"] for n in ray.nodes()) == 2, 60, poll_s=0.5)
+                wait_until(lambda: _connect(ray, f"127.0.0.1:{port}"), f"the head node (its log: {temp / 'node0.log'})",
+                           process=nodes[0], poll_s=0.5)
+        wait_until(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, "two alive nodes", poll_s=0.5)
         yield RayCluster(f"127.0.0.1:{port}", env)
         started = True
     finally:
@@ -117,7 +108,7 @@ def cluster() -> Iterator[RayCluster]:
             node.terminate()
         for node in nodes:
             try:
-                node.wait(timeout=60)
+                node.wait(timeout=SAFETY_S)
             except subprocess.TimeoutExpired:
                 os.killpg(node.pid, signal.SIGKILL)
         if started:  # else the session's logs say why the cluster did not start
@@ -171,11 +162,11 @@ def test_tiny_on_two_nodes_loses_and_duplicates_nothing_when_a_worker_is_killed(
     with RayWorkers(pg_url, experiment_id, spec, exit_when_idle=False, settings=settings) as workers:
         before = {info["worker_id"]: info["pid"] for info in workers.info()}
         assert len(before) == 2 and len({node_of(worker) for worker in before}) == 2
-        victim = _wait_for("a trial with some but not all items stored", lambda: next(
+        victim = wait_until(lambda: next(
             (t for t in store.trials(experiment_id) if t.status == "running" and t.items_total
-             and 0 < t.items_done < t.items_total), None), 180, poll_s=0.05)
+             and 0 < t.items_done < t.items_total), None), "a trial with some but not all items stored")
         os.kill(before[victim.worker_id], signal.SIGKILL)
-        _wait_for("the experiment's end", lambda: store.get_experiment(experiment_id).is_terminal, 240, poll_s=0.5)
+        wait_until(lambda: store.get_experiment(experiment_id).is_terminal, "the experiment's end", poll_s=0.5)
         after = {info["worker_id"]: info["pid"] for info in workers.info()}
         assert len(workers.outcomes()) == 0  # still polling
         outcomes = workers.wait(stop_when=lambda: True)
@@ -202,13 +193,13 @@ def test_cancel_from_the_cli_reaches_the_ray_workers_within_seconds(cluster, pg_
                            stderr=subprocess.PIPE, text=True)
     try:
         store = Store(pg_url)
-        experiment = _wait_for("an item result", lambda: next(
-            (e for e in store.list_experiments() if e.items_done), None), 180, poll_s=0.2)
+        experiment = wait_until(lambda: next((e for e in store.list_experiments() if e.items_done), None),
+                                "an item result", process=run, poll_s=0.2)
         cancel = subprocess.run([sys.executable, "-m", "kvlab.cli", "cancel", str(experiment.id)], env=env,
-                                capture_output=True, text=True, timeout=60)
+                                capture_output=True, text=True, timeout=SAFETY_S)
         cancelled = time.monotonic()
         assert cancel.returncode == 0, cancel.stderr
-        _, stderr = run.communicate(timeout=60)
+        _, stderr = run.communicate(timeout=SAFETY_S)
         took = time.monotonic() - cancelled
     finally:
         run.kill()
@@ -245,7 +236,7 @@ def test_a_short_tune_runs_through_the_cluster(cluster, pg_url, tmp_path):
     spec.write_text(TUNE)
     env = {**cluster.env, "KVLAB_DATABASE_URL": pg_url}
     tune = subprocess.run([sys.executable, "-m", "kvlab.cli", "tune", str(spec), "--executor", "ray",
-                           "--ray-address", cluster.address], env=env, capture_output=True, text=True, timeout=600)
+                           "--ray-address", cluster.address], env=env, capture_output=True, text=True, timeout=SAFETY_S)
     assert tune.returncode == 0, tune.stderr
     with Store(pg_url) as store:
         (experiment,) = store.list_experiments()
@@ -312,7 +303,7 @@ def test_without_the_extra_executor_ray_says_how_to_install_it(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(NO_RAY)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "KVLAB_DATABASE_URL": f"sqlite:///{tmp_path / 'k.sqlite'}"}
     done = subprocess.run([sys.executable, "-m", "kvlab.cli", "run", str(ROOT / "examples" / "tiny.toml"),
-                           "--executor", "ray"], env=env, capture_output=True, text=True, timeout=120)
+                           "--executor", "ray"], env=env, capture_output=True, text=True, timeout=SAFETY_S)
     assert done.returncode == 2
     assert re.fullmatch(r"error: .*Ray.*not installed.*; install it with: pip install 'kvlab\[ray\]'\n", done.stderr)
     assert not (tmp_path / "k.sqlite").exists()  # refused before anything was stored
@@ -340,11 +331,11 @@ def test_the_new_experiment_page_shows_the_cluster_and_launches_on_it(cluster, p
     assert_clean(at)
     with Store(pg_url) as store:  # its Ray driver runs in the background: its workers claim, then it is cancelled
         [queued] = store.list_experiments()
-        _wait_for("a trial claimed by a Ray worker", lambda: any(
-            (t.worker_id or "").startswith("ray:") for t in store.trials(queued.id)), 120, poll_s=0.2)
+        wait_until(lambda: any((t.worker_id or "").startswith("ray:") for t in store.trials(queued.id)),
+                   "a trial claimed by a Ray worker", poll_s=0.2)
         store.cancel_experiment(queued.id)
     log = tmp_path / "logs" / f"ray-driver-{queued.id}.log"
-    _wait_for("the driver's end", lambda: "was cancelled while it ran" in log.read_text(), 60, poll_s=0.5)
+    wait_until(lambda: "was cancelled while it ran" in log.read_text(), "the driver's end", poll_s=0.5)
 
 
 def test_node_of_names_the_machine_that_ran_a_trial():

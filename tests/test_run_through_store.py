@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from kvlab.experiments.export import experiment_document
 from kvlab.store import Store
+from tests.waiting import SAFETY_S, wait_until
 
 pytestmark = pytest.mark.model
 
@@ -32,8 +32,8 @@ def kvlab(database: str, *args: str, **popen) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
 
 
-def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
-    out, err = process.communicate(timeout=timeout)
+def finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=SAFETY_S)
     return process.returncode, out, err
 
 
@@ -67,17 +67,16 @@ def test_ctrl_c_cancels_the_experiment_and_keeps_its_results(database, tmp_path)
     spec = tmp_path / "longer.toml"
     spec.write_text(TINY.read_text().replace("num_items = 2", "num_items = 12"))
     process = kvlab(database, "run", str(spec), "--quiet")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.5)
-        if (tmp_path / "kvlab.sqlite").exists():
-            with Store(database) as store:
-                if any(e.items_done for e in store.list_experiments()):
-                    break
-    else:
-        pytest.fail(f"no item result stored in time: {process.poll()=}")
+
+    def an_item_stored() -> bool:
+        if not (tmp_path / "kvlab.sqlite").exists():
+            return False
+        with Store(database) as store:
+            return any(e.items_done for e in store.list_experiments())
+
+    wait_until(an_item_stored, "an item result in the store", process=process, poll_s=0.5)
     process.send_signal(signal.SIGINT)
-    status, _, err = finish(process, timeout=60)
+    status, _, err = finish(process)
     assert status == 130, err
     assert "interrupted: experiment 1 cancelled" in err and "Traceback" not in err
     with Store(database) as store:

@@ -23,6 +23,7 @@ from kvlab.store import Store
 from kvlab.tasks import generate_items, planned_items
 from kvlab.tasks.spec import DEFAULT_NUM_ITEMS, TaskSpec
 from tests.test_tasks import WS
+from tests.waiting import SAFETY_S
 
 ROWS = 25  # above every default count (DEFAULT_NUM_ITEMS is 10)
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -148,7 +149,7 @@ def test_a_jsonl_file_runs_whole_from_the_dashboard_through_a_worker(tmp_path, m
     started: list[tuple[Any, ...]] = []  # the worker runs below, as a process of its own
     monkeypatch.setattr("kvlab.experiments.launcher.start_local_workers", lambda *args, **kw: started.append(args))
 
-    at = AppTest.from_file(APP, default_timeout=60)
+    at = AppTest.from_file(APP, default_timeout=SAFETY_S)
     at.run()
     at.switch_page("pages/new_experiment.py").run()
     toml = jsonl_spec_toml(Path("rows.jsonl"), "via-dashboard")  # relative: under the data directory

@@ -40,6 +40,7 @@ from kvlab.store import (
 )
 from kvlab.store.engine import DEFAULT_SQLITE_PATH, require_shared_store, resolve_url
 from kvlab.store.models import Base, TrialRow
+from tests.waiting import SAFETY_S
 from kvlab.tasks.spec import TaskSpec
 
 ENV = {"versions": {"kvlab": "0.1.0"}, "git_commit": "abc123", "hardware": {"cpu": "test"}}
@@ -548,7 +549,7 @@ def _without_root_powers(*urls: str) -> list[str]:
         if not shutil.which("setpriv"):
             pytest.skip("running as root without setpriv: chmod cannot make a file read-only for root")
         command = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", *command]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=SAFETY_S)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 

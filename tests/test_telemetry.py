@@ -4,13 +4,13 @@ functions), since no NVIDIA GPU exists here; the real one is checked on a lent G
 from __future__ import annotations
 
 import os
-import time
 from types import SimpleNamespace
 
 import pynvml
 import pytest
 
 from kvlab.experiments.telemetry import CpuSource, NvmlSource, SampleContext, TelemetrySampler, detect_sources
+from tests.waiting import wait_until
 
 
 class FakeNvml:
@@ -79,9 +79,12 @@ def test_sampler_batches_writes_and_stamps_phase():
     state = {"phase": "prefill", "trial": 3}
     sampler = TelemetrySampler([CpuSource(), NvmlSource(nvml=FakeNvml())], context, batches.append, rate_hz=20,
                                flush_s=0.2, phase_of=lambda: (state["phase"], state["trial"])).start()
-    time.sleep(0.35)
+    def written(phase: str):
+        return lambda: any(s.phase == phase for batch in batches for s in batch)
+
+    wait_until(written("prefill"), "a batch of prefill samples")
     state["phase"] = "decode"
-    time.sleep(0.35)
+    wait_until(written("decode"), "a batch of decode samples")
     sampler.stop()
     samples = [s for batch in batches for s in batch]
     assert 2 <= len(batches) < len(samples)  # batched: fewer writes than samples
@@ -99,6 +102,5 @@ def test_a_failing_writer_loses_samples_not_the_trial():
         raise RuntimeError("disk full")
 
     sampler = TelemetrySampler([CpuSource()], SampleContext(1, "w"), broken, rate_hz=20, flush_s=0.05).start()
-    time.sleep(0.2)
+    wait_until(lambda: sampler.errors >= 1, "a failed write")
     sampler.stop()
-    assert sampler.errors >= 1

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -21,6 +20,7 @@ from kvlab.config import KVCacheConfig
 from kvlab.store import Store
 from kvlab.tune.study import storage_url
 from tests.conftest import PG_URL
+from tests.waiting import SAFETY_S, wait_until
 
 pytestmark = pytest.mark.model
 
@@ -53,14 +53,6 @@ def kvlab(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
 def environment(tmp_path: Path, url: str) -> dict[str, str]:
     return {**os.environ, "KVLAB_DATABASE_URL": url, "KVLAB_LOG_DIR": str(tmp_path / "logs"),
             "OMP_NUM_THREADS": "1"}
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 def check_study(store: Store, experiment_id: int) -> None:
@@ -101,7 +93,7 @@ def test_tune_survives_sigkill_and_resumes(tmp_path):
             except Exception:  # noqa: BLE001 -- not created yet
                 return 0
 
-        wait_for(lambda: results() >= 3 or first.poll() is not None, 240, "the first results")
+        wait_until(lambda: results() >= 3 or first.poll() is not None, "the first results", poll_s=0.3)
         assert first.poll() is None, first.communicate()
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
@@ -109,7 +101,7 @@ def test_tune_survives_sigkill_and_resumes(tmp_path):
         assert store.tune(1).state == "running"
         out = tmp_path / "answer.json"
         resumed = kvlab("tune", "--resume", "1", "--json", str(out), env=env)
-        stdout, stderr = resumed.communicate(timeout=600)
+        stdout, stderr = resumed.communicate(timeout=SAFETY_S)
         assert resumed.returncode == 0, stderr
         assert "resuming the tune of experiment 1" in stderr
         assert "kvlab tune --resume" not in stdout
@@ -151,7 +143,7 @@ def test_two_workers_share_one_study_on_postgresql(tmp_path, pg_url):
     workers = [kvlab("worker", "--max-trials", "1", "--threads", "1", env=env) for _ in range(2)]
     try:
         driver = kvlab("tune", str(spec), "--workers", "0", env=env)
-        stdout, stderr = driver.communicate(timeout=600)
+        stdout, stderr = driver.communicate(timeout=SAFETY_S)
         assert driver.returncode == 0, stderr
         with Store(db_url) as store:
             (experiment,) = store.list_experiments()
@@ -163,4 +155,4 @@ def test_two_workers_share_one_study_on_postgresql(tmp_path, pg_url):
     finally:
         for worker in workers:
             os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(timeout=60)
+            worker.wait(timeout=SAFETY_S)

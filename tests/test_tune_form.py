@@ -15,6 +15,7 @@ from kvlab.dashboard import spec_form
 from kvlab.dashboard.tune_launch import last_line, wait_for_tune
 from tests.test_dashboard import NEW, assert_clean, open_page, store, texts  # noqa: F401 -- store: the fixture
 from tests.tune_data import populate_tune
+from tests.waiting import SAFETY_S
 
 
 def metrics(at) -> dict[str, str]:
@@ -132,7 +133,7 @@ def test_launch_starts_kvlab_tune_and_opens_its_page(store, tmp_path, monkeypatc
     at.multiselect(key="f:tune.quant").set_value(["int4"]).run()
     at.multiselect(key="f:tune.evict").set_value(["none"]).run()
     assert metrics(at)["Full grid (item evaluations)"] == "4"  # int4 and the baseline on 2 items
-    at.button(key="launch_tune").click().run(timeout=150)
+    at.button(key="launch_tune").click().run(timeout=SAFETY_S)
     assert_clean(at)
     assert at.title[0].value == "Tune: form-tune" and "launched from the dashboard" in texts(at.caption)
     [experiment] = store.list_experiments()
@@ -140,7 +141,7 @@ def test_launch_starts_kvlab_tune_and_opens_its_page(store, tmp_path, monkeypatc
     store.cancel_experiment(experiment.id)
     tuning = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "logs") in " ".join(p.info["cmdline"] or [])]
     assert len(tuning) == 1
-    gone, alive = psutil.wait_procs(tuning, timeout=90)
+    gone, alive = psutil.wait_procs(tuning, timeout=SAFETY_S)
     for process in alive:  # a tune that did not notice the cancellation fails the test, and is stopped
         process.kill()
     assert not alive

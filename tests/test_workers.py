@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from kvlab.config import parse_spec
 from kvlab.experiments.provenance import environment
 from kvlab.store import Store
+from tests.waiting import SAFETY_S, wait_until
 
 pytestmark = pytest.mark.model
 
@@ -46,15 +46,6 @@ READER = textwrap.dedent("""
 """)
 
 
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def _start_worker(env: dict[str, str], log: Path) -> subprocess.Popen:
     args = [sys.executable, "-m", "kvlab.cli", "worker", "--exit-when-idle", "--max-trials", "2", "--threads", "1",
             "--heartbeat-s", "1", "--stale-after-s", "8", "--telemetry-hz", "5"]
@@ -75,15 +66,15 @@ def test_four_workers_a_reader_and_a_sigkill(db_url, tmp_path):
             return next((t for t in store.trials(experiment_id)
                          if t.status == "running" and t.items_done >= 1 and t.items_done < ITEMS), None)
 
-        _wait(lambda: victim_trial() is not None, 300, "a trial part-way through")
+        wait_until(lambda: victim_trial() is not None, "a trial part-way through", poll_s=0.5)
         victim = victim_trial()
         pid = int(victim.worker_id.split("-")[-2])
         os.kill(pid, signal.SIGKILL)
         by_pid[pid].wait()
-        _wait(lambda: store.get_experiment(experiment_id).is_terminal, 400, "the experiment to finish")
+        wait_until(lambda: store.get_experiment(experiment_id).is_terminal, "the experiment to finish", poll_s=0.5)
         for worker in workers:
-            worker.wait(timeout=60)
-        reader_output, _ = reader.communicate(timeout=60)
+            worker.wait(timeout=SAFETY_S)
+        reader_output, _ = reader.communicate(timeout=SAFETY_S)
     finally:
         for process in [*workers, reader]:
             if process.poll() is None:

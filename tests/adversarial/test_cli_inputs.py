@@ -27,8 +27,8 @@ from kvlab.config import parse_spec
 from kvlab.experiments.provenance import environment
 from kvlab.experiments.results import ItemResult
 from kvlab.store import Store
+from tests.waiting import SAFETY_S
 
-TIMEOUT_S = 60
 NATIVE_SPEC = '[[tasks]]\nname = "passkey"\ncontext_lengths = [256]\n[[configs]]\nname = "baseline"\n'
 SPEC = {"name": "adversarial", "tasks": [{"name": "passkey", "context_lengths": [256]}],
         "configs": [{"name": "baseline"}]}
@@ -52,7 +52,7 @@ class Kvlab:
 
     def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.command(*args), cwd=self.home, env=self.env | env, capture_output=True,
-                              text=True, timeout=TIMEOUT_S)
+                              text=True, timeout=SAFETY_S)
 
     def user_error(self, *args: str, says: tuple[str, ...]) -> str:
         """Run a command that must be refused: exit 2, one line ``error: ...`` with each of ``says``."""
@@ -316,7 +316,7 @@ def test_closed_pipe_is_quiet(kvlab, stored):
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()
-    assert process.wait(timeout=TIMEOUT_S) == 141
+    assert process.wait(timeout=SAFETY_S) == 141
     assert process.stderr.read() == b""
 
 
@@ -326,7 +326,7 @@ def test_pipe_into_head(kvlab, stored, command):
     status is right; what matters is no traceback and no "Exception ignored"."""
     executable = f"{sys.executable} -m kvlab.cli "
     result = subprocess.run(["bash", "-o", "pipefail", "-c", executable + command.format(id=stored)], cwd=kvlab.home,
-                            env=kvlab.env, capture_output=True, text=True, timeout=TIMEOUT_S)
+                            env=kvlab.env, capture_output=True, text=True, timeout=SAFETY_S)
     assert result.returncode in (0, 141) and result.stderr == "", result.stderr
     assert result.stdout
 
@@ -355,10 +355,12 @@ def silent_server() -> Iterator[tuple[int, threading.Event]]:
 
 def test_ctrl_c_is_130_and_one_line(kvlab, silent_server):
     port, accepted = silent_server
-    process = subprocess.Popen(kvlab.command("doctor", "--base-url", f"http://127.0.0.1:{port}/v1", "--timeout", "60"),
+    # the doctor's own timeout outlasts the wait: it is interrupted, never timed out, however slow the machine
+    process = subprocess.Popen(kvlab.command("doctor", "--base-url", f"http://127.0.0.1:{port}/v1",
+                                             "--timeout", str(10 * SAFETY_S)),
                                cwd=kvlab.home, env=kvlab.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
-    assert accepted.wait(TIMEOUT_S), "the doctor never connected"
+    assert accepted.wait(SAFETY_S), "the doctor never connected"
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+    stdout, stderr = process.communicate(timeout=SAFETY_S)
     assert process.returncode == 130 and stderr == "interrupted\n" and "Traceback" not in stdout

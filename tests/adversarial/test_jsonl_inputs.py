@@ -25,6 +25,7 @@ from kvlab.errors import HostLacksError
 from kvlab.dashboard.spec_form import build_spec, default_form
 from kvlab.tasks.data_dir import DATA_DIR_VAR, checked_data_file, resolve_data_path, save_upload
 from kvlab.tasks.jsonl import JsonlFileMissingError, JsonlTaskError, Limits, validate_file
+from tests.waiting import SAFETY_S
 
 #: The CLI, reporting its own peak memory at exit: VmHWM of its own address space.  (``wait4``'s
 #: ru_maxrss would count the pages of the forked test process before exec: a loaded model, when the
@@ -60,7 +61,7 @@ class Finished:
     cpu_s: float
 
 
-def run_kvlab(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180) -> Finished:
+def run_kvlab(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = SAFETY_S) -> Finished:
     """``kvlab *args`` in ``cwd`` on a throwaway store, with its own peak RSS and CPU time."""
     peak_file = cwd / "peak-kb.txt"
     environment = os.environ | {"KVLAB_DATABASE_URL": f"sqlite:///{cwd / 'kvlab.sqlite'}",

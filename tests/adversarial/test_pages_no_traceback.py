@@ -16,6 +16,7 @@ from kvlab.dashboard import views
 from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.tune_data import populate_tune
+from tests.waiting import SAFETY_S
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 LIST, NEW, VIEW, COMPARE, DOCTOR, TUNE = ("pages/list_experiments.py", "pages/new_experiment.py",
@@ -38,7 +39,7 @@ def db(tmp_path, monkeypatch) -> Path:
 
 def open_page(page: str, params: dict[str, str | list[str]] | None = None) -> AppTest:
     """As a shared link opens it: app.py first (st.navigation), then the page with the link's params."""
-    at = AppTest.from_file(APP, default_timeout=60)
+    at = AppTest.from_file(APP, default_timeout=SAFETY_S)
     for key, value in (params or {}).items():
         at.query_params[key] = value
     at.run()

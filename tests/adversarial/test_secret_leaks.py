@@ -30,13 +30,13 @@ import pytest
 
 from kvlab.models import DEFAULT_MODEL, pull_model
 from kvlab.models.cache import models_root
+from tests.waiting import SAFETY_S
 
 PASSWORD = f"s3cr3t-{uuid.uuid4().hex}"
 KEY = f"sk-kvlab-{uuid.uuid4().hex}"
 USER = "kvuser"
 ECHO = f"refused (user {USER}, password {PASSWORD}, key {KEY}, url http://{USER}:{PASSWORD}@gateway:8000/v1)"
 MODELS = {"echo-400": 400, "echo-500": 500}  # the completion status each served model answers with
-WORKER_TIMEOUT_S = 180
 
 SPEC = """\
 name = "{name}"
@@ -135,7 +135,7 @@ class Lab:
 
     def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         done = subprocess.run([sys.executable, "-m", "kvlab.cli", *args], cwd=self.root / "work",
-                              env=env or self.env, capture_output=True, text=True, timeout=120)
+                              env=env or self.env, capture_output=True, text=True, timeout=SAFETY_S)
         self.outputs += [done.stdout, done.stderr]
         return done
 
@@ -228,8 +228,8 @@ def test_a_url_password_never_leaks_and_requests_carry_the_key(lab: Lab, endpoin
     assert queued.returncode == 0, queued.stderr
     workers = local_workers(lab.database_url)
     assert len(workers) == 1
-    _, alive = psutil.wait_procs(workers, timeout=WORKER_TIMEOUT_S)
-    assert not alive, f"the worker did not finish within {WORKER_TIMEOUT_S} s"
+    _, alive = psutil.wait_procs(workers, timeout=SAFETY_S)
+    assert not alive, f"the worker did not finish within {SAFETY_S:.0f} s"
 
     requests = list(endpoint.seen.requests)
     assert any(line.startswith("POST /v1/completions") for line, _ in requests), requests

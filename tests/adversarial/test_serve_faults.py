@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvlab.engines.managed_server import free_port
 from tests.serving import kvlab_serve
-from tests.waiting import SAFETY_S
+from tests.waiting import SAFETY_S, wait_until
 
 pytestmark = pytest.mark.model
 
@@ -59,15 +59,6 @@ def gauge(root: str, name: str) -> float:
     return samples(root)[(f"kvlab:num_requests_{name}", frozenset({"model_name": MODEL}.items()))]
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float) -> float:
-    """Seconds until ``condition()`` held; fails after ``timeout_s``."""
-    start = time.perf_counter()
-    while not condition():
-        assert time.perf_counter() - start < timeout_s, f"not within {timeout_s} s"
-        time.sleep(0.02)
-    return time.perf_counter() - start
-
-
 def data_lines(response: httpx.Response) -> Iterator[str]:
     return (line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: "))
 
@@ -96,11 +87,13 @@ def test_a_client_leaving_mid_stream_stops_its_generation_and_frees_the_engine(s
         chunks += [json.loads(next(events)) for _ in range(2)]
         per_token_s = (time.perf_counter() - first) / 2
     assert all(chunk["choices"][0]["text"] for chunk in chunks)  # it was generating: the connection drops here
-    freed_s = wait_until(lambda: gauge(root, "running") == 0, timeout_s=10)
+    left = time.perf_counter()
+    wait_until(lambda: gauge(root, "running") == 0, "the engine to be freed", poll_s=0.02)
+    freed_s = time.perf_counter() - left
     # Running on to max_tokens would hold the engine ~297 more tokens; stopping takes one.
     assert freed_s < max(2.0, 0.25 * 297 * per_token_s)
     started = time.perf_counter()
-    answer = httpx.post(f"{root}/v1/completions", json=completion(), timeout=10)
+    answer = httpx.post(f"{root}/v1/completions", json=completion(), timeout=SAFETY_S)
     answered_s = time.perf_counter() - started
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 5
     assert gauge(root, "running") == 0 and gauge(root, "waiting") == 0
@@ -123,14 +116,15 @@ def test_clients_leaving_a_non_streamed_answer_or_the_queue_are_dropped(served):
 
     first = threading.Thread(target=leave_after, args=(2.0,))
     first.start()
-    wait_until(lambda: gauge(root, "running") == 1, timeout_s=10)
+    wait_until(lambda: gauge(root, "running") == 1 or not first.is_alive(), "the first request to run", poll_s=0.02)
+    assert first.is_alive(), "the first request ended before it was seen running"
     leave_after(0.5)  # queued behind the first one, and gives up there
-    wait_until(lambda: gauge(root, "waiting") == 0, timeout_s=2)
+    wait_until(lambda: gauge(root, "waiting") == 0, "the queued request to be dropped", poll_s=0.02)
     first.join()
-    wait_until(lambda: gauge(root, "running") == 0, timeout_s=5)
+    wait_until(lambda: gauge(root, "running") == 0, "the running request to be dropped", poll_s=0.02)
     assert outcomes == ["left", "left"]
     assert counted(root, "/v1/completions", 499) == left_before + 2
-    assert httpx.post(f"{root}/v1/completions", json=completion(), timeout=10).status_code == 200
+    assert httpx.post(f"{root}/v1/completions", json=completion(), timeout=SAFETY_S).status_code == 200
 
 
 # -- SIGTERM ------------------------------------------------------------------------------------
@@ -146,7 +140,7 @@ def test_sigterm_stops_the_server_within_5_s_with_a_stream_in_flight(tmp_path):
             os.kill(server.pid, signal.SIGTERM)
             rest = list(events)
         ended_s = time.perf_counter() - signalled
-        wait_until(lambda: not server.alive(), timeout_s=5)
+        wait_until(lambda: not server.alive(), "the server's exit", poll_s=0.02)
         exit_s = time.perf_counter() - signalled
         log = server.log_text()
     assert rest[-1] == "[DONE]" and json.loads(rest[-2])["error"]["code"] == "shutting_down"
@@ -198,7 +192,7 @@ def test_out_of_vocabulary_token_ids_get_a_400_counted_as_400(served, prompt):
     error = assert_openai_error(httpx.post(f"{root}/v1/completions", json=completion(prompt=prompt)), 400)
     assert error["code"] == "invalid_token_id" and error["param"] == "prompt"
     assert counted(root, "/v1/completions", 400) == before + 1
-    assert httpx.post(f"{root}/v1/completions", json=completion(), timeout=10).status_code == 200
+    assert httpx.post(f"{root}/v1/completions", json=completion(), timeout=SAFETY_S).status_code == 200
 
 
 @pytest.mark.parametrize("content", [
@@ -281,7 +275,7 @@ def failing_server(engine, tmp_path, monkeypatch) -> Iterator[tuple[str, Callabl
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: server.started, timeout_s=30)
+        wait_until(lambda: server.started, "the in-process server's start")
 
         def fail_after_passes(count: int) -> None:
             passes[0], fail_after[0] = 0, count
@@ -289,7 +283,7 @@ def failing_server(engine, tmp_path, monkeypatch) -> Iterator[tuple[str, Callabl
         yield f"http://127.0.0.1:{port}", fail_after_passes
     finally:
         server.should_exit = True
-        thread.join(timeout=10)
+        thread.join(timeout=SAFETY_S)
         handle.remove()
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from kvlab.config import parse_spec
 from kvlab.store import ExperimentNotFoundError, Store
+from tests.waiting import SAFETY_S, wait_until
 
 pytestmark = pytest.mark.model
 
@@ -51,16 +52,6 @@ def _start(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([*WORKER, *FAST, *args], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
-def _wait(predicate, timeout_s: float, what: str) -> float:
-    """Poll ``predicate`` every 50 ms; returns when it held (time.monotonic())."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return time.monotonic()
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def _no_traceback(log: Path) -> str:
     text = log.read_text()
     assert "Traceback" not in text, text[-3000:]
@@ -76,11 +67,11 @@ def test_a_worker_with_a_bad_option_claims_nothing_and_a_good_one_finishes_every
     try:
         for args, named in BAD_OPTIONS:  # meanwhile the good worker loads the model and works
             bad = subprocess.run([*WORKER, "--exit-when-idle", *args], env=env, capture_output=True, text=True,
-                                 timeout=120)
+                                 timeout=SAFETY_S)
             assert bad.returncode == 2, (args, bad.stderr)
             assert bad.stdout == "" and bad.stderr.count("\n") == 1, (args, bad.stderr)
             assert bad.stderr.startswith(f"error: {named}"), (args, bad.stderr)
-        assert good.wait(timeout=300) == 0
+        assert good.wait(timeout=SAFETY_S) == 0
     finally:
         if good.poll() is None:
             good.kill()
@@ -97,7 +88,7 @@ def test_a_host_without_the_model_gives_the_trials_back_and_another_worker_compl
     experiment_id = store.create_experiment(parse_spec(_spec("needs-the-model", items=1)), {})
     bare_home = tmp_path / "bare-host-home"  # a host where `kvlab models pull` never ran
     lacking = _start(_env(url, KVLAB_HOME=str(bare_home)), tmp_path / "lacking.log")
-    assert lacking.wait(timeout=120) == 1
+    assert lacking.wait(timeout=SAFETY_S) == 1
     lines = _no_traceback(tmp_path / "lacking.log").splitlines()
     assert lines[-1].startswith(f"error: worker {socket.gethostname()}-{lacking.pid}-")
     assert f"left experiment(s) {experiment_id} in the queue" in lines[-1] and "not pulled yet" in lines[-1]
@@ -108,7 +99,7 @@ def test_a_host_without_the_model_gives_the_trials_back_and_another_worker_compl
     assert f"-{lacking.pid}-" in warnings[0] and "kvlab models pull smollm2-135m" in warnings[0]
 
     able = _start(_env(url), tmp_path / "able.log")
-    assert able.wait(timeout=300) == 0
+    assert able.wait(timeout=SAFETY_S) == 0
     _no_traceback(tmp_path / "able.log")
     assert [(t.status, t.attempts) for t in store.trials(experiment_id)] == [("done", 2), ("done", 2)]
     assert store.get_experiment(experiment_id).status == "done"
@@ -130,17 +121,19 @@ def test_delete_and_cancel_while_a_worker_runs_then_it_completes_the_next_experi
         def claimed(experiment_id: int):
             return lambda: any(t.status != "queued" for t in store.trials(experiment_id))
 
-        _wait(has_results(deleted), 240, "the first result of the experiment to delete")
+        wait_until(has_results(deleted), "the first result of the experiment to delete", process=worker)
         store.delete_experiment(deleted)  # what the dashboard's Delete does
         deleted_at = time.monotonic()
-        noticed_delete = _wait(claimed(cancelled), 60, "the worker to move on after the delete") - deleted_at
+        wait_until(claimed(cancelled), "the worker to move on after the delete", process=worker)
+        noticed_delete = time.monotonic() - deleted_at
 
-        _wait(has_results(cancelled), 120, "the first result of the experiment to cancel")
+        wait_until(has_results(cancelled), "the first result of the experiment to cancel", process=worker)
         store.cancel_experiment(cancelled)
         cancelled_at = time.monotonic()
-        noticed_cancel = _wait(claimed(waiting), 60, "the worker to move on after the cancel") - cancelled_at
+        wait_until(claimed(waiting), "the worker to move on after the cancel", process=worker)
+        noticed_cancel = time.monotonic() - cancelled_at
 
-        assert worker.wait(timeout=240) == 0
+        assert worker.wait(timeout=SAFETY_S) == 0
     finally:
         if worker.poll() is None:
             worker.kill()

@@ -11,6 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.waiting import SAFETY_S
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -24,7 +26,7 @@ def free_port() -> int:
 
 
 def start_dashboard(store_url: str, log: Path, extra_env: dict[str, str] | None = None,
-                    timeout_s: float = 120) -> tuple[subprocess.Popen, str]:
+                    timeout_s: float = SAFETY_S) -> tuple[subprocess.Popen, str]:
     """Start the dashboard over ``store_url`` (output to ``log``) and wait until it answers its
     health check: ``(process, base URL)``.  The caller stops the process."""
     port = free_port()

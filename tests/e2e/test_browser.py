@@ -20,12 +20,12 @@ import pytest
 from kvlab.secrets import mask
 from tests.e2e.dashboard_server import CHROMIUM, ROOT, start_dashboard
 from tests.serving import API_KEY, API_KEY_VAR
+from tests.waiting import SAFETY_S
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
 
 expect = playwright.expect
 ARTIFACTS = ROOT / "artifacts" / "dashboard"
-RUN_TIMEOUT_S = 180
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                                   reason=f"no {CHROMIUM}: `apt-get install chromium`")]
@@ -44,9 +44,9 @@ def server(tmp_path_factory) -> Iterator[str]:
         workers = [c for c in children if "worker" in _cmdline(c)]  # not kaleido's chromium: streamlit closes it
         for worker in workers:
             worker.terminate()
-        psutil.wait_procs(workers, timeout=20)
+        psutil.wait_procs(workers, timeout=SAFETY_S)
         process.terminate()
-        process.wait(timeout=30)
+        process.wait(timeout=SAFETY_S)
 
 
 def _cmdline(process: psutil.Process) -> list[str]:
@@ -59,7 +59,7 @@ def _cmdline(process: psutil.Process) -> list[str]:
 def _page(browser, url: str):
     context = browser.new_context(viewport={"width": 1400, "height": 2200}, accept_downloads=True)
     page = context.new_page()
-    page.set_default_timeout(30_000)
+    page.set_default_timeout(SAFETY_S * 1000)
     page.goto(url)
     page.get_by_test_id("stApp").wait_for()
     return page
@@ -94,7 +94,7 @@ def _metric(page, label: str):
 
 
 def _download(page, button, tmp_path: Path) -> bytes:
-    with page.expect_download(timeout=60_000) as info:
+    with page.expect_download() as info:
         button.click()
     target = tmp_path / info.value.suggested_filename
     info.value.save_as(target)
@@ -124,7 +124,7 @@ def test_create_launch_watch_share_export(server, browser, tmp_path):
     page.get_by_role("heading", name="e2e-tiny").wait_for()
     progress = page.get_by_test_id("stProgress").first
     seen = []
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    deadline = time.monotonic() + SAFETY_S
     while time.monotonic() < deadline:
         text = progress.inner_text()
         if not seen or seen[-1] != text:
@@ -205,7 +205,7 @@ def test_create_launch_watch_share_export(server, browser, tmp_path):
 
 def _wait_done(page) -> str:
     progress = page.get_by_test_id("stProgress").first
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    deadline = time.monotonic() + SAFETY_S
     while not (text := progress.inner_text()).startswith(("done", "failed", "cancelled")):
         assert time.monotonic() < deadline, text
         page.wait_for_timeout(1000)

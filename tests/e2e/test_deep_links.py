@@ -17,6 +17,7 @@ from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.tune_data import populate_tune
 from tests.e2e.dashboard_server import CHROMIUM, ROOT, start_dashboard
+from tests.waiting import SAFETY_S
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
 
@@ -62,7 +63,7 @@ def test_a_shared_link_on_a_fresh_server_opens_its_page_without_a_dialog(link, s
     context = browser.new_context(viewport={"width": 1400, "height": 1200})
     try:
         page = context.new_page()
-        page.set_default_timeout(60_000)
+        page.set_default_timeout(SAFETY_S * 1000)
         page.goto(base + link)
         page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
         main = page.get_by_test_id("stMain")
@@ -74,4 +75,4 @@ def test_a_shared_link_on_a_fresh_server_opens_its_page_without_a_dialog(link, s
     finally:
         context.close()
         process.terminate()
-        process.wait(timeout=30)
+        process.wait(timeout=SAFETY_S)

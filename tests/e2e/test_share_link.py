@@ -17,6 +17,7 @@ from kvlab.dashboard import views
 from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
+from tests.waiting import SAFETY_S
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
 expect = playwright.expect
@@ -36,7 +37,7 @@ def server(tmp_path_factory) -> Iterator[str]:
         yield base
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        process.wait(timeout=SAFETY_S)
 
 
 def _page(browser, url: str, requests: list[str] | None = None):
@@ -45,7 +46,7 @@ def _page(browser, url: str, requests: list[str] | None = None):
     if requests is not None:
         context.on("request", lambda request: requests.append(request.url))
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(SAFETY_S * 1000)
     page.goto(url)
     page.get_by_role("heading", name="synthetic-sweep").wait_for()
     _wait_idle(page)

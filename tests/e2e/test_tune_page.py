@@ -17,6 +17,7 @@ from kvlab.dashboard import views
 from kvlab.store import Store
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
 from tests.tune_data import CANDIDATES, populate_tune
+from tests.waiting import SAFETY_S
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
 expect = playwright.expect
@@ -43,13 +44,13 @@ def server(tmp_path_factory) -> Iterator[Served]:
         yield Served(base, url, done, running)
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        process.wait(timeout=SAFETY_S)
 
 
 def _open(browser, url: str):
     context = browser.new_context(viewport={"width": 1400, "height": 2600}, accept_downloads=True)
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(SAFETY_S * 1000)
     page.goto(url)
     page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
     return context, page
@@ -90,7 +91,7 @@ def test_a_finished_tune_shows_its_front_stopped_candidates_and_recommendation(s
         expect(main.get_by_test_id("stText").filter(has_text='quant = "int4"')).to_have_count(1)
         expect(main.get_by_test_id("stMetric").filter(has_text="Item evaluations used")).to_contain_text("68")
         # exports: the front as SVG (rendered by kaleido), the candidates as CSV
-        with page.expect_download(timeout=90_000) as download:
+        with page.expect_download() as download:
             main.get_by_role("button", name="SVG").first.click()
         svg = Path(download.value.path()).read_text()
         assert svg.startswith("<svg") and "Pareto front so far" in svg and download.value.suggested_filename.endswith(
@@ -102,8 +103,8 @@ def test_a_finished_tune_shows_its_front_stopped_candidates_and_recommendation(s
         # the share link carries the view
         main.get_by_test_id("stButtonGroup").get_by_role("radio", name="stopped", exact=True).click()
         expect(page.get_by_test_id("stSidebar").locator(".st-key-share-link code")).to_contain_text(
-            f"/{views.PAGE_TUNE}?id={done}&show=stopped", timeout=60_000)
-        expect(main.get_by_test_id("stTable").locator("tbody tr")).to_have_count(2, timeout=60_000)
+            f"/{views.PAGE_TUNE}?id={done}&show=stopped")
+        expect(main.get_by_test_id("stTable").locator("tbody tr")).to_have_count(2)
         _assert_clean(page)
     finally:
         context.close()
@@ -123,10 +124,9 @@ def test_a_running_tune_updates_live_and_its_experiment_links_here(server, brows
         with Store(store_url) as store:
             [waiting] = [c for c in store.candidates(running) if c.state == "active" and c.number is not None]
             store.judge_candidate(waiting.trial_id, state="stopped", reason="not promoted: the search ended")
-            expect(snapkv).to_contain_text("not promoted: the search ended", timeout=30_000)
+            expect(snapkv).to_contain_text("not promoted: the search ended")
             store.finish_tune(running, "done", store.tune(done).recommendation, None)
-        expect(main.get_by_test_id("stAlertContentSuccess")).to_contain_text("Recommended: int4/g64/r64",
-                                                                             timeout=30_000)
+        expect(main.get_by_test_id("stAlertContentSuccess")).to_contain_text("Recommended: int4/g64/r64")
         _assert_clean(page)
         page.goto(f"{base}/{views.PAGE_EXPERIMENT}?id={running}")
         page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
