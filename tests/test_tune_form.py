@@ -111,7 +111,7 @@ def test_a_background_tune_is_reaped_when_it_ends(store, tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_LOG_DIR", str(tmp_path / "logs"))
     started = start_background(None, resume=999)  # refused at once: there is no experiment 999
     pid = started.process.pid
-    [reaper] = [t for t in threading.enumerate() if t.name == f"kvlab-tune-{pid}-reaper"]
+    [reaper] = [t for t in threading.enumerate() if t.name == f"kvlab-{pid}-reaper"]
     reaper.join()  # returns when the process has ended and been waited for
     assert started.process.returncode == 2
     with pytest.raises(psutil.NoSuchProcess):  # gone, not a zombie

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,13 +112,9 @@ class BackgroundTune:
 
 
 def start_background(spec: ExperimentSpec | None, resume: int | None = None) -> BackgroundTune:
-    """Start ``kvlab tune`` detached, in its own session (the dashboard's Tune mode too).
-
-    A thread of this process waits for it, so that it is reaped when it ends: the dashboard's server
-    lives on, and a child nobody waits for stays a zombie under it.  (``kvlab tune --background``
-    returns at once; the process then outlives it and init reaps it.)
-    """
-    from kvlab.experiments.launcher import worker_log_dir
+    """Start ``kvlab tune`` detached, in its own session, reaped when it ends (the dashboard's Tune
+    mode too: :func:`kvlab.experiments.launcher.start_detached`)."""
+    from kvlab.experiments.launcher import start_detached, worker_log_dir
     from kvlab.store.engine import require_shared_store
 
     require_shared_store()  # the tune's process must see the store this one does
@@ -135,8 +130,4 @@ def start_background(spec: ExperimentSpec | None, resume: int | None = None) -> 
         spec_file.write_text(dump_spec(spec), encoding="utf-8")
         args.append(str(spec_file))
     log = log_dir / f"tune-{stamp}.log"
-    with open(log, "ab") as handle:
-        process = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-    threading.Thread(target=process.wait, name=f"kvlab-tune-{process.pid}-reaper", daemon=True).start()
-    return BackgroundTune(process, log)
+    return BackgroundTune(start_detached(args, log), log)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvlab.threads import share_of_cores
@@ -31,7 +33,20 @@ def start_local_workers(count: int, exit_when_idle: bool = True) -> list[subproc
     for index in range(count):
         args = [sys.executable, "-m", "kvlab.cli", "worker", "--threads", str(share_of_cores(count))]
         args += ["--exit-when-idle"] if exit_when_idle else []
-        with open(log_dir / f"worker-{os.getpid()}-{index}.log", "ab") as log:  # the child keeps its own copy
-            processes.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
+        processes.append(start_detached(args, log_dir / f"worker-{os.getpid()}-{index}.log"))
     return processes
+
+
+def start_detached(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    """Start a kvlab process in its own session (a closed terminal or Ctrl-C does not reach it),
+    writing to ``log``, and reap it when it ends.
+
+    A thread of this process waits for it: the dashboard's server lives on, and a child nobody waits
+    for stays a zombie under it (and whoever waits for it to disappear waits forever).  When this
+    process ends first, the child outlives it and init reaps it.
+    """
+    with open(log, "ab") as handle:  # the child keeps its own copy
+        process = subprocess.Popen(list(args), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    threading.Thread(target=process.wait, name=f"kvlab-{process.pid}-reaper", daemon=True).start()
+    return process
