@@ -10,6 +10,7 @@ a real one, where the probe must let a good address through).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import socket
@@ -21,13 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.config import ConfigError
 from kvlab.store import Store
 from tests.waiting import SAFETY_S
 
-pytest.importorskip("ray", reason="Ray (kvlab[ray]) is not installed: scripts/setup.sh --dev installs it")
+from kvlab.experiments.ray_executor import CONNECT_TIMEOUT_S  # does not import Ray
 
-from kvlab.experiments.ray_executor import CONNECT_TIMEOUT_S, check_ray_address  # noqa: E402 -- after the skip
+# Found, not imported: Ray reads its auth settings when first imported, and tests/test_ray_executor.py
+# sets them for its token-auth cluster before its import; an import here, earlier in the same pytest
+# run, left that test's driver without the token, and its connection to the cluster hung.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                                reason="Ray (kvlab[ray]) is not installed: scripts/setup.sh --dev installs it")
 
 ROOT = Path(__file__).resolve().parents[2]
 KVLAB = [sys.executable, "-m", "kvlab.cli"]
@@ -118,9 +122,23 @@ def test_kvlab_tune_on_a_closed_port_stores_no_tune(closed_port, tmp_path):
     ("ray://[::1]", "cannot connect to [::1]:10001"),
 ])
 def test_the_check_names_what_is_wrong(address, message):
-    with pytest.raises(ConfigError, match=f"^{re.escape(f'--ray-address {address!r}: ')}.*{re.escape(message)}"):
-        check_ray_address(address)
+    said = _check_in_a_process(address)
+    assert re.search(f"^{re.escape(f'--ray-address {address!r}: ')}.*{re.escape(message)}", said), said
 
 
 def test_local_starts_a_cluster_so_it_is_not_probed():
-    check_ray_address("local")  # nothing to connect to: ray.init starts one
+    assert _check_in_a_process("local") == "ok"  # nothing to connect to: ray.init starts one
+
+
+def _check_in_a_process(address: str) -> str:
+    """check_ray_address in a process of its own: what it raised, or "ok".  Not in the test process:
+    Ray's and gRPC's process-wide state after a failed probe kept the two-node cluster of
+    tests/test_ray_executor.py from connecting later in the same pytest run."""
+    code = ("import sys\nfrom kvlab.errors import ConfigError\n"
+            "from kvlab.experiments.ray_executor import check_ray_address\n"
+            "try:\n    check_ray_address(sys.argv[1])\nexcept ConfigError as error:\n    print(error)\n"
+            "else:\n    print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True, cwd=ROOT,
+                          timeout=SAFETY_S)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
