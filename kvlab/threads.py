@@ -5,10 +5,11 @@ some other builds).  Between two parallel regions an idle OpenMP thread spins be
 (libgomp: about 3 ms by default; libiomp: ``KMP_BLOCKTIME``, 200 ms).  On an idle machine that
 saves a wake-up; beside any other busy process (a browser, the test suite, a second run) the
 spinning thread burns the very core that the thread it waits for needs, so every parallel region
-waits for a time slice: measured on 2 cores beside ``stress --cpu 2`` (benchmarks/contention.py), a
-small ``kvlab run`` took several times longer and spent several times more CPU than with threads
-that sleep at once.  :func:`share_cores` makes them sleep at once (``OMP_WAIT_POLICY=PASSIVE``,
-which both runtimes read), unless the environment already chose a wait policy.
+waits for a time slice.  Measured on 2 cores with benchmarks/contention.py (``kvlab run`` of 3
+configs x 4 passkey items at 1K tokens): alone 38 s (60 s of CPU); beside ``stress --cpu 2`` 218 s
+(194 s of CPU) with spinning threads, 93 s (55 s of CPU) with threads that sleep at once.
+:func:`share_cores` makes them sleep at once (``OMP_WAIT_POLICY=PASSIVE``, which both runtimes
+read), unless the environment already chose a wait policy.
 
 OpenMP reads its environment once, when torch's library loads, so :func:`share_cores` must run
 before ``import torch``: every entry point of a process that imports torch calls it first (the
