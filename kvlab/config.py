@@ -29,6 +29,7 @@ from kvlab.compress.methods import (
     methods_with,
 )
 from kvlab.errors import ConfigError
+from kvlab.experiments.decision import DEFAULT_MAX_KL, Margins
 from kvlab.limits import (
     CONFIGS,
     ITEM_EVALS,
@@ -314,6 +315,11 @@ class ExperimentSpec(BaseModel):
     # The sweet spot's non-inferiority margin: the accuracy a config may lose against the baseline
     # (0.05 = 5 points), decided by a paired test with Holm's correction (kvlab.experiments.decision).
     max_drop: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] = 0.05
+    # Fidelity margins (kvlab.experiments.verdict): a config whose teacher-forced mean KL against the
+    # baseline is certified below max_kl nats per token (and/or top-1 agreement above min_agreement)
+    # is acceptable unless its accuracy is shown to drop by more than max_drop.  0 turns one off.
+    max_kl: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] = DEFAULT_MAX_KL
+    min_agreement: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
     tags: list[str] = []
     notes: str = ""
     resources: Resources | None = None  # for the Ray executor; None: its defaults
@@ -381,6 +387,11 @@ class ExperimentSpec(BaseModel):
             raise ValueError(f"duplicate config names {duplicates}: give each [[configs]] entry a distinct name")
         check_item_evals(self, known_items)
         return self
+
+    @property
+    def margins(self) -> Margins:
+        """The sweet-spot rule's margins."""
+        return Margins(self.max_drop, self.max_kl, self.min_agreement)
 
     def all_configs(self) -> list[KVCacheConfig]:
         """Explicit configs then the sweep grid, deduplicated, with the baseline first.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvlab.experiments.decision import Margins
 from kvlab.experiments.analysis import (
     accuracy_interval,
     breakdown,
@@ -67,7 +68,7 @@ def test_summaries_front_and_sweet_spot():
     # z = z(0.025 / 3) = 2.394 and a perfect config needs n >= 19 z^2 = 108.9 items.
     decision = decide(list(summaries.values()))
     assert decision.sweet_spot is None and "109 items" in decision.note
-    assert sweet_spot(summarize(rows, max_drop=0.5)).config_name == "int4"
+    assert sweet_spot(summarize(rows, margins=Margins(max_drop=0.5))).config_name == "int4"
     by_length = breakdown(rows, lambda r: r.context_length)
     assert sorted(by_length) == [512, 1024] and all(len(v) == 4 for v in by_length.values())
 

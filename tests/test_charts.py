@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from kvlab.experiments.decision import Margins
 from kvlab.dashboard import charts
 from kvlab.experiments.analysis import breakdown, summarize
 from kvlab.dashboard.chart_export import browser_path, figure_html, figure_image, redact, report_html
@@ -15,7 +16,7 @@ from tests.dashboard_data import PROFILE, item_result
 
 RESULTS = [item_result(config, index, length, depth) for config in PROFILE
            for index, (length, depth) in enumerate((n, d) for n in (256, 512) for d in (0.1, 0.9) for _ in range(2))]
-SUMMARIES = summarize(RESULTS, "baseline", max_drop=0.5)  # 8 items: only a wide margin can show one
+SUMMARIES = summarize(RESULTS, "baseline", Margins(max_drop=0.5))  # 8 items: only a wide margin can show one
 needs_chromium = pytest.mark.skipif(browser_path() is None, reason="no Chromium: `apt-get install chromium`")
 
 
@@ -216,7 +217,7 @@ def test_names_with_markup_are_text_in_every_figure_and_the_report():
     from kvlab.tune.progress import Point
 
     results = [replace(r, config_name=MARKUP) if r.config_name == "int4" else r for r in RESULTS]
-    summaries = summarize(results, "baseline", max_drop=0.5)
+    summaries = summarize(results, "baseline", Margins(max_drop=0.5))
     figures = [charts.tradeoff_figure(summaries, axis, title=f"{MARKUP}: memory vs accuracy")
                for axis in charts.X_TITLES]
     figures += [charts.latency_figure(summaries), charts.needle_heatmap(results, MARKUP),

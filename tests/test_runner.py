@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from kvlab.experiments.analysis import pareto_front, summarize, sweet_spot
+from kvlab.experiments.analysis import decide, pareto_front, summarize, sweet_spot
+from kvlab.experiments.decision import Margins
 from kvlab.cli.main import main
 from kvlab.config import parse_spec
 from kvlab.experiments.runner import run_experiment
@@ -38,13 +39,24 @@ def test_sweep_end_to_end_is_deterministic(engine):
     assert summaries["int4"].compression_ratio > 1.5  # 384 tokens: up to 127 of them in the 16-bit residual
     front = [s.config_name for s in pareto_front(first.summaries())]
     assert "streaming-90" in front
-    # 2 items cannot show anything non-inferior within 5 points.  A baseline right on every item, 2
-    # configs compared: z(0.025 / 2) = 2.2414, n >= 19 z^2 = 95.5 -> 96 items for a config as accurate.
-    assert sweet_spot(first.summaries()) is None
+    # By accuracy alone, 2 items cannot show anything non-inferior within 5 points.  A baseline right on
+    # every item, 2 configs compared: z(0.025 / 2) = 2.2414, n >= 19 z^2 = 95.5 -> 96 items for a config as accurate.
+    accuracy_alone = decide(summarize(first.results, "baseline", Margins(max_kl=0)))
+    assert accuracy_alone.sweet_spot is None and accuracy_alone.items_needed == 96
+    assert "Holm" in accuracy_alone.rule and "about 96 items" in accuracy_alone.note
+    # Fidelity, on the same 2 items, certifies int4 (its distributions follow the baseline's token by
+    # token) and rejects streaming-90 (its tokens leave the baseline's at once)
     decided = first.to_dict()["sweet_spot"]
-    assert decided["config"] is None and decided["max_drop"] == 0.05 and decided["items_needed"] == 96
-    assert "Holm" in decided["rule"] and "about 96 items" in decided["note"]
-    assert {"diff_vs_baseline", "non_inferior", "p_adjusted"} <= first.to_dict()["summary"][1].keys()
+    assert decided["config"] == "int4" and decided["max_drop"] == 0.05 and decided["max_kl"] == 0.05
+    assert decided["decided_by"] == {"passkey": "fidelity"} and "mean KL below 0.05" in decided["rule"]
+    assert summaries["int4"].mean_kl < 0.05 < summaries["streaming-90"].mean_kl
+    assert summaries["streaming-90"].non_inferior is False
+    assert summaries["streaming-90"].stopped_by.task == "passkey"
+    assert {"diff_vs_baseline", "non_inferior", "p_adjusted", "fidelity", "task_verdicts"} <= \
+        first.to_dict()["summary"][1].keys()
+    exported = first.to_dict()["results"]
+    for baseline, row in ((exported[0], exported[1]), (exported[0], exported[2])):  # every per-token figure
+        assert len(row["extra"]["fidelity"]["kl"]) == len(row["extra"]["fidelity"]["agree"]) == baseline["output_tokens"]
 
 
 @pytest.mark.parametrize("stored", [True, False])

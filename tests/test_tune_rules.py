@@ -9,6 +9,7 @@ import tomllib
 
 import pytest
 
+from kvlab.experiments.decision import Margins
 from kvlab.config import ConfigError, KVCacheConfig, parse_spec
 from kvlab.experiments.decision import PairedScores
 from kvlab.tune.judge import Evidence, Limits, judge, leftover_reason, rungs
@@ -170,7 +171,7 @@ def test_early_stopped_candidates_count_in_holms_family():
     results = [make_result(f"passkey-{i}", name, score=1.0, physical_kv_bytes=bytes_, config={"quant": quant})
                for i in range(20) for name, quant, bytes_ in (("baseline", "none", 100), ("int4", "int4", 30))]
     for untested, verdict in ((4, True), (5, False)):
-        summaries = summarize(results, "baseline", 0.25, untested=untested)
+        summaries = summarize(results, "baseline", Margins(max_drop=0.25), untested=untested)
         assert next(s for s in summaries if s.config_name == "int4").non_inferior is verdict
         decision = decide(summaries, "baseline", untested=untested)
         assert f"across {untested + 1} configs" in decision.rule

@@ -5,6 +5,7 @@ same results."""
 
 from __future__ import annotations
 
+from kvlab.experiments.decision import Margins
 from kvlab.config import KVCacheConfig, parse_spec
 from kvlab.experiments.analysis import decide, summarize
 from kvlab.experiments.decision import PairedScores
@@ -97,7 +98,7 @@ def populate_tune(store: Store, finish: bool = True) -> int:
     trials = store.trials(experiment_id)
     names = {baseline.config_name, CANDIDATES["int8"][0].label, CANDIDATES["int4"][0].label}
     results = [r for r in store.item_results(experiment_id) if r.config_name in names]
-    summaries = summarize(results, baseline.config_name, MAX_DROP)
+    summaries = summarize(results, baseline.config_name, Margins(max_drop=MAX_DROP))
     base_summary = next(s for s in summaries if s.config_name == baseline.config_name)
     answer = recommendation("smollm2-135m", decide(summaries, baseline.config_name),
                             [s for s in summaries if s is not base_summary], base_summary)

@@ -20,7 +20,7 @@ from kvlab.cli.outputs import check_output, write_output
 from kvlab.cli.serve import add_serve_parser
 from kvlab.cli.store import add_store_commands
 from kvlab.cli.tune import add_tune_parser
-from kvlab.cli.options import add_executor_options, float_between, int_between, positive_int
+from kvlab.cli.options import add_executor_options, add_margin_options, int_between, margin_overrides, positive_int
 from kvlab.config import load_spec
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import install_log_redaction
@@ -47,8 +47,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     on_ray = _check_executor(args)
     if args.backend:
         spec = spec.model_copy(update={"backend": spec.backend.model_copy(update={"kind": args.backend})})
-    if args.max_drop is not None:
-        spec = spec.model_copy(update={"max_drop": args.max_drop})
+    spec = spec.model_copy(update=margin_overrides(args))
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.verbose:  # before --background: the workers it starts inherit it
@@ -177,9 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--limit", type=positive_int, help="run only the first N items (a quick check)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-    run.add_argument("--max-drop", type=float_between(0.0, 0.5, inclusive_low=False), metavar="FRACTION",
-                     help="non-inferiority margin of the sweet spot: accuracy a config may lose against the "
-                          "baseline (default: the spec's max_drop, 0.05)")
+    add_margin_options(run)
     where = run.add_mutually_exclusive_group()
     where.add_argument("--background", action="store_true",
                        help="queue the experiment and run it in local worker processes instead of here")

@@ -74,3 +74,28 @@ def add_executor_options(parser: argparse.ArgumentParser, local: str) -> None:
     parser.add_argument("--ray-address", metavar="ADDRESS",
                         help="with --executor ray: the cluster (auto, HOST:PORT or ray://HOST:10001; default: "
                              "RAY_ADDRESS, else a cluster on this machine, else a new local one)")
+
+
+#: The sweet-spot rule's margins, as options of `kvlab run`, `kvlab tune` and `kvlab show`.
+MARGIN_OPTIONS = ("max_drop", "max_kl", "min_agreement")
+
+
+def add_margin_options(parser: argparse.ArgumentParser, whose: str = "the spec's") -> None:
+    """``--max-drop``, ``--max-kl``, ``--min-agreement``; each defaults to ``whose`` value."""
+    from kvlab.experiments.decision import DEFAULT_MAX_DROP, DEFAULT_MAX_KL
+
+    parser.add_argument("--max-drop", type=float_between(0.0, 0.5, inclusive_low=False), metavar="FRACTION",
+                        help="accuracy margin of the sweet spot: accuracy a config may lose against the baseline "
+                             f"(default: {whose} max_drop, {DEFAULT_MAX_DROP})")
+    parser.add_argument("--max-kl", type=float_between(0.0, 10.0), metavar="NATS",
+                        help="fidelity margin: a config whose mean KL(baseline || config) per token is certified "
+                             "below this is acceptable unless its accuracy is shown to drop by more than max_drop "
+                             f"(0: off; default: {whose} max_kl, {DEFAULT_MAX_KL})")
+    parser.add_argument("--min-agreement", type=float_between(0.0, 0.999), metavar="FRACTION",
+                        help="fidelity margin: top-1 agreement with the baseline certified above this "
+                             f"(0: off; default: {whose} min_agreement, 0)")
+
+
+def margin_overrides(args: argparse.Namespace) -> dict[str, float]:
+    """The margins given on the command line, by spec field."""
+    return {name: value for name in MARGIN_OPTIONS if (value := getattr(args, name, None)) is not None}

@@ -9,7 +9,7 @@ import sys
 from dataclasses import replace
 
 from kvlab.cli.outputs import check_output, shown, write_output
-from kvlab.cli.options import float_between, int_between, non_negative_int, positive_int
+from kvlab.cli.options import add_margin_options, int_between, margin_overrides, non_negative_int, positive_int
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import redact
 
@@ -102,15 +102,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     results = store.item_results(args.id)
     if results:
         from kvlab.experiments.analysis import summarize  # scipy: imported only when there is something to summarise
-        from kvlab.experiments.decision import DEFAULT_MAX_DROP
+        from kvlab.experiments.decision import Margins
         from kvlab.experiments.report import render
 
         # names escaped before the tables are laid out: a newline in one cannot forge a row
         results = [replace(r, config_name=shown(r.config_name), task=shown(r.task)) for r in results]
         baseline = shown(next((t.config_name for t in trials if t.position == 0), "baseline"))
         print()
-        max_drop = args.max_drop or experiment.spec.get("max_drop", DEFAULT_MAX_DROP)
-        print(shown(render(summarize(results, baseline, max_drop), results, baseline), lines=True))
+        margins = Margins.of(experiment.spec | margin_overrides(args))
+        print(shown(render(summarize(results, baseline, margins), results, baseline), lines=True))
     events = store.events(args.id)[-args.events:] if args.events else []
     if events:
         print("\nrecent events:")
@@ -195,8 +195,7 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
     ls.set_defaults(func=cmd_ls)
     show = sub.add_parser("show", help="an experiment's trials, summary and events")
     show.add_argument("id", type=positive_int)
-    show.add_argument("--max-drop", type=float_between(0.0, 0.5, inclusive_low=False), metavar="FRACTION",
-                      help="non-inferiority margin of the sweet spot (default: the experiment's max_drop)")
+    add_margin_options(show, "the experiment's")
     show.add_argument("--events", type=non_negative_int, default=10, help="how many recent events to print (0: none)")
     show.set_defaults(func=cmd_show)
     cancel = sub.add_parser("cancel", help="cancel an experiment's queued and running trials")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.cli import exits as cli_exit
-from kvlab.cli.options import add_executor_options, float_between, positive_int
+from kvlab.cli.options import add_executor_options, add_margin_options, margin_overrides, positive_int
 from kvlab.cli.outputs import check_output, write_output
 from kvlab.config import ExperimentSpec, dump_spec, load_spec
 
@@ -22,8 +22,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("spec", nargs="?", help="a spec TOML with a [tune] table (see examples/tune.toml)")
     tune.add_argument("--resume", type=positive_int, metavar="ID",
                       help="take over the tune of experiment ID whose `kvlab tune` stopped (crash, Ctrl-C)")
-    tune.add_argument("--max-drop", type=float_between(0.0, 0.5, inclusive_low=False), metavar="FRACTION",
-                      help="non-inferiority margin (default: the spec's max_drop, 0.05)")
+    add_margin_options(tune)
     tune.add_argument("--max-trials", type=positive_int, metavar="N", help="override [tune] max_trials")
     tune.add_argument("--workers", type=int, choices=[0, 1], default=1,
                       help="1: run the rounds with a worker in this process (default); 0: only drive the search, "
@@ -37,7 +36,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
 
 def _spec(args: argparse.Namespace) -> ExperimentSpec | None:
     if args.resume is not None:
-        if args.spec or args.max_drop is not None or args.max_trials is not None:
+        if args.spec or margin_overrides(args) or args.max_trials is not None:
             raise cli_exit.UserError("--resume continues the stored tune as it was: give no spec and no overrides")
         return None
     if not args.spec:
@@ -48,8 +47,7 @@ def _spec(args: argparse.Namespace) -> ExperimentSpec | None:
     if spec.tune is None:
         raise cli_exit.UserError(f"{args.spec}: no [tune] table: `kvlab run` runs a fixed list of configs; "
                                  "examples/tune.toml shows a search space")
-    if args.max_drop is not None:
-        spec = spec.model_copy(update={"max_drop": args.max_drop})
+    spec = spec.model_copy(update=margin_overrides(args))
     if args.max_trials is not None:
         spec = spec.model_copy(update={"tune": spec.tune.model_copy(update={"max_trials": args.max_trials})})
     return spec

@@ -7,6 +7,13 @@ own cache layer, and hands the attention (``kvlab.engines.attention``) one ``(ke
 member, which it attends to separately.  All members of a group share the prompt layout, so they
 share positions too.  Members leave the batch as they finish.
 
+Fidelity (``reference`` given): every member is compared, position by position, with the
+baseline's run of the same item (:class:`Reference`, decoded first).  Until a member's greedy token
+leaves the baseline's, its own decoding *is* the teacher-forced run (same tokens in, same cache);
+where it leaves, the member is forked: a twin holding a copy of its cache goes on with the
+baseline's tokens (teacher-forced, charged to no one) while the member goes on with its own.  So
+fidelity costs no extra prefill and no extra step for a member that never diverges.
+
 Timing, as if each member ran alone: each member's own work (its cache update, dequantization and
 attention) is timed apart; the rest of a pass (projections, MLP, head) is the same for every member,
 and is charged at what it costs alone, measured once per batch on one member run alone
@@ -15,6 +22,7 @@ and is charged at what it costs alone, measured once per batch on one member run
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +36,7 @@ from transformers.cache_utils import Cache
 from kvlab.compress.accounting import CacheGeometry, baseline_kv_bytes
 from kvlab.compress.cache import KVLabCache
 from kvlab.engines.attention import MemberStates
+from kvlab.experiments.results import TEACHER_BASELINE_OUTPUT, TEACHER_CONTINUATION, Fidelity
 
 #: Share of the free memory (host RAM, or GPU memory on CUDA) a batch may plan to use.
 MEMORY_SHARE = 0.5
@@ -99,14 +108,66 @@ class BatchedCache(Cache):
         return MemberStates(keys, self.clock), MemberStates(values, self.clock)
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The baseline's run of one item, which every other config is compared with: the tokens it is
+    teacher-forced on (the baseline's greedy output, or the continuation) and the baseline's
+    log-probabilities of the next token at each of them, ``[tokens, vocab]``."""
+
+    tokens: list[int]
+    logprobs: torch.Tensor
+    teacher: str
+
+    @property
+    def top1(self) -> list[int]:
+        return self.logprobs.argmax(dim=-1).tolist()
+
+
+def token_kl(reference_logprobs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(p_reference || p) in nats along the last axis; ``logits`` are the config's, unnormalized."""
+    logprobs = F.log_softmax(logits.float(), dim=-1)
+    return (reference_logprobs.exp() * (reference_logprobs - logprobs)).sum(dim=-1).clamp_min(0.0)
+
+
+@dataclass
+class _Trace:
+    """One member's fidelity so far, position by position."""
+
+    kl: list[float] = field(default_factory=list)
+    agree: list[bool] = field(default_factory=list)
+    diverged: bool = False  # its own greedy tokens have left the reference's: a twin goes on for it
+
+    def fidelity(self, teacher: str) -> Fidelity | None:
+        return Fidelity(tuple(self.kl), tuple(self.agree), teacher) if self.kl else None
+
+
 @dataclass
 class MemberOutcome:
-    """One member's result: its generated ids (greedy) or its NLL (perplexity), and its charged time."""
+    """One member's result: its generated ids (greedy) or its NLL (perplexity), its charged time,
+    its fidelity against the reference (when one was given), and -- when asked to record them --
+    its log-probabilities of the next token at every position (the reference's own run)."""
 
     generated: list[int] = field(default_factory=list)
     nll: float | None = None
     first_s: float = 0.0
     decode_s: float = 0.0
+    fidelity: Fidelity | None = None
+    logprobs: list[torch.Tensor] = field(default_factory=list)
+
+    def as_reference(self, targets: list[int] | None) -> Reference:
+        """This run, as the reference for the others (``targets``: a perplexity item's continuation)."""
+        teacher = TEACHER_CONTINUATION if targets is not None else TEACHER_BASELINE_OUTPUT
+        return Reference(list(targets) if targets is not None else list(self.generated),
+                         torch.cat(self.logprobs), teacher)
+
+
+@dataclass
+class _Lane:
+    """A row of the batch: a member decoding greedily, or its teacher-forced twin (``forced``)."""
+
+    member: int
+    cache: KVLabCache
+    forced: bool = False
 
 
 def finished(generated: list[int], stop_ids: set[int], max_new_tokens: int, stop: Sequence[str],
@@ -159,12 +220,16 @@ class _ChargedForward:
 
 def decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: list[int], position: int,
                  targets: list[int] | None, max_new_tokens: int, stop: Sequence[str], stop_ids: set[int],
-                 decode: Callable[[list[int]], str]) -> list[MemberOutcome]:
+                 decode: Callable[[list[int]], str], reference: Reference | None = None,
+                 record: bool = False) -> list[MemberOutcome]:
     """Feed ``suffix`` (at ``position``) to every member, then score ``targets`` (perplexity) or
-    decode greedily until each member finishes; the caches are updated in place."""
+    decode greedily until each member finishes; the caches are updated in place.  ``reference``:
+    measure each member's fidelity against it; ``record``: keep each member's log-probabilities
+    (to make a member the reference of others)."""
     device = next(model.parameters()).device
     count = len(caches)
     outcomes = [MemberOutcome() for _ in caches]
+    traces = [_Trace() for _ in caches]
     ids = torch.tensor([suffix], device=device).expand(count, -1)
     positions = torch.arange(position, position + len(suffix), device=device).unsqueeze(0).expand(count, -1)
     first = _ChargedForward(model, 0 if targets is not None else 1, device)
@@ -172,30 +237,72 @@ def decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: l
     for outcome, seconds in zip(outcomes, charged, strict=True):
         outcome.first_s = seconds
     if targets is not None:
-        target_ids = torch.tensor(targets, device=device)
-        for index, outcome in enumerate(outcomes):
-            outcome.nll = F.cross_entropy(logits[index].float(), target_ids, reduction="sum").item()
-        return outcomes
+        _score_targets(logits, targets, outcomes, traces, reference, record)
+        return _finish(outcomes, traces, reference)
+    lanes = [_Lane(member, cache) for member, cache in enumerate(caches)]
     step = _ChargedForward(model, 1, device)
-    active = list(range(count))
     position += len(suffix)
+    at = 0  # index of the token being produced
     while True:
-        next_ids = logits[:, -1].argmax(dim=-1).tolist()
-        still: list[tuple[int, int]] = []  # (member, its next id)
-        for member, next_id in zip(active, next_ids, strict=True):
-            generated = outcomes[member].generated
+        last = logits[:, -1]
+        next_ids = last.argmax(dim=-1).tolist()
+        if record:
+            for lane, row in zip(lanes, last, strict=True):
+                outcomes[lane.member].logprobs.append(F.log_softmax(row.float(), dim=-1).unsqueeze(0))
+        compared = reference is not None and at < len(reference.tokens)
+        if compared:
+            kls = token_kl(reference.logprobs[at], last).tolist()
+        following: list[tuple[_Lane, int]] = []  # (lane, the id it is fed next)
+        for index, (lane, next_id) in enumerate(zip(lanes, next_ids, strict=True)):
+            trace = traces[lane.member]
+            if compared and (lane.forced or not trace.diverged):
+                trace.kl.append(kls[index])
+                trace.agree.append(next_id == reference.top1[at])
+            if lane.forced:
+                if at + 1 < len(reference.tokens):
+                    following.append((lane, reference.tokens[at]))
+                continue
+            generated = outcomes[lane.member].generated
             generated.append(next_id)
+            if compared and not trace.diverged and next_id != reference.tokens[at]:
+                trace.diverged = True  # its cache so far is the teacher-forced one: fork it
+                if at + 1 < len(reference.tokens):
+                    following.append((_Lane(lane.member, copy.deepcopy(lane.cache), forced=True),
+                                      reference.tokens[at]))
             if not finished(generated, stop_ids, max_new_tokens, stop, decode):
-                still.append((member, next_id))
-        if not still:
-            return outcomes
-        active = [member for member, _ in still]
-        ids = torch.tensor([[next_id] for _, next_id in still], device=device)
-        positions = torch.full((len(active), 1), position, device=device)
-        logits, charged = step([caches[m] for m in active], ids, positions)
-        for member, seconds in zip(active, charged, strict=True):
-            outcomes[member].decode_s += seconds
+                following.append((lane, next_id))
+        if not following:
+            return _finish(outcomes, traces, reference)
+        lanes = [lane for lane, _ in following]
+        ids = torch.tensor([[next_id] for _, next_id in following], device=device)
+        positions = torch.full((len(lanes), 1), position, device=device)
+        logits, charged = step([lane.cache for lane in lanes], ids, positions)
+        for lane, seconds in zip(lanes, charged, strict=True):
+            if not lane.forced:
+                outcomes[lane.member].decode_s += seconds
         position += 1
+        at += 1
+
+
+def _score_targets(logits: torch.Tensor, targets: list[int], outcomes: list[MemberOutcome], traces: list[_Trace],
+                   reference: Reference | None, record: bool) -> None:
+    """A perplexity item: every member's NLL of ``targets``, and its fidelity over the same positions."""
+    target_ids = torch.tensor(targets, device=logits.device)
+    for index, outcome in enumerate(outcomes):
+        outcome.nll = F.cross_entropy(logits[index].float(), target_ids, reduction="sum").item()
+        if record:
+            outcome.logprobs.append(F.log_softmax(logits[index].float(), dim=-1))
+        if reference is not None:
+            traces[index].kl = token_kl(reference.logprobs, logits[index]).tolist()
+            traces[index].agree = [a == b for a, b in zip(logits[index].argmax(dim=-1).tolist(), reference.top1,
+                                                          strict=True)]
+
+
+def _finish(outcomes: list[MemberOutcome], traces: list[_Trace], reference: Reference | None) -> list[MemberOutcome]:
+    if reference is not None:
+        for outcome, trace in zip(outcomes, traces, strict=True):
+            outcome.fidelity = trace.fidelity(reference.teacher)
+    return outcomes
 
 
 def member_bytes(geometry: CacheGeometry, tokens: int, fed_tokens: int, vocab_size: int,

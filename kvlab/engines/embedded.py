@@ -22,7 +22,6 @@ from typing import Any
 
 import psutil
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 
 from kvlab.compress.accounting import CacheGeometry, analytic_kv_bytes, baseline_kv_bytes, check_fits
@@ -35,10 +34,11 @@ from kvlab.compress.eviction import (
     scorer_key,
     select_tokens,
 )
-from kvlab.config import ConfigError, KVCacheConfig
+from kvlab.config import BASELINE, ConfigError, KVCacheConfig
 from kvlab.engines import attention
 from kvlab.engines.batched_decode import (
     MemberOutcome,
+    Reference,
     available_bytes,
     batch_limit,
     decode_batch,
@@ -201,19 +201,30 @@ class EmbeddedEngine(Engine):
     @torch.no_grad()
     def _evaluate_layout(self, item: TaskItem, configs: list[KVCacheConfig], prefix: list[int], suffix: list[int],
                          targets: list[int] | None, evictable: int, prompt_tokens: int) -> Iterator[ItemResult]:
+        """The layout's configs on one item: the baseline first (the reference of every other
+        config's fidelity; decoded but not reported when the group does not hold it), then the
+        others in batches."""
         self.current_config = None
         prefill = self._prefill(prefix, {scorer_key(c) for c in configs})
+        baseline = next((c for c in configs if c.is_baseline), None)
+        others = [c for c in configs if c is not baseline]
+        decoded = self._decode(item, [baseline or BASELINE], prefill, prefix, suffix, targets, evictable,
+                               record=bool(others))
+        if baseline is not None:
+            yield self._result(item, baseline, prefill, *decoded[0], targets, prompt_tokens)
+        reference = decoded[0][1].as_reference(targets) if others else None
+        del decoded
         fed = len(suffix) if targets is not None else 1
         per_member = member_bytes(self.geometry, len(prefix) + len(suffix) + item.max_new_tokens, fed,
                                   self.model.config.vocab_size, self.model.dtype.itemsize)
-        limit = self.max_batch or batch_limit(per_member, available_bytes(self.device))
-        for start in range(0, len(configs), limit):
-            batch = configs[start:start + limit]
-            if len(batch) == 1:
-                self.current_config = batch[0].label
-                yield self._run_config(item, batch[0], prefill, prefix, suffix, targets, evictable, prompt_tokens)
-            else:
-                yield from self._run_batch(item, batch, prefill, prefix, suffix, targets, evictable, prompt_tokens)
+        # a member that leaves the baseline's tokens is forked: plan for two caches per member
+        limit = self.max_batch or batch_limit(2 * per_member, available_bytes(self.device))
+        for start in range(0, len(others), limit):
+            batch = others[start:start + limit]
+            for config, (compressed, outcome) in zip(
+                    batch, self._decode(item, batch, prefill, prefix, suffix, targets, evictable, reference),
+                    strict=True):
+                yield self._result(item, config, prefill, compressed, outcome, targets, prompt_tokens)
         self.phase, self.current_config, self._live_cache = "idle", None, None
 
     def _prefill(self, prefix: list[int], scorers: set[Any]) -> _Prefill:
@@ -256,35 +267,11 @@ class EmbeddedEngine(Engine):
             analytic_bytes=analytic_kv_bytes(config, self.geometry, kept_tokens), source=MEASURED_EMBEDDED,
         ))
 
-    def _run_config(self, item: TaskItem, config: KVCacheConfig, prefill: _Prefill, prefix: list[int],
-                    suffix: list[int], targets: list[int] | None, evictable: int, prompt_tokens: int) -> ItemResult:
-        """One config alone (the reference the batched path must match)."""
-        device = self.device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        compressed = self._compress(config, prefill.scores_for(config), prefill.keys, prefill.values, len(prefix),
-                                    evictable)
-        cache = compressed.cache
-        self.phase, self._live_cache = "decode", cache
-        start = time.perf_counter()
-        positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=device).unsqueeze(0)
-        out = self.model(input_ids=torch.tensor([suffix], device=device), past_key_values=cache,
-                         position_ids=positions, logits_to_keep=0 if targets is not None else 1)
-        outcome = MemberOutcome(first_s=time.perf_counter() - start)
-        if targets is not None:
-            outcome.nll = F.cross_entropy(out.logits[0].float(), torch.tensor(targets, device=device),
-                                          reduction="sum").item()
-        else:
-            start = time.perf_counter()
-            outcome.generated = list(self._greedy(cache, out.logits[0, -1], len(prefix) + len(suffix),
-                                                  item.max_new_tokens, item.stop))
-            outcome.decode_s = time.perf_counter() - start
-        return self._result(item, config, prefill, compressed, outcome, targets, prompt_tokens)
-
-    def _run_batch(self, item: TaskItem, configs: list[KVCacheConfig], prefill: _Prefill, prefix: list[int],
-                   suffix: list[int], targets: list[int] | None, evictable: int,
-                   prompt_tokens: int) -> Iterator[ItemResult]:
-        """The configs decoded together, each from its own compressed cache (peak memory: the batch's)."""
+    def _decode(self, item: TaskItem, configs: list[KVCacheConfig], prefill: _Prefill, prefix: list[int],
+                suffix: list[int], targets: list[int] | None, evictable: int, reference: Reference | None = None,
+                record: bool = False) -> list[tuple[_Compressed, MemberOutcome]]:
+        """The configs decoded together, each from its own compressed cache (peak memory: the batch's);
+        a single config runs alone."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         compressed = []
@@ -294,20 +281,23 @@ class EmbeddedEngine(Engine):
                                              len(prefix), evictable))
         caches = [c.cache for c in compressed]
         # no single trial owns a batched step: telemetry samples it as the batch's, with all its caches
-        self.phase, self.current_config, self._live_cache = "decode", None, caches
+        self.phase = "decode"
+        self.current_config, self._live_cache = (configs[0].label, caches[0]) if len(configs) == 1 else (None, caches)
         outcomes = decode_batch(self.model, caches, suffix, len(prefix), targets, item.max_new_tokens, item.stop,
-                                self.stop_ids, self.tokenizer.decode)
-        for config, member, outcome in zip(configs, compressed, outcomes, strict=True):
-            yield self._result(item, config, prefill, member, outcome, targets, prompt_tokens)
+                                self.stop_ids, self.tokenizer.decode, reference=reference, record=record)
+        return list(zip(compressed, outcomes, strict=True))
 
     def _result(self, item: TaskItem, config: KVCacheConfig, prefill: _Prefill, compressed: _Compressed,
                 outcome: MemberOutcome, targets: list[int] | None, prompt_tokens: int) -> ItemResult:
         prefill_s, scorer_s = prefill.prefill_s, prefill.scorer_s(config)
         generated_ids = outcome.generated
+        kv_fields = compressed.measured().result_fields()
+        if outcome.fidelity is not None:
+            kv_fields["extra"] = {**kv_fields["extra"], "fidelity": outcome.fidelity.to_dict()}
         return ItemResult(
             item_id=item.item_id, task=item.task, config_name=config.label,
             config=config.model_dump(mode="json"), seed=self.seed, context_length=item.context_length,
-            depth=item.depth, prompt_tokens=prompt_tokens, **compressed.measured().result_fields(),
+            depth=item.depth, prompt_tokens=prompt_tokens, **kv_fields,
             generated=self.tokenizer.decode(generated_ids, skip_special_tokens=True), answer=item.answer,
             output_tokens=len(generated_ids),
             ttft_s=prefill_s + scorer_s + compressed.compress_s + outcome.first_s,

@@ -14,12 +14,14 @@ import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvlab.compress.accounting import compression_ratio
-from kvlab.experiments.decision import ALPHA_ONE_SIDED, DEFAULT_MAX_DROP, RULE, PairedScores, holm, items_needed
+from kvlab.experiments.decision import ALPHA_ONE_SIDED, DEFAULT_MAX_DROP, Margins, PairedScores, holm, items_needed
+from kvlab.experiments.fidelity import FidelitySummary
 from kvlab.experiments.results import ItemResult
+from kvlab.experiments.verdict import TaskVerdict, judge_tasks
 
 Z95 = 1.959963984540054
 
@@ -90,25 +92,64 @@ class ConfigSummary:
     diff_estimate: float | None = None  # config - baseline on the items both scored
     diff_ci_low: float | None = None
     diff_ci_high: float | None = None
-    p_noninferior: float | None = None  # one-sided, H0: difference <= -max_drop
-    p_adjusted: float | None = None  # Holm across the configs compared
-    non_inferior: bool | None = None
-    max_drop: float = DEFAULT_MAX_DROP  # the margin of the verdict above
+    p_noninferior: float | None = None  # pooled over tasks (a summary): one-sided, H0: difference <= -max_drop
+    p_adjusted: float | None = None  # the pooled p, Holm across the configs compared
+    non_inferior: bool | None = None  # THE decision: acceptable on every task that can judge it (``task_verdicts``)
+    max_drop: float = DEFAULT_MAX_DROP  # the margins of the verdicts
+    max_kl: float = 0.0
+    min_agreement: float = 0.0
     kv_bytes_estimated: bool = False  # a server's estimate (pool bytes per token x tokens), not measured
+    # fidelity against the baseline (None: not measured, or the baseline itself), items as the unit
+    fidelity_items: int | None = None
+    mean_kl: float | None = None
+    kl_ci_low: float | None = None
+    kl_ci_high: float | None = None
+    median_kl: float | None = None
+    p99_kl: float | None = None
+    agreement: float | None = None
+    agreement_ci_low: float | None = None
+    agreement_ci_high: float | None = None
+    first_divergence: float | None = None  # median position, over the items that diverge
+    task_verdicts: list[TaskVerdict] = field(default_factory=list)
+
+    @property
+    def margins(self) -> Margins:
+        return Margins(self.max_drop, self.max_kl, self.min_agreement)
+
+    @property
+    def pooled_non_inferior(self) -> bool | None:
+        """The pooled accuracy verdict: a summary beside the per-task decision, never the decision."""
+        return None if self.p_adjusted is None else self.p_adjusted < ALPHA_ONE_SIDED
+
+    @property
+    def stopped_by(self) -> TaskVerdict | None:
+        """The first task that rejects this config."""
+        return next((v for v in self.task_verdicts if v.accepted is False), None)
+
+    @property
+    def decided_by(self) -> str:
+        """Which criterion judged each task, e.g. ``passkey: fidelity, multikey: accuracy``."""
+        return ", ".join(f"{v.task}: {v.criterion}" for v in self.task_verdicts)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["diff_vs_baseline"] = {"estimate": data.pop("diff_estimate"), "ci_low": data.pop("diff_ci_low"),
                                     "ci_high": data.pop("diff_ci_high")}
+        data["fidelity"] = {key: data.pop(key) for key in (
+            "fidelity_items", "mean_kl", "kl_ci_low", "kl_ci_high", "median_kl", "p99_kl", "agreement",
+            "agreement_ci_low", "agreement_ci_high", "first_divergence")}
+        data["pooled_non_inferior"] = self.pooled_non_inferior
         return data
 
 
 def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
-              max_drop: float = DEFAULT_MAX_DROP, untested: int = 0) -> list[ConfigSummary]:
-    """One summary per config, in first-seen order; the baseline pairing is by ``(item_id, task)``
-    and the non-inferiority verdicts at ``max_drop`` are Holm-corrected across these configs and
-    ``untested`` more (a tune's early-stopped candidates: examined on these items, so they count
-    in the family, with p = 1)."""
+              margins: Margins = Margins(), untested: int = 0) -> list[ConfigSummary]:
+    """One summary per config, in first-seen order; the baseline pairing is by ``(item_id, task)``.
+    The decision (``non_inferior``) is taken task by task at ``margins``
+    (:mod:`kvlab.experiments.verdict`), Holm-corrected across these configs and ``untested`` more
+    (a tune's early-stopped candidates: examined on these items, so they count in the family, with
+    p = 1)."""
+    max_drop = margins.max_drop
     by_config: dict[str, list[ItemResult]] = defaultdict(list)
     for result in results:
         by_config[result.config_name].append(result)
@@ -145,11 +186,35 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
                                if not math.isnan(baseline_bytes + physical_bytes) else math.nan),
             kept_fraction=mean("kept_fraction"), ttft_s=_median(r.ttft_s for r in ok),
             tpot_s=_median(r.tpot_s for r in ok), perplexity=perplexity, errors=len(rows) - len(ok),
-            max_drop=max_drop, kv_bytes_estimated=any(r.kv_bytes_estimated for r in ok),
-            **_paired_fields(pair, max_drop),
+            max_drop=max_drop, max_kl=margins.max_kl, min_agreement=margins.min_agreement,
+            kv_bytes_estimated=any(r.kv_bytes_estimated for r in ok),
+            **_paired_fields(pair, max_drop), **_fidelity_fields([f for r in ok if (f := r.fidelity) is not None]),
         ))
     _adjust(summaries, untested)
+    verdicts = judge_tasks(results, baseline_name, margins, untested)
+    for summary in summaries:
+        if summary.config_name != baseline_name:
+            summary.task_verdicts = verdicts.get(summary.config_name, [])
+            summary.non_inferior = _combined(summary.task_verdicts)
     return summaries
+
+
+def _combined(verdicts: Sequence[TaskVerdict]) -> bool | None:
+    """Acceptable when every task that can judge accepts (None when no task can)."""
+    judged = [v.accepted for v in verdicts if v.accepted is not None]
+    return all(judged) if judged else None
+
+
+def _fidelity_fields(fidelities: list) -> dict[str, Any]:
+    if not fidelities:
+        return {}
+    summary = FidelitySummary.of(fidelities)
+    kl_low, kl_high = summary.kl_interval()
+    agree_low, agree_high = summary.agreement_interval()
+    return {"fidelity_items": summary.items, "mean_kl": summary.mean_kl, "kl_ci_low": kl_low, "kl_ci_high": kl_high,
+            "median_kl": summary.median_kl, "p99_kl": summary.p99_kl, "agreement": summary.agreement,
+            "agreement_ci_low": agree_low, "agreement_ci_high": agree_high,
+            "first_divergence": summary.first_divergence_median}
 
 
 def _paired_fields(pair: PairedScores | None, max_drop: float) -> dict[str, Any]:
@@ -161,13 +226,12 @@ def _paired_fields(pair: PairedScores | None, max_drop: float) -> dict[str, Any]
 
 
 def _adjust(summaries: list[ConfigSummary], untested: int = 0) -> None:
-    """Holm across every config compared with the baseline (and ``untested`` more at p = 1);
-    non-inferior when adjusted p < 2.5%."""
+    """The pooled p-values, Holm across every config compared with the baseline (and ``untested``
+    more at p = 1): a summary, not the decision."""
     compared = [s for s in summaries if s.p_noninferior is not None]
     adjusted_all = holm([s.p_noninferior for s in compared] + [1.0] * untested)
     for summary, adjusted in zip(compared, adjusted_all[:len(compared)], strict=True):
         summary.p_adjusted = adjusted
-        summary.non_inferior = adjusted < ALPHA_ONE_SIDED
 
 
 JSONL_LENGTH_BUCKET = 512  # tokens: a JSONL task's prompts all differ in length, so they are bucketed
@@ -188,12 +252,13 @@ def natural_key(value: Any) -> list[tuple[int, int | str]]:
 
 
 def breakdown(results: Sequence[ItemResult], by: Callable[[ItemResult], Any],
-              baseline_name: str = "baseline", max_drop: float = DEFAULT_MAX_DROP) -> dict[Any, list[ConfigSummary]]:
+              baseline_name: str = "baseline", margins: Margins = Margins()) -> dict[Any, list[ConfigSummary]]:
     """Summaries per group, e.g. ``by=lambda r: r.task`` or ``by=length_group``."""
     groups: dict[Any, list[ItemResult]] = defaultdict(list)
     for result in results:
         groups[by(result)].append(result)
-    return {group: summarize(rows, baseline_name, max_drop) for group, rows in sorted(groups.items(), key=lambda g: natural_key(g[0]))}
+    return {group: summarize(rows, baseline_name, margins)
+            for group, rows in sorted(groups.items(), key=lambda g: natural_key(g[0]))}
 
 
 def pareto_front(summaries: Sequence[ConfigSummary]) -> list[ConfigSummary]:
@@ -220,34 +285,57 @@ class Decision:
     rule: str
     note: str  # why there is no sweet spot, or how many items would show one; "" otherwise
     items_needed: int | None = None
+    margins: Margins = Margins()
+
+    @property
+    def decided_by(self) -> str:
+        """For the sweet spot: which criterion judged each task ("" without a sweet spot)."""
+        return self.sweet_spot.decided_by if self.sweet_spot else ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.sweet_spot.config_name if self.sweet_spot else None, "rule": self.rule,
-                "max_drop": self.max_drop, "note": self.note, "items_needed": self.items_needed}
+        spot = self.sweet_spot
+        return {"config": spot.config_name if spot else None, "rule": self.rule, "max_drop": self.max_drop,
+                "max_kl": self.margins.max_kl, "min_agreement": self.margins.min_agreement,
+                "decided_by": {v.task: v.criterion for v in spot.task_verdicts} if spot else {},
+                "note": self.note, "items_needed": self.items_needed}
 
 
 def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", untested: int = 0) -> Decision:
-    """The most compressed config shown non-inferior to the baseline (see :mod:`kvlab.experiments.decision`),
-    at the margin :func:`summarize` judged the summaries with (``untested``: as given to it)."""
-    max_drop = summaries[0].max_drop if summaries else DEFAULT_MAX_DROP
-    compared = [s for s in summaries if s.non_inferior is not None]
+    """The most compressed config acceptable on every task (see :mod:`kvlab.experiments.verdict`),
+    at the margins :func:`summarize` judged the summaries with (``untested``: as given to it)."""
+    margins = summaries[0].margins if summaries else Margins()
+    max_drop = margins.max_drop
+    compared = [s for s in summaries if s.config_name != baseline_name and s.task_verdicts]
     family = len(compared) + untested
-    rule = RULE.format(margin=f"{max_drop * 100:g}", m=family)
+    measured = any(s.mean_kl is not None for s in compared)
+    if margins.fidelity and not measured:  # the rule that applied: accuracy alone
+        rule = Margins(max_drop, 0.0, 0.0).rule(family) + " (fidelity is not measured by this backend)"
+    else:
+        rule = margins.rule(family)
     baseline = next((s for s in summaries if s.config_name == baseline_name), None)
-    if baseline is None or baseline.accuracy is None:
-        return Decision(None, max_drop, rule, "no scored baseline to compare with")
+    if baseline is None or (baseline.accuracy is None and not measured):
+        return Decision(None, max_drop, rule, "no scored baseline to compare with", margins=margins)
     holding = [s for s in compared if s.non_inferior and _ok(s.compression_ratio)]
     if holding:
-        return Decision(max(holding, key=lambda s: s.compression_ratio), max_drop, rule, "")
+        return Decision(max(holding, key=lambda s: s.compression_ratio), max_drop, rule, "", margins=margins)
     if not compared:
-        return Decision(None, max_drop, rule, "no config was compared with the baseline on the same items")
-    needed = items_needed(baseline.accuracy, max_drop, family)
+        return Decision(None, max_drop, rule, "no config was compared with the baseline on the same items",
+                        margins=margins)
+    if all(s.non_inferior is None for s in compared):
+        return Decision(None, max_drop, rule, "no task can judge any config: " + compared[0].task_verdicts[0].reason,
+                        margins=margins)
+    stops = sorted({v.task for s in compared if (v := s.stopped_by) is not None})
+    tasks = {v.task for s in compared for v in s.task_verdicts}
+    stopped = f" ({', '.join(stops)} stopped them)" if len(tasks) > 1 and stops else ""
+    if margins.fidelity and measured:
+        return Decision(None, max_drop, rule, f"no config is acceptable on every task{stopped}", margins=margins)
     n = max(s.n_scored for s in compared)
-    note = f"no config is shown non-inferior within {max_drop * 100:g} points on {n} items"
+    note = f"no config is shown non-inferior within {max_drop * 100:g} points on {n} items{stopped}"
+    needed = items_needed(baseline.accuracy, max_drop, family) if baseline.accuracy is not None else None
     if needed is not None and needed > n:
         note += (f"; at the baseline's accuracy ({baseline.accuracy:.2f}) a config exactly as accurate, with "
                  f"independent errors, would need about {needed} items to be shown so")
-    return Decision(None, max_drop, rule, note, needed)
+    return Decision(None, max_drop, rule, note, needed, margins=margins)
 
 
 def _ok(value: float | None) -> bool:

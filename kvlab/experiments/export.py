@@ -11,7 +11,7 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from kvlab.experiments.analysis import decide, summarize
-from kvlab.experiments.decision import DEFAULT_MAX_DROP
+from kvlab.experiments.decision import Margins
 from kvlab.experiments.results import ItemResult
 from kvlab.secrets import redact, redact_data
 from kvlab.store import Store
@@ -50,7 +50,7 @@ def experiment_document(store: Store, experiment_id: int) -> dict[str, Any]:
     trials = store.trials(experiment_id)
     results = store.item_results(experiment_id)
     baseline = next((t.config_name for t in trials if t.position == 0), "baseline")
-    summaries = summarize(results, baseline, experiment.spec.get("max_drop", DEFAULT_MAX_DROP))
+    summaries = summarize(results, baseline, Margins.of(experiment.spec))
     document = {
         "experiment": _jsonable(asdict(experiment)),
         "trials": [_jsonable(asdict(t)) for t in trials],

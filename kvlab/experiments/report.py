@@ -28,9 +28,11 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def summary_table(summaries: Sequence[ConfigSummary]) -> str:
     has_ppl = any(s.perplexity is not None for s in summaries)
-    headers = ["config", "n", "accuracy", "95% CI", "diff vs base [95% CI]", "non-inf", "p vs base", "KV MiB",
+    has_fidelity = any(s.mean_kl is not None for s in summaries)
+    headers = ["config", "n", "accuracy", "95% CI", "diff vs base [95% CI]", "accept", "p vs base", "KV MiB",
                "ratio", "kept", "TTFT ms", "TPOT ms"]
     headers += ["ppl"] if has_ppl else []
+    headers += ["mean KL [95% CI]", "p99 KL", "agree [95% CI]"] if has_fidelity else []
     rows = []
     for s in summaries:
         ci = f"[{s.ci_low:.2f}, {s.ci_high:.2f}]" if s.ci_low is not None else "-"
@@ -41,8 +43,20 @@ def summary_table(summaries: Sequence[ConfigSummary]) -> str:
                ("≈" if s.kv_bytes_estimated else "") + _fmt(s.physical_kv_bytes, ".2f", 1 / MIB),
                ("≈" if s.kv_bytes_estimated else "") + _fmt(s.compression_ratio, ".2f") + "x",
                _fmt(s.kept_fraction, ".0%"), _fmt(s.ttft_s, ".0f", 1000), _fmt(s.tpot_s, ".1f", 1000)]
-        rows.append(row + ([_fmt(s.perplexity, ".2f")] if has_ppl else []))
+        row += [_fmt(s.perplexity, ".2f")] if has_ppl else []
+        if has_fidelity:
+            row += ([f"{s.mean_kl:.3g} [{s.kl_ci_low:.3g}, {s.kl_ci_high:.3g}]", _fmt(s.p99_kl, ".3g"),
+                     f"{s.agreement:.1%} [{s.agreement_ci_low:.0%}, {s.agreement_ci_high:.0%}]"]
+                    if s.mean_kl is not None else ["-", "-", "-"])
+        rows.append(row)
     return _table(headers, rows)
+
+
+def verdict_table(summaries: Sequence[ConfigSummary]) -> str:
+    """Each config's verdict on each task, the criterion that judged it and why."""
+    rows = [[s.config_name, v.task, {True: "yes", False: "no", None: "-"}[v.accepted], v.criterion, v.reason]
+            for s in summaries for v in s.task_verdicts]
+    return _table(["config", "task", "accept", "by", "why"], rows)
 
 
 def length_table(results: Sequence[ItemResult], baseline_name: str) -> str:
@@ -81,8 +95,8 @@ def floor_table(results: Sequence[ItemResult], baseline_name: str) -> str:
 def decision_text(decision: Decision) -> str:
     """The sweet spot (or why there is none) and the rule that chose it."""
     spot = decision.sweet_spot
-    head = (f"sweet spot: {spot.config_name} at {spot.compression_ratio:.2f}x" if spot is not None
-            else f"sweet spot: none ({decision.note})")
+    head = (f"sweet spot: {spot.config_name} at {spot.compression_ratio:.2f}x (decided by {spot.decided_by})"
+            if spot is not None else f"sweet spot: none ({decision.note})")
     return f"{head}\nrule: {decision.rule}"
 
 
@@ -90,8 +104,12 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
            decision: Decision | None = None) -> str:
     """The whole terminal report; ``decision`` defaults to :func:`decide` at the default margin."""
     decision = decision or decide(summaries, baseline_name)
+    margins = summaries[0].margins if summaries else None
     parts = [summary_table(summaries), "", "accuracy by task and context length (tokens):",
              length_table(results, baseline_name)]
+    if any(s.task_verdicts for s in summaries):
+        parts += ["", "verdict per task (a config is accepted only when every task that can judge it accepts it):",
+                  verdict_table(summaries)]
     if any(r.config_name == baseline_name for r in results):
         parts += ["", "can the baseline do the task, and what would a shortcut score?", floor_table(results, baseline_name)]
     base = next((s for s in summaries if s.config_name == baseline_name), None)
@@ -103,7 +121,13 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
         parts += ["", "≈ estimated, not measured: the server's KV pool bytes per token (from its start-up log) times "
                   "the prompt tokens"]
     parts += ["", "diff vs base: paired accuracy difference (config - baseline) on the same items, 95% interval "
-              "(Newcombe); non-inf: non-inferior at the margin after Holm; KV MiB: measured bytes of the compressed "
+              "(Newcombe), pooled over tasks (a summary: the decision is per task); accept: acceptable on every task by "
+              "the rule above; KV MiB: measured bytes of the compressed "
               "context cache; ratio = 16-bit baseline / measured; kept = fraction of context tokens kept; "
               "p: exact McNemar vs baseline on the same items"]
+    if any(s.mean_kl is not None for s in summaries):
+        parts.append("mean KL: KL(baseline || config) in nats per token, teacher-forced on the baseline's output, "
+                     "mean over items with a 95% t interval (the item is the unit); p99 KL: over every token; agree: "
+                     "share of tokens with the same top-1 token as the baseline"
+                     + ("" if margins is None or margins.fidelity else "; no fidelity margin is set: accuracy decides"))
     return "\n".join(parts)

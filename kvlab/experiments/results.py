@@ -3,6 +3,7 @@ measurement of the KV cache it ran with."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -71,6 +72,66 @@ class KVMeasurement:
                 "kv_bytes_estimated": self.estimated, "extra": {"kv_bytes_source": self.source}}
 
 
+#: What a config was teacher-forced on (:attr:`Fidelity.teacher`).
+TEACHER_BASELINE_OUTPUT = "the baseline's greedy output"
+TEACHER_CONTINUATION = "the reference continuation"
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How closely one config's next-token distributions follow the baseline's on one item.
+
+    The config is *teacher-forced* on the baseline's tokens (its greedy output, or a perplexity
+    item's continuation), so position ``i`` of both sees the same tokens: ``kl[i]`` is
+    KL(p_baseline || p_config) in nats at that position, ``agree[i]`` whether both put their
+    highest probability on the same token.  ``first_divergence``: the first position where they do
+    not (where the config's own greedy output leaves the baseline's), None when they never do.
+    The tokens of one item are not independent: every interval over fidelity takes the item as its
+    unit (:mod:`kvlab.experiments.fidelity`).
+    """
+
+    kl: tuple[float, ...]
+    agree: tuple[bool, ...]
+    teacher: str = TEACHER_BASELINE_OUTPUT
+
+    def __post_init__(self) -> None:
+        if len(self.kl) != len(self.agree) or not self.kl:
+            raise ValueError(f"a fidelity needs one KL and one agreement per token (got {len(self.kl)} and "
+                             f"{len(self.agree)})")
+
+    @property
+    def tokens(self) -> int:
+        return len(self.kl)
+
+    @property
+    def mean_kl(self) -> float:
+        return math.fsum(self.kl) / len(self.kl)
+
+    @property
+    def max_kl(self) -> float:
+        return max(self.kl)
+
+    @property
+    def agreement(self) -> float:
+        """Share of positions with the same top-1 token."""
+        return sum(self.agree) / len(self.agree)
+
+    @property
+    def first_divergence(self) -> int | None:
+        return next((i for i, same in enumerate(self.agree) if not same), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every per-token figure, and the item's summary beside them (for exports and the store)."""
+        return {"kl": list(self.kl), "agree": list(self.agree), "teacher": self.teacher, "tokens": self.tokens,
+                "mean_kl": self.mean_kl, "max_kl": self.max_kl, "agreement": self.agreement,
+                "first_divergence": self.first_divergence}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Fidelity:
+        return cls(kl=tuple(float(v) for v in data["kl"]), agree=tuple(bool(v) for v in data["agree"]),
+                   teacher=str(data.get("teacher", TEACHER_BASELINE_OUTPUT)))
+
+
 @dataclass
 class ItemResult:
     """One task item under one KV-cache config.
@@ -80,7 +141,8 @@ class ItemResult:
     reports: build them with :meth:`KVMeasurement.result_fields`, read them back as :attr:`kv`.
     Times are seconds: TTFT = prefill (without any eviction scorer) + this config's own scorer +
     compression + first token, as if the config ran alone.  ``peak_memory_bytes``: on CUDA the
-    peak allocated during this config, on CPU the process RSS after it.
+    peak allocated during this config, on CPU the process RSS after it.  ``extra["fidelity"]``:
+    the config's :class:`Fidelity` against the baseline (read it as :attr:`fidelity`).
     """
 
     item_id: str
@@ -119,6 +181,12 @@ class ItemResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def fidelity(self) -> Fidelity | None:
+        """Against the baseline, where the engine measured it (the embedded engine; not the baseline itself)."""
+        data = self.extra.get("fidelity")
+        return Fidelity.from_dict(data) if data else None
 
     @property
     def kv(self) -> KVMeasurement:

@@ -43,7 +43,7 @@ class ExperimentRun:
     def summaries(self) -> list[ConfigSummary]:
         """In the spec's config order (results of a concurrent engine arrive in finishing order)."""
         order = {c.label: i for i, c in enumerate(self.configs)}
-        return sorted(summarize(self.results, self.baseline_name, self.spec.max_drop),
+        return sorted(summarize(self.results, self.baseline_name, self.spec.margins),
                       key=lambda s: order.get(s.config_name, len(order)))
 
     def decision(self) -> Decision:

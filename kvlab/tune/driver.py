@@ -360,7 +360,7 @@ class Tuner:
         # Every candidate examined counts in Holm's family: the early stops chose who reached the final
         # test on the same items, so correcting across the finalists alone would flatter them.
         untested = sum(1 for t in trials[1:] if t.id not in complete)
-        summaries = summarize(results, trials[0].config_name, self.spec.max_drop, untested=untested)
+        summaries = summarize(results, trials[0].config_name, self.spec.margins, untested=untested)
         decision = decide(summaries, trials[0].config_name, untested=untested)
         baseline = next((s for s in summaries if s.config_name == trials[0].config_name), None)
         answer = recommendation(self.spec.model, decision, [s for s in summaries if s is not baseline], baseline)

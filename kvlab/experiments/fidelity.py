@@ -1,0 +1,131 @@
+"""Fidelity of a config against the baseline over items: summaries, intervals and certification.
+
+Each item gives a :class:`~kvlab.experiments.results.Fidelity` (per-token KL(baseline || config) and
+top-1 agreement, teacher-forced on the baseline's tokens).  The tokens of one item are not
+independent (one wrong kept token shifts every later distribution), so **the item is the unit**:
+a config's mean KL is the mean over items of each item's mean KL, and its interval is Student's t
+on those item means (n - 1 degrees of freedom).  Agreement likewise, with one more guard: a t
+interval collapses when every item agrees on every token, so agreement is certified only when
+the score test over all its tokens, as if they were independent (the most they could tell), also
+certifies it.
+
+Certification is one-sided: mean KL *below* ``max_kl`` (H0: mean KL >= max_kl), agreement *above*
+``min_agreement`` (H0: agreement <= min_agreement); the p-values are Holm-corrected across the
+configs judged, by :mod:`kvlab.experiments.verdict`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvlab.experiments.decision import ALPHA_ONE_SIDED, normal_sf
+from kvlab.experiments.results import Fidelity
+
+#: One item cannot show anything: a t interval needs two.
+MIN_ITEMS = 2
+
+
+def _t_sf(t: float, df: int) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom (scipy.special, imported only here:
+    a report without fidelity imports no scipy)."""
+    from scipy.special import stdtr
+
+    return float(stdtr(df, -t))
+
+
+def _t_quantile(q: float, df: int) -> float:
+    """The t with P(T <= t) = q."""
+    from scipy.special import stdtrit
+
+    return float(stdtrit(df, q))
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-quantile (0..1) by linear interpolation between order statistics."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass(frozen=True)
+class FidelitySummary:
+    """A config's fidelity over its items: means over items with 95% t intervals, and the spread."""
+
+    items: int
+    tokens: int
+    item_mean_kl: tuple[float, ...]  # one per item, the unit of the intervals
+    item_agreement: tuple[float, ...]
+    agreeing_tokens: int
+    median_kl: float  # of the item means
+    p99_kl: float  # of every token's KL: the tail, as llama.cpp reports it
+    max_kl: float
+    first_divergence_median: float | None  # over the items that diverge at all
+    diverged_items: int
+
+    @classmethod
+    def of(cls, fidelities: Sequence[Fidelity]) -> FidelitySummary:
+        if not fidelities:
+            raise ValueError("a fidelity summary needs at least one item")
+        every_kl = [kl for f in fidelities for kl in f.kl]
+        divergences = [f.first_divergence for f in fidelities if f.first_divergence is not None]
+        return cls(items=len(fidelities), tokens=len(every_kl),
+                   item_mean_kl=tuple(f.mean_kl for f in fidelities),
+                   item_agreement=tuple(f.agreement for f in fidelities),
+                   agreeing_tokens=sum(sum(f.agree) for f in fidelities),
+                   median_kl=statistics.median(f.mean_kl for f in fidelities), p99_kl=_percentile(every_kl, 0.99),
+                   max_kl=max(every_kl), first_divergence_median=statistics.median(divergences) if divergences else None,
+                   diverged_items=len(divergences))
+
+    @property
+    def mean_kl(self) -> float:
+        return statistics.fmean(self.item_mean_kl)
+
+    @property
+    def agreement(self) -> float:
+        return statistics.fmean(self.item_agreement)
+
+    def _se(self, values: Sequence[float]) -> float:
+        return statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= MIN_ITEMS else math.inf
+
+    def _interval(self, values: Sequence[float], low: float, high: float) -> tuple[float, float]:
+        mean, se = statistics.fmean(values), self._se(values)
+        if math.isinf(se):
+            return (low, high)
+        half = _t_quantile(1 - ALPHA_ONE_SIDED, len(values) - 1) * se
+        return (max(low, mean - half), min(high, mean + half))
+
+    def kl_interval(self) -> tuple[float, float]:
+        """95% t interval of the mean KL (items as the unit)."""
+        return self._interval(self.item_mean_kl, 0.0, math.inf)
+
+    def agreement_interval(self) -> tuple[float, float]:
+        """95% t interval of the agreement rate (items as the unit)."""
+        return self._interval(self.item_agreement, 0.0, 1.0)
+
+    def p_kl_below(self, max_kl: float) -> float:
+        """One-sided p-value of H0: mean KL >= ``max_kl``."""
+        return _one_sided(self.mean_kl - max_kl, self._se(self.item_mean_kl), self.items)
+
+    def p_agreement_above(self, min_agreement: float) -> float:
+        """One-sided p-value of H0: agreement <= ``min_agreement``: the larger of the t test over items
+        and the score test over every token (which does not collapse when all of them agree)."""
+        p_items = _one_sided(min_agreement - self.agreement, self._se(self.item_agreement), self.items)
+        if min_agreement >= 1.0:
+            return 1.0
+        rate = self.agreeing_tokens / self.tokens
+        z = (rate - min_agreement) / math.sqrt(min_agreement * (1 - min_agreement) / self.tokens)
+        return max(p_items, normal_sf(z))
+
+
+def _one_sided(gap: float, se: float, n: int) -> float:
+    """p-value for H0 ``mean - bound >= 0`` given ``gap = mean - bound`` < 0 supports the alternative."""
+    if n < MIN_ITEMS or gap >= 0:
+        return 1.0
+    if se == 0:
+        return 0.0
+    return _t_sf(-gap / se, n - 1)
