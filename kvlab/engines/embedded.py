@@ -100,11 +100,14 @@ class ServedPrefix:
 class EmbeddedEngine(Engine):
     name = "embedded"
 
-    def __init__(self, loaded: LoadedModel, seed: int = 0, max_batch: int | None = None):
-        """``max_batch``: most configs decoded together (1: each alone); None: as many as memory allows."""
+    def __init__(self, loaded: LoadedModel, seed: int = 0, max_batch: int | None = None, fidelity: bool = True):
+        """``max_batch``: most configs decoded together (1: each alone); None: as many as memory allows.
+        ``fidelity``: measure each config against the baseline (off only to measure what it costs:
+        ``benchmarks/fidelity_cost.py``)."""
         self.loaded = loaded
         self.seed = seed
         self.max_batch = max_batch
+        self.fidelity = fidelity
         self.model = loaded.model
         self.device = torch.device(loaded.device)
         attention.install(self.model)
@@ -206,14 +209,17 @@ class EmbeddedEngine(Engine):
         others in batches."""
         self.current_config = None
         prefill = self._prefill(prefix, {scorer_key(c) for c in configs})
-        baseline = next((c for c in configs if c.is_baseline), None)
+        # without fidelity (only to measure its cost) the baseline decodes in the batch like any config
+        baseline = next((c for c in configs if c.is_baseline), None) if self.fidelity else None
         others = [c for c in configs if c is not baseline]
-        decoded = self._decode(item, [baseline or BASELINE], prefill, prefix, suffix, targets, evictable,
-                               record=bool(others))
-        if baseline is not None:
-            yield self._result(item, baseline, prefill, *decoded[0], targets, prompt_tokens)
-        reference = decoded[0][1].as_reference(targets) if others else None
-        del decoded
+        reference = None
+        if self.fidelity:
+            decoded = self._decode(item, [baseline or BASELINE], prefill, prefix, suffix, targets, evictable,
+                                   record=bool(others))
+            if baseline is not None:
+                yield self._result(item, baseline, prefill, *decoded[0], targets, prompt_tokens)
+            reference = decoded[0][1].as_reference(targets) if others else None
+            del decoded
         fed = len(suffix) if targets is not None else 1
         per_member = member_bytes(self.geometry, len(prefix) + len(suffix) + item.max_new_tokens, fed,
                                   self.model.config.vocab_size, self.model.dtype.itemsize)
