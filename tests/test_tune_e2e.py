@@ -115,7 +115,7 @@ def test_tune_survives_sigkill_and_resumes(tmp_path):
             assert f"deploy: kvlab serve --model smollm2-135m --quant {config.quant}" in stdout
             assert answer["engines"]["vllm"]["statement"].startswith("vLLM has no equivalent of int")
         else:
-            assert "no config shown non-inferior" in stdout
+            assert "no config passes the rule" in stdout
         states = {c.trial_id: c.state for c in store.candidates(1)}
         assert set(states.values()) <= {"complete", "stopped"} | {"active"}  # the baseline stays active
         check_study(store, 1)

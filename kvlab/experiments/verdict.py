@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kvlab.experiments.decision import ALPHA_ONE_SIDED, Margins, PairedScores, holm
@@ -41,9 +41,54 @@ class TaskVerdict:
     criterion: str  # FIDELITY | ACCURACY | NEITHER
     reason: str
     p_adjusted: float | None = None  # Holm across the task's configs, of the criterion that decided
+    # the figures it was judged on (None where not measured / not judged by that criterion)
+    mean_kl: float | None = None
+    kl_low: float | None = None
+    kl_high: float | None = None
+    agreement: float | None = None
+    agreement_low: float | None = None
+    agreement_high: float | None = None
+    diff: float | None = None  # paired accuracy difference (config - baseline), where accuracy can judge
+    diff_low: float | None = None
+    diff_high: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def hopeless(self, margins: Margins) -> str | None:
+        """Why more items could not make this task accept the config: a whole 95% interval beyond
+        a margin (a tune stops such a candidate early); None while it could."""
+        if self.diff_high is not None and self.diff_high < -margins.max_drop:
+            return (f"{self.task}: accuracy difference [{self.diff_low:+.3f}, {self.diff_high:+.3f}] lies below "
+                    f"-{margins.max_drop:g}")
+        if self.criterion == FIDELITY and margins.max_kl > 0 and self.kl_low is not None and self.kl_low > margins.max_kl:
+            return f"{self.task}: mean KL [{self.kl_low:.3g}, {self.kl_high:.3g}] lies above {margins.max_kl:g}"
+        if (self.criterion == FIDELITY and margins.min_agreement > 0 and self.agreement_high is not None
+                and self.agreement_high < margins.min_agreement):
+            return (f"{self.task}: agreement [{self.agreement_low:.1%}, {self.agreement_high:.1%}] lies below "
+                    f"{margins.min_agreement:.0%}")
+        return None
+
+    def slack(self, margins: Margins) -> float | None:
+        """How far the verdict's bounds are from accepting (<= 0: accepted, uncorrected): the
+        constraint a tune's sampler learns from.  None when the task cannot judge."""
+        if self.criterion == FIDELITY:
+            gaps = ([self.kl_high - margins.max_kl] if margins.max_kl > 0 and self.kl_high is not None else []) + (
+                [margins.min_agreement - self.agreement_low]
+                if margins.min_agreement > 0 and self.agreement_low is not None else []) + (
+                [-margins.max_drop - self.diff_high] if self.diff_high is not None else [])
+            return max(gaps) if gaps else None
+        if self.criterion == ACCURACY and self.diff_low is not None:
+            return -(self.diff_low + margins.max_drop)
+        return None
+
+    def plausible(self, margins: Margins) -> bool:
+        """Whether the point estimates lie within the margins (a tune promotes only such candidates)."""
+        if self.criterion == FIDELITY:
+            return ((margins.max_kl <= 0 or (self.mean_kl is not None and self.mean_kl < margins.max_kl))
+                    and (margins.min_agreement <= 0 or (self.agreement or 0.0) > margins.min_agreement)
+                    and (self.diff is None or self.diff > -margins.max_drop))
+        return self.diff is None or self.diff > -margins.max_drop
 
 
 def chance_floor(baseline_rows: Sequence[ItemResult]) -> float:
@@ -129,6 +174,21 @@ def _why_accuracy_cannot(baseline_accuracy: float | None, floor: float, max_drop
 
 
 def _verdict(task: str, case: _Case, margins: Margins, why_not_accuracy: str | None) -> TaskVerdict:
+    """The verdict, with the figures it was judged on."""
+    verdict = _decide(task, case, margins, why_not_accuracy)
+    figures: dict[str, Any] = {}
+    if case.fidelity is not None:
+        fid = case.fidelity
+        (kl_low, kl_high), (agree_low, agree_high) = fid.kl_interval(), fid.agreement_interval()
+        figures |= {"mean_kl": fid.mean_kl, "kl_low": kl_low, "kl_high": kl_high, "agreement": fid.agreement,
+                    "agreement_low": agree_low, "agreement_high": agree_high}
+    if why_not_accuracy is None and case.paired is not None:
+        low, high = case.paired.interval()
+        figures |= {"diff": case.paired.difference, "diff_low": low, "diff_high": high}
+    return replace(verdict, **figures)
+
+
+def _decide(task: str, case: _Case, margins: Margins, why_not_accuracy: str | None) -> TaskVerdict:
     margin = f"{margins.max_drop * 100:g}"
     if case.p_fidelity is not None:
         fid = case.fidelity

@@ -265,3 +265,6 @@ class TuneCandidateRow(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Double)
     tpot_ms: Mapped[float | None] = mapped_column(Double)
     judged_at: Mapped[float | None] = mapped_column(Double)
+    acceptable: Mapped[bool | None] = mapped_column(Boolean)  # the sweet-spot rule on its items, uncorrected
+    mean_kl: Mapped[float | None] = mapped_column(Double)
+    kl_high: Mapped[float | None] = mapped_column(Double)

@@ -151,7 +151,8 @@ class TuneRecord:
 @dataclass
 class CandidateRecord:
     """A tune's latest verdict on one trial (see ``kvlab.tune.judge``): accuracy and the paired
-    difference to the baseline (with its 95% interval) on the first ``judged_items`` items."""
+    difference to the baseline (with its 95% interval) on the first ``judged_items`` items, its mean
+    KL against the baseline, and whether the sweet-spot rule accepts it on them."""
 
     trial_id: int
     experiment_id: int
@@ -168,3 +169,6 @@ class CandidateRecord:
     ttft_ms: float | None
     tpot_ms: float | None
     judged_at: float | None
+    acceptable: bool | None = None  # the sweet-spot rule on the judged items (uncorrected); None: not judged so
+    mean_kl: float | None = None  # fidelity against the baseline, where measured
+    kl_high: float | None = None

@@ -27,6 +27,7 @@ from kvlab.engines.base import EngineFailure
 from kvlab.experiments.analysis import decide, summarize
 from kvlab.experiments.decision import PairedScores
 from kvlab.experiments.results import ItemResult
+from kvlab.experiments.verdict import judge_tasks
 from kvlab.store import Store, StoreError
 from kvlab.store.records import CandidateRecord, TrialRecord
 from kvlab.tasks import TaskItem
@@ -216,14 +217,21 @@ class Tuner:
             kv = [r.physical_kv_bytes for r in rows if r.physical_kv_bytes is not None]
             if kv:
                 studies.tell(self.study, number, statistics.fmean(kv), statistics.fmean(map(_score, rows)),
-                             {"accuracy": -self.limits.max_drop})
+                             {"rule": -self.limits.max_drop})
                 return
         candidate = {c.trial_id: c for c in self.store.candidates(self.experiment_id)}.get(
             original.id if original else -1)
-        if candidate is None or candidate.kv_bytes is None or candidate.accuracy is None:
+        evidence = None
+        if original is not None and candidate is not None:
+            results = self._results_by_config()
+            baseline = self.store.trials(self.experiment_id)[0]
+            evidence = self._evidence(original, candidate, results.get(original.config_name, []),
+                                      self._scores(results.get(baseline.config_name, [])))
+        if evidence is None or evidence.kv_bytes == float("inf"):
             studies.fail(self.study, number)  # nothing known yet: the sampler learns from the original later
             return
-        studies.tell(self.study, number, candidate.kv_bytes, candidate.accuracy, self._constraints(candidate))
+        studies.tell(self.study, number, evidence.kv_bytes, evidence.paired.config_mean,
+                     self._constraints_of(evidence))
 
     # -- rounds -----------------------------------------------------------------------------------
 
@@ -255,7 +263,7 @@ class Tuner:
             found = self._evidence(trial, candidate, results.get(trial.config_name, []), base_scores)
             if found is not None:
                 evidence[trial_id] = found
-                self.store.judge_candidate(trial_id, **_verdict_fields(found))
+                self.store.judge_candidate(trial_id, **_verdict_fields(found, self.limits.max_drop))
         for trial in trials.values():  # failed trials are finished, for the sampler too
             candidate = candidates.get(trial.id)
             if trial.status == "failed" and candidate and candidate.state == "active":
@@ -303,20 +311,12 @@ class Tuner:
                      + ", ".join(evidence[i].label for i in ids))
 
     def _constraints_of(self, e: Evidence) -> dict[str, float]:
-        constraints = {"accuracy": -(e.interval[0] + self.limits.max_drop)}
+        """Feasible (every value <= 0) when the sweet-spot rule accepts it on its items and it keeps the latency limits."""
+        constraints = {"rule": e.slack(self.limits.max_drop)}
         if self.limits.max_ttft_ms is not None and e.ttft_ms is not None:
             constraints["ttft"] = e.ttft_ms - self.limits.max_ttft_ms
         if self.limits.max_tpot_ms is not None and e.tpot_ms is not None:
             constraints["tpot"] = e.tpot_ms - self.limits.max_tpot_ms
-        return constraints
-
-    def _constraints(self, candidate: CandidateRecord) -> dict[str, float]:
-        constraints = {"accuracy": -((candidate.diff_low if candidate.diff_low is not None else -1.0)
-                                     + self.limits.max_drop)}
-        if self.limits.max_ttft_ms is not None and candidate.ttft_ms is not None:
-            constraints["ttft"] = candidate.ttft_ms - self.limits.max_ttft_ms
-        if self.limits.max_tpot_ms is not None and candidate.tpot_ms is not None:
-            constraints["tpot"] = candidate.tpot_ms - self.limits.max_tpot_ms
         return constraints
 
     # -- evidence from the store ------------------------------------------------------------------------
@@ -344,10 +344,13 @@ class Tuner:
         ttft = [r.ttft_s * 1000 for r in rows if r.ttft_s is not None and r.ttft_s == r.ttft_s]
         tpot = [r.tpot_s * 1000 for r in rows if r.tpot_s is not None and r.tpot_s == r.tpot_s]
         rung = max((i for i, size in enumerate(self.rungs) if size <= limit), default=0)
+        base_rows = [baseline[i] for i in range(limit)]
+        verdicts = judge_tasks(base_rows + rows, base_rows[0].config_name, self.spec.margins).get(trial.config_name, [])
         return Evidence(trial_id=trial.id, label=trial.config_name, rung=rung, n_items=limit, paired=pairs,
                         kv_bytes=statistics.fmean(kv) if kv else float("inf"),
                         ttft_ms=statistics.median(ttft) if ttft else None,
-                        tpot_ms=statistics.median(tpot) if tpot else None)
+                        tpot_ms=statistics.median(tpot) if tpot else None,
+                        verdicts=tuple(verdicts), margins=self.spec.margins)
 
     # -- the end ----------------------------------------------------------------------------------------
 
@@ -390,12 +393,13 @@ def _score(result: ItemResult) -> float:
     return float(result.score) if result.score is not None and result.error is None else 0.0
 
 
-def _verdict_fields(e: Evidence) -> dict[str, Any]:
+def _verdict_fields(e: Evidence, max_drop: float) -> dict[str, Any]:
     low, high = e.interval
     return {"rung": e.rung, "judged_items": e.n_items, "accuracy": e.paired.config_mean,
             "diff": e.paired.difference, "diff_low": low, "diff_high": high,
             "kv_bytes": e.kv_bytes if e.kv_bytes != float("inf") else None,
-            "ttft_ms": e.ttft_ms, "tpot_ms": e.tpot_ms}
+            "ttft_ms": e.ttft_ms, "tpot_ms": e.tpot_ms, "acceptable": e.non_inferior(max_drop),
+            "mean_kl": e.mean_kl, "kl_high": e.kl_high}
 
 
 def grid_size(spec: ExperimentSpec, n_items: int) -> tuple[int, int]:

@@ -1,18 +1,21 @@
 """Which candidates stop, which get more items: successive halving on the paired rule.
 
-Every candidate is compared with the baseline on the *same* first ``n`` items
-(:class:`~kvlab.experiments.decision.PairedScores`, the interval the sweet spot is decided with).
+Every candidate is compared with the baseline on the *same* first ``n`` items, by the sweet-spot
+rule itself (:mod:`kvlab.experiments.verdict`: task by task, fidelity where a margin is set and the
+engine measures it, else the paired accuracy interval), uncorrected while the search runs; the
+final decision corrects across every candidate examined.
 Items come in rungs (``min_items``, x ``eta``, ..., all).  After each rung a candidate:
 
-* **stops, clearly inferior**, when the whole 95% interval of its accuracy difference lies below
-  ``-max_drop``: more items cannot make it non-inferior;
+* **stops, clearly inferior**, when on some task a whole 95% interval lies beyond a margin (its
+  accuracy difference below ``-max_drop``, its mean KL above ``max_kl``): more items cannot make it
+  acceptable;
 * **stops, over a latency limit**, when its median TTFT / TPOT exceeds ``max_ttft_ms`` / ``max_tpot_ms``;
 * **stops, dominated**, when it holds at least as many bytes as a candidate already shown
   non-inferior on every item: it cannot be the sweet spot (the most compressed non-inferior config);
 * **is complete** on the last rung;
 * otherwise **waits** at its rung and is **promoted** (asynchronous successive halving, ASHA) while
   it is among the most compressed ``1/eta`` of the candidates that reached the rung, counting only
-  the plausibly non-inferior ones (point estimate of the difference above ``-max_drop``).  Once the
+  the plausibly acceptable ones (point estimates within the margins on every task).  Once the
   sampler proposes nothing more, the most compressed plausible waiting candidate of each rung is
   promoted each round, until the rest are dominated.
 
@@ -24,7 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvlab.experiments.decision import PairedScores
+from kvlab.experiments.decision import Margins, PairedScores
+from kvlab.experiments.verdict import TaskVerdict
 
 
 def rungs(n_items: int, min_items: int, eta: int) -> list[int]:
@@ -58,16 +62,50 @@ class Evidence:
     kv_bytes: float
     ttft_ms: float | None
     tpot_ms: float | None
+    # the sweet-spot rule on these items, task by task (uncorrected); () judges by the pooled accuracy
+    verdicts: tuple[TaskVerdict, ...] = ()
+    margins: Margins | None = None
 
     @property
     def interval(self) -> tuple[float, float]:
         return self.paired.interval()
 
     def plausible(self, max_drop: float) -> bool:
+        if self.verdicts and self.margins is not None:
+            return all(v.plausible(self.margins) for v in self.verdicts)
         return self.paired.difference > -max_drop
 
     def non_inferior(self, max_drop: float) -> bool:
+        """Acceptable on these items (the rule's verdict on every task that can judge)."""
+        if self.verdicts:
+            judged = [v.accepted for v in self.verdicts if v.accepted is not None]
+            return bool(judged) and all(judged)
         return self.interval[0] > -max_drop
+
+    @property
+    def mean_kl(self) -> float | None:
+        """Mean KL against the baseline on its worst task (None where not measured)."""
+        return max((v.mean_kl for v in self.verdicts if v.mean_kl is not None), default=None)
+
+    @property
+    def kl_high(self) -> float | None:
+        """The upper 95% bound of that mean KL, on the task where it is highest."""
+        return max((v.kl_high for v in self.verdicts if v.kl_high is not None), default=None)
+
+    def slack(self, max_drop: float) -> float:
+        """The rule's distance from accepting it on these items (<= 0: acceptable): the worst task's."""
+        if self.verdicts and self.margins is not None:
+            gaps = [gap for v in self.verdicts if (gap := v.slack(self.margins)) is not None]
+            return max(gaps) if gaps else 1.0
+        return -(self.interval[0] + max_drop)
+
+    def hopeless(self, max_drop: float) -> str | None:
+        """Why more items cannot make it acceptable; None while they could."""
+        if self.verdicts and self.margins is not None:
+            return next((why for v in self.verdicts if (why := v.hopeless(self.margins))), None)
+        low, high = self.interval
+        return (f"accuracy difference [{low:+.3f}, {high:+.3f}] lies below -{max_drop:g}"
+                if high < -max_drop else None)
 
 
 @dataclass(frozen=True)
@@ -109,16 +147,13 @@ def judge(waiting: list[Evidence], reached: dict[int, list[Evidence]], best: Evi
     """
     verdicts: dict[int, Verdict] = {}
     for evidence in waiting:
-        low, high = evidence.interval
-        if high < -limits.max_drop:
-            verdicts[evidence.trial_id] = Verdict("stopped", (
-                f"clearly inferior after {evidence.n_items} items: accuracy difference [{low:+.3f}, {high:+.3f}] "
-                f"lies below -{limits.max_drop:g}"))
+        if why := evidence.hopeless(limits.max_drop):
+            verdicts[evidence.trial_id] = Verdict("stopped", f"clearly inferior after {evidence.n_items} items: {why}")
         elif problem := latency_problem(evidence, limits):
             verdicts[evidence.trial_id] = Verdict("stopped", f"{problem} after {evidence.n_items} items")
         elif best is not None and best.trial_id != evidence.trial_id and evidence.kv_bytes >= best.kv_bytes:
             verdicts[evidence.trial_id] = Verdict("stopped", (
-                f"dominated: no smaller than {best.label} ({best.kv_bytes / 1e6:.2f} MB), already non-inferior "
+                f"dominated: no smaller than {best.label} ({best.kv_bytes / 1e6:.2f} MB), already acceptable "
                 f"on all {best.n_items} items"))
         elif evidence.rung == last_rung:
             verdicts[evidence.trial_id] = Verdict("complete")
@@ -142,7 +177,7 @@ def judge(waiting: list[Evidence], reached: dict[int, list[Evidence]], best: Evi
 def leftover_reason(evidence: Evidence, eta: int, max_drop: float) -> str:
     """Why a candidate still waiting when the search ends was never promoted."""
     if not evidence.plausible(max_drop):
-        return (f"not promoted: its accuracy difference after {evidence.n_items} items "
-                f"({evidence.paired.difference:+.3f}) is below -{max_drop:g}")
+        return (f"not promoted: after {evidence.n_items} items its estimates lie outside the margins "
+                f"(accuracy difference {evidence.paired.difference:+.3f})")
     return (f"not promoted: not among the most compressed 1/{eta} of the plausible candidates "
             f"after {evidence.n_items} items")

@@ -62,9 +62,13 @@ def baseline_measures(results: Sequence[ItemResult]) -> tuple[float | None, floa
 
 
 def is_feasible(candidate: CandidateRecord, max_drop: float) -> bool:
-    """Complete and shown non-inferior at ``max_drop`` (see the module docstring)."""
-    return (candidate.state == "complete" and candidate.kv_bytes is not None and candidate.accuracy is not None
-            and candidate.diff_low is not None and candidate.diff_low > -max_drop)
+    """Complete and accepted by the sweet-spot rule on its items (a tune before fidelity: shown
+    non-inferior at ``max_drop``; see the module docstring)."""
+    if candidate.state != "complete" or candidate.kv_bytes is None or candidate.accuracy is None:
+        return False
+    if candidate.acceptable is not None:
+        return candidate.acceptable
+    return candidate.diff_low is not None and candidate.diff_low > -max_drop
 
 
 def points(candidates: Sequence[CandidateRecord], trials: Sequence[TrialRecord], max_drop: float) -> list[Point]:

@@ -68,7 +68,9 @@ def recommendation(model: str, decision: Decision, summaries: list[ConfigSummary
     """The tune's answer as stored and shown (JSON-ready); ``config`` is None without a sweet spot."""
     spot = decision.sweet_spot
     answer: dict[str, Any] = {"rule": decision.rule, "note": decision.note, "items_needed": decision.items_needed,
-                              "max_drop": decision.max_drop, "configs_judged": len(summaries), "config": None}
+                              "max_drop": decision.max_drop, "max_kl": decision.margins.max_kl,
+                              "min_agreement": decision.margins.min_agreement, "configs_judged": len(summaries),
+                              "config": None}
     if spot is None:
         return answer
     config = KVCacheConfig(**spot.config)
@@ -79,6 +81,9 @@ def recommendation(model: str, decision: Decision, summaries: list[ConfigSummary
         "baseline_accuracy": baseline.accuracy if baseline else None,
         "diff": spot.diff_estimate, "diff_ci": [spot.diff_ci_low, spot.diff_ci_high],
         "p_adjusted": spot.p_adjusted, "n_items": spot.n_items,
+        "mean_kl": spot.mean_kl, "kl_ci": [spot.kl_ci_low, spot.kl_ci_high], "agreement": spot.agreement,
+        "decided_by": {v.task: v.criterion for v in spot.task_verdicts},
+        "verdicts": [v.reason for v in spot.task_verdicts],
         "ttft_ms": spot.ttft_s * 1000 if spot.ttft_s is not None else None,
         "tpot_ms": spot.tpot_s * 1000 if spot.tpot_s is not None else None,
         "kvlab_serve": serve_command(model, config),
@@ -91,7 +96,7 @@ def recommendation(model: str, decision: Decision, summaries: list[ConfigSummary
 def describe(answer: dict[str, Any]) -> list[str]:
     """The recommendation as the lines ``kvlab tune`` prints."""
     if answer.get("config") is None:
-        return [f"no config shown non-inferior: {answer.get('note') or 'none of the candidates passed the rule'}"]
+        return [f"no config passes the rule: {answer.get('note') or 'none of the candidates passed it'}"]
     low, high = answer["diff_ci"]
     lines = [
         f"recommended: {answer['label']}: {answer['kv_bytes'] / 1e6:.2f} MB KV per item measured "
@@ -99,6 +104,12 @@ def describe(answer: dict[str, Any]) -> list[str]:
         f"vs {answer['baseline_accuracy']:.3f}, difference {answer['diff']:+.3f} [{low:+.3f}, {high:+.3f}] "
         f"on {answer['n_items']} items",
     ]
+    if answer.get("mean_kl") is not None:
+        kl_low, kl_high = answer["kl_ci"]
+        lines.append(f"fidelity: mean KL {answer['mean_kl']:.3g} nats per token [{kl_low:.3g}, {kl_high:.3g}], top-1 "
+                     f"agreement {answer['agreement']:.1%} with the baseline")
+    if answer.get("decided_by"):
+        lines.append("decided by " + ", ".join(f"{task}: {how}" for task, how in answer["decided_by"].items()))
     latency = [f"{name} {answer[key]:.0f} ms" for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
                if answer.get(key) is not None]
     if latency:
