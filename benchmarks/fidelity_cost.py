@@ -1,16 +1,15 @@
 """Fidelity's cost: the embedded engine's sweep with fidelity measured and without, side by side.
 
 The same items and configs (examples/quick.toml's by default) through
-  fidelity  ``EmbeddedEngine(loaded, fidelity=True)``: the baseline decoded first, alone; every other
-            config decoded in a batch, compared token by token with it (a twin forked where its
-            greedy output leaves the baseline's, teacher-forced on the baseline's tokens);
-  without   ``EmbeddedEngine(loaded, fidelity=False)``: the path before fidelity, the baseline
-            decoded in the batch like any config,
+  fidelity  ``EmbeddedEngine(loaded, fidelity=True)``: every config compared token by token with
+            the baseline decoded in the same batch (a copy of a config's cache kept where its
+            greedy output leaves the baseline's, then fed the baseline's tokens in one pass);
+  without   ``EmbeddedEngine(loaded, fidelity=False)``: the path before fidelity,
 two engines on one loaded model (each installs the same kvlab attention on it, which is idempotent,
 and keeps its own state), alternating per item A B B A ... so that the machine's load hits both
 alike, after --warmup untimed items through each.  Prints each item's wall seconds, the totals and
-their ratio (fidelity / without), the wall seconds of each phase (prefill; compression; decoding
-the baseline alone, fidelity only; decoding the batch), and how many (item, config) answers the two
+their ratio (fidelity / without), the wall seconds of each phase (prefill; compression; decoding,
+with fidelity's comparisons and teacher forcing), and how many (item, config) answers the two
 engines generated alike.  The load average is printed first and last: a busy machine adds to both.
 
 Usage: python benchmarks/fidelity_cost.py [--spec examples/quick.toml] [--limit 4] [--warmup 1] [--json OUT]
@@ -38,7 +37,7 @@ from kvlab.engines.embedded import EmbeddedEngine  # noqa: E402
 from kvlab.experiments.runner import build_items, interleave  # noqa: E402
 from kvlab.models import load_model  # noqa: E402
 
-PHASES = ("prefill", "compress", "baseline decode", "batch decode")
+PHASES = ("prefill", "compress", "decode")
 ENGINES = ("fidelity", "without")
 
 
@@ -67,8 +66,7 @@ class PhaseTimedEngine(EmbeddedEngine):
 
     def _decode(self, item: Any, configs: list, *args: Any, **kwargs: Any) -> Any:
         """Its compression is counted apart, by :meth:`_compress`."""
-        alone = self.fidelity and len(configs) == 1 and configs[0].is_baseline  # the reference run
-        phase = "baseline decode" if alone else "batch decode"
+        phase = "decode"
         compressing = self.seconds["compress"]
         with self._timed(phase):
             outcome = super()._decode(item, configs, *args, **kwargs)

@@ -7,12 +7,14 @@ own cache layer, and hands the attention (``kvlab.engines.attention``) one ``(ke
 member, which it attends to separately.  All members of a group share the prompt layout, so they
 share positions too.  Members leave the batch as they finish.
 
-Fidelity (``reference`` given): every member is compared, position by position, with the
-baseline's run of the same item (:class:`Reference`, decoded first).  Until a member's greedy token
-leaves the baseline's, its own decoding *is* the teacher-forced run (same tokens in, same cache);
-where it leaves, the member is forked: a twin holding a copy of its cache goes on with the
-baseline's tokens (teacher-forced, charged to no one) while the member goes on with its own.  So
-fidelity costs no extra prefill and no extra step for a member that never diverges.
+Fidelity: every member is compared, position by position, with the baseline's run of the same
+item -- a member of the same batch (``reference=<its index>``: the baseline, reported or not), or
+one decoded before (a :class:`Reference`, for later sub-batches).  Until a member's greedy token
+leaves the baseline's, its own decoding *is* the teacher-forced run (same tokens in, same cache).
+Where it leaves, a copy of its cache is kept; once the baseline has finished, the copy is fed the
+rest of the baseline's tokens in one forward pass (teacher forcing; charged to no one) while the
+member went on with its own tokens.  So fidelity costs no extra prefill, no extra decode step,
+and one short forward pass per member that diverges.
 
 Timing, as if each member ran alone: each member's own work (its cache update, dequantization and
 attention) is timed apart; the rest of a pass (projections, MLP, head) is the same for every member,
@@ -135,39 +137,59 @@ class _Trace:
 
     kl: list[float] = field(default_factory=list)
     agree: list[bool] = field(default_factory=list)
-    diverged: bool = False  # its own greedy tokens have left the reference's: a twin goes on for it
+    diverged: bool = False  # its own greedy tokens have left the reference's
+
+    def add(self, kl: float, agree: bool) -> None:
+        self.kl.append(kl)
+        self.agree.append(agree)
 
     def fidelity(self, teacher: str) -> Fidelity | None:
         return Fidelity(tuple(self.kl), tuple(self.agree), teacher) if self.kl else None
 
 
 @dataclass
+class _Twin:
+    """A diverged member's cache as it was when it left the reference: fed the reference's
+    remaining tokens once the reference is known."""
+
+    member: int
+    cache: KVLabCache
+    at: int  # the position (index into the reference's tokens) whose prediction diverged
+    position: int  # the sequence position the next fed token takes
+
+
+class _ReferenceRun:
+    """The reference's tokens and log-probabilities, known ahead (a :class:`Reference`) or growing
+    step by step (the batch's own baseline member)."""
+
+    def __init__(self, given: Reference | None, teacher: str):
+        self.tokens: list[int] = list(given.tokens) if given else []
+        self.logprobs: list[torch.Tensor] = list(given.logprobs) if given else []
+        self.top1: list[int] = given.top1 if given else []
+        self.teacher = given.teacher if given else teacher
+
+    def add(self, logits: torch.Tensor, token: int) -> None:
+        logprobs = F.log_softmax(logits.float(), dim=-1)
+        self.logprobs.append(logprobs)
+        self.top1.append(int(logprobs.argmax()))
+        self.tokens.append(token)
+
+    def frozen(self) -> Reference:
+        return Reference(list(self.tokens), torch.stack(self.logprobs), self.teacher)
+
+
+@dataclass
 class MemberOutcome:
     """One member's result: its generated ids (greedy) or its NLL (perplexity), its charged time,
-    its fidelity against the reference (when one was given), and -- when asked to record them --
-    its log-probabilities of the next token at every position (the reference's own run)."""
+    its fidelity against the reference, and -- for the reference member -- the reference itself
+    (for the configs of later sub-batches)."""
 
     generated: list[int] = field(default_factory=list)
     nll: float | None = None
     first_s: float = 0.0
     decode_s: float = 0.0
     fidelity: Fidelity | None = None
-    logprobs: list[torch.Tensor] = field(default_factory=list)
-
-    def as_reference(self, targets: list[int] | None) -> Reference:
-        """This run, as the reference for the others (``targets``: a perplexity item's continuation)."""
-        teacher = TEACHER_CONTINUATION if targets is not None else TEACHER_BASELINE_OUTPUT
-        return Reference(list(targets) if targets is not None else list(self.generated),
-                         torch.cat(self.logprobs), teacher)
-
-
-@dataclass
-class _Lane:
-    """A row of the batch: a member decoding greedily, or its teacher-forced twin (``forced``)."""
-
-    member: int
-    cache: KVLabCache
-    forced: bool = False
+    reference: Reference | None = None
 
 
 def finished(generated: list[int], stop_ids: set[int], max_new_tokens: int, stop: Sequence[str],
@@ -220,16 +242,17 @@ class _ChargedForward:
 
 def decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: list[int], position: int,
                  targets: list[int] | None, max_new_tokens: int, stop: Sequence[str], stop_ids: set[int],
-                 decode: Callable[[list[int]], str], reference: Reference | None = None,
-                 record: bool = False) -> list[MemberOutcome]:
+                 decode: Callable[[list[int]], str], reference: Reference | int | None = None) -> list[MemberOutcome]:
     """Feed ``suffix`` (at ``position``) to every member, then score ``targets`` (perplexity) or
     decode greedily until each member finishes; the caches are updated in place.  ``reference``:
-    measure each member's fidelity against it; ``record``: keep each member's log-probabilities
-    (to make a member the reference of others)."""
+    measure every other member's fidelity against that member (its index) or that earlier run."""
     device = next(model.parameters()).device
     count = len(caches)
     outcomes = [MemberOutcome() for _ in caches]
     traces = [_Trace() for _ in caches]
+    own = reference if isinstance(reference, int) else None  # the reference member, if in this batch
+    teacher = TEACHER_CONTINUATION if targets is not None else TEACHER_BASELINE_OUTPUT
+    ref = None if reference is None else _ReferenceRun(None if own is not None else reference, teacher)
     ids = torch.tensor([suffix], device=device).expand(count, -1)
     positions = torch.arange(position, position + len(suffix), device=device).unsqueeze(0).expand(count, -1)
     first = _ChargedForward(model, 0 if targets is not None else 1, device)
@@ -237,71 +260,88 @@ def decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: l
     for outcome, seconds in zip(outcomes, charged, strict=True):
         outcome.first_s = seconds
     if targets is not None:
-        _score_targets(logits, targets, outcomes, traces, reference, record)
-        return _finish(outcomes, traces, reference)
-    lanes = [_Lane(member, cache) for member, cache in enumerate(caches)]
+        _score_targets(logits, targets, outcomes, traces, ref, own)
+        return _finish(outcomes, traces, ref, own)
     step = _ChargedForward(model, 1, device)
+    active = list(range(count))
+    twins: list[_Twin] = []
     position += len(suffix)
-    at = 0  # index of the token being produced
+    at = 0  # the index of the token being produced
     while True:
         last = logits[:, -1]
         next_ids = last.argmax(dim=-1).tolist()
-        if record:
-            for lane, row in zip(lanes, last, strict=True):
-                outcomes[lane.member].logprobs.append(F.log_softmax(row.float(), dim=-1).unsqueeze(0))
-        compared = reference is not None and at < len(reference.tokens)
-        if compared:
-            kls = token_kl(reference.logprobs[at], last).tolist()
-        following: list[tuple[_Lane, int]] = []  # (lane, the id it is fed next)
-        for index, (lane, next_id) in enumerate(zip(lanes, next_ids, strict=True)):
-            trace = traces[lane.member]
-            if compared and (lane.forced or not trace.diverged):
-                trace.kl.append(kls[index])
-                trace.agree.append(next_id == reference.top1[at])
-            if lane.forced:
-                if at + 1 < len(reference.tokens):
-                    following.append((lane, reference.tokens[at]))
-                continue
-            generated = outcomes[lane.member].generated
+        rows = dict(zip(active, range(len(active)), strict=True))
+        if own is not None and own in rows:
+            ref.add(last[rows[own]], next_ids[rows[own]])
+        still: list[tuple[int, int]] = []  # (member, its next id)
+        for member, next_id in zip(active, next_ids, strict=True):
+            generated = outcomes[member].generated
             generated.append(next_id)
-            if compared and not trace.diverged and next_id != reference.tokens[at]:
-                trace.diverged = True  # its cache so far is the teacher-forced one: fork it
-                if at + 1 < len(reference.tokens):
-                    following.append((_Lane(lane.member, copy.deepcopy(lane.cache), forced=True),
-                                      reference.tokens[at]))
-            if not finished(generated, stop_ids, max_new_tokens, stop, decode):
-                following.append((lane, next_id))
-        if not following:
-            return _finish(outcomes, traces, reference)
-        lanes = [lane for lane, _ in following]
-        ids = torch.tensor([[next_id] for _, next_id in following], device=device)
-        positions = torch.full((len(lanes), 1), position, device=device)
-        logits, charged = step([lane.cache for lane in lanes], ids, positions)
-        for lane, seconds in zip(lanes, charged, strict=True):
-            if not lane.forced:
-                outcomes[lane.member].decode_s += seconds
+            done = finished(generated, stop_ids, max_new_tokens, stop, decode)
+            if ref is not None and member != own and not traces[member].diverged and at < len(ref.tokens):
+                trace = traces[member]
+                trace.add(float(token_kl(ref.logprobs[at], last[rows[member]])), next_id == ref.top1[at])
+                if next_id != ref.tokens[at]:
+                    trace.diverged = True  # its cache so far is the teacher-forced one: keep a copy
+                    twins.append(_Twin(member, copy.deepcopy(caches[member]), at, position))
+            if not done:
+                still.append((member, next_id))
+        if not still:
+            break
+        active = [member for member, _ in still]
+        ids = torch.tensor([[next_id] for _, next_id in still], device=device)
+        positions = torch.full((len(active), 1), position, device=device)
+        logits, charged = step([caches[m] for m in active], ids, positions)
+        for member, seconds in zip(active, charged, strict=True):
+            outcomes[member].decode_s += seconds
         position += 1
         at += 1
+    for twin in twins:
+        _teacher_force(model, twin, ref, traces[twin.member], device)
+    return _finish(outcomes, traces, ref, own)
+
+
+def _teacher_force(model: torch.nn.Module, twin: _Twin, ref: _ReferenceRun, trace: _Trace,
+                   device: torch.device) -> None:
+    """The rest of a diverged member's fidelity: its cache copy fed the reference's tokens after the
+    divergence, in one forward pass, each position compared with the reference's."""
+    fed = ref.tokens[twin.at:len(ref.tokens) - 1]
+    if not fed:
+        return
+    positions = torch.arange(twin.position, twin.position + len(fed), device=device).unsqueeze(0)
+    logits = model(input_ids=torch.tensor([fed], device=device), past_key_values=twin.cache,
+                   position_ids=positions, logits_to_keep=0).logits[0]
+    wanted = torch.stack(ref.logprobs[twin.at + 1:])
+    for kl, top1, ref_top1 in zip(token_kl(wanted, logits).tolist(), logits.argmax(dim=-1).tolist(),
+                                  ref.top1[twin.at + 1:], strict=True):
+        trace.add(kl, top1 == ref_top1)
 
 
 def _score_targets(logits: torch.Tensor, targets: list[int], outcomes: list[MemberOutcome], traces: list[_Trace],
-                   reference: Reference | None, record: bool) -> None:
+                   ref: _ReferenceRun | None, own: int | None) -> None:
     """A perplexity item: every member's NLL of ``targets``, and its fidelity over the same positions."""
     target_ids = torch.tensor(targets, device=logits.device)
     for index, outcome in enumerate(outcomes):
         outcome.nll = F.cross_entropy(logits[index].float(), target_ids, reduction="sum").item()
-        if record:
-            outcome.logprobs.append(F.log_softmax(logits[index].float(), dim=-1))
-        if reference is not None:
-            traces[index].kl = token_kl(reference.logprobs, logits[index]).tolist()
-            traces[index].agree = [a == b for a, b in zip(logits[index].argmax(dim=-1).tolist(), reference.top1,
-                                                          strict=True)]
+    if ref is None:
+        return
+    if own is not None:
+        for row, token in zip(logits[own], targets, strict=True):
+            ref.add(row, token)
+    wanted = torch.stack(ref.logprobs)
+    for index, trace in enumerate(traces):
+        if index != own:
+            trace.kl = token_kl(wanted, logits[index]).tolist()
+            trace.agree = [a == b for a, b in zip(logits[index].argmax(dim=-1).tolist(), ref.top1, strict=True)]
 
 
-def _finish(outcomes: list[MemberOutcome], traces: list[_Trace], reference: Reference | None) -> list[MemberOutcome]:
-    if reference is not None:
+def _finish(outcomes: list[MemberOutcome], traces: list[_Trace], ref: _ReferenceRun | None,
+            own: int | None) -> list[MemberOutcome]:
+    if ref is not None:
         for outcome, trace in zip(outcomes, traces, strict=True):
-            outcome.fidelity = trace.fidelity(reference.teacher)
+            outcome.fidelity = trace.fidelity(ref.teacher)
+        if own is not None:
+            outcomes[own].reference = ref.frozen()
     return outcomes
 
 

@@ -103,7 +103,7 @@ class EmbeddedEngine(Engine):
     def __init__(self, loaded: LoadedModel, seed: int = 0, max_batch: int | None = None, fidelity: bool = True):
         """``max_batch``: most configs decoded together (1: each alone); None: as many as memory allows.
         ``fidelity``: measure each config against the baseline (off only to measure what it costs:
-        ``benchmarks/fidelity_cost.py``)."""
+        ``benchmarks/fidelity_cost.py``; the baseline then decodes only where the group holds it)."""
         self.loaded = loaded
         self.seed = seed
         self.max_batch = max_batch
@@ -204,33 +204,30 @@ class EmbeddedEngine(Engine):
     @torch.no_grad()
     def _evaluate_layout(self, item: TaskItem, configs: list[KVCacheConfig], prefix: list[int], suffix: list[int],
                          targets: list[int] | None, evictable: int, prompt_tokens: int) -> Iterator[ItemResult]:
-        """The layout's configs on one item: the baseline first (the reference of every other
-        config's fidelity; decoded but not reported when the group does not hold it), then the
-        others in batches."""
+        """The layout's configs on one item, in batches, each config measured against the baseline."""
         self.current_config = None
         prefill = self._prefill(prefix, {scorer_key(c) for c in configs})
-        # without fidelity (only to measure its cost) the baseline decodes in the batch like any config
-        baseline = next((c for c in configs if c.is_baseline), None) if self.fidelity else None
-        others = [c for c in configs if c is not baseline]
-        reference = None
-        if self.fidelity:
-            decoded = self._decode(item, [baseline or BASELINE], prefill, prefix, suffix, targets, evictable,
-                                   record=bool(others))
-            if baseline is not None:
-                yield self._result(item, baseline, prefill, *decoded[0], targets, prompt_tokens)
-            reference = decoded[0][1].as_reference(targets) if others else None
-            del decoded
+        # The baseline is every other config's reference: it decodes in the first batch (added, and
+        # not reported, when the group lacks it); later batches get its finished run.
+        baseline = next((c for c in configs if c.is_baseline), None)
+        measure = self.fidelity and any(not c.is_baseline for c in configs)
+        group = [baseline or BASELINE, *(c for c in configs if c is not baseline)] if measure else configs
+        reported = set(range(len(group))) - ({0} if measure and baseline is None else set())
         fed = len(suffix) if targets is not None else 1
         per_member = member_bytes(self.geometry, len(prefix) + len(suffix) + item.max_new_tokens, fed,
                                   self.model.config.vocab_size, self.model.dtype.itemsize)
-        # a member that leaves the baseline's tokens is forked: plan for two caches per member
-        limit = self.max_batch or batch_limit(2 * per_member, available_bytes(self.device))
-        for start in range(0, len(others), limit):
-            batch = others[start:start + limit]
-            for config, (compressed, outcome) in zip(
-                    batch, self._decode(item, batch, prefill, prefix, suffix, targets, evictable, reference),
-                    strict=True):
-                yield self._result(item, config, prefill, compressed, outcome, targets, prompt_tokens)
+        # a member that leaves the baseline's tokens keeps a copy of its cache: plan for two per member
+        limit = self.max_batch or batch_limit(2 * per_member if measure else per_member,
+                                              available_bytes(self.device))
+        reference: Reference | int | None = 0 if measure else None
+        for start in range(0, len(group), limit):
+            batch = group[start:start + limit]
+            decoded = self._decode(item, batch, prefill, prefix, suffix, targets, evictable, reference)
+            for index, (config, (compressed, outcome)) in enumerate(zip(batch, decoded, strict=True), start):
+                if index in reported:
+                    yield self._result(item, config, prefill, compressed, outcome, targets, prompt_tokens)
+            if start == 0 and measure:
+                reference = decoded[0][1].reference
         self.phase, self.current_config, self._live_cache = "idle", None, None
 
     def _prefill(self, prefix: list[int], scorers: set[Any]) -> _Prefill:
@@ -274,8 +271,8 @@ class EmbeddedEngine(Engine):
         ))
 
     def _decode(self, item: TaskItem, configs: list[KVCacheConfig], prefill: _Prefill, prefix: list[int],
-                suffix: list[int], targets: list[int] | None, evictable: int, reference: Reference | None = None,
-                record: bool = False) -> list[tuple[_Compressed, MemberOutcome]]:
+                suffix: list[int], targets: list[int] | None, evictable: int,
+                reference: Reference | int | None = None) -> list[tuple[_Compressed, MemberOutcome]]:
         """The configs decoded together, each from its own compressed cache (peak memory: the batch's);
         a single config runs alone."""
         if self.device.type == "cuda":
@@ -290,7 +287,7 @@ class EmbeddedEngine(Engine):
         self.phase = "decode"
         self.current_config, self._live_cache = (configs[0].label, caches[0]) if len(configs) == 1 else (None, caches)
         outcomes = decode_batch(self.model, caches, suffix, len(prefix), targets, item.max_new_tokens, item.stop,
-                                self.stop_ids, self.tokenizer.decode, reference=reference, record=record)
+                                self.stop_ids, self.tokenizer.decode, reference=reference)
         return list(zip(compressed, outcomes, strict=True))
 
     def _result(self, item: TaskItem, config: KVCacheConfig, prefill: _Prefill, compressed: _Compressed,
