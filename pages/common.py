@@ -5,6 +5,7 @@ Not a page (app.py lists the pages); everything that computes lives in kvlab/.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import threading
@@ -18,7 +19,7 @@ import streamlit as st
 
 from kvlab.dashboard import views
 from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
-from kvlab.experiments.decision import DEFAULT_MAX_DROP
+from kvlab.experiments.decision import Margins
 from kvlab.dashboard.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image, warm_up
 from pages.plotly_view import plotly_figure
 from kvlab.errlog import debug_enabled, log_details, one_line
@@ -105,19 +106,21 @@ def load_results(experiment_id: int, version: tuple[Any, ...], db: str | None) -
 
 class View(NamedTuple):
     """What an experiment's analysis depends on: its last update and the viewer's choices.  A tuple of
-    plain values, so that ``st.cache_data`` keys on it."""
+    plain values (the margins a frozen dataclass of floats), so that ``st.cache_data`` keys on it."""
 
     experiment_id: int
     version: tuple[Any, ...]  # items done, status: a result set changes only when they do
     db: str | None
     hidden: tuple[str, ...] = ()
-    max_drop: float = DEFAULT_MAX_DROP
+    margins: Margins = Margins()
 
 
 def view_of(experiment: ExperimentRecord, hidden: Sequence[str] = (), max_drop: float | None = None) -> View:
-    return View(experiment.id, (experiment.items_done, experiment.status), db_url(),
-                tuple(hidden), float(experiment.spec.get("max_drop", DEFAULT_MAX_DROP) if max_drop is None
-                                     else max_drop))
+    """The view at the experiment's own margins (its spec's), with ``max_drop`` the viewer's where given."""
+    margins = Margins.of(experiment.spec)
+    if max_drop is not None:
+        margins = dataclasses.replace(margins, max_drop=float(max_drop))
+    return View(experiment.id, (experiment.items_done, experiment.status), db_url(), tuple(hidden), margins)
 
 
 def results_of(experiment: ExperimentRecord) -> tuple[list[ItemResult], str]:
@@ -135,7 +138,7 @@ def shown_results(view: View) -> tuple[list[ItemResult], str]:
 def analysed(view: View) -> tuple[list[ConfigSummary], Decision]:
     """The per-config summaries and the sweet-spot decision, computed once per view."""
     results, baseline = shown_results(view)
-    summaries = summarize(results, baseline, view.max_drop)
+    summaries = summarize(results, baseline, view.margins)
     return summaries, decide(summaries, baseline)
 
 

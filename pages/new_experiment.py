@@ -268,7 +268,7 @@ with model_col:
 with seed_col:
     st.number_input("Seed", min_value=0, step=1, key=P + "seed")
     slot("seed")
-backend_col, device_col, tags_col, margin_col = st.columns([2, 1, 2, 1])
+backend_col, device_col, tags_col = st.columns([2, 1, 3])
 with backend_col:
     backend = st.selectbox("Backend", BACKENDS, key=P + "backend.kind")
     slot("backend")
@@ -278,11 +278,26 @@ with device_col:
 with tags_col:
     st.text_input("Tags (comma-separated)", key=P + "tags")
     slot("tags")
+margin_col, kl_col, agreement_col = st.columns(3)  # the sweet-spot rule's margins, a sweep's and a tune's
 with margin_col:
     st.number_input("Margin (max_drop)", min_value=0.005, max_value=0.5, step=0.005, format="%.3f",
-                    key=P + "max_drop", help="Accuracy a config may lose against the baseline and still be the "
-                    "sweet spot (0.05 = 5 points), decided by a paired test with Holm's correction.")
+                    key=P + "max_drop", help="Accuracy a config may lose against the baseline (0.05 = 5 points). "
+                    "On a task where fidelity decides, its accuracy must not be shown to drop by more than this; "
+                    "elsewhere a paired test (Holm-corrected across configs) must show it within this.")
     slot("max_drop")
+with kl_col:
+    st.number_input("Max KL (nats; 0: off)", min_value=0.0, max_value=10.0, step=0.01, format="%.3f",
+                    key=P + "max_kl", help="Fidelity margin: where fidelity is measured (the embedded engine), a "
+                    "config whose mean KL(baseline || config) per token, teacher-forced on the baseline's output, is "
+                    "certified below this many nats (one-sided 95% bound over items, Holm-corrected across configs) "
+                    "is acceptable on a task unless its accuracy is shown to drop by more than max_drop. 0 turns it "
+                    "off: accuracy non-inferiority decides.")
+    slot("max_kl")
+with agreement_col:
+    st.number_input("Min top-1 agreement (0: off)", min_value=0.0, max_value=0.999, step=0.01, format="%.3f",
+                    key=P + "min_agreement", help="Fidelity margin: a config must also have its share of tokens with "
+                    "the baseline's top-1 token certified above this (0.9 = 90%), on every task. 0 turns it off.")
+    slot("min_agreement")
 if backend != "embedded":
     backend_options(backend)
 

@@ -23,10 +23,11 @@ from kvlab.store import Store
 from kvlab.tune.progress import plan
 
 def fields(prefix: str, slot: Callable[[str], None]) -> None:
-    """The search space, the constraints and the budget (the margin is the form's max_drop)."""
+    """The search space, the constraints and the budget (the margins are the form's max_drop, max_kl and
+    min_agreement, above)."""
     st.caption("The tune searches this space instead of running all of it: formats x group sizes x residual "
-               "lengths x eviction methods x budgets. Candidates are judged against the baseline by the paired "
-               "non-inferiority rule at the margin above (max_drop); clear losers stop after a few items.")
+               "lengths x eviction methods x budgets. Clear losers stop after a few items, and its recommendation "
+               "is the sweet spot by the rule at the margins above (max_drop, max_kl, min_agreement).")
     quant_col, group_col, residual_col = st.columns(3)
     with quant_col:
         st.multiselect("Quantization formats", list(FORMATS), key=prefix + "tune.quant")
@@ -82,6 +83,7 @@ def preview(spec: ExperimentSpec) -> None:
                f"It stops proposing after {planned.budget}.")
     for note in planned.notes:
         st.caption(note)
+    st.caption(f"Its recommendation: the {views.md(spec.margins.rule('its'))}.")
 
 
 def launch_row(spec: ExperimentSpec, store: Store, open_tune: Callable[[int], None]) -> None:

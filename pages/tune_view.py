@@ -75,8 +75,11 @@ def live(store: Store, experiment: ExperimentRecord, seen: str, show: str, stem:
     chart(tune_charts.front_figure(visible, state.front if show in ("all", "complete") else [], state.baseline,
                                    recommended, title=f"{experiment.name}: {tune_charts.FRONT_TITLE}"),
           "tune-front", f"{stem}-front")
-    st.caption("Feasible (counted in the front, the hypervolume and the recommendation): judged on every item, with "
-               "the paired 95% interval of the accuracy difference above -max_drop. Stopped candidates are greyed.")
+    st.caption("Feasible (counted in the front, the hypervolume and the recommendation): judged on every item and "
+               "acceptable by the sweet-spot rule on every task, at the margins above (fidelity certified within "
+               "max_kl / min_agreement where it is measured, else accuracy within max_drop; a tune stored before "
+               "fidelity: the paired 95% interval of the accuracy difference above -max_drop). Stopped candidates "
+               "are greyed.")
     if state.history:
         chart(tune_charts.hypervolume_figure(state.shown, state.history), "tune-hypervolume", f"{stem}-hypervolume")
         st.caption("Hypervolume of the feasible candidates so far in (KV bytes minimised, accuracy maximised), "

@@ -1,6 +1,7 @@
 """Experiment: a finished one opens on its result (the sweet spot, the tradeoff chart, the summary
-table); one still running opens on its progress and telemetry.  The other sections (latency,
-breakdowns, needle heatmap, failed items, spec and environment, exports) are picked with a selector
+table, the verdict per task); one still running opens on its progress and telemetry.  The other
+sections (latency, breakdowns, needle heatmap, failed items and one item's KL along its tokens, spec
+and environment, exports) are picked with a selector
 bound to the URL (``tab``), and only the picked one is built and drawn: its charts come from caches
 keyed by the experiment's last update and the viewer's choices."""
 
@@ -15,7 +16,7 @@ import streamlit as st
 
 from kvlab.dashboard import charts, views
 from kvlab.experiments.analysis import breakdown, length_group
-from kvlab.experiments.decision import DEFAULT_MAX_DROP
+from kvlab.experiments.decision import Margins
 from kvlab.dashboard.chart_export import report_html
 from kvlab.config import dump_spec, parse_spec
 from kvlab.experiments.export import experiment_document, results_csv
@@ -111,19 +112,21 @@ def telemetry_figures(experiment_id: int, version: tuple[Any, ...], db: str | No
 
 
 @st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
-def figure(kind: str, view: View, option: str = "", title: str = "") -> go.Figure:
+def figure(kind: str, view: View, option: str = "", title: str = "", metric: str = "accuracy") -> go.Figure:
     """One chart of the results, built once per (experiment, last update, the viewer's choices)."""
     summaries, _ = analysed(view)
     results, baseline = shown_results(view)
     if kind == "tradeoff":
-        return charts.tradeoff_figure(summaries, option, baseline, title=title)
+        return charts.tradeoff_figure(summaries, option, baseline, title=title, metric=metric)
     if kind == "latency":
         return charts.latency_figure(summaries)
     if kind == "breakdown":
         key = (lambda r: r.task) if option == "task" else length_group
-        return charts.breakdown_figure(breakdown(results, key, baseline, view.max_drop), option)
+        return charts.breakdown_figure(breakdown(results, key, baseline, view.margins), option)
     if kind == "needle":
         return charts.needle_heatmap(results, option)
+    if kind == "item":
+        return charts.item_kl_figure(results, option)
     raise ValueError(f"no chart {kind!r}")
 
 
@@ -151,12 +154,16 @@ def follow_default_section(default: str) -> None:
         st.session_state["tab"] = default
 
 
-def kept(key: str) -> Any:
-    """A bound widget's value in a run that does not draw it: what it kept (``persist_state``), else the link's."""
+def kept(key: str, options: Sequence[str] | None = None) -> Any:
+    """A bound widget's value in a run that does not draw it: what it kept (``persist_state``), else the
+    link's (None when ``options`` are given and the link's is not one: the widget would refuse it)."""
     if key in st.session_state:
         return st.session_state[key]
     values = st.query_params.get_all(key)
-    return values if key == "hide" else (values[-1] if values else None)
+    if key == "hide":
+        return values
+    value = values[-1] if values else None
+    return None if options is not None and value not in options else value
 
 
 def kept_margin(default: float) -> float:
@@ -179,20 +186,38 @@ def view_state(section: str, default_section: str, spec_margin: float) -> views.
             margin = st.number_input(
                 "Non-inferiority margin (accuracy points)", min_value=0.5, max_value=50.0, step=0.5, key="margin",
                 value=spec_margin, bind="query-params", persist_state="page",
-                help="How much accuracy a config may lose against the baseline and still count as holding it (the "
-                     "spec's max_drop); decided by a paired test on the same items, Holm-corrected across configs.")
-    axis = kept("x")
+                help="How much accuracy a config may lose against the baseline (the spec's max_drop). Where "
+                     "fidelity is measured and a fidelity margin is set (the spec's max_kl, min_agreement), a "
+                     "config whose fidelity is certified is acceptable unless its accuracy is shown to drop by "
+                     "more than this; elsewhere a paired test on the same items must show it non-inferior within "
+                     "it. Task by task, Holm-corrected across configs.")
+    axis, metric = kept("x", views.X_AXES), kept("y", list(views.Y_METRICS))
     if section == "Tradeoff":
-        axis = st.radio("x axis", views.X_AXES, key="x", bind="query-params", horizontal=True, persist_state="page",
-                        help="bytes: physical KV cache in MiB; ratio: baseline bytes / physical bytes")
+        x_col, y_col = st.columns(2)
+        axis = x_col.radio("x axis", views.X_AXES, key="x", bind="query-params", horizontal=True,
+                           persist_state="page", help="bytes: physical KV cache in MiB; ratio: baseline bytes / "
+                                                      "physical bytes")
+        metric = y_col.radio("y axis", list(views.Y_METRICS), key="y", bind="query-params", horizontal=True,
+                             persist_state="page",
+                             help="accuracy: fraction correct (pooled over tasks); KL: mean KL(baseline || config) "
+                                  "per token in nats, teacher-forced on the baseline's output (lower is better); "
+                                  "agreement: share of tokens with the baseline's top-1 token. 95% intervals.")
+    shown = [r for r in results if r.config_name not in hidden]
     needle = kept("needle")
-    needles = charts.needle_configs([r for r in results if r.config_name not in hidden])
+    needles = charts.needle_configs(shown)
     if section == "Needles" and needles:
         needle = st.selectbox("Config", needles, key="needle", bind="query-params", persist_state="page")
+    item = kept("item")
+    items = views.fidelity_items(shown) if section == "Failed items" or item is not None else []  # reads every result
+    if section == "Failed items" and items:
+        item = st.selectbox("Item: KL along its tokens", items, key="item", bind="query-params", persist_state="page",
+                            help="Any item on which fidelity to the baseline was measured, not only failed ones.")
     return views.ExperimentViewState(
         experiment.id, tab=None if section == default_section else section,
-        x=None if axis in (None, views.X_AXES[0]) else axis, hide=tuple(hidden),
-        margin=None if margin == spec_margin else margin, needle=None if needle in (None, *needles[:1]) else needle)
+        x=None if axis in (None, views.X_AXES[0]) else axis,
+        y=None if metric in (None, next(iter(views.Y_METRICS))) else metric, hide=tuple(hidden),
+        margin=None if margin == spec_margin else margin, needle=None if needle in (None, *needles[:1]) else needle,
+        item=None if item in (None, *items[:1]) else item)
 
 
 sections = views.experiment_sections(experiment.is_terminal)
@@ -201,35 +226,45 @@ section = st.segmented_control("Section", sections, default=sections[0], require
                                bind="query-params", label_visibility="collapsed", on_change=_section_picked)
 live_panel(experiment.id, (experiment.status, ended_now), detailed=section == views.LIVE_SECTION)
 
-spec_margin = 100 * float(experiment.spec.get("max_drop", DEFAULT_MAX_DROP))
+spec_margin = 100 * Margins.of(experiment.spec).max_drop
 state = view_state(section, sections[0], spec_margin)
 view = view_of(experiment, state.hide, (spec_margin if state.margin is None else state.margin) / 100)
 axis = state.x or views.X_AXES[0]
+metric = state.y or next(iter(views.Y_METRICS))
 stem = slug(f"{experiment.id}-{experiment.name}")
 
 if section == "Tradeoff":
     summaries, decision = analysed(view)
     sweet = decision.sweet_spot
-    if sweet is not None:
-        st.success(f"Sweet spot: **{views.md(sweet.config_name)}** at {sweet.compression_ratio:.2f}x "
-                   f"({sweet.physical_kv_bytes / views.MIB:.3f} MiB), accuracy {sweet.accuracy:.2f}, "
-                   f"{sweet.diff_estimate:+.3f} [{sweet.diff_ci_low:+.3f}, {sweet.diff_ci_high:+.3f}] against the "
-                   f"baseline on the same items.")
-    else:
-        st.info(f"No sweet spot: {views.md(decision.note)}.")
-    st.caption(f"Rule: the {decision.rule}.")
-    chart(figure("tradeoff", view, axis, f"{experiment.name}: memory vs accuracy"), "tradeoff", f"{stem}-tradeoff")
+    (st.success if sweet is not None else st.info)(views.decision_text(decision))
+    chart(figure("tradeoff", view, axis, f"{experiment.name}: memory vs {views.Y_METRICS[metric]}", metric),
+          "tradeoff", f"{stem}-tradeoff" + ("" if metric == "accuracy" else f"-{slug(metric)}"))
     st.dataframe(views.summary_rows(summaries, sweet.config_name if sweet else None), hide_index=True)
+    verdicts = views.verdict_rows(summaries)
+    if verdicts:
+        st.subheader("Verdict per task")
+        st.caption("A config is acceptable only when every task that can judge it accepts it; each task is judged "
+                   "by fidelity where it is measured and a fidelity margin is set, else by accuracy.")
+        st.dataframe(verdicts, hide_index=True, key="verdicts",
+                     column_config={"reason": st.column_config.TextColumn("reason", width="large")})
     with st.expander("Definitions"):
         st.markdown(
             "- **Physical KV bytes**: the sum of `nbytes` of every tensor the compressed cache holds (codes, scales, "
             "zero points, 16-bit residual window, kept tokens), measured.\n"
             "- **Compression ratio (x)**: baseline bytes (the same tokens uncompressed at 16-bit) / physical bytes.\n"
-            "- **Accuracy**: mean per-item score in [0, 1], with a 95% Wilson interval; **p vs baseline**: exact "
-            "McNemar test on the same items.\n"
-            "- **vs baseline**: the paired accuracy difference (config - baseline) on the same items with its 95% "
-            "interval (Newcombe's square-and-add; MOVER for fractional scores); **non-inferior** when its one-sided "
-            "test against the margin rejects after Holm's correction across the configs (Holm p < 0.025).\n"
+            "- **Acceptable (every task)**: the decision. Each task judges each config apart (the verdict table): "
+            "by **fidelity** where it is measured and a fidelity margin is set (certified within max_kl / "
+            "min_agreement, Holm-corrected across configs, and accuracy not shown to drop by more than the margin), "
+            "else by **accuracy** (shown non-inferior within the margin: Holm p < 0.025). A task the baseline "
+            "cannot do (at its chance floor) judges by fidelity alone.\n"
+            "- **Mean KL**: KL(baseline || config) in nats per token, teacher-forced on the baseline's output, mean "
+            "over items with a 95% t interval (the item is the unit); **p99 KL**: over every token; **top-1 "
+            "agreement**: share of tokens where both put their highest probability on the same token.\n"
+            "- **Pooled** figures are over every task together, a summary beside the decision: **accuracy**, the "
+            "mean per-item score in [0, 1] with a 95% Wilson interval; **vs baseline**, the paired accuracy "
+            "difference (config - baseline) on the same items with its 95% interval (Newcombe's square-and-add; "
+            "MOVER for fractional scores) and its Holm-corrected non-inferiority test; **p vs baseline**, the exact "
+            "McNemar test.\n"
             "- **≈**: bytes estimated from a server's KV pool (bytes per token x prompt tokens), not measured.\n"
             "- **Pareto front**: configs no other config beats on both bytes (lower) and accuracy (higher).\n"
             "- **TTFT**: prefill (without eviction scorers) + this config's own scorer + compression + first token, "
@@ -247,12 +282,19 @@ elif section == "Needles":
     else:
         st.info("No needle heatmap: this experiment has no retrieval items (passkey, multikey) with needle depths.")
 elif section == "Failed items":
-    failed = views.failed_rows(shown_results(view)[0])
+    shown = shown_results(view)[0]
+    failed = views.failed_rows(shown)
     if failed:
         st.caption("Items scored below 1 or that raised, with what the model generated.")
         st.dataframe(failed, hide_index=True)
     else:
         st.success("Every scored item was answered correctly.")
+    items = views.fidelity_items(shown)
+    if items:
+        item = state.item or items[0]
+        st.subheader("One item, token by token")
+        chart(figure("item", view, item), "item-chart", f"{stem}-kl-{slug(item)}")
+        st.dataframe(views.item_rows(shown, item), hide_index=True, key="item-table")
 elif section == "Spec & environment":
     st.code(dump_spec(parse_spec(experiment.spec)), language="toml")
     st.json({"git_commit": experiment.git_commit, "versions": experiment.versions, "hardware": experiment.hardware},
@@ -263,19 +305,25 @@ def _report(experiment: ExperimentRecord, view: View) -> str:
     summaries, decided = analysed(view)
     results, baseline = shown_results(view)
     figures = {"Memory vs accuracy": charts.tradeoff_figure(summaries, "bytes", baseline),
-               "Compression ratio vs accuracy": charts.tradeoff_figure(summaries, "ratio", baseline),
-               "Latency": charts.latency_figure(summaries),
-               "Accuracy by context length": charts.breakdown_figure(
-                   breakdown(results, length_group, baseline), "context length")}
+               "Compression ratio vs accuracy": charts.tradeoff_figure(summaries, "ratio", baseline)}
+    if any(s.mean_kl is not None for s in summaries):
+        figures |= {f"Memory vs {words}": charts.tradeoff_figure(summaries, "bytes", baseline, f"Memory vs {words}",
+                                                                 metric)
+                    for metric, words in views.Y_METRICS.items() if metric != "accuracy"}
+    figures |= {"Latency": charts.latency_figure(summaries),
+                "Accuracy by context length": charts.breakdown_figure(
+                    breakdown(results, length_group, baseline, view.margins), "context length")}
     figures |= {f"Needles: {name}": charts.needle_heatmap(results, name) for name in charts.needle_configs(results)}
     best = decided.sweet_spot
     meta = {"experiment": experiment.id, "status": experiment.status, "model": experiment.model,
             "backend": experiment.backend_kind, "seed": experiment.seed,
             "created": f"{experiment.created_at:%Y-%m-%d %H:%M} UTC",
-            "sweet spot": views.sweet_spot_label(best) if best else f"none ({decided.note})",
+            "sweet spot": (f"{views.sweet_spot_label(best)}, decided by {decided.decided_by}" if best
+                           else f"none ({decided.note})"),
             "sweet spot rule": f"the {decided.rule}"}
     return report_html(f"kvlab: {experiment.name}", meta,
                        {"Summary": views.summary_rows(summaries, best.config_name if best else None),
+                        "Verdict per task": views.verdict_rows(summaries),
                         "Failed items": views.failed_rows(results, limit=100)},
                        figures, dump_spec(parse_spec(experiment.spec)),
                        {"git_commit": experiment.git_commit, "versions": experiment.versions,

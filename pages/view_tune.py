@@ -45,7 +45,7 @@ if tune is None:
 origin = "launched from the dashboard" if launched_here(store, experiment.id) else "launched by `kvlab tune`"
 st.title(f"Tune: {views.md(experiment.name)}")
 st.caption(f"#{experiment.id} · tune {tune.state} · {origin} · model "
-           f"{views.md(experiment.model)} ({experiment.backend_kind}) · max_drop {experiment.spec.get('max_drop')} · "
+           f"{views.md(experiment.model)} ({experiment.backend_kind}) · {views.margins_label(experiment.spec)} · "
            f"started {tune.started_at:%Y-%m-%d %H:%M} UTC")
 st.page_link(PAGE_FILES[views.PAGE_EXPERIMENT], label="Its trials, telemetry and results on the experiment page",
              query_params={"id": str(experiment.id)}, icon=":material/monitoring:")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvlab.config import parse_spec
-from kvlab.experiments.results import ItemResult
+from kvlab.experiments.results import Fidelity, ItemResult
 from kvlab.store import Store, TelemetrySample
 
 # max_drop 0.5: with 8 items only a wide non-inferiority margin can show a sweet spot.
@@ -13,12 +13,33 @@ SPEC = {"name": "synthetic-sweep", "tags": ["nightly"], "max_drop": 0.5,
                     {"name": "snapkv-50", "evict": "snapkv", "ratio": 0.5}]}
 #: config -> (physical bytes per baseline byte, items it gets wrong out of every 4)
 PROFILE = {"baseline": (1.0, 0), "int4": (0.27, 0), "int2": (0.15, 2), "snapkv-50": (0.5, 1)}
+#: config -> (KL in nats per token before it diverges, the token at which it diverges on the items it
+#: gets wrong): its fidelity to the baseline, teacher-forced on the baseline's FIDELITY_TOKENS tokens.
+#: At the default max_kl (0.05) int4 is certified and int2, snapkv-50 are not.
+FIDELITY = {"int4": (0.004, None), "int2": (0.4, 1), "snapkv-50": (0.08, 3)}
+FIDELITY_TOKENS = 6
 
 
-def item_result(config: str, item: int, length: int, depth: float) -> ItemResult:
+def fidelity_of(config: str, item: int) -> Fidelity | None:
+    """The config's synthetic fidelity on an item (None for the baseline, as the engine stores it):
+    KL varies over tokens and items; on an item the config gets wrong, its top-1 leaves the
+    baseline's at its divergence token, and KL is three times higher from there."""
+    if config not in FIDELITY:
+        return None
+    level, diverges = FIDELITY[config]
+    at = diverges if item % 4 < PROFILE[config][1] else None
+    kl = tuple(level * (0.5 + (item + t) % 4 / 4) * (3 if at is not None and t >= at else 1)
+               for t in range(FIDELITY_TOKENS))
+    return Fidelity(kl=kl, agree=tuple(at is None or t < at for t in range(FIDELITY_TOKENS)))
+
+
+def item_result(config: str, item: int, length: int, depth: float, fidelity: bool = False) -> ItemResult:
+    """One passkey item under ``config``; ``fidelity``: with its :func:`fidelity_of` in ``extra``, as
+    the embedded engine stores it."""
     fraction, wrong = PROFILE[config]
     baseline_bytes = 2 * 30 * 3 * 64 * length * 2
     correct = item % 4 >= wrong
+    measured = fidelity_of(config, item) if fidelity else None
     return ItemResult(
         item_id=f"passkey-{length}-{item}", task="passkey", config_name=config,
         config={"name": config, "quant": {"int4": "int4", "int2": "int2"}.get(config, "none"),
@@ -29,12 +50,14 @@ def item_result(config: str, item: int, length: int, depth: float) -> ItemResult
         analytic_kv_bytes=int(baseline_bytes * fraction), compression_ratio=1 / fraction, peak_kv_bytes=baseline_bytes,
         generated=" 12345." if correct else " 99999.", answer="12345", output_tokens=4, ttft_s=0.1 * length / 256,
         tpot_s=0.05, prefill_s=0.09 * length / 256, compress_s=0.005, decode_s=0.15, peak_memory_bytes=None,
-        score=1.0 if correct else 0.0)
+        score=1.0 if correct else 0.0, extra={} if measured is None else {"fidelity": measured.to_dict()})
 
 
-def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True) -> int:
+def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True, fidelity: bool = False) -> int:
     """An experiment of 4 configs x 8 passkey items (2 lengths x 2 depths x 2), with telemetry and
-    events; ``finish=False`` leaves it running with half of the items done."""
+    events; ``finish=False`` leaves it running with half of the items done.  Without ``fidelity`` its
+    results are those of a backend that does not measure it (accuracy decides); with it, every
+    config but the baseline carries its fidelity to the baseline (then fidelity decides)."""
     spec = parse_spec(SPEC | {"name": name})
     experiment_id = store.create_experiment(spec, {"versions": {"kvlab": "test"}, "git_commit": "abc123",
                                                    "hardware": {"cpu_count": 2}})
@@ -45,7 +68,7 @@ def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True) -
         for index, (length, depth) in enumerate((n, d) for n in (256, 512) for d in (0.1, 0.9) for _ in range(2)):
             if not finish and index >= 4:
                 break
-            store.add_item_result(trial.id, item_result(trial.config_name, index, length, depth))
+            store.add_item_result(trial.id, item_result(trial.config_name, index, length, depth, fidelity))
         for step, phase in enumerate(("load", "prefill", "compress", "decode")):
             samples.append(TelemetrySample(experiment_id=experiment_id, worker_id="test-host:w0",
                                            ts=1000.0 + 4 * trial.position + step, phase=phase, source="cpu",

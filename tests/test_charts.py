@@ -40,9 +40,11 @@ def test_tradeoff_bytes_has_front_band_and_sweet_spot():
     band = next(s for s in fig.layout.shapes if s.type == "rect")
     assert (band.y0, band.y1) == pytest.approx((by_name["baseline"].ci_low, by_name["baseline"].ci_high))
     assert list(_trace(fig, "sweet spot").x) == pytest.approx([by_name["int4"].physical_kv_bytes / MIB])
-    assert any("sweet spot: int4 (3.70x)" in a.text for a in fig.layout.annotations)
+    assert any("sweet spot: int4 (3.70x, decided by passkey: accuracy)" in a.text for a in fig.layout.annotations)
     assert any("-50 points, Holm" in a.text.replace("<br>", " ") for a in fig.layout.annotations)
-    assert "vs baseline +0.000 [" in _trace(fig, "configs").hovertext[1]
+    hover = _trace(fig, "configs").hovertext
+    assert "vs baseline (pooled) +0.000 [" in hover[1] and "acceptable on every task" in hover[1]
+    assert "not acceptable: passkey stopped it (accuracy)" in hover[2] and "non-inferior at" not in hover[2]
 
 
 def test_tradeoff_without_a_non_inferior_config_says_why():
@@ -64,6 +66,70 @@ def test_tradeoff_without_baseline_results_draws_no_band():
     fig = charts.tradeoff_figure([s for s in SUMMARIES if s.config_name != "baseline"], "bytes")
     assert not [s for s in fig.layout.shapes if s.type == "rect"]
     assert "sweet spot" not in {t.name for t in fig.data}
+
+
+FIDELITY_RESULTS = [item_result(config, index, length, depth, fidelity=True) for config in PROFILE
+                    for index, (length, depth) in enumerate((n, d) for n in (256, 512) for d in (0.1, 0.9)
+                                                            for _ in range(2))]
+FIDELITY_SUMMARIES = summarize(FIDELITY_RESULTS, "baseline", Margins(max_drop=0.5, min_agreement=0.5))
+
+
+def test_tradeoff_y_metric_mean_kl_with_its_interval_and_margin():
+    fig = charts.tradeoff_figure(FIDELITY_SUMMARIES, "ratio", metric="KL")
+    assert "mean KL" in fig.layout.yaxis.title.text and "nats" in fig.layout.yaxis.title.text
+    assert "lower is better" in fig.layout.yaxis.title.text
+    configs = _trace(fig, "configs")
+    measured = [s for s in FIDELITY_SUMMARIES if s.mean_kl is not None]
+    assert list(configs.text) == ["int4", "int2", "snapkv-50"]  # the baseline has no KL against itself
+    assert list(configs.y) == pytest.approx([s.mean_kl for s in measured])
+    assert list(configs.error_y.array) == pytest.approx([s.kl_ci_high - s.mean_kl for s in measured])
+    assert list(configs.error_y.arrayminus) == pytest.approx([s.mean_kl - s.kl_ci_low for s in measured])
+    assert "Pareto front" not in {t.name for t in fig.data} and not [s for s in fig.layout.shapes if s.type == "rect"]
+    [margin] = [s for s in fig.layout.shapes if s.type == "line"]
+    assert margin.y0 == margin.y1 == FIDELITY_SUMMARIES[0].max_kl
+    sweet = _trace(fig, "sweet spot")  # int4: certified, the others not
+    assert list(sweet.y) == pytest.approx([measured[0].mean_kl])
+    rule = " ".join(a.text.replace("<br>", " ") for a in fig.layout.annotations)
+    assert "fidelity to the baseline certified (mean KL below 0.05 nats per token and top-1 agreement above 50%" in rule
+    assert "mean KL " in configs.hovertext[0] and "decided by passkey: fidelity" in configs.hovertext[0]
+
+
+def test_tradeoff_y_metric_agreement_and_an_experiment_without_fidelity():
+    fig = charts.tradeoff_figure(FIDELITY_SUMMARIES, "bytes", metric="agreement")
+    configs = _trace(fig, "configs")
+    measured = [s for s in FIDELITY_SUMMARIES if s.agreement is not None]
+    assert list(configs.y) == pytest.approx([s.agreement for s in measured])
+    assert list(configs.error_y.arrayminus) == pytest.approx([s.agreement - s.agreement_ci_low for s in measured])
+    assert "agreement" in fig.layout.yaxis.title.text
+    [margin] = [s for s in fig.layout.shapes if s.type == "line"]
+    assert margin.y0 == 0.5  # min_agreement
+    unmeasured = charts.tradeoff_figure(SUMMARIES, "bytes", metric="KL")
+    assert list(_trace(unmeasured, "configs").x) == [] and "sweet spot" not in {t.name for t in unmeasured.data}
+    assert any("not measured" in a.text for a in unmeasured.layout.annotations)
+    with pytest.raises(ValueError, match="metric"):
+        charts.tradeoff_figure(SUMMARIES, "bytes", metric="perplexity")
+
+
+def test_one_items_kl_along_its_tokens_marks_each_first_divergence():
+    item = "passkey-256-0"  # int2 and snapkv-50 get it wrong: they diverge there, int4 does not
+    fidelities = {r.config_name: r.fidelity for r in FIDELITY_RESULTS if r.item_id == item and r.fidelity}
+    fig = charts.item_kl_figure(FIDELITY_RESULTS, item)
+    lines = [t for t in fig.data if t.mode == "lines+markers"]
+    assert [t.name for t in lines] == ["int4", "int2", "snapkv-50"]
+    for line in lines:
+        assert list(line.x) == list(range(fidelities[line.name].tokens))
+        assert list(line.y) == pytest.approx(fidelities[line.name].kl)
+    marks = {t.name: t for t in fig.data if t.mode == "markers"}
+    assert set(marks) == {"int2: first divergence", "snapkv-50: first divergence"}
+    for name in ("int2", "snapkv-50"):
+        at = fidelities[name].first_divergence
+        assert at is not None and list(marks[f"{name}: first divergence"].x) == [at]
+        assert list(marks[f"{name}: first divergence"].y) == pytest.approx([fidelities[name].kl[at]])
+    assert fidelities["int2"].first_divergence != fidelities["snapkv-50"].first_divergence  # the x is each one's own
+    assert fig.layout.xaxis.title.text.startswith("token position") and "nats" in fig.layout.yaxis.title.text
+    assert lines[0].hovertemplate.startswith("%{fullData.name}<br>")
+    empty = charts.item_kl_figure(RESULTS, item)  # results without fidelity
+    assert not empty.data and any("no config" in a.text for a in empty.layout.annotations)
 
 
 def test_latency_in_milliseconds():
@@ -152,6 +218,8 @@ def test_the_page_bundle_is_the_plotly_js_of_plotly_py_and_draws_the_pages_figur
     assert version(bundle) == version(get_plotlyjs()) == plotly_view.PLOTLY_JS_VERSION
     assert "plotly.js (cartesian" in bundle[:100]
     figures = [charts.tradeoff_figure(SUMMARIES), charts.latency_figure(SUMMARIES),
+               charts.tradeoff_figure(FIDELITY_SUMMARIES, metric="KL"), charts.item_kl_figure(FIDELITY_RESULTS,
+                                                                                              "passkey-256-0"),
                charts.breakdown_figure(breakdown(RESULTS, lambda r: r.task, "baseline"), "task"),
                charts.needle_heatmap(RESULTS, "baseline"), charts.telemetry_figure(_samples()),
                charts.gpu_figure(_samples("nvml")), charts.compare_figure({"#1 a": SUMMARIES})]
@@ -216,10 +284,11 @@ def test_names_with_markup_are_text_in_every_figure_and_the_report():
     from kvlab.dashboard import tune_charts
     from kvlab.tune.progress import Point
 
-    results = [replace(r, config_name=MARKUP) if r.config_name == "int4" else r for r in RESULTS]
+    results = [replace(r, config_name=MARKUP) if r.config_name == "int4" else r for r in FIDELITY_RESULTS]
     summaries = summarize(results, "baseline", Margins(max_drop=0.5))
-    figures = [charts.tradeoff_figure(summaries, axis, title=f"{MARKUP}: memory vs accuracy")
-               for axis in charts.X_TITLES]
+    figures = [charts.tradeoff_figure(summaries, axis, title=f"{MARKUP}: memory vs {metric}", metric=metric)
+               for axis in charts.X_TITLES for metric in charts.Y_TITLES]
+    figures.append(charts.item_kl_figure(results, "passkey-256-0"))
     figures += [charts.latency_figure(summaries), charts.needle_heatmap(results, MARKUP),
                 charts.breakdown_figure(breakdown(results, lambda r: r.task, "baseline"), "task"),
                 charts.compare_figure({f"#1 {MARKUP}": summaries}),

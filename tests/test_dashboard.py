@@ -4,6 +4,10 @@ live panel and the browser side are covered by tests/e2e/test_browser.py."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import re
 from dataclasses import fields
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -308,32 +312,99 @@ def _verdict(at: AppTest) -> str:
     return "\n".join([texts(at.success), texts(at.info), texts(at.caption), summary.to_csv()])
 
 
-def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdict(filled):
-    """Each piece of the page's state set from its widget (section, axis, hidden configs, margin,
-    needle config); the link, opened as a new session, shows the same view and the same verdict."""
-    _, done_id, _ = filled
+def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdict(store):
+    """Each piece of the page's state set from its widget (section, axes, hidden configs, margin,
+    needle config, item); the link, opened as a new session, shows the same view and the same verdict."""
+    done_id = populate(store, fidelity=True)  # fidelity measured: an item to pick
     at = open_page(VIEW, id=str(done_id))
     default_verdict = _verdict(at)
     at.number_input(key="margin").set_value(20.0).run()
     at.multiselect(key="hide").set_value(["snapkv-50"]).run()
     at.radio(key="x").set_value("ratio").run()
+    at.radio(key="y").set_value("KL").run()
     verdict = _verdict(at)
-    assert verdict != default_verdict and "within 20 points" in verdict  # at the spec's 50 points int4 holds
+    assert verdict != default_verdict and "by more than 20 points" in verdict  # the rule at the viewer's margin
+    at.segmented_control(key="tab").set_value("Failed items").run()
+    at.selectbox(key="item").set_value("passkey-256-1").run()
     at.segmented_control(key="tab").set_value("Needles").run()
     at.selectbox(key="needle").set_value("int2").run()
     assert_clean(at)
     link = share_link(at)
     params = parse_qs(urlsplit(link).query)
     assert set(params) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece, by its name
-    assert params == {"id": [str(done_id)], "tab": ["Needles"], "x": ["ratio"], "hide": ["snapkv-50"],
-                      "margin": ["20"], "needle": ["int2"]}
+    assert params == {"id": [str(done_id)], "tab": ["Needles"], "x": ["ratio"], "y": ["KL"], "hide": ["snapkv-50"],
+                      "margin": ["20"], "needle": ["int2"], "item": ["passkey-256-1"]}
 
     opened = open_page(VIEW, **{key: values if len(values) > 1 else values[0] for key, values in params.items()})
     assert_clean(opened)
     assert opened.selectbox(key="needle").value == "int2" and opened.multiselect(key="hide").value == ["snapkv-50"]
     assert opened.number_input(key="margin").value == 20.0 and share_link(opened) == link
+    opened.segmented_control(key="tab").set_value("Failed items").run()
+    assert opened.selectbox(key="item").value == "passkey-256-1"
     opened.segmented_control(key="tab").set_value("Tradeoff").run()
-    assert opened.radio(key="x").value == "ratio" and _verdict(opened) == verdict
+    assert opened.radio(key="x").value == "ratio" and opened.radio(key="y").value == "KL"
+    assert _verdict(opened) == verdict
+
+
+def test_an_older_link_without_y_shows_accuracy_and_a_bad_y_is_dropped(filled):
+    _, done_id, _ = filled
+    for link_y in ({}, {"y": "perplexity"}):
+        at = open_page(VIEW, id=str(done_id), x="ratio", **link_y)
+        assert_clean(at)
+        assert at.radio(key="y").value == "accuracy" and share_link(at) == f"?id={done_id}&x=ratio"
+
+
+def test_the_experiment_page_shows_fidelity_and_the_verdict_per_task(store):
+    """Stored fidelity results: the sweet spot's line says which criterion decided and the rule, the
+    summary has the fidelity columns, and the verdict table each config's verdict on each task."""
+    done_id = populate(store, "fidelity-sweep", fidelity=True)
+    at = open_page(VIEW, id=str(done_id))
+    assert_clean(at)
+    spot = texts(at.success)
+    assert spot.startswith("Sweet spot: **int4** at 3.70x") and r"decided by passkey\: fidelity" in spot
+    assert "\n\nRule: the most compressed config that, on every task, has its fidelity to the baseline" in spot
+    summary = next(df.value for df in at.dataframe if "KV (MiB)" in df.value.columns)
+    assert list(summary["acceptable (every task)"]) == ["-", "yes", "no", "no"]
+    assert list(summary["decided by"])[1:] == ["passkey: fidelity"] * 3
+    assert list(summary["stopped by (task)"]) == ["-", "-", "passkey", "passkey"]
+    kl = list(summary["mean KL (nats, 95% CI)"])
+    assert kl[0] == "-" and all(re.fullmatch(r"[\d.e-]+ \[[\d.e-]+, [\d.e-]+\]", cell) for cell in kl[1:]), kl
+    verdicts = next(df.value for df in at.dataframe if "criterion" in df.value.columns)
+    assert [tuple(row) for row in verdicts[["config", "task", "accepted", "criterion"]].values] == [
+        ("int4", "passkey", "yes", "fidelity"), ("int2", "passkey", "no", "fidelity"),
+        ("snapkv-50", "passkey", "no", "fidelity")]
+    assert verdicts["reason"][1].startswith("fidelity not certified within mean KL below 0.05 nats per token")
+    at.radio(key="y").set_value("agreement").run()
+    assert_clean(at)
+    assert share_link(at) == f"?id={done_id}&y=agreement" and plotly_charts(at) == 1
+
+    at = open_page(VIEW, id=str(done_id), tab="Failed items")
+    assert_clean(at)
+    assert at.selectbox(key="item").value == "passkey-256-0" and plotly_charts(at) == 1  # the item's KL chart
+    item = next(df.value for df in at.dataframe if "first divergence (token)" in df.value.columns)
+    assert list(item["config"]) == ["baseline", "int4", "int2", "snapkv-50"]
+    assert list(item["first divergence (token)"]) == ["-", "none", "1", "3"]  # tests/dashboard_data.py's FIDELITY
+    assert share_link(at) == f"?id={done_id}&tab=Failed+items"
+
+
+def test_the_exports_carry_every_per_token_figure_and_the_fidelity_summaries(store):
+    from kvlab.experiments.export import experiment_document, results_csv
+
+    done_id = populate(store, "fidelity-sweep", fidelity=True)
+    results = store.item_results(done_id)
+    measured = [r for r in results if r.fidelity is not None]
+    assert len(measured) == 24  # 3 configs x 8 items: every one but the baseline's
+    rows = list(csv.DictReader(io.StringIO(results_csv(results))))
+    stored = {(row["config_name"], row["item_id"]): json.loads(row["extra"]).get("fidelity") for row in rows}
+    for result in measured:
+        assert stored[(result.config_name, result.item_id)] == result.fidelity.to_dict()
+    document = json.loads(json.dumps(experiment_document(store, done_id)))
+    by_key = {(r["config_name"], r["item_id"]): r["extra"].get("fidelity") for r in document["results"]}
+    assert all(by_key[(r.config_name, r.item_id)]["kl"] == list(r.fidelity.kl) for r in measured)
+    summary = {s["config_name"]: s for s in document["summary"]}
+    assert summary["int4"]["fidelity"]["mean_kl"] is not None and summary["baseline"]["fidelity"]["mean_kl"] is None
+    assert summary["int2"]["task_verdicts"][0]["criterion"] == "fidelity"
+    assert document["sweet_spot"]["decided_by"] == {"passkey": "fidelity"}
 
 
 def _finish(store: Store, experiment_id: int) -> None:

@@ -13,9 +13,12 @@ from kvlab.cli.tune import start_background
 
 from kvlab.dashboard import spec_form
 from kvlab.dashboard.tune_launch import last_line, wait_for_tune
-from tests.test_dashboard import NEW, assert_clean, open_page, store, texts  # noqa: F401 -- store: the fixture
+from tests import test_dashboard
+from tests.test_dashboard import NEW, assert_clean, open_page, texts
 from tests.tune_data import populate_tune
 from tests.waiting import SAFETY_S
+
+store = test_dashboard.store  # the fixture: a temporary SQLite store the pages open
 
 
 def metrics(at) -> dict[str, str]:
@@ -59,6 +62,23 @@ def test_tune_mode_says_what_is_wrong_in_one_line(store):
     at.number_input(key="f:tune.max_item_evals").set_value(60).run()
     assert_clean(at)
     assert not at.error and metrics(at)["Full grid (configs)"] == "6"  # snapkv x 6 ratios
+
+
+def test_the_tune_uses_the_forms_margins_fidelity_included(store):
+    """The margins above the modes are the tune's too: its recommendation's rule says them, and 0
+    turns the KL margin off (not back to its default)."""
+    at = open_page(NEW)
+    at.segmented_control(key="f:mode").set_value("Tune").run()
+    rule = next(c.value for c in at.caption if c.value.startswith("Its recommendation: "))
+    assert r"mean KL below 0\.05 nats" in rule  # the spec's default max_kl
+    at.number_input(key="f:max_kl").set_value(0.0).run()
+    at.number_input(key="f:min_agreement").set_value(0.9).run()
+    assert_clean(at)
+    rule = next(c.value for c in at.caption if c.value.startswith("Its recommendation: "))
+    assert "top-1 agreement above 90%" in rule and "mean KL" not in rule
+    state = at.session_state  # what the page validated: its mirror of the widgets
+    spec = spec_form.build_spec(state["form_values"], state["form_n_tasks"], [], state["form_base"]).spec
+    assert spec.tune is not None and (spec.max_kl, spec.min_agreement) == (0.0, 0.9)
 
 
 def test_the_example_tune_loads_in_tune_mode_with_its_documented_grid(store):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
@@ -11,8 +11,9 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from kvlab.dashboard import estimate, spec_form, views
-from kvlab.experiments.analysis import summarize
-from kvlab.config import ConfigError, load_spec, parse_spec_toml
+from kvlab.experiments.analysis import decide, summarize
+from kvlab.experiments.decision import DEFAULT_MAX_DROP, DEFAULT_MAX_KL, Margins
+from kvlab.config import ConfigError, load_spec, parse_spec, parse_spec_toml
 from kvlab.dashboard.spec_form import (
     assign_errors,
     build_spec,
@@ -49,7 +50,8 @@ def test_url_state():
 def test_every_piece_of_the_experiment_view_is_in_its_link():
     """Each field of the page's state, away from its default, is a query parameter of the share link
     under its own name (the widget's key), and back at its default leaves the link."""
-    changed = {"tab": "Needles", "x": "ratio", "hide": ("int2", "a b"), "margin": 20.0, "needle": "snapkv-50"}
+    changed = {"tab": "Needles", "x": "ratio", "y": "KL", "hide": ("int2", "a b"), "margin": 20.0,
+               "needle": "snapkv-50", "item": "passkey-256-0"}
     assert set(changed) == {f.name for f in fields(views.ExperimentViewState)} - {"id"}  # a new field: test it
     for name, value in changed.items():
         state = views.ExperimentViewState(7, **{name: value})
@@ -59,6 +61,7 @@ def test_every_piece_of_the_experiment_view_is_in_its_link():
         assert parse_qsl(urlsplit(link).query) == [("id", "7"), *expected], name
     assert views.share_url("http://h/experiment", views.ExperimentViewState(7).params()) == "http://h/experiment?id=7"
     assert views.ExperimentViewState(7, margin=12.5).params()["margin"] == "12.5"
+    assert set(views.Y_METRICS) == {"accuracy", "KL", "agreement"} and next(iter(views.Y_METRICS)) == "accuracy"
 
 
 def test_store_text_is_literal_in_markdown():
@@ -71,9 +74,18 @@ def test_store_text_is_literal_in_markdown():
 
 
 def test_the_best_ratio_help_states_the_decision_rule():
-    assert views.BEST_RATIO_HELP.startswith("The most compressed config whose accuracy is non-inferior")
-    assert "Holm" in views.BEST_RATIO_HELP and "margin" in views.BEST_RATIO_HELP
+    """The decision's own words (Margins.rule) at the default margins, fidelity included, not the old
+    accuracy-only rule."""
+    assert views.BEST_RATIO_HELP.startswith(f"The {Margins().rule('its')}.")
+    assert "fidelity to the baseline certified" in views.BEST_RATIO_HELP and "on every task" in views.BEST_RATIO_HELP
+    assert "Holm" in views.BEST_RATIO_HELP and "max_kl and min_agreement" in views.BEST_RATIO_HELP
     assert "overlap" not in views.BEST_RATIO_HELP and "10 points" not in views.BEST_RATIO_HELP
+
+
+def test_the_margins_label_says_each_margin_and_which_are_off():
+    assert views.margins_label({}) == "max_drop 0.05, max_kl 0.05, min_agreement off"  # an older spec: defaults
+    assert views.margins_label({"max_drop": 0.1, "max_kl": 0.0, "min_agreement": 0.9}) == \
+        "max_drop 0.1, max_kl off, min_agreement 0.9"
 
 
 def test_durations():
@@ -101,12 +113,80 @@ def test_experiment_rows_and_progress():
 
 def test_summary_and_failed_rows():
     results = [item_result(c, i, 256, 0.5) for c in PROFILE for i in range(4)]
-    rows = views.summary_rows(summarize(results), sweet_name="int4")
+    summaries = summarize(results)
+    rows = views.summary_rows(summaries, sweet_name="int4")
     assert [r["config"] for r in rows] == ["baseline", "int4  ★ sweet spot", "int2", "snapkv-50"]
-    assert rows[1]["ratio (x)"] == "3.70" and rows[0]["TTFT (ms)"] == "100" and rows[0]["p vs baseline"] == "-"
+    assert rows[1]["ratio (x)"] == "3.70" and rows[0]["TTFT (ms)"] == "100"
+    assert rows[0]["p vs baseline (pooled)"] == "-"
+    # no fidelity measured (a backend that does not): "-" in its columns, and accuracy judged each task
+    fidelity_columns = ("mean KL (nats, 95% CI)", "p99 KL (nats)", "top-1 agreement (95% CI)")
+    assert {row[c] for row in rows for c in fidelity_columns} == {"-"}
+    assert [r["decided by"] for r in rows] == ["-", "passkey: accuracy", "passkey: accuracy", "passkey: accuracy"]
+    assert views.fidelity_items(results) == [] and views.item_rows(results, "passkey-256-0")[1]["mean KL (nats)"] == "-"
     failed = views.failed_rows(results)
     assert {(r["config"], r["generated"]) for r in failed} == {("int2", " 99999."), ("snapkv-50", " 99999.")}
     assert len(failed) == 3
+
+
+def _fidelity_results():
+    return [item_result(c, i, n, d, fidelity=True) for c in PROFILE
+            for i, (n, d) in enumerate((n, d) for n in (256, 512) for d in (0.1, 0.9) for _ in range(2))]
+
+
+def test_summary_rows_with_fidelity_say_the_decision_and_what_decided_it():
+    summaries = summarize(_fidelity_results(), "baseline", Margins(max_drop=0.5))
+    by_name = {s.config_name: s for s in summaries}
+    rows = {r["config"]: r for r in views.summary_rows(summaries)}
+    assert rows["baseline"]["mean KL (nats, 95% CI)"] == "-" and rows["baseline"]["decided by"] == "-"
+    int4, int2 = by_name["int4"], by_name["int2"]
+    assert rows["int4"]["mean KL (nats, 95% CI)"] == f"{int4.mean_kl:.3g} [{int4.kl_ci_low:.3g}, {int4.kl_ci_high:.3g}]"
+    assert rows["int4"]["p99 KL (nats)"] == f"{int4.p99_kl:.3g}"
+    assert rows["int2"]["top-1 agreement (95% CI)"].startswith(f"{int2.agreement:.1%} [")
+    # the decision (per task) and the pooled summary are two columns: they can disagree
+    assert [rows[c]["acceptable (every task)"] for c in ("int4", "int2", "snapkv-50")] == ["yes", "no", "no"]
+    assert rows["int2"]["stopped by (task)"] == "passkey" and rows["int4"]["stopped by (task)"] == "-"
+    assert rows["int2"]["decided by"] == "passkey: fidelity"
+    assert rows["int4"]["non-inferior (pooled)"] == ("yes" if int4.pooled_non_inferior else "no")
+    verdicts = views.verdict_rows(summaries)
+    assert [(v["config"], v["task"], v["accepted"], v["criterion"]) for v in verdicts] == [
+        ("int4", "passkey", "yes", "fidelity"), ("int2", "passkey", "no", "fidelity"),
+        ("snapkv-50", "passkey", "no", "fidelity")]
+    assert verdicts[1]["reason"] == int2.task_verdicts[0].reason and "not certified" in verdicts[1]["reason"]
+
+
+def test_the_decision_text_says_the_criterion_and_the_rule_and_escapes_names():
+    results = [replace(r, config_name="*int4*") if r.config_name == "int4" else r for r in _fidelity_results()]
+    decision = decide(summarize(results, "baseline", Margins(max_drop=0.5)))
+    head, rule = views.decision_text(decision).split("\n\n")
+    assert head.startswith(r"Sweet spot: **\*int4\*** at 3.70x") and r"decided by passkey\: fidelity" in head
+    assert rule == f"Rule: the {views.md(decision.rule)}." and "fidelity to the baseline certified" in decision.rule
+    none = decide(summarize(results, "baseline", Margins(max_drop=0.5, max_kl=0.001)))
+    assert views.decision_text(none).startswith(f"No sweet spot: {views.md(none.note)}.\n\nRule: ")
+
+
+def test_item_rows_show_one_items_fidelity_under_every_config():
+    results = _fidelity_results()
+    items = views.fidelity_items(results)
+    assert items == list(dict.fromkeys(r.item_id for r in results))  # every item: every config but the baseline
+    rows = {r["config"]: r for r in views.item_rows(results, items[0])}
+    int2 = next(r.fidelity for r in results if r.item_id == items[0] and r.config_name == "int2")
+    assert rows["baseline"]["mean KL (nats)"] == "-"
+    assert rows["int2"]["first divergence (token)"] == str(int2.first_divergence)
+    assert rows["int2"]["tokens compared"] == str(int2.tokens) and rows["int4"]["first divergence (token)"] == "none"
+
+
+def test_the_form_round_trips_the_fidelity_margins_zero_included():
+    spec = parse_spec({"name": "m", "tasks": [{"name": "passkey"}], "configs": [{"quant": "int4"}], "max_kl": 0.0,
+                       "min_agreement": 0.9})
+    form = form_from_spec(spec)
+    assert (form.values["max_kl"], form.values["min_agreement"]) == (0.0, 0.9)
+    result = build_spec(form.values, form.n_tasks, form.configs, form.base)
+    assert result.errors == {} and (result.spec.max_kl, result.spec.min_agreement) == (0.0, 0.9)
+    assert result.spec == spec and form_from_spec(result.spec).values == form.values
+    defaults = default_form().values  # a spec that sets neither: the spec's defaults
+    assert (defaults["max_kl"], defaults["min_agreement"]) == (DEFAULT_MAX_KL, 0.0)
+    changed = build_spec(defaults | {"max_kl": 0.2, "min_agreement": 0.0}, 1, default_form().configs).spec
+    assert changed.margins == Margins(DEFAULT_MAX_DROP, 0.2, 0.0)
 
 
 def test_form_round_trips_every_example():

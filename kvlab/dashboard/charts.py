@@ -18,10 +18,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvlab.experiments.analysis import ConfigSummary, decide, pareto_front
+from kvlab.experiments.decision import Margins
 from kvlab.experiments.nodes import node_of
 from kvlab.experiments.results import ItemResult
 from kvlab.store.records import TelemetrySample
-from kvlab.dashboard.views import MIB, CompareRow
+from kvlab.dashboard.views import MIB, Y_METRICS, CompareRow, fidelity_text
 
 X_TITLES = {"bytes": "physical KV cache (MiB)", "ratio": "compression ratio (x, baseline bytes / physical bytes)"}
 ACCURACY_TITLE = "accuracy (fraction correct, 95% CI)"
@@ -48,76 +49,134 @@ def _x(summary: ConfigSummary, axis: str) -> float:
     return summary.physical_kv_bytes / MIB if axis == "bytes" else summary.compression_ratio
 
 
-def _plotted(summaries: Sequence[ConfigSummary], axis: str) -> list[ConfigSummary]:
-    return [s for s in summaries if _ok(s.accuracy) and _ok(_x(s, axis))]
+#: The y metrics of the tradeoff chart (``views.Y_METRICS``): the summary's value and its 95% interval.
+_Y_FIELDS = {"accuracy": ("accuracy", "ci_low", "ci_high"), "KL": ("mean_kl", "kl_ci_low", "kl_ci_high"),
+             "agreement": ("agreement", "agreement_ci_low", "agreement_ci_high")}
+Y_TITLES = {"accuracy": ACCURACY_TITLE, "KL": "mean KL(baseline || config) per token (nats, 95% CI; lower is better)",
+            "agreement": "top-1 agreement with the baseline (fraction of tokens, 95% CI)"}
+assert set(Y_TITLES) == set(_Y_FIELDS) == set(Y_METRICS)
 
 
-def _error_y(summaries: Sequence[ConfigSummary]) -> dict[str, Any]:
+def _y(summary: ConfigSummary, metric: str) -> float | None:
+    return getattr(summary, _Y_FIELDS[metric][0])
+
+
+def _plotted(summaries: Sequence[ConfigSummary], axis: str, metric: str = "accuracy") -> list[ConfigSummary]:
+    return [s for s in summaries if _ok(_y(s, metric)) and _ok(_x(s, axis))]
+
+
+def _error_y(summaries: Sequence[ConfigSummary], metric: str = "accuracy") -> dict[str, Any]:
+    """The 95% intervals as error bars (none where an end is unknown or unbounded: one item's KL)."""
+    value, low, high = _Y_FIELDS[metric]
+
+    def gap(a: float | None, b: float | None) -> float:
+        return a - b if _ok(a) and _ok(b) and math.isfinite(a - b) else 0
+
     return {"type": "data", "symmetric": False, "thickness": 1.2,
-            "array": [(s.ci_high - s.accuracy) if _ok(s.ci_high) else 0 for s in summaries],
-            "arrayminus": [(s.accuracy - s.ci_low) if _ok(s.ci_low) else 0 for s in summaries]}
+            "array": [gap(getattr(s, high), getattr(s, value)) for s in summaries],
+            "arrayminus": [gap(getattr(s, value), getattr(s, low)) for s in summaries]}
 
 
 def _hover(summaries: Sequence[ConfigSummary]) -> list[str]:
-    return [f"<b>{plotly_text(s.config_name)}</b><br>accuracy {s.accuracy:.3f} [{s.ci_low:.2f}, {s.ci_high:.2f}]"
-            + _difference(s)
-            + f"<br>KV {'≈' if s.kv_bytes_estimated else ''}{s.physical_kv_bytes / MIB:.3f} MiB"
-            + f" ({'estimated from the server pool' if s.kv_bytes_estimated else 'measured'}),"
-            + f" {s.compression_ratio:.2f}x, kept {s.kept_fraction:.0%}"
-            for s in summaries]
+    return ["<br>".join(_hover_lines(s)) for s in summaries]
 
 
-def _difference(s: ConfigSummary) -> str:
-    if s.diff_estimate is None:
-        return ""
-    verdict = "non-inferior" if s.non_inferior else "not shown non-inferior"
-    return (f"<br>vs baseline {s.diff_estimate:+.3f} [{s.diff_ci_low:+.3f}, {s.diff_ci_high:+.3f}], {verdict} "
-            f"at -{s.max_drop:.2f} (Holm p {s.p_adjusted:.3g})")
+def _hover_lines(s: ConfigSummary) -> list[str]:
+    """A config's figures and its verdict, in the words of the per-task rule (the pooled accuracy is a summary)."""
+    lines = [f"<b>{plotly_text(s.config_name)}</b>"]
+    if _ok(s.accuracy):
+        lines.append(f"accuracy (pooled) {s.accuracy:.3f} [{s.ci_low:.2f}, {s.ci_high:.2f}]")
+    if s.diff_estimate is not None:
+        lines.append(f"vs baseline (pooled) {s.diff_estimate:+.3f} [{s.diff_ci_low:+.3f}, {s.diff_ci_high:+.3f}], "
+                     f"Holm p {s.p_adjusted:.3g}")
+    if s.mean_kl is not None:
+        lines.append(plotly_text(fidelity_text(s)) + f", p99 KL {s.p99_kl:.3g}")
+    if s.task_verdicts:
+        stopped = s.stopped_by
+        verdict = ("acceptable on every task" if s.non_inferior else
+                   f"not acceptable: {stopped.task} stopped it ({stopped.criterion})" if stopped is not None else
+                   "no task can judge it")
+        lines.append(plotly_text(f"{verdict}; decided by {s.decided_by}"))
+    lines.append(f"KV {'≈' if s.kv_bytes_estimated else ''}{s.physical_kv_bytes / MIB:.3f} MiB"
+                 f" ({'estimated from the server pool' if s.kv_bytes_estimated else 'measured'}),"
+                 f" {s.compression_ratio:.2f}x, kept {s.kept_fraction:.0%}")
+    return lines
 
 
 def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", baseline_name: str = "baseline",
-                    title: str = "Memory vs accuracy") -> go.Figure:
-    """Accuracy (95% CI error bars) against physical KV bytes or compression ratio; the Pareto front
-    as a line, the baseline's interval as a band, the sweet spot annotated."""
+                    title: str = "Memory vs accuracy", metric: str = "accuracy") -> go.Figure:
+    """A metric with its 95% interval as error bars against physical KV bytes or compression ratio,
+    the sweet spot annotated with the rule that chose it.  ``metric`` (a key of ``views.Y_METRICS``):
+    accuracy, with the Pareto front as a line and the baseline's interval as a band; or the fidelity
+    to the baseline (mean KL, lower is better; top-1 agreement), with the rule's margin as a line
+    where it is set (the baseline, against itself, has no point there)."""
     if axis not in X_TITLES:
         raise ValueError(f"axis {axis!r}: one of {', '.join(X_TITLES)}")
-    points = _plotted(summaries, axis)
+    if metric not in Y_TITLES:
+        raise ValueError(f"metric {metric!r}: one of {', '.join(Y_TITLES)}")
+    points = _plotted(summaries, axis, metric)
     fig = go.Figure()
-    fig.update_layout(title=plotly_text(title), xaxis_title=X_TITLES[axis], yaxis_title=ACCURACY_TITLE,
+    fig.update_layout(title=plotly_text(title), xaxis_title=X_TITLES[axis], yaxis_title=Y_TITLES[metric],
                       **(_LAYOUT | {"height": 560, "margin": _LAYOUT["margin"] | {"b": 140}}))
-    fig.update_yaxes(range=[-0.05, 1.08])
+    if metric == "KL":
+        fig.update_yaxes(rangemode="tozero")
+    else:
+        fig.update_yaxes(range=[-0.05, 1.08])
     if axis == "ratio":
         fig.update_xaxes(ticksuffix="x")
-    baseline = next((s for s in points if s.config_name == baseline_name), None)
-    if baseline is not None and _ok(baseline.ci_low):
-        fig.add_hrect(y0=baseline.ci_low, y1=baseline.ci_high, fillcolor="#2ca02c", opacity=0.12, line_width=0,
-                      annotation_text="baseline 95% CI", annotation_position="bottom left")
-        fig.add_hline(y=baseline.accuracy, line_dash="dot", line_color="#2ca02c")
+    decision = decide(summaries, baseline_name)
+    if metric == "accuracy":
+        _accuracy_band(fig, next((s for s in points if s.config_name == baseline_name), None))
+    else:
+        _fidelity_margin(fig, decision.margins, metric, bool(points))
     fig.add_trace(go.Scatter(
-        name="configs", x=[_x(s, axis) for s in points], y=[s.accuracy for s in points], mode="markers+text",
-        text=[plotly_text(s.config_name) for s in points], textposition="top center", error_y=_error_y(points),
-        hovertext=_hover(points), hoverinfo="text", marker={"size": 9, "color": "#1f77b4"}))
-    front = sorted(pareto_front(points), key=lambda s: _x(s, axis))
+        name="configs", x=[_x(s, axis) for s in points], y=[_y(s, metric) for s in points], mode="markers+text",
+        text=[plotly_text(s.config_name) for s in points], textposition="top center",
+        error_y=_error_y(points, metric), hovertext=_hover(points), hoverinfo="text",
+        marker={"size": 9, "color": "#1f77b4"}))
+    front = sorted(pareto_front(points), key=lambda s: _x(s, axis)) if metric == "accuracy" else []
     if front:
         fig.add_trace(go.Scatter(
             name="Pareto front", x=[_x(s, axis) for s in front], y=[s.accuracy for s in front],
             mode="lines+markers", line={"color": "#d62728", "width": 2},
             marker={"size": 13, "symbol": "circle-open", "color": "#d62728"},
             hovertext=_hover(front), hoverinfo="text"))
-    decision = decide(points, baseline_name)
     sweet = decision.sweet_spot
     words = f"Sweet spot: the {decision.rule}." + (f" {decision.note[0].upper()}{decision.note[1:]}."
                                                      if decision.note else "")
     fig.add_annotation(text="<br>".join(textwrap.wrap(plotly_text(words), 120)), xref="paper", yref="paper", x=0,
                        y=-0.2, yanchor="top", showarrow=False, align="left", font={"size": 10, "color": "#555"})
-    if sweet is not None:
-        fig.add_trace(go.Scatter(name="sweet spot", x=[_x(sweet, axis)], y=[sweet.accuracy], mode="markers",
+    if sweet is not None and _ok(_y(sweet, metric)) and _ok(_x(sweet, axis)):
+        fig.add_trace(go.Scatter(name="sweet spot", x=[_x(sweet, axis)], y=[_y(sweet, metric)], mode="markers",
                                  marker={"size": 18, "symbol": "star", "color": "#ffbf00",
                                          "line": {"width": 1, "color": "#333"}},
                                  hovertext=_hover([sweet]), hoverinfo="text"))
-        fig.add_annotation(x=_x(sweet, axis), y=sweet.accuracy, ax=40, ay=-45, showarrow=True, arrowhead=2,
-                           text=f"sweet spot: {plotly_text(sweet.config_name)} ({sweet.compression_ratio:.2f}x)")
+        fig.add_annotation(x=_x(sweet, axis), y=_y(sweet, metric), ax=40, ay=-45, showarrow=True, arrowhead=2,
+                           text=f"sweet spot: {plotly_text(sweet.config_name)} ({sweet.compression_ratio:.2f}x, "
+                                f"decided by {plotly_text(sweet.decided_by)})")
     return fig
+
+
+def _accuracy_band(fig: go.Figure, baseline: ConfigSummary | None) -> None:
+    """The baseline's accuracy (dotted) and its 95% interval (a band)."""
+    if baseline is not None and _ok(baseline.ci_low):
+        fig.add_hrect(y0=baseline.ci_low, y1=baseline.ci_high, fillcolor="#2ca02c", opacity=0.12, line_width=0,
+                      annotation_text="baseline 95% CI", annotation_position="bottom left")
+        fig.add_hline(y=baseline.accuracy, line_dash="dot", line_color="#2ca02c")
+
+
+def _fidelity_margin(fig: go.Figure, margins: Margins, metric: str, measured: bool) -> None:
+    """The rule's fidelity margin for ``metric`` as a dashed line (where it is set), or why nothing is drawn."""
+    if not measured:
+        fig.add_annotation(text="fidelity to the baseline is not measured in this experiment (an endpoint backend, "
+                                "or results stored before kvlab measured it)", xref="paper", yref="paper", x=0.5,
+                           y=0.5, showarrow=False, font={"size": 13, "color": "#555"})
+        return
+    bound, words = ((margins.max_kl, f"max_kl: {margins.max_kl:g} nats") if metric == "KL" else
+                    (margins.min_agreement, f"min_agreement: {margins.min_agreement:.0%}"))
+    if bound > 0:
+        fig.add_hline(y=bound, line_dash="dash", line_color="#d62728", annotation_text=f"margin ({words})",
+                      annotation_position="top left")
 
 
 def latency_figure(summaries: Sequence[ConfigSummary]) -> go.Figure:
@@ -186,6 +245,37 @@ def needle_heatmap(results: Sequence[ItemResult], config_name: str) -> go.Figure
                       yaxis_title="needle depth (fraction of context)", **_LAYOUT)
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category")
+    return fig
+
+
+def item_kl_figure(results: Sequence[ItemResult], item_id: str) -> go.Figure:
+    """One item's KL(baseline || config) at each token it was teacher-forced on, one line per config
+    whose fidelity was measured there; a cross marks each config's first divergence (the first token
+    whose top-1 differs from the baseline's: where its own greedy output would leave the baseline's)."""
+    rows = [r for r in results if r.item_id == item_id and r.fidelity is not None]
+    fig = go.Figure()
+    for index, row in enumerate(rows):
+        fidelity, color, name = row.fidelity, _PALETTE[index % len(_PALETTE)], plotly_text(row.config_name)
+        # the name through %{fullData.name}, never inside the template, where "%{" in a name would be read
+        fig.add_trace(go.Scatter(
+            name=name, legendgroup=name, x=list(range(fidelity.tokens)), y=list(fidelity.kl), mode="lines+markers",
+            line={"color": color}, marker={"size": 5},
+            customdata=["same top-1 token" if same else "another top-1 token" for same in fidelity.agree],
+            hovertemplate="%{fullData.name}<br>token %{x}<br>KL %{y:.3g} nats<br>%{customdata}<extra></extra>"))
+        at = fidelity.first_divergence
+        if at is not None:
+            fig.add_trace(go.Scatter(
+                name=f"{name}: first divergence", legendgroup=name, showlegend=False, x=[at], y=[fidelity.kl[at]],
+                mode="markers", marker={"symbol": "x", "size": 13, "color": color, "line": {"width": 1}},
+                hovertemplate="%{fullData.name} at token %{x}<extra></extra>"))
+    teacher = rows[0].fidelity.teacher if rows else "the baseline's tokens"
+    fig.update_layout(title=f"KL along the tokens of {plotly_text(item_id)}", legend_title_text="config",
+                      xaxis_title=f"token position (teacher-forced on {teacher})",
+                      yaxis_title="KL(baseline || config) (nats)", **_LAYOUT)
+    fig.update_yaxes(rangemode="tozero")
+    if not rows:
+        fig.add_annotation(text="no config's fidelity was measured on this item", xref="paper", yref="paper", x=0.5,
+                           y=0.5, showarrow=False, font={"size": 13, "color": "#555"})
     return fig
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvlab.compress.methods import BUDGET_BOUNDS
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, SweepGrid, parse_spec, spec_to_dict
-from kvlab.experiments.decision import DEFAULT_MAX_DROP
+from kvlab.experiments.decision import DEFAULT_MAX_DROP, DEFAULT_MAX_KL
 from kvlab.engines.server_flags import SERVER_KINDS, check_config
 from kvlab.secrets import DEFAULT_KEY_VAR
 from kvlab.tasks.data_dir import checked_data_file
@@ -95,7 +95,7 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
         "backend.server.max_model_len": int(server.get("max_model_len") or 0),
         "backend.server.prefix_cache": bool(server.get("prefix_cache", True)),
         "seed": int(data.get("seed", 0)), "tags": ", ".join(data.get("tags", [])), "notes": data.get("notes", ""),
-        "max_drop": float(data.get("max_drop", DEFAULT_MAX_DROP)),
+        **margin_values(data),
     }
     tasks = data.get("tasks", [])
     for index, task in enumerate(tasks):
@@ -122,6 +122,14 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
     values |= tune_values(data.get("tune"))
     configs = [_CONFIG_DEFAULTS | {"name": ""} | c for c in data.get("configs", [])]
     return SpecForm(values=values, n_tasks=len(tasks), configs=configs, base=data)
+
+
+def margin_values(source: Mapping[str, Any]) -> dict[str, float]:
+    """The sweet-spot rule's margins (``max_drop``, ``max_kl``, ``min_agreement``) from a spec dict or the
+    form's values, each absent one at the spec's default; a 0 (a fidelity margin off) stays 0."""
+    return {"max_drop": float(source.get("max_drop", DEFAULT_MAX_DROP)),
+            "max_kl": float(source.get("max_kl", DEFAULT_MAX_KL)),
+            "min_agreement": float(source.get("min_agreement", 0.0))}
 
 
 def tune_values(tune: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -238,7 +246,7 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
         "name": str(values.get("name", "")).strip() or "experiment",
         "model": str(values.get("model") or "").strip(),
         "seed": int(values.get("seed", 0)),
-        "max_drop": float(values.get("max_drop", DEFAULT_MAX_DROP)),
+        **margin_values(values),
         "tags": [t.strip() for t in str(values.get("tags", "")).split(",") if t.strip()],
         "notes": str(values.get("notes", "")),
         "backend": backend_from_values(values, base.get("backend", {})),

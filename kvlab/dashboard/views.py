@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
-from kvlab.experiments.analysis import ConfigSummary
-from kvlab.experiments.decision import DEFAULT_MAX_DROP, RULE
+from kvlab.experiments.analysis import ConfigSummary, Decision
+from kvlab.experiments.decision import Margins
 from kvlab.experiments.nodes import node_of
 from kvlab.compress.formats import FORMATS
 from kvlab.experiments.results import ItemResult
@@ -35,6 +35,9 @@ PAGE_SIZE = 50
 MAX_ID = 2**63 - 1  # the largest id a database column holds
 
 X_AXES = ("bytes", "ratio")
+#: The tradeoff chart's y metrics (its ``y`` query parameter, the first the default), with the words
+#: a title uses for each: the accuracy, or the fidelity to the baseline (mean KL, top-1 agreement).
+Y_METRICS = {"accuracy": "accuracy", "KL": "mean KL", "agreement": "top-1 agreement"}
 
 #: The experiment page's sections (its ``tab`` query parameter), and the one that leads while it runs.
 SECTIONS = ("Tradeoff", "Latency", "Breakdown", "Needles", "Failed items", "Progress", "Spec & environment", "Export")
@@ -61,9 +64,11 @@ class ExperimentViewState:
     id: int
     tab: str | None = None  # the section; None: the one the page opens on (the result once ended, else Progress)
     x: str | None = None  # the tradeoff chart's x axis; None: X_AXES[0]
+    y: str | None = None  # the tradeoff chart's y metric (a key of Y_METRICS); None (older links too): accuracy
     hide: tuple[str, ...] = ()  # configs left out of every chart, table and the verdict
     margin: float | None = None  # the non-inferiority margin in accuracy points; None: the spec's max_drop
     needle: str | None = None  # the needle heatmap's config; None: the first config with needle items
+    item: str | None = None  # the item whose KL along its tokens is drawn; None: the first item with fidelity
 
     def params(self) -> dict[str, str | int | list[str] | None]:
         """The query parameters of this view (None and empty ones are left out of a link)."""
@@ -84,9 +89,10 @@ def url_number(value: float) -> str:
 
 
 #: The experiments table's "best ratio holding baseline" column, in the words of the decision's own
-#: rule (:data:`kvlab.experiments.decision.RULE`): each experiment is judged at its own margin.
-BEST_RATIO_HELP = (f"The {RULE.format(margin='M', m='its')}, where M is the experiment's margin (its max_drop in "
-                   f"accuracy points: {DEFAULT_MAX_DROP * 100:g} unless its spec sets another). Compression ratio = "
+#: rule (:meth:`kvlab.experiments.decision.Margins.rule`) at the default margins: each experiment is
+#: judged at its own (its spec's max_drop, max_kl and min_agreement).
+BEST_RATIO_HELP = (f"The {Margins().rule('its')}. Each experiment is judged at its own margins (its spec's "
+                   "max_drop, max_kl and min_agreement; these words give the defaults). Compression ratio = "
                    "baseline KV bytes / physical KV bytes.")
 
 
@@ -204,10 +210,58 @@ def progress(experiment: ExperimentRecord) -> float:
 
 
 def sweet_spot_label(sweet: ConfigSummary | None) -> str:
-    """``4.00x (int4)``: the most compressed config that holds the baseline's accuracy."""
+    """``4.00x (int4)``: the most compressed config acceptable on every task."""
     if sweet is None:
         return "-"
     return f"{fmt(sweet.compression_ratio, '.2f', suffix='x')} ({sweet.config_name})"
+
+
+def margins_label(spec: Mapping[str, Any]) -> str:
+    """A stored spec's margins in a line: ``max_drop 0.05, max_kl 0.05, min_agreement off``."""
+    margins = Margins.of(spec)
+    kl = f"{margins.max_kl:g}" if margins.max_kl > 0 else "off"
+    agreement = f"{margins.min_agreement:g}" if margins.min_agreement > 0 else "off"
+    return f"max_drop {margins.max_drop:g}, max_kl {kl}, min_agreement {agreement}"
+
+
+def decision_text(decision: Decision) -> str:
+    """The sweet spot (or why there is none), the criterion that decided each task and the rule, as
+    Markdown (store text escaped): two paragraphs, ``Sweet spot: ...`` (or ``No sweet spot: ...``)
+    then ``Rule: ...``."""
+    spot = decision.sweet_spot
+    rule = f"Rule: the {md(decision.rule)}."
+    if spot is None:
+        return f"No sweet spot: {md(decision.note)}.\n\n{rule}"
+    head = (f"Sweet spot: **{md(spot.config_name)}** at {fmt(spot.compression_ratio, '.2f', suffix='x')} "
+            f"({fmt(spot.physical_kv_bytes, '.3f', 1 / MIB)} MiB), decided by {md(decision.decided_by)}.")
+    if spot.accuracy is not None:
+        head += f" Accuracy {spot.accuracy:.2f}"
+        if spot.diff_estimate is not None:
+            head += (f", {spot.diff_estimate:+.3f} [{spot.diff_ci_low:+.3f}, {spot.diff_ci_high:+.3f}] against the "
+                     "baseline on the same items")
+        head += " (pooled over tasks: a summary)."
+    if spot.mean_kl is not None:
+        head += f" Fidelity: {md(fidelity_text(spot))}."
+    return f"{head}\n\n{rule}"
+
+
+def fidelity_text(s: ConfigSummary) -> str:
+    """``mean KL 0.0123 [0.01, 0.015] nats, top-1 agreement 97.0% [95%, 99%]`` ("" when not measured)."""
+    if s.mean_kl is None:
+        return ""
+    return f"mean KL {_kl(s)} nats, top-1 agreement {_agreement(s)}"
+
+
+def _kl(s: ConfigSummary) -> str:
+    return f"{s.mean_kl:.3g} [{s.kl_ci_low:.3g}, {s.kl_ci_high:.3g}]"
+
+
+def _agreement(s: ConfigSummary) -> str:
+    return f"{s.agreement:.1%} [{s.agreement_ci_low:.0%}, {s.agreement_ci_high:.0%}]"
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
 
 
 # -- tables -------------------------------------------------------------------------------------
@@ -233,24 +287,63 @@ def trial_rows(trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:
 
 
 def summary_rows(summaries: Sequence[ConfigSummary], sweet_name: str | None = None) -> list[dict[str, Any]]:
-    """The per-config summary with the units in the column names."""
+    """The per-config summary with the units in the column names: the decision (acceptable on every
+    task, the task that stopped the config, the criterion that judged each task), the fidelity to the
+    baseline ("-" where it is not measured), then the accuracy figures pooled over tasks (a summary,
+    not the decision), the bytes and the latency."""
     rows = []
     for s in summaries:
         ci = f"[{s.ci_low:.2f}, {s.ci_high:.2f}]" if not _missing(s.ci_low) else "-"
         about = "≈" if s.kv_bytes_estimated else ""  # a server's estimate, not a measurement
         diff = (f"{s.diff_estimate:+.3f} [{s.diff_ci_low:+.3f}, {s.diff_ci_high:+.3f}]"
                 if s.diff_estimate is not None else "-")
+        stopped = s.stopped_by
         rows.append({
             "config": s.config_name + ("  ★ sweet spot" if s.config_name == sweet_name else ""),
-            "items": s.n_items, "accuracy": fmt(s.accuracy, ".3f"), "95% CI": ci,
-            "vs baseline (95% CI)": diff,
-            "non-inferior": "-" if s.non_inferior is None else ("yes" if s.non_inferior else "no"),
-            "Holm p": fmt(s.p_adjusted, ".3g"),
-            "p vs baseline": fmt(s.p_value, ".3f"), "KV (MiB)": about + fmt(s.physical_kv_bytes, ".3f", 1 / MIB),
+            "items": s.n_items, "acceptable (every task)": _yes_no(s.non_inferior),
+            "stopped by (task)": stopped.task if stopped is not None else "-", "decided by": s.decided_by or "-",
+            "mean KL (nats, 95% CI)": _kl(s) if s.mean_kl is not None else "-",
+            "p99 KL (nats)": fmt(s.p99_kl, ".3g"),
+            "top-1 agreement (95% CI)": _agreement(s) if s.agreement is not None else "-",
+            "accuracy (pooled)": fmt(s.accuracy, ".3f"), "accuracy 95% CI (pooled)": ci,
+            "vs baseline (pooled, 95% CI)": diff, "non-inferior (pooled)": _yes_no(s.pooled_non_inferior),
+            "Holm p (pooled)": fmt(s.p_adjusted, ".3g"), "p vs baseline (pooled)": fmt(s.p_value, ".3f"),
+            "KV (MiB)": about + fmt(s.physical_kv_bytes, ".3f", 1 / MIB),
             "ratio (x)": about + fmt(s.compression_ratio, ".2f"), "kept": fmt(s.kept_fraction, ".0%"),
             "TTFT (ms)": fmt(s.ttft_s, ".0f", 1000), "TPOT (ms)": fmt(s.tpot_s, ".1f", 1000),
             "perplexity": fmt(s.perplexity, ".2f"), "errors": s.errors,
         })
+    return rows
+
+
+def verdict_rows(summaries: Sequence[ConfigSummary]) -> list[dict[str, Any]]:
+    """Each compared config's verdict on each task: accepted (``-``: the task cannot judge it), the
+    criterion that judged it (fidelity, accuracy or none) and why, with the Holm-adjusted p-value
+    of that criterion."""
+    return [{"config": s.config_name, "task": v.task, "accepted": _yes_no(v.accepted), "criterion": v.criterion,
+             "reason": v.reason, "Holm p": fmt(v.p_adjusted, ".3g")}
+            for s in summaries for v in s.task_verdicts]
+
+
+def fidelity_items(results: Sequence[ItemResult]) -> list[str]:
+    """The items (ids) on which some config's fidelity to the baseline was measured, in first-seen order."""
+    return list(dict.fromkeys(r.item_id for r in results if r.fidelity is not None))
+
+
+def item_rows(results: Sequence[ItemResult], item_id: str) -> list[dict[str, Any]]:
+    """One item under every config: what it generated, its score, and its fidelity to the baseline."""
+    rows = []
+    for r in results:
+        if r.item_id != item_id:
+            continue
+        row = {"config": r.config_name, "generated": r.generated, "score": fmt(r.score, ".2f"),
+               "tokens compared": "-", "mean KL (nats)": "-", "max KL (nats)": "-", "top-1 agreement": "-",
+               "first divergence (token)": "-"}
+        if (f := r.fidelity) is not None:  # text columns throughout: "-" where the baseline has none
+            row |= {"tokens compared": str(f.tokens), "mean KL (nats)": f"{f.mean_kl:.3g}",
+                    "max KL (nats)": f"{f.max_kl:.3g}", "top-1 agreement": f"{f.agreement:.0%}",
+                    "first divergence (token)": "none" if f.first_divergence is None else str(f.first_divergence)}
+        rows.append(row | {"error": r.error or ""})
     return rows
 
 

@@ -1,7 +1,7 @@
 """The experiment page's share link in a real browser: every piece of the page's state set through its
-widget (section, x axis, hidden configs, margin, needle config), then the sidebar's "Share this view"
-link opened in a fresh browser context (no cookies, no session) shows the same view and the same
-verdict.  The margin changes the verdict: a link without it shows another sweet spot."""
+widget (section, x and y axes, hidden configs, margin, needle config, item), then the sidebar's "Share
+this view" link opened in a fresh browser context (no cookies, no session) shows the same view and the
+same verdict.  The margin changes the verdict: a link without it states another rule."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def server(tmp_path_factory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("share")
     url = f"sqlite:///{tmp / 'kvlab.sqlite'}"
     with Store(url) as store:
-        populate(store)  # experiment 1: 4 configs x 8 passkey items, max_drop 0.5
+        populate(store, fidelity=True)  # experiment 1: 4 configs x 8 passkey items, max_drop 0.5, fidelity
     process, base = start_dashboard(url, tmp / "streamlit.log")
     try:
         yield base
@@ -83,7 +83,7 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     requests: list[str] = []
     page = _page(browser, f"{server}/{views.PAGE_EXPERIMENT}?id=1", requests)
     at_the_spec_margin = _verdict(page)
-    assert "Sweet spot: int4" in at_the_spec_margin  # 50 points: int4 holds
+    assert "Sweet spot: int4" in at_the_spec_margin and "decided by passkey: fidelity" in at_the_spec_margin
 
     page.get_by_test_id("stExpander").get_by_text("Configs and margin").click()
     margin = page.get_by_label("Non-inferiority margin (accuracy points)", exact=True)
@@ -93,8 +93,15 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     _pick(page, "stMultiSelect", "Hide configs", "snapkv-50")
     page.get_by_test_id("stRadio").get_by_text("ratio", exact=True).click()
     _wait_idle(page)
+    page.get_by_test_id("stRadio").get_by_text("KL", exact=True).click()
+    _wait_idle(page)
+    page.get_by_text("synthetic-sweep: memory vs mean KL").wait_for()
     verdict = _verdict(page)
-    assert verdict != at_the_spec_margin and "within 20 points" in verdict
+    assert verdict != at_the_spec_margin and "by more than 20 points" in verdict
+    _section(page, "Failed items").click()
+    _wait_idle(page)
+    _pick(page, "stSelectbox", "Item: KL along its tokens", "passkey-256-1")
+    page.get_by_text("KL along the tokens of passkey-256-1").wait_for()
     _section(page, "Needles").click()
     _wait_idle(page)
     _pick(page, "stSelectbox", "Config", "int2")
@@ -105,17 +112,22 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     link = share.inner_text().strip()
     query = parse_qs(urlsplit(link).query)
     assert set(query) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece of the state
-    assert query == {"id": ["1"], "tab": ["Needles"], "x": ["ratio"], "hide": ["snapkv-50"], "margin": ["20"],
-                     "needle": ["int2"]}, link
+    assert query == {"id": ["1"], "tab": ["Needles"], "x": ["ratio"], "y": ["KL"], "hide": ["snapkv-50"],
+                     "margin": ["20"], "needle": ["int2"], "item": ["passkey-256-1"]}, link
     # (The address bar is not such a link: Streamlit drops a bound widget's parameter while the widget
-    # is not drawn, here x, which only the Tradeoff section draws.)
+    # is not drawn, here x and y, which only the Tradeoff section draws.)
 
     shared = _page(browser, link)  # a fresh context: what someone else who opens the link sees
     expect(_section(shared, "Needles")).to_have_attribute("aria-checked", "true")
     shared.get_by_text("Needle retrieval: int2").wait_for()
+    _section(shared, "Failed items").click()
+    _wait_idle(shared)
+    shared.get_by_text("KL along the tokens of passkey-256-1").wait_for()
     _section(shared, "Tradeoff").click()
     _wait_idle(shared)
     expect(shared.get_by_test_id("stRadioOption").filter(has_text="ratio").locator("input")).to_be_checked()
+    expect(shared.get_by_test_id("stRadioOption").filter(has_text="KL").locator("input")).to_be_checked()
+    shared.get_by_text("synthetic-sweep: memory vs mean KL").wait_for()
     assert _verdict(shared) == verdict
     shared.context.close()
     page.context.close()
