@@ -17,7 +17,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvlab.experiments.analysis import ConfigSummary, decide, pareto_front
+from kvlab.experiments.analysis import FRONT_METRICS, ConfigSummary, decide, pareto_front
 from kvlab.experiments.decision import Margins
 from kvlab.experiments.nodes import node_of
 from kvlab.experiments.results import ItemResult
@@ -54,7 +54,7 @@ _Y_FIELDS = {"accuracy": ("accuracy", "ci_low", "ci_high"), "KL": ("mean_kl", "k
              "agreement": ("agreement", "agreement_ci_low", "agreement_ci_high")}
 Y_TITLES = {"accuracy": ACCURACY_TITLE, "KL": "mean KL(baseline || config) per token (nats, 95% CI; lower is better)",
             "agreement": "top-1 agreement with the baseline (fraction of tokens, 95% CI)"}
-assert set(Y_TITLES) == set(_Y_FIELDS) == set(Y_METRICS)
+assert set(Y_TITLES) == set(_Y_FIELDS) == set(Y_METRICS) == set(FRONT_METRICS)
 
 
 def _y(summary: ConfigSummary, metric: str) -> float | None:
@@ -134,10 +134,10 @@ def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", bas
         text=[plotly_text(s.config_name) for s in points], textposition="top center",
         error_y=_error_y(points, metric), hovertext=_hover(points), hoverinfo="text",
         marker={"size": 9, "color": "#1f77b4"}))
-    front = sorted(pareto_front(points), key=lambda s: _x(s, axis)) if metric == "accuracy" else []
+    front = sorted(pareto_front(points, metric), key=lambda s: _x(s, axis))
     if front:
         fig.add_trace(go.Scatter(
-            name="Pareto front", x=[_x(s, axis) for s in front], y=[s.accuracy for s in front],
+            name="Pareto front", x=[_x(s, axis) for s in front], y=[_y(s, metric) for s in front],
             mode="lines+markers", line={"color": "#d62728", "width": 2},
             marker={"size": 13, "symbol": "circle-open", "color": "#d62728"},
             hovertext=_hover(front), hoverinfo="text"))

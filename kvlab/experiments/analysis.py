@@ -261,14 +261,25 @@ def breakdown(results: Sequence[ItemResult], by: Callable[[ItemResult], Any],
             for group, rows in sorted(groups.items(), key=lambda g: natural_key(g[0]))}
 
 
-def pareto_front(summaries: Sequence[ConfigSummary]) -> list[ConfigSummary]:
-    """Configs not dominated on (physical KV bytes: lower is better, accuracy: higher is better)."""
-    candidates = [s for s in summaries if s.accuracy is not None and not math.isnan(s.physical_kv_bytes)]
+#: What a Pareto front can trade bytes against: the summary field, and whether higher is better.
+FRONT_METRICS = {"accuracy": ("accuracy", True), "KL": ("mean_kl", False), "agreement": ("agreement", True)}
+
+
+def pareto_front(summaries: Sequence[ConfigSummary], metric: str = "accuracy") -> list[ConfigSummary]:
+    """Configs not dominated on (physical KV bytes: lower is better, ``metric`` of
+    :data:`FRONT_METRICS`: accuracy, or fidelity's mean KL or agreement), by bytes."""
+    field_name, higher = FRONT_METRICS[metric]
+
+    def value(s: ConfigSummary) -> float:
+        v = getattr(s, field_name)
+        return v if higher else -v
+
+    candidates = [s for s in summaries if getattr(s, field_name) is not None and not math.isnan(s.physical_kv_bytes)]
     front = []
     for s in candidates:
         dominated = any(
-            o.physical_kv_bytes <= s.physical_kv_bytes and o.accuracy >= s.accuracy
-            and (o.physical_kv_bytes < s.physical_kv_bytes or o.accuracy > s.accuracy)
+            o.physical_kv_bytes <= s.physical_kv_bytes and value(o) >= value(s)
+            and (o.physical_kv_bytes < s.physical_kv_bytes or value(o) > value(s))
             for o in candidates
         )
         if not dominated:
