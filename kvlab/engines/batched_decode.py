@@ -273,14 +273,16 @@ def decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: l
         rows = dict(zip(active, range(len(active)), strict=True))
         if own is not None and own in rows:
             ref.add(last[rows[own]], next_ids[rows[own]])
+        compared = ref is not None and at < len(ref.tokens)
+        kls = token_kl(ref.logprobs[at], last).tolist() if compared else []  # every row at once
         still: list[tuple[int, int]] = []  # (member, its next id)
         for member, next_id in zip(active, next_ids, strict=True):
             generated = outcomes[member].generated
             generated.append(next_id)
             done = finished(generated, stop_ids, max_new_tokens, stop, decode)
-            if ref is not None and member != own and not traces[member].diverged and at < len(ref.tokens):
+            if compared and member != own and not traces[member].diverged:
                 trace = traces[member]
-                trace.add(float(token_kl(ref.logprobs[at], last[rows[member]])), next_id == ref.top1[at])
+                trace.add(kls[rows[member]], next_id == ref.top1[at])
                 if next_id != ref.tokens[at]:
                     trace.diverged = True  # its cache so far is the teacher-forced one: keep a copy
                     twins.append(_Twin(member, copy.deepcopy(caches[member]), at, position))
