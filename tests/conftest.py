@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -11,6 +12,13 @@ import pytest
 from kvlab.threads import share_cores
 
 share_cores()  # before torch loads: the in-process model tests share the cores with the rest of a busy machine
+# A suite started in the background by a non-interactive shell (`cmd &`, nohup, some CI runners)
+# inherits SIGINT ignored, and so would every kvlab it starts: Python keeps an inherited SIG_IGN, and
+# the Ctrl-C tests' SIGINT would never arrive (the doctor waited out its 9000 s timeout). A terminal
+# gives the default: restore it here, so that the children start with it too (a handler does not
+# survive exec, SIG_IGN does).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 import torch  # noqa: E402
 from sqlalchemy import create_engine, make_url  # noqa: E402
 

@@ -10,7 +10,7 @@ import torch
 from kvlab.compress.accounting import CacheGeometry
 from kvlab.config import KVCacheConfig
 from kvlab.engines.attention import MemberStates, kvlab_attention_forward
-from kvlab.engines.batched_decode import MemberClock, batch_limit, member_bytes
+from kvlab.engines.batched_decode import MemberClock, batch_limit, member_bytes, token_kl
 from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.tasks import TaskItem, generate_items
 from kvlab.tasks.spec import TaskSpec
@@ -73,6 +73,80 @@ def test_batched_perplexity_equals_each_config_alone(engine, items, reference):
     for ours, theirs in zip(results, expected, strict=True):
         assert ours.nll_tokens == theirs.nll_tokens
         assert ours.nll == pytest.approx(theirs.nll, rel=1e-5), ours.config_name
+
+
+def _same_fidelity(ours, theirs) -> None:
+    """Per token: KL equal up to float32 rounding, the same top-1 verdicts.  A batched matmul rounds
+    differently from a single one (logits ~1e-4 apart: up to 3e-4 nats measured); a token out of
+    place would be off by the KL itself (0.01 to 3 nats here)."""
+    assert (ours is None) == (theirs is None)
+    if ours is not None:
+        assert ours.kl == pytest.approx(theirs.kl, rel=1e-3, abs=1e-3) and ours.agree == theirs.agree
+
+
+@pytest.mark.parametrize("kind", ["passkey", "perplexity"])
+@pytest.mark.parametrize("max_batch", [None, 3])
+def test_fidelity_is_the_same_batched_in_sub_batches_and_alone(smollm, engine, items, reference, kind, max_batch):
+    """Alone (max_batch=1) every config is compared with the baseline's finished run (a Reference);
+    batched, with the baseline decoded in the same batch: the same figures either way."""
+    batched = engine if max_batch is None else EmbeddedEngine(smollm, seed=0, max_batch=max_batch)
+    results = list(batched.evaluate(items[kind], GROUP))
+    assert results[0].fidelity is None  # the baseline is the reference
+    diverged = 0
+    for ours, theirs in zip(results[1:], reference[kind][1:], strict=True):
+        _same_fidelity(ours.fidelity, theirs.fidelity)
+        diverged += ours.fidelity.first_divergence is not None
+    assert diverged >= 2  # the teacher-forced copies really ran
+
+
+def test_a_group_without_the_baseline_is_still_measured_against_it(engine, items, reference):
+    """A worker holding only some configs decodes the baseline anyway, and does not report it."""
+    results = list(engine.evaluate(items["passkey"], GROUP[1:]))
+    assert [r.config_name for r in results] == [r.config_name for r in reference["passkey"][1:]]
+    for ours, theirs in zip(results, reference["passkey"][1:], strict=True):
+        _same_fidelity(ours.fidelity, theirs.fidelity)
+        assert ours.generated == theirs.generated
+
+
+def test_teacher_forcing_after_a_divergence_attends_as_a_token_by_token_decode(smollm, engine, items):
+    """A diverged config's cache copy is fed the baseline's remaining tokens in chunks that end where a
+    quantized layer moves its tail into codes: the same KL as feeding them one by one (and different
+    from one unsplit pass, which would let earlier tokens see codes they never saw)."""
+    from kvlab.engines.batched_decode import Reference, _ReferenceRun, _teacher_force, _Trace, _Twin
+
+    config = KVCacheConfig(quant="int2", group_size=32, residual_length=0)
+    tokens = engine._encode(items["passkey"].context, special=True)
+    prefix = tokens[:32 * (len(tokens) // 32) - 3]  # 29 tokens in the 16-bit tail: the 3rd token fed flushes
+    prefill = engine._prefill(prefix, set())
+    fed = tokens[len(prefix):len(prefix) + 7]
+
+    def cache():
+        return engine._compress(config, [None] * len(prefill.keys), prefill.keys, prefill.values, len(prefix),
+                                len(prefix)).cache
+
+    reference_logprobs = torch.log_softmax(torch.randn(len(fed) + 1, smollm.model.config.vocab_size,
+                                                       generator=torch.Generator().manual_seed(1)), dim=-1)
+    ref = _ReferenceRun(Reference(fed + [0], reference_logprobs, "test"), "test")
+
+    def forced(unsplit: bool) -> list[float]:
+        trace, twin = _Trace(), _Twin(0, cache(), 0, len(prefix))
+        assert twin.cache.tokens_before_flush() == 2  # 30 and 31 tokens in the tail; the 32nd flushes
+        if unsplit:
+            twin.cache.tokens_before_flush = lambda: None
+        with torch.no_grad():
+            _teacher_force(smollm.model, twin, ref, trace, torch.device("cpu"))
+        return trace.kl
+
+    stepwise, one_by_one = cache(), []
+    with torch.no_grad():
+        for i, token in enumerate(fed):
+            logits = smollm.model(input_ids=torch.tensor([[token]]), past_key_values=stepwise,
+                                  position_ids=torch.tensor([[len(prefix) + i]])).logits[0, -1]
+            one_by_one.append(token_kl(reference_logprobs[i + 1], logits).item())
+    # float32 rounding of a chunk against single steps: 3e-4 of the KL measured (against a random
+    # reference, KLs of 7-10 nats); one unsplit pass is off by 0.15-1.2 nats
+    assert forced(unsplit=False) == pytest.approx(one_by_one, rel=1e-3)
+    assert forced(unsplit=True) != pytest.approx(one_by_one, rel=1e-2)
 
 
 def test_attention_runs_each_member_against_its_own_cache():

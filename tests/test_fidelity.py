@@ -95,9 +95,8 @@ def test_summary_figures(summary):
     assert summary.max_kl == pytest.approx(0.054)
     assert summary.p99_kl == pytest.approx(float(np.percentile(every_kl, 99)))
     assert summary.agreement == pytest.approx(statistics.fmean(a / n for a, n in zip(AGREEING, TOKENS, strict=True)))
-    assert summary.agreeing_tokens == sum(AGREEING)
     # items 2 and 4 diverge, at their first disagreeing token (8 and 5)
-    assert summary.diverged_items == 2 and summary.first_divergence_median == pytest.approx(6.5)
+    assert summary.first_divergence_median == pytest.approx(6.5)
 
 
 def _t_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
@@ -134,37 +133,35 @@ def test_agreement_interval_and_p(summary):
     assert summary.agreement_interval() == (pytest.approx(low), pytest.approx(min(high, 1.0)))
     n, mean = len(rates), statistics.fmean(rates)
     se = statistics.stdev(rates) / math.sqrt(n)
-    token_rate, tokens = sum(AGREEING) / sum(TOKENS), sum(TOKENS)
     for bound in (0.5, 0.6, 0.7):
         p_items = stats.t.sf((mean - bound) / se, n - 1)
-        p_tokens = stats.norm.sf((token_rate - bound) / math.sqrt(bound * (1 - bound) / tokens))
-        assert summary.p_agreement_above(bound) == pytest.approx(max(p_items, p_tokens), rel=1e-9)
+        p_bounded = stats.norm.sf((mean - bound) / math.sqrt(bound * (1 - bound) / n))
+        assert summary.p_agreement_above(bound) == pytest.approx(max(p_items, p_bounded), rel=1e-9)
     assert summary.p_agreement_above(mean) == 1.0
     assert summary.p_agreement_above(1.0) == 1.0
 
 
-def test_agreement_larger_of_items_and_tokens():
-    # items agree alike (the t test is sure) but over few tokens: the token score test decides
-    few = FidelitySummary.of([_item(0.01, 20, agreeing=19), _item(0.01, 20, agreeing=19), _item(0.01, 20, agreeing=19)])
-    p_tokens = stats.norm.sf((57 / 60 - 0.9) / math.sqrt(0.9 * 0.1 / 60))
-    assert few.p_agreement_above(0.9) == pytest.approx(p_tokens, rel=1e-9)
-    # items disagree among themselves over many tokens: the item t test decides
-    spread = FidelitySummary.of([_item(0.01, 400, agreeing=400), _item(0.01, 400, agreeing=320),
-                                 _item(0.01, 400, agreeing=380)])
-    rates = [1.0, 0.8, 0.95]
-    p_items = stats.t.sf((statistics.fmean(rates) - 0.85) / (statistics.stdev(rates) / math.sqrt(3)), 2)
-    assert spread.p_agreement_above(0.85) == pytest.approx(p_items, rel=1e-9)
-    assert p_items > stats.norm.sf((1100 / 1200 - 0.85) / math.sqrt(0.85 * 0.15 / 1200))
+def test_agreement_larger_of_the_t_test_and_the_bounded_score_test():
+    # items agree alike (the t test is sure): the score test with a rate's largest variance decides
+    alike = FidelitySummary.of([_item(0.01, 20, agreeing=19)] * 30)
+    p_bounded = stats.norm.sf((0.95 - 0.9) / math.sqrt(0.9 * 0.1 / 30))
+    assert alike.p_agreement_above(0.9) == pytest.approx(p_bounded, rel=1e-9)
+    # items spread wider than the largest variance allowed at the bound (all or nothing): the t test decides
+    spread = FidelitySummary.of([_item(0.01, 10, agreeing=10), _item(0.01, 10, agreeing=0)] * 10)
+    rates = [1.0, 0.0] * 10
+    p_items = stats.t.sf((0.5 - 0.3) / (statistics.stdev(rates) / math.sqrt(20)), 19)
+    assert spread.p_agreement_above(0.3) == pytest.approx(p_items, rel=1e-9)
+    assert p_items > stats.norm.sf((0.5 - 0.3) / math.sqrt(0.3 * 0.7 / 20))
 
 
-def test_all_agreeing_items_on_few_tokens_do_not_certify_high_agreement():
-    handful = FidelitySummary.of([_item(0.001, 5), _item(0.001, 5), _item(0.001, 5)])
-    assert handful.agreement_interval() == (1.0, 1.0)  # the t interval collapses...
-    p = handful.p_agreement_above(0.99)
-    assert p == pytest.approx(stats.norm.sf(0.01 / math.sqrt(0.99 * 0.01 / 15)), rel=1e-9)
-    assert p > 0.025  # ...but 15 tokens cannot show 99%
-    many = FidelitySummary.of([_item(0.001, 400), _item(0.001, 400), _item(0.001, 400)])
-    assert many.p_agreement_above(0.99) < 0.025  # 1200 agreeing tokens can
+def test_items_in_full_agreement_certify_only_what_their_number_allows():
+    ten = FidelitySummary.of([_item(0.001, 400)] * 10)
+    assert ten.agreement_interval() == (1.0, 1.0)  # the t interval collapses...
+    p = ten.p_agreement_above(0.9)
+    assert p == pytest.approx(stats.norm.sf(0.1 / math.sqrt(0.9 * 0.1 / 10)), rel=1e-9)
+    assert p > 0.025  # ...but 10 items cannot show 90%, however many tokens each holds
+    forty = FidelitySummary.of([_item(0.001, 5)] * 40)
+    assert forty.p_agreement_above(0.9) < 0.025  # 40 can
 
 
 def test_one_item_never_certifies():

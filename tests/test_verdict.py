@@ -185,23 +185,28 @@ def test_baseline_at_zero_is_judged_by_fidelity_alone():
     bare = _rows("baseline", [0.0] * N) + _rows("x", [0.0] * N)
     verdict = _verdict(bare, "x")
     assert (verdict.accepted, verdict.criterion) == (None, NEITHER)
-    assert "does not enter the decision" in verdict.reason and "not measured by this backend" in verdict.reason
+    assert "does not enter the decision" in verdict.reason and "fidelity was not measured" in verdict.reason
 
 
-def test_shortcut_floor_hands_the_task_to_fidelity():
-    # the baseline is right on 12 of 20, as often as answering with the first number: accuracy cannot judge
+def test_shortcut_floor_hands_certifying_to_fidelity_but_a_shown_drop_still_rejects():
+    # the baseline is right on 12 of 20, as often as answering with the first number: accuracy cannot
+    # certify a config there, fidelity can ...
     scores = [1.0] * 12 + [0.0] * 8
     rows = [_row("baseline", i, s, extra={"shortcuts": {"first_number": s}}) for i, s in enumerate(scores)]
-    rows += _rows("x", [0.0] * 20, physical=250, item_kl=[0.005, 0.006, 0.004, 0.005] * 5)
+    rows += _rows("x", scores, physical=250, item_kl=[0.005, 0.006, 0.004, 0.005] * 5)
     verdict = _verdict(rows, "x")
-    assert (verdict.accepted, verdict.criterion) == (True, FIDELITY)  # its accuracy of 0 does not count here
+    assert (verdict.accepted, verdict.criterion) == (True, FIDELITY)
     assert "chance floor (0.60)" in verdict.reason
     summary = _by_name(rows, Margins(max_kl=MAX_KL))["x"]
     assert summary.non_inferior is True and summary.decided_by == "passkey: fidelity"
-    # without the shortcut the same accuracy drop rejects
-    plain = [_row("baseline", i, s) for i, s in enumerate(scores)] + rows[20:]
+    # ... but a config that scores below the floor is shown to lose more than the margin: rejected,
+    # with fidelity certified, and without any fidelity as well
+    worse = rows[:20] + _rows("x", [0.0] * 20, physical=250, item_kl=[0.005, 0.006, 0.004, 0.005] * 5)
     assert PairedScores.of(scores, [0.0] * 20).interval()[1] < -0.05
-    assert _verdict(plain, "x").accepted is False
+    rejected = _verdict(worse, "x")
+    assert (rejected.accepted, rejected.criterion) == (False, ACCURACY) and "fidelity certified" in rejected.reason
+    bare = rows[:20] + _rows("x", [0.0] * 20, physical=250)
+    assert _verdict(bare, "x").accepted is False and "shown to drop" in _verdict(bare, "x").reason
 
 
 def test_without_a_fidelity_margin_accuracy_decides_as_before():
@@ -222,8 +227,8 @@ def test_backend_without_fidelity_falls_back_to_accuracy():
     rows = _rows("baseline", [1.0] * 200) + _rows("x", [1.0] * 200, physical=250)
     verdict = _verdict(rows, "x")  # the default margins: a KL margin is set, but nothing measured it
     assert (verdict.accepted, verdict.criterion) == (True, ACCURACY)
-    assert verdict.reason.endswith("fidelity is not measured by this backend")
+    assert verdict.reason.endswith("results stored before kvlab measured it)")
     decision = decide(summarize(rows, margins=Margins()))
     assert decision.sweet_spot.config_name == "x"
-    assert "fidelity is not measured by this backend" in decision.rule
+    assert "fidelity was not measured" in decision.rule
     assert decision.rule.startswith(RULE.format(margin="5", m=1))

@@ -70,6 +70,14 @@ class CompressedLayer(CacheLayerMixin):
         self._flush()
         return self._materialize()
 
+    def tokens_before_flush(self) -> int | None:
+        """How many tokens may be appended at once and be attended as if appended one at a time: as
+        many as leave the tail short of a flush (which, appended at once, every one of them would see);
+        the token that flushes goes alone, as it does in a decode (None: this layer never flushes)."""
+        if self.config.quant == "none":
+            return None
+        return max(1, self.config.residual_length + flush_block(self.config) - self.key_tail.shape[-2] - 1)
+
     def _flush(self) -> None:
         """Move whole blocks from the tail into codes once the tail exceeds the residual window."""
         cfg = self.config
@@ -148,6 +156,12 @@ class KVLabCache(Cache):
     def peak_bytes(self) -> int:
         """The sum over layers of each layer's largest measured size since it was built."""
         return sum(layer.peak_bytes for layer in self.layers)
+
+    def tokens_before_flush(self) -> int | None:
+        """The fewest of any layer (:meth:`CompressedLayer.tokens_before_flush`); None when none flushes."""
+        limits = [n for layer in self.layers if isinstance(layer, CompressedLayer)
+                  and (n := layer.tokens_before_flush()) is not None]
+        return min(limits, default=None)
 
     def kept_tokens(self) -> list[int]:
         """Tokens each layer holds (a sliding layer: at most its window - 1)."""

@@ -12,9 +12,10 @@ item -- a member of the same batch (``reference=<its index>``: the baseline, rep
 one decoded before (a :class:`Reference`, for later sub-batches).  Until a member's greedy token
 leaves the baseline's, its own decoding *is* the teacher-forced run (same tokens in, same cache).
 Where it leaves, a copy of its cache is kept; once the baseline has finished, the copy is fed the
-rest of the baseline's tokens in one forward pass (teacher forcing; charged to no one) while the
-member went on with its own tokens.  So fidelity costs no extra prefill, no extra decode step,
-and one short forward pass per member that diverges.
+rest of the baseline's tokens in one forward pass (teacher forcing; charged to no one; split only
+where a quantized cache would move its tail into codes mid-way) while the member went on with its
+own tokens.  So fidelity costs no extra prefill, no extra decode step, and a short forward pass
+or two per member that diverges.
 
 Timing, as if each member ran alone: each member's own work (its cache update, dequantization and
 attention) is timed apart; the rest of a pass (projections, MLP, head) is the same for every member,
@@ -306,17 +307,23 @@ def decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: l
 def _teacher_force(model: torch.nn.Module, twin: _Twin, ref: _ReferenceRun, trace: _Trace,
                    device: torch.device) -> None:
     """The rest of a diverged member's fidelity: its cache copy fed the reference's tokens after the
-    divergence, in one forward pass, each position compared with the reference's."""
+    divergence, each position compared with the reference's.  In as few forward passes as give the
+    attention a token-by-token decode would: a chunk ends where a quantized layer moves its
+    full-precision tail into codes (after that, later tokens see codes, earlier ones did not)."""
     fed = ref.tokens[twin.at:len(ref.tokens) - 1]
-    if not fed:
-        return
-    positions = torch.arange(twin.position, twin.position + len(fed), device=device).unsqueeze(0)
-    logits = model(input_ids=torch.tensor([fed], device=device), past_key_values=twin.cache,
-                   position_ids=positions, logits_to_keep=0).logits[0]
-    wanted = torch.stack(ref.logprobs[twin.at + 1:])
-    for kl, top1, ref_top1 in zip(token_kl(wanted, logits).tolist(), logits.argmax(dim=-1).tolist(),
-                                  ref.top1[twin.at + 1:], strict=True):
-        trace.add(kl, top1 == ref_top1)
+    done = 0
+    while done < len(fed):
+        chunk = fed[done:done + (twin.cache.tokens_before_flush() or len(fed))]
+        start = twin.position + done
+        positions = torch.arange(start, start + len(chunk), device=device).unsqueeze(0)
+        logits = model(input_ids=torch.tensor([chunk], device=device), past_key_values=twin.cache,
+                       position_ids=positions, logits_to_keep=0).logits[0]
+        first = twin.at + 1 + done
+        wanted = torch.stack(ref.logprobs[first:first + len(chunk)])
+        for kl, top1, ref_top1 in zip(token_kl(wanted, logits).tolist(), logits.argmax(dim=-1).tolist(),
+                                      ref.top1[first:first + len(chunk)], strict=True):
+            trace.add(kl, top1 == ref_top1)
+        done += len(chunk)
 
 
 def _score_targets(logits: torch.Tensor, targets: list[int], outcomes: list[MemberOutcome], traces: list[_Trace],

@@ -21,7 +21,7 @@ from kvlab.compress.accounting import compression_ratio
 from kvlab.experiments.decision import ALPHA_ONE_SIDED, DEFAULT_MAX_DROP, Margins, PairedScores, holm, items_needed
 from kvlab.experiments.fidelity import FidelitySummary
 from kvlab.experiments.results import ItemResult
-from kvlab.experiments.verdict import TaskVerdict, judge_tasks
+from kvlab.experiments.verdict import UNMEASURED, TaskVerdict, judge_tasks
 
 Z95 = 1.959963984540054
 
@@ -320,7 +320,7 @@ def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", 
     family = len(compared) + untested
     measured = any(s.mean_kl is not None for s in compared)
     if margins.fidelity and not measured:  # the rule that applied: accuracy alone
-        rule = Margins(max_drop, 0.0, 0.0).rule(family) + " (fidelity is not measured by this backend)"
+        rule = Margins(max_drop, 0.0, 0.0).rule(family) + f" ({UNMEASURED})"
     else:
         rule = margins.rule(family)
     baseline = next((s for s in summaries if s.config_name == baseline_name), None)

@@ -5,13 +5,17 @@ top-1 agreement, teacher-forced on the baseline's tokens).  The tokens of one it
 independent (one wrong kept token shifts every later distribution), so **the item is the unit**:
 a config's mean KL is the mean over items of each item's mean KL, and its interval is Student's t
 on those item means (n - 1 degrees of freedom).  Agreement likewise, with one more guard: a t
-interval collapses when every item agrees on every token, so agreement is certified only when
-the score test over all its tokens, as if they were independent (the most they could tell), also
-certifies it.
+interval collapses when every item agrees on every token, so agreement (a rate in [0, 1] per item)
+is certified only when the score test over items also certifies it, with the variance any score
+in [0, 1] may have (at most p(1 - p) per item, as accuracy is judged): ten items in full agreement
+cannot show 90%.
 
 Certification is one-sided: mean KL *below* ``max_kl`` (H0: mean KL >= max_kl), agreement *above*
-``min_agreement`` (H0: agreement <= min_agreement); the p-values are Holm-corrected across the
-configs judged, by :mod:`kvlab.experiments.verdict`.
+``min_agreement`` (H0: agreement <= min_agreement), at 2.5% (the end of the two-sided 95%
+interval); the p-values are Holm-corrected across the configs judged, by
+:mod:`kvlab.experiments.verdict`.  The t interval assumes item means spread roughly normally: a
+config that fails badly on a rare kind of item can pass on a handful of items that lack it.  More
+items, and the p99 and max KL shown beside the mean, are the guard a deployment should add.
 """
 
 from __future__ import annotations
@@ -60,12 +64,10 @@ class FidelitySummary:
     tokens: int
     item_mean_kl: tuple[float, ...]  # one per item, the unit of the intervals
     item_agreement: tuple[float, ...]
-    agreeing_tokens: int
     median_kl: float  # of the item means
     p99_kl: float  # of every token's KL: the tail, as llama.cpp reports it
     max_kl: float
     first_divergence_median: float | None  # over the items that diverge at all
-    diverged_items: int
 
     @classmethod
     def of(cls, fidelities: Sequence[Fidelity]) -> FidelitySummary:
@@ -76,10 +78,8 @@ class FidelitySummary:
         return cls(items=len(fidelities), tokens=len(every_kl),
                    item_mean_kl=tuple(f.mean_kl for f in fidelities),
                    item_agreement=tuple(f.agreement for f in fidelities),
-                   agreeing_tokens=sum(sum(f.agree) for f in fidelities),
                    median_kl=statistics.median(f.mean_kl for f in fidelities), p99_kl=_percentile(every_kl, 0.99),
-                   max_kl=max(every_kl), first_divergence_median=statistics.median(divergences) if divergences else None,
-                   diverged_items=len(divergences))
+                   max_kl=max(every_kl), first_divergence_median=statistics.median(divergences) if divergences else None)
 
     @property
     def mean_kl(self) -> float:
@@ -113,12 +113,12 @@ class FidelitySummary:
 
     def p_agreement_above(self, min_agreement: float) -> float:
         """One-sided p-value of H0: agreement <= ``min_agreement``: the larger of the t test over items
-        and the score test over every token (which does not collapse when all of them agree)."""
+        and the score test over items with the largest variance a rate in [0, 1] may have (which
+        does not collapse when all of them agree)."""
         p_items = _one_sided(min_agreement - self.agreement, self._se(self.item_agreement), self.items)
-        if min_agreement >= 1.0:
+        if min_agreement >= 1.0 or p_items == 1.0:
             return 1.0
-        rate = self.agreeing_tokens / self.tokens
-        z = (rate - min_agreement) / math.sqrt(min_agreement * (1 - min_agreement) / self.tokens)
+        z = (self.agreement - min_agreement) / math.sqrt(min_agreement * (1 - min_agreement) / self.items)
         return max(p_items, normal_sf(z))
 
 

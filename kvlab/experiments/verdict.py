@@ -11,10 +11,11 @@ measured there, the config is acceptable when its fidelity is *certified* within
 ``max_drop`` (its paired 95% interval does not lie wholly below ``-max_drop``).  Without fidelity,
 it is acceptable when its accuracy is shown non-inferior (:mod:`kvlab.experiments.decision`).
 
-Accuracy cannot judge a task on which the baseline scores at or below the task's chance floor
-plus ``max_drop`` (the best of the task's known shortcuts, e.g. "answer with the first number"):
-no config could be shown to lose more than the margin there.  Fidelity alone judges such a task;
-without fidelity it does not enter the decision, and the verdict says so.
+Accuracy cannot *certify* a config on a task on which the baseline scores at or below the task's
+chance floor plus ``max_drop`` (the best of the task's known shortcuts, e.g. "answer with the first
+number"): a config that keeps the baseline's score there shows nothing.  Fidelity alone certifies
+on such a task; without fidelity it does not enter the decision, and the verdict says so.  On every
+task, an accuracy interval wholly below ``-max_drop`` rejects (a config can score below the floor).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvlab.experiments.decision import ALPHA_ONE_SIDED, Margins, PairedScores, holm
@@ -30,6 +31,7 @@ from kvlab.experiments.fidelity import FidelitySummary
 from kvlab.experiments.results import ItemResult
 
 FIDELITY, ACCURACY, NEITHER = "fidelity", "accuracy", "none"
+UNMEASURED = "fidelity was not measured (a backend without it, or results stored before kvlab measured it)"
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,6 @@ class TaskVerdict:
     diff: float | None = None  # paired accuracy difference (config - baseline), where accuracy can judge
     diff_low: float | None = None
     diff_high: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def hopeless(self, margins: Margins) -> str | None:
         """Why more items could not make this task accept the config: a whole 95% interval beyond
@@ -166,7 +165,7 @@ def _holm(cases: list[_Case], attribute: str, untested: int) -> None:
 
 def _why_accuracy_cannot(baseline_accuracy: float | None, floor: float, max_drop: float) -> str | None:
     if baseline_accuracy is None:
-        return "this task has no accuracy score (perplexity)"
+        return "the baseline has no accuracy score on this task (perplexity, or no scored item)"
     if baseline_accuracy - floor <= max_drop:
         return (f"the baseline scores {baseline_accuracy:.2f} here, at or below the chance floor ({floor:.2f}) "
                 f"plus the {max_drop * 100:g}-point margin: the model cannot do this task, accuracy cannot judge it")
@@ -182,7 +181,7 @@ def _verdict(task: str, case: _Case, margins: Margins, why_not_accuracy: str | N
         (kl_low, kl_high), (agree_low, agree_high) = fid.kl_interval(), fid.agreement_interval()
         figures |= {"mean_kl": fid.mean_kl, "kl_low": kl_low, "kl_high": kl_high, "agreement": fid.agreement,
                     "agreement_low": agree_low, "agreement_high": agree_high}
-    if why_not_accuracy is None and case.paired is not None:
+    if case.paired is not None:
         low, high = case.paired.interval()
         figures |= {"diff": case.paired.difference, "diff_low": low, "diff_high": high}
     return replace(verdict, **figures)
@@ -190,6 +189,13 @@ def _verdict(task: str, case: _Case, margins: Margins, why_not_accuracy: str | N
 
 def _decide(task: str, case: _Case, margins: Margins, why_not_accuracy: str | None) -> TaskVerdict:
     margin = f"{margins.max_drop * 100:g}"
+    # Accuracy shown to drop by more than the margin rejects on every path, at the chance floor too
+    # (a config can score below the floor): only *certifying* by accuracy needs a baseline above it.
+    shown_worse = None
+    if case.paired is not None:
+        low, high = case.paired.interval()
+        if high < -margins.max_drop:
+            shown_worse = f"accuracy is shown to drop by more than {margin} points: [{low:+.3f}, {high:+.3f}]"
     if case.p_fidelity is not None:
         fid = case.fidelity
         certified = case.p_fidelity < ALPHA_ONE_SIDED
@@ -198,25 +204,27 @@ def _decide(task: str, case: _Case, margins: Margins, why_not_accuracy: str | No
         if not certified:
             return TaskVerdict(task, False, FIDELITY, f"fidelity not certified within {margins.fidelity_words()}: "
                                f"{figures}", case.p_fidelity)
-        if why_not_accuracy is None and case.paired is not None:
+        if shown_worse:
+            return TaskVerdict(task, False, ACCURACY, f"fidelity certified ({figures}), but {shown_worse}",
+                               case.p_fidelity)
+        if case.paired is not None:
             low, high = case.paired.interval()
-            if high < -margins.max_drop:
-                return TaskVerdict(task, False, ACCURACY, f"fidelity certified ({figures}), but accuracy is shown to "
-                                   f"drop by more than {margin} points: [{low:+.3f}, {high:+.3f}]", case.p_fidelity)
             accuracy = f"accuracy not shown to drop by more than {margin} points ([{low:+.3f}, {high:+.3f}])"
+            accuracy += f"; {why_not_accuracy}" if why_not_accuracy else ""
         else:
             accuracy = why_not_accuracy or "no accuracy paired with the baseline"
         return TaskVerdict(task, True, FIDELITY, f"fidelity certified within {margins.fidelity_words()} ({figures}); "
                            f"{accuracy}", case.p_fidelity)
-    # here no fidelity p-value: either no margin is set, or the backend measured none
-    fidelity_note = "; fidelity is not measured by this backend" if margins.fidelity else ""
+    # here no fidelity p-value: either no margin is set, or no fidelity was measured
+    fidelity_note = f"; {UNMEASURED}" if margins.fidelity else ""
     if case.p_accuracy is not None:
         low, high = case.paired.interval()
         shown = case.p_accuracy < ALPHA_ONE_SIDED
         return TaskVerdict(task, shown, ACCURACY, (
             f"accuracy {'shown' if shown else 'not shown'} non-inferior within {margin} points: paired 95% interval "
             f"[{low:+.3f}, {high:+.3f}], Holm p {case.p_accuracy:.2g}{fidelity_note}"), case.p_accuracy)
+    if shown_worse:
+        return TaskVerdict(task, False, ACCURACY, f"{shown_worse} ({why_not_accuracy}){fidelity_note}")
     missing = why_not_accuracy or "no item paired with the baseline"
-    fidelity = ("fidelity is not measured by this backend" if margins.fidelity
-                else "no fidelity margin is set (--max-kl / --min-agreement)")
+    fidelity = UNMEASURED if margins.fidelity else "no fidelity margin is set (--max-kl / --min-agreement)"
     return TaskVerdict(task, None, NEITHER, f"{missing}, and {fidelity}: this task does not enter the decision")
