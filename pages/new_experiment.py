@@ -289,7 +289,7 @@ with kl_col:
     st.number_input("Max KL (nats; 0: off)", min_value=0.0, max_value=10.0, step=0.01, format="%.3f",
                     key=P + "max_kl", help="Fidelity margin: where fidelity is measured (the embedded engine), a "
                     "config whose mean KL(baseline || config) per token, teacher-forced on the baseline's output, is "
-                    "certified below this many nats (one-sided 95% bound over items, Holm-corrected across configs) "
+                    "certified below this many nats (the upper end of its 95% t interval over items, Holm-corrected across configs) "
                     "is acceptable on a task unless its accuracy is shown to drop by more than max_drop. 0 turns it "
                     "off: accuracy non-inferiority decides.")
     slot("max_kl")

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvlab.compress.methods import BUDGET_BOUNDS
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, SweepGrid, parse_spec, spec_to_dict
-from kvlab.experiments.decision import DEFAULT_MAX_DROP, DEFAULT_MAX_KL
+from kvlab.experiments.decision import Margins
 from kvlab.engines.server_flags import SERVER_KINDS, check_config
 from kvlab.secrets import DEFAULT_KEY_VAR
 from kvlab.tasks.data_dir import checked_data_file
@@ -127,9 +127,7 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
 def margin_values(source: Mapping[str, Any]) -> dict[str, float]:
     """The sweet-spot rule's margins (``max_drop``, ``max_kl``, ``min_agreement``) from a spec dict or the
     form's values, each absent one at the spec's default; a 0 (a fidelity margin off) stays 0."""
-    return {"max_drop": float(source.get("max_drop", DEFAULT_MAX_DROP)),
-            "max_kl": float(source.get("max_kl", DEFAULT_MAX_KL)),
-            "min_agreement": float(source.get("min_agreement", 0.0))}
+    return asdict(Margins.of(source))
 
 
 def tune_values(tune: Mapping[str, Any] | None) -> dict[str, Any]:

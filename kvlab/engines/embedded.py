@@ -208,7 +208,9 @@ class EmbeddedEngine(Engine):
         self.current_config = None
         prefill = self._prefill(prefix, {scorer_key(c) for c in configs})
         # The baseline is every other config's reference: it decodes in the first batch (added, and
-        # not reported, when the group lacks it); later batches get its finished run.
+        # not reported, when the group lacks it); later batches get its finished run.  In the
+        # query-aware layout the added baseline has the question in its prefill (float32 there, 16-bit
+        # when fed): the same model and tokens as the reported baseline, rounded a little differently.
         baseline = next((c for c in configs if c.is_baseline), None)
         measure = self.fidelity and any(not c.is_baseline for c in configs)
         group = [baseline or BASELINE, *(c for c in configs if c is not baseline)] if measure else configs
@@ -216,9 +218,12 @@ class EmbeddedEngine(Engine):
         fed = len(suffix) if targets is not None else 1
         per_member = member_bytes(self.geometry, len(prefix) + len(suffix) + item.max_new_tokens, fed,
                                   self.model.config.vocab_size, self.model.dtype.itemsize)
-        # a member that leaves the baseline's tokens keeps a copy of its cache: plan for two per member
+        # a member that leaves the baseline's tokens keeps a copy of its cache: plan for two per member;
+        # the reference's log-probabilities are kept for every token it predicts (twice while stacked)
+        predicted = len(targets) if targets is not None else item.max_new_tokens
+        reference_bytes = 2 * predicted * self.model.config.vocab_size * 4 if measure else 0
         limit = self.max_batch or batch_limit(2 * per_member if measure else per_member,
-                                              available_bytes(self.device))
+                                              max(available_bytes(self.device) - reference_bytes, 0))
         reference: Reference | int | None = 0 if measure else None
         for start in range(0, len(group), limit):
             batch = group[start:start + limit]

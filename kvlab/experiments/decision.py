@@ -35,9 +35,9 @@ RULE = ("most compressed config whose accuracy is non-inferior to the baseline's
         "95% interval of (config - baseline) is above -{margin} points, Holm-corrected across {m} configs")
 RULE_FIDELITY = (
     "most compressed config that, on every task, has its fidelity to the baseline certified ({fidelity}: one-sided "
-    "95% t bounds over items, Holm-corrected across {m} configs) and its accuracy not shown to drop by more than "
-    "{margin} points (the paired 95% interval is not wholly below -{margin} points); on a task without fidelity, accuracy "
-    "non-inferiority decides")
+    "t bounds over items at 2.5%, the ends of their 95% intervals, Holm-corrected across {m} configs) and its "
+    "accuracy not shown to drop by more than {margin} points (the paired 95% interval is not wholly below "
+    "-{margin} points); on a task without fidelity, accuracy non-inferiority decides")
 _Z_MAX = 12.0  # p below 1e-32 is zero for every purpose here
 _NORMAL = NormalDist()  # the standard library's, not scipy's: `kvlab show` must not import scipy
 

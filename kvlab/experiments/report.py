@@ -128,6 +128,6 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
     if any(s.mean_kl is not None for s in summaries):
         parts.append("mean KL: KL(baseline || config) in nats per token, teacher-forced on the baseline's output, "
                      "mean over items with a 95% t interval (the item is the unit); p99 KL: over every token; agree: "
-                     "share of tokens with the same top-1 token as the baseline"
+                     "mean over items of each item's share of tokens with the same top-1 token as the baseline"
                      + ("" if margins is None or margins.fidelity else "; no fidelity margin is set: accuracy decides"))
     return "\n".join(parts)

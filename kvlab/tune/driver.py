@@ -216,8 +216,12 @@ class Tuner:
             rows = self._results_by_config().get(original.config_name, [])
             kv = [r.physical_kv_bytes for r in rows if r.physical_kv_bytes is not None]
             if kv:
+                ttft = [r.ttft_s * 1000 for r in rows if r.ttft_s is not None and r.ttft_s == r.ttft_s]
+                tpot = [r.tpot_s * 1000 for r in rows if r.tpot_s is not None and r.tpot_s == r.tpot_s]
+                latency = self._latency_constraints(statistics.median(ttft) if ttft else None,
+                                                    statistics.median(tpot) if tpot else None)
                 studies.tell(self.study, number, statistics.fmean(kv), statistics.fmean(map(_score, rows)),
-                             {"rule": -self.limits.max_drop})
+                             {"rule": -self.limits.max_drop} | latency)
                 return
         candidate = {c.trial_id: c for c in self.store.candidates(self.experiment_id)}.get(
             original.id if original else -1)
@@ -311,12 +315,18 @@ class Tuner:
                      + ", ".join(evidence[i].label for i in ids))
 
     def _constraints_of(self, e: Evidence) -> dict[str, float]:
-        """Feasible (every value <= 0) when the sweet-spot rule accepts it on its items and it keeps the latency limits."""
-        constraints = {"rule": e.slack(self.limits.max_drop)}
-        if self.limits.max_ttft_ms is not None and e.ttft_ms is not None:
-            constraints["ttft"] = e.ttft_ms - self.limits.max_ttft_ms
-        if self.limits.max_tpot_ms is not None and e.tpot_ms is not None:
-            constraints["tpot"] = e.tpot_ms - self.limits.max_tpot_ms
+        """Feasible (every value <= 0) when the sweet-spot rule accepts it on its items and it keeps the
+        latency limits."""
+        return {"rule": e.slack(self.limits.max_drop)} | self._latency_constraints(e.ttft_ms, e.tpot_ms)
+
+    def _latency_constraints(self, ttft_ms: float | None, tpot_ms: float | None) -> dict[str, float]:
+        """One value per latency limit set, for every trial alike (Optuna's GP sampler needs as many
+        constraints on each): over the limit > 0; not measured counts as within it."""
+        constraints = {}
+        limits = (("ttft", ttft_ms, self.limits.max_ttft_ms), ("tpot", tpot_ms, self.limits.max_tpot_ms))
+        for key, value, limit in limits:
+            if limit is not None:
+                constraints[key] = value - limit if value is not None else 0.0
         return constraints
 
     # -- evidence from the store ------------------------------------------------------------------------

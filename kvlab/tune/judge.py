@@ -83,14 +83,19 @@ class Evidence:
         return self.interval[0] > -max_drop
 
     @property
+    def _worst_kl(self) -> TaskVerdict | None:
+        """The task whose mean KL has the highest upper bound (None where not measured)."""
+        return max((v for v in self.verdicts if v.kl_high is not None), key=lambda v: v.kl_high, default=None)
+
+    @property
     def mean_kl(self) -> float | None:
-        """Mean KL against the baseline on its worst task (None where not measured)."""
-        return max((v.mean_kl for v in self.verdicts if v.mean_kl is not None), default=None)
+        """Mean KL against the baseline on the worst task (:attr:`_worst_kl`)."""
+        return self._worst_kl.mean_kl if self._worst_kl else None
 
     @property
     def kl_high(self) -> float | None:
-        """The upper 95% bound of that mean KL, on the task where it is highest."""
-        return max((v.kl_high for v in self.verdicts if v.kl_high is not None), default=None)
+        """The upper end of that task's 95% interval of the mean KL."""
+        return self._worst_kl.kl_high if self._worst_kl else None
 
     def slack(self, max_drop: float) -> float:
         """The rule's distance from accepting it on these items (<= 0: acceptable): the worst task's."""
@@ -177,7 +182,8 @@ def judge(waiting: list[Evidence], reached: dict[int, list[Evidence]], best: Evi
 def leftover_reason(evidence: Evidence, eta: int, max_drop: float) -> str:
     """Why a candidate still waiting when the search ends was never promoted."""
     if not evidence.plausible(max_drop):
+        kl = f", mean KL {evidence.mean_kl:.3g}" if evidence.mean_kl is not None else ""
         return (f"not promoted: after {evidence.n_items} items its estimates lie outside the margins "
-                f"(accuracy difference {evidence.paired.difference:+.3f})")
+                f"(accuracy difference {evidence.paired.difference:+.3f}{kl})")
     return (f"not promoted: not among the most compressed 1/{eta} of the plausible candidates "
             f"after {evidence.n_items} items")
