@@ -71,8 +71,12 @@ def check_study(store: Store, experiment_id: int) -> None:
         if frozen.state == optuna.trial.TrialState.COMPLETE and frozen.number in verdicts:
             verdict = verdicts[frozen.number]
             assert frozen.values == [verdict.kv_bytes, verdict.accuracy]  # (KV bytes, accuracy) as judged
-            # feasible when the paired interval's lower end is above -max_drop (0.5 here)
-            assert frozen.constraints["accuracy"] == pytest.approx(-(verdict.diff_low + 0.5))
+            # the rule's slack (kvlab.tune.judge), feasible at <= 0: on this one task, with fidelity measured,
+            # how far the mean KL's upper bound lies above max_kl (0.05, the default) or the accuracy
+            # interval's upper end below -max_drop (0.5 here), whichever is worse
+            slack = max(verdict.kl_high - 0.05, -0.5 - verdict.diff_high)
+            assert frozen.constraints["rule"] == pytest.approx(slack)
+            assert (slack <= 0) == verdict.acceptable
     results = store.item_results(experiment_id)
     counts = Counter((r.config_name, r.item_id) for r in results)
     assert set(counts.values()) == {1}
