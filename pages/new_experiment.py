@@ -289,14 +289,15 @@ with kl_col:
     st.number_input("Max KL (nats; 0: off)", min_value=0.0, max_value=10.0, step=0.01, format="%.3f",
                     key=P + "max_kl", help="Fidelity margin: where fidelity is measured (the embedded engine), a "
                     "config whose mean KL(baseline || config) per token, teacher-forced on the baseline's output, is "
-                    "certified below this many nats (the upper end of its 95% t interval over items, Holm-corrected across configs) "
-                    "is acceptable on a task unless its accuracy is shown to drop by more than max_drop. 0 turns it "
+                    "certified below this many nats (the upper end of its 95% t interval over items, Holm-corrected "
+                    "across configs) is acceptable on a task unless its accuracy is shown to drop by more than max_drop. 0 turns it "
                     "off: accuracy non-inferiority decides.")
     slot("max_kl")
 with agreement_col:
     st.number_input("Min top-1 agreement (0: off)", min_value=0.0, max_value=0.999, step=0.01, format="%.3f",
-                    key=P + "min_agreement", help="Fidelity margin: a config must also have its share of tokens with "
-                    "the baseline's top-1 token certified above this (0.9 = 90%), on every task. 0 turns it off.")
+                    key=P + "min_agreement", help="Fidelity margin: a config must also have its agreement with the "
+                    "baseline's top-1 token (the mean over items of each item's share of tokens) certified above this "
+                    "(0.9 = 90%), on every task. 0 turns it off.")
     slot("min_agreement")
 if backend != "embedded":
     backend_options(backend)
