@@ -24,9 +24,9 @@ import statistics
 import time
 
 import torch
+from batch_timing import decode_step_timings
 
 from kvlab.config import KVCacheConfig, load_spec
-from kvlab.engines.batch_timing import decode_step_timings
 from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.models import DEFAULT_MODEL, load_model
 from kvlab.tasks import generate_items

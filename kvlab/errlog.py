@@ -15,6 +15,7 @@ import traceback
 from datetime import datetime
 from pathlib import Path
 
+from kvlab.paths import log_dir
 from kvlab.secrets import redact  # URL credentials and known secret values out of every line
 
 LOG_MAX_BYTES = 1 << 20
@@ -24,10 +25,6 @@ LINE_LIMIT = 300
 def debug_enabled() -> bool:
     """``KVLAB_DEBUG`` set to anything but empty, 0, false or no."""
     return os.environ.get("KVLAB_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def log_dir() -> Path:
-    return Path(os.environ.get("KVLAB_HOME") or Path.home() / ".cache" / "kvlab").expanduser() / "logs"
 
 
 def one_line(text: str, limit: int = LINE_LIMIT) -> str:

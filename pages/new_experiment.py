@@ -45,7 +45,8 @@ from kvlab.dashboard.spec_form import (
     list_examples,
 )
 from kvlab.dashboard import executor_form
-from kvlab.tasks.data_dir import DATA_DIR_VAR, UPLOADS, data_dir, save_upload
+from kvlab.paths import DATA_DIR_VAR, data_dir
+from kvlab.tasks.data_dir import UPLOADS, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
 from kvlab.tasks.spec import DEFAULT_NUM_ITEMS, TaskName
 from pages import tune_form

@@ -11,12 +11,9 @@ lacks (the compare page's parallel coordinates) is drawn by ``st.plotly_chart``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import plotly.graph_objects as go
 import streamlit as st
 
-STATIC = Path(__file__).resolve().parents[1] / "static"
 PLOTLY_JS_VERSION = "4.1.1"
 BUNDLE = f"plotly-cartesian-{PLOTLY_JS_VERSION}.min.js"
 #: The trace types the cartesian bundle draws (its README).

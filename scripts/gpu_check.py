@@ -231,7 +231,8 @@ def check_batched_decode(report: Report, args: argparse.Namespace) -> None:
     if not torch.cuda.is_available():
         report.add("batched decode", "SKIP", "no CUDA device visible to torch")
         return
-    from kvlab.engines.batch_timing import decode_step_timings
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from batch_timing import decode_step_timings
     from kvlab.engines.embedded import EmbeddedEngine
     from kvlab.models import load_model
 

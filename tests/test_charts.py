@@ -10,6 +10,7 @@ from kvlab.experiments.decision import Margins
 from kvlab.dashboard import charts
 from kvlab.experiments.analysis import breakdown, summarize
 from kvlab.dashboard.chart_export import browser_path, figure_html, figure_image, redact, report_html
+from kvlab.paths import STATIC_DIR
 from kvlab.store import TelemetrySample
 from kvlab.dashboard.views import MIB, compare_rows
 from tests.dashboard_data import PROFILE, item_result
@@ -221,7 +222,7 @@ def test_the_page_bundle_is_the_plotly_js_of_plotly_py_and_draws_the_pages_figur
     def version(script: str) -> str:
         return re.search(r"plotly\.js [^\n]*?v(\d+\.\d+\.\d+)", script[:300]).group(1)
 
-    bundle = (plotly_view.STATIC / plotly_view.BUNDLE).read_text()
+    bundle = (STATIC_DIR / plotly_view.BUNDLE).read_text()
     assert version(bundle) == version(get_plotlyjs()) == plotly_view.PLOTLY_JS_VERSION
     assert "plotly.js (cartesian" in bundle[:100]
     figures = [charts.tradeoff_figure(SUMMARIES), charts.latency_figure(SUMMARIES),

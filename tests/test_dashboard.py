@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from kvlab.config import parse_spec
 from kvlab.dashboard import views
 from kvlab.store import Store
 from tests.dashboard_data import item_result, populate
@@ -444,7 +445,7 @@ def test_experiment_page_while_running_and_unknown(filled):
     assert_clean(at)
     assert at.title[0].value == "running-one" and at.get("progress")
     assert at.segmented_control(key="tab").value == "Progress" and plotly_charts(at) == 1  # telemetry leads
-    queued = store.create_experiment(store.get_experiment(done_id).experiment_spec(), {})
+    queued = store.create_experiment(parse_spec(store.get_experiment(done_id).spec), {})
     at = open_page(VIEW, id=str(queued))
     assert_clean(at)
     assert "No results yet" in texts(at.info) and "Queued" in texts(at.info)

@@ -12,7 +12,7 @@ from kvlab.experiments import launcher
 
 def test_a_local_worker_that_ends_is_reaped(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{tmp_path / 'kvlab.sqlite'}")
-    monkeypatch.setenv(launcher.LOG_DIR_VAR, str(tmp_path / "logs"))
+    monkeypatch.setenv("KVLAB_LOG_DIR", str(tmp_path / "logs"))
     [process] = launcher.start_local_workers(1)  # an empty store: it exits as soon as it is idle
     [reaper] = [t for t in threading.enumerate() if t.name == f"kvlab-{process.pid}-reaper"]
     reaper.join()  # returns once the process has ended and been waited for

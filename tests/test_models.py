@@ -28,7 +28,6 @@ from kvlab.models import (
     DEFAULT_MODEL,
     KNOWN_MODELS,
     ModelNotAvailableError,
-    kvlab_home,
     list_models,
     load_model,
     load_tokenizer,
@@ -37,7 +36,8 @@ from kvlab.models import (
     pull_model,
     resolve_model,
 )
-from kvlab.models.cache import MANIFEST, models_root, read_manifest
+from kvlab.models.cache import MANIFEST, read_manifest
+from kvlab.paths import kvlab_home, models_root
 from kvlab.models.errors import ModelFileError
 from kvlab.models.gguf_tokenizer import (
     BYTE,

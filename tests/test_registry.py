@@ -13,11 +13,10 @@ import torch
 
 from kvlab.cli.main import build_parser
 from kvlab.compress.eviction import make_scorer, scorer_key
-from kvlab.compress.formats import FORMATS, INT_BITS, engine_dtypes
+from kvlab.compress.formats import FORMATS, INT_BITS
 from kvlab.compress.methods import BUDGET_BOUNDS, METHODS, PARAMS, REFUSED
 from kvlab.compress.quantization import FP8_DTYPES
 from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, ConfigError, KVCacheConfig, SweepGrid, parse_spec_toml
-from kvlab.engines.server_flags import supported_kv_dtypes
 from kvlab.dashboard.spec_form import BUDGET_RANGE, default_form
 from kvlab.dashboard.views import QUANT_BITS
 
@@ -103,8 +102,6 @@ def test_formats_and_their_engine_names():
             assert (fmt.engine_dtype(kind) is None) == (kind in fmt.engine_notes), (fmt.name, kind)
     assert FORMATS["int2"].vllm is None  # vLLM has no 2-bit KV cache
     assert INT_BITS == {"int8": 8, "int4": 4, "int2": 2}
-    for kind in ("vllm", "sglang"):
-        assert supported_kv_dtypes(kind) == engine_dtypes(kind)
     assert QUANT_BITS == {name: float(f.bits) for name, f in FORMATS.items()}
 
 

@@ -5,21 +5,21 @@ from __future__ import annotations
 import pytest
 
 from kvlab.config import ConfigError, KVCacheConfig, ServerOptions
+from kvlab.compress.formats import engine_dtypes
 from kvlab.engines.server_flags import (
     check_config,
     health_path,
     server_command,
-    supported_kv_dtypes,
 )
 
 FP8 = KVCacheConfig(name="fp8", quant="fp8_e4m3")
 BASELINE = KVCacheConfig(name="baseline")
 
 
-def test_supported_kv_dtypes_map_kvlab_names_to_engine_values():
+def test_engine_kv_dtypes_map_kvlab_names_to_engine_values():
     expected = {"none": "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-    assert supported_kv_dtypes("vllm") == expected
-    assert supported_kv_dtypes("sglang") == expected
+    assert engine_dtypes("vllm") == expected
+    assert engine_dtypes("sglang") == expected
 
 
 def test_vllm_argv_defaults():

@@ -84,7 +84,7 @@ def test_every_spec_field_survives_the_store_and_the_run_is_unchanged(db_url, tm
         "tasks": [{"name": "passkey"}, {"name": "jsonl", "path": str(jsonl)}], "configs": [{"quant": "int8"}]}
     spec = parse_spec(data)
     with Store(db_url) as store:
-        stored = store.get_experiment(store.create_experiment(spec, {})).experiment_spec()
+        stored = parse_spec(store.get_experiment(store.create_experiment(spec, {})).spec)
     twice = parse_spec(spec_to_dict(parse_spec(spec_to_dict(stored))))  # and again, as a rerun does
     for after in (stored, twice):
         assert_every_field_equal(spec, after)
@@ -167,5 +167,5 @@ def test_a_jsonl_file_runs_whole_from_the_dashboard_through_a_worker(tmp_path, m
     with Store(database) as store:
         [experiment] = store.list_experiments()
         assert experiment.name == "via-dashboard" and experiment.status == "done"
-        assert experiment.experiment_spec().tasks[0].num_items is None
+        assert parse_spec(experiment.spec).tasks[0].num_items is None
         assert items_run(store, experiment.id) == {"baseline": ROWS, "int8": ROWS}

@@ -11,7 +11,7 @@ from kvlab.config import ConfigError, parse_spec
 from kvlab.engines.base import Engine, EngineFailure
 from kvlab.models import ModelNotAvailableError
 from kvlab.store import Store
-from kvlab.store.models import ExperimentRow
+from kvlab.store.tables import ExperimentRow
 from kvlab.experiments.worker import Worker, WorkerGaveUp
 from kvlab.experiments.worker_settings import WorkerSettings
 
@@ -88,7 +88,7 @@ def test_unrunnable_stored_spec_fails_trials_with_a_message(store):
     experiment_id = store.create_experiment(parse_spec(SPEC), {})
     broken = dict(store.get_experiment(experiment_id).spec)
     broken["configs"] = [{"name": "int3", "quant": "int3"}]  # e.g. written by a newer kvlab
-    with store.engine.begin() as connection:
+    with store.database.begin() as connection:
         connection.execute(update(ExperimentRow).where(ExperimentRow.id == experiment_id).values(spec=broken))
 
     def no_engine(spec):

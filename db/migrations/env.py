@@ -10,8 +10,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from kvlab.store.engine import create_store_engine, resolve_url
-from kvlab.store.models import Base
+from kvlab.store.database import create_store_engine, resolve_url
+from kvlab.store.tables import Base
 
 config = context.config
 

@@ -56,7 +56,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def submit_background(spec, warnings: list[str], workers: int) -> int:
     """Store the experiment, start local workers, print how to follow it."""
-    from kvlab.store.engine import shown_url
+    from kvlab.store.database import shown_url
     from kvlab.experiments.submit import submit
 
     experiment_id = submit(spec, warnings, workers)

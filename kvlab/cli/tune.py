@@ -30,7 +30,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     add_executor_options(tune, "the rounds run here, or by `kvlab worker`s with --workers 0")
     tune.add_argument("--json", metavar="OUT", help="write the recommendation as JSON")
     tune.add_argument("--background", action="store_true",
-                      help="run the tune in a detached process (its log in db/logs) and return at once")
+                      help="run the tune in a detached process (its log in ~/.cache/kvlab/logs or $KVLAB_LOG_DIR) and return at once")
     tune.set_defaults(func=cmd_tune)
 
 
@@ -112,20 +112,21 @@ class BackgroundTune:
 def start_background(spec: ExperimentSpec | None, resume: int | None = None) -> BackgroundTune:
     """Start ``kvlab tune`` detached, in its own session, reaped when it ends (the dashboard's Tune
     mode too: :func:`kvlab.experiments.launcher.start_detached`)."""
-    from kvlab.experiments.launcher import start_detached, worker_log_dir
-    from kvlab.store.engine import require_shared_store
+    from kvlab.experiments.launcher import start_detached
+    from kvlab.paths import log_dir
+    from kvlab.store.database import require_shared_store
 
     require_shared_store()  # the tune's process must see the store this one does
-    log_dir = worker_log_dir()
-    log_dir.mkdir(parents=True, exist_ok=True)
+    folder = log_dir()
+    folder.mkdir(parents=True, exist_ok=True)
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     args = [sys.executable, "-m", "kvlab.cli", "tune"]
     if resume is not None:
         args += ["--resume", str(resume)]
     else:
         assert spec is not None
-        spec_file = log_dir / f"tune-{stamp}.toml"
+        spec_file = folder / f"tune-{stamp}.toml"
         spec_file.write_text(dump_spec(spec), encoding="utf-8")
         args.append(str(spec_file))
-    log = log_dir / f"tune-{stamp}.log"
+    log = folder / f"tune-{stamp}.log"
     return BackgroundTune(start_detached(args, log), log)

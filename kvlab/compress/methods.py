@@ -136,10 +136,5 @@ METHOD_NAMES: tuple[str, ...] = ("none", *METHODS)
 METHOD_ALIASES: dict[str, str] = {alias: m.name for m in METHODS.values() for alias in m.aliases}
 
 
-def budgets_of(method: str) -> tuple[Budget, ...]:
-    """The budgets ``method`` accepts (none for ``"none"``)."""
-    return METHODS[method].budgets if method in METHODS else ()
-
-
 def methods_with(budget: Budget) -> tuple[str, ...]:
     return tuple(name for name, m in METHODS.items() if budget in m.budgets)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from kvlab.config import ExperimentSpec
 from kvlab.experiments.ray_executor import INSTALL_HINT
-from kvlab.store.engine import resolve_url
+from kvlab.store.database import resolve_url
 
 LABELS = {"local": "Local workers", "ray": "Ray cluster (one worker per node)"}
 PROBE = """

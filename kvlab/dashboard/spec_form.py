@@ -17,12 +17,12 @@ from typing import Any
 from kvlab.compress.methods import BUDGET_BOUNDS
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, SweepGrid, parse_spec, spec_to_dict
 from kvlab.experiments.decision import Margins
+from kvlab.paths import EXAMPLES_DIR
 from kvlab.engines.server_flags import SERVER_KINDS, check_config
 from kvlab.secrets import DEFAULT_KEY_VAR
 from kvlab.tasks.data_dir import checked_data_file
 from kvlab.tune.spec import TuneSpec
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 
 #: Columns of the configs table, in the order shown; other KVCacheConfig fields are kept as they are.
 CONFIG_COLUMNS = ("name", "quant", "group_size", "residual_length", "evict", "ratio", "keep_fraction", "threshold",

@@ -23,8 +23,8 @@ from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_p
 from kvlab.engines.prometheus import ServerMetricsSource
 from kvlab.engines.server_flags import check_config, health_path, server_command
 from kvlab.engines.server_logs import parse_kv_pool
-from kvlab.models import kvlab_home
 from kvlab.experiments.results import ItemResult
+from kvlab.paths import server_log_dir
 from kvlab.secrets import Endpoint
 from kvlab.tasks import TaskItem
 
@@ -113,7 +113,7 @@ class LaunchedServerEngine(Engine):
         host = "127.0.0.1" if options.host in ("0.0.0.0", "::") else options.host
         command = server_command(self.name, self.spec.model, config, options, port, self.served_name, self.spec.seed)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        log_path = kvlab_home() / "server-logs" / f"{self.name}-{stamp}-{port}.log"
+        log_path = server_log_dir() / f"{self.name}-{stamp}-{port}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.phase, self.current_config = "launch", config.label
         server = ManagedServer(command, f"http://{host}:{port}{health_path(self.name)}", log_path,

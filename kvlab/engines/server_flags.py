@@ -81,12 +81,6 @@ def check_kind(kind: str) -> None:
         raise ConfigError(f"server kind '{kind}': kvlab launches {' and '.join(SERVER_KINDS)} servers")
 
 
-def supported_kv_dtypes(kind: str) -> dict[str, str]:
-    """kvlab ``KVCacheConfig.quant`` values the engine runs, mapped to its ``--kv-cache-dtype`` value."""
-    check_kind(kind)
-    return dict(_KV_DTYPES[kind])
-
-
 def check_config(kind: str, config: KVCacheConfig) -> None:
     """Raise :class:`ConfigError` if the engine cannot run ``config``, naming what it does support."""
     check_kind(kind)

@@ -9,31 +9,25 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvlab.paths import log_dir
 from kvlab.threads import share_of_cores
 
-
-LOG_DIR_VAR = "KVLAB_LOG_DIR"
 MAX_LOCAL_WORKERS = 64  # what `kvlab run --background --workers` and `kvlab rerun --workers` accept
-
-
-def worker_log_dir() -> Path:
-    """Where local workers write their logs: ``$KVLAB_LOG_DIR``, else ``db/logs`` in the checkout."""
-    return Path(os.environ.get(LOG_DIR_VAR) or Path(__file__).resolve().parents[2] / "db" / "logs")
 
 
 def start_local_workers(count: int, exit_when_idle: bool = True) -> list[subprocess.Popen]:
     """Start ``count`` detached ``kvlab worker`` processes.
 
     They work on the store of this process's ``KVLAB_DATABASE_URL`` (inherited; else the SQLite
-    file in db/), outlive the caller (a closed terminal or browser tab) and log to :func:`worker_log_dir`.
+    file in db/), outlive the caller (a closed terminal or browser tab) and log to :func:`kvlab.paths.log_dir`.
     """
-    log_dir = worker_log_dir()
-    log_dir.mkdir(parents=True, exist_ok=True)
+    folder = log_dir()
+    folder.mkdir(parents=True, exist_ok=True)
     processes = []
     for index in range(count):
         args = [sys.executable, "-m", "kvlab.cli", "worker", "--threads", str(share_of_cores(count))]
         args += ["--exit-when-idle"] if exit_when_idle else []
-        processes.append(start_detached(args, log_dir / f"worker-{os.getpid()}-{index}.log"))
+        processes.append(start_detached(args, folder / f"worker-{os.getpid()}-{index}.log"))
     return processes
 
 

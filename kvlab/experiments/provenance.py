@@ -6,10 +6,11 @@ import os
 import platform
 import subprocess
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import psutil
+
+from kvlab.paths import REPO_ROOT
 
 PACKAGES = ("kvlab", "torch", "transformers", "kvpress", "pydantic", "numpy", "scipy")
 
@@ -26,7 +27,7 @@ def package_versions() -> dict[str, str]:
 
 def git_commit() -> str | None:
     """The commit of the kvlab checkout (with ``-dirty`` if it has local changes), or None."""
-    root = Path(__file__).resolve().parents[2]
+    root = REPO_ROOT
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=5, check=True).stdout.strip()

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from kvlab.config import ConfigError, ExperimentSpec, parse_spec
-from kvlab.experiments.launcher import worker_log_dir
+from kvlab.paths import log_dir
 from kvlab.experiments.ray_executor import RayWorkers, check_ray_address
 from kvlab.experiments.ray_run import settle
 from kvlab.experiments.submit import store_experiment
@@ -31,11 +31,11 @@ def submit_to_ray(spec: ExperimentSpec, warnings: Sequence[str], address: str | 
     require_shared_store()
     with Store() as store:
         experiment_id = store_experiment(store, spec, warnings)
-    log_dir = worker_log_dir()
-    log_dir.mkdir(parents=True, exist_ok=True)
+    folder = log_dir()
+    folder.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "kvlab.experiments.ray_driver", str(experiment_id)]
     args += ["--address", address] if address else []
-    with open(log_dir / f"ray-driver-{experiment_id}.log", "ab") as log:  # the child keeps its own copy
+    with open(folder / f"ray-driver-{experiment_id}.log", "ab") as log:  # the child keeps its own copy
         subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     return experiment_id
 

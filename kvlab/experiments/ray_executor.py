@@ -48,7 +48,7 @@ from kvlab.experiments.nodes import node_of, ray_worker_id
 from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.secrets import redact
 from kvlab.store import Store
-from kvlab.store.engine import require_shared_store, resolve_url, sqlite_file
+from kvlab.store.database import require_shared_store, resolve_url, sqlite_file
 
 INSTALL_HINT = "install it with: pip install 'kvlab[ray]'"
 #: Seconds a cluster address gets to accept a connection, and then to answer one call.

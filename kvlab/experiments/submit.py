@@ -3,7 +3,7 @@ processes (:func:`submit`, :func:`rerun`: ``kvlab run --background``, ``kvlab re
 or by a worker in this process that takes only its trials (:func:`run_here`: ``kvlab run``).
 
 Every function opens the store of ``KVLAB_DATABASE_URL`` (else db/kvlab.sqlite), the one the
-local workers inherit; they log to :func:`kvlab.experiments.launcher.worker_log_dir`.
+local workers inherit; they log to :func:`kvlab.paths.log_dir`.
 """
 
 from __future__ import annotations

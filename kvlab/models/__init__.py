@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .arch import ModelArch, model_arch
-    from .cache import kvlab_home
     from .loader import LoadedModel, default_device, default_dtype, load_model, load_tokenizer, model_fingerprint
     from .registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailableError, ModelSpec
     from .resolve import ModelStatus, list_models, pull_model, resolve_model
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
 #: Each name's module, imported on first use: ``kvlab models list``, the dashboard's model menu and the
 #: store commands need the registry, not the seconds of torch and transformers imports of the loader.
 _HOMES = {
-    "ModelArch": "arch", "model_arch": "arch", "kvlab_home": "cache",
+    "ModelArch": "arch", "model_arch": "arch",
     "LoadedModel": "loader", "default_device": "loader", "default_dtype": "loader", "load_model": "loader",
     "load_tokenizer": "loader", "model_fingerprint": "loader",
     "DEFAULT_MODEL": "registry", "KNOWN_MODELS": "registry", "ModelNotAvailableError": "registry",

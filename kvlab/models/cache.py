@@ -17,18 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kvlab.paths import models_root
+
 MANIFEST = "kvlab-model.json"
 _STAGING_PREFIX = ".staging-"
 _STALE_STAGING_S = 24 * 3600
-
-
-def kvlab_home() -> Path:
-    """``$KVLAB_HOME``, by default ``~/.cache/kvlab``."""
-    return Path(os.environ.get("KVLAB_HOME") or Path.home() / ".cache" / "kvlab").expanduser()
-
-
-def models_root() -> Path:
-    return kvlab_home() / "models"
 
 
 def model_dir(key: str) -> Path:

@@ -8,7 +8,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import dir_size, install, is_complete, model_dir, models_root, read_manifest, staging_dir
+from kvlab.paths import models_root
+
+from .cache import dir_size, install, is_complete, model_dir, read_manifest, staging_dir
 from .fetch import fetch_gguf
 from .registry import KNOWN_MODELS, ModelNotAvailableError, ModelSpec, Progress, get_spec
 

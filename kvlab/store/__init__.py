@@ -16,7 +16,7 @@ from kvlab.store.errors import (
     StoreReadOnlyError,
     TrialNotFoundError,
 )
-from kvlab.store.engine import require_shared_store
+from kvlab.store.database import require_shared_store
 from kvlab.store.migrate import head_revision
 from kvlab.store.records import (
     LEVELS,

@@ -19,10 +19,10 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.engine import Connection
 
-from kvlab.store.engine import REPO_ROOT, URL_ENV, WRITE, mask
+from kvlab.paths import MIGRATIONS_DIR
+from kvlab.store.database import URL_ENV, WRITE, mask
 from kvlab.store.errors import SchemaOutdatedError, StoreError
 
-MIGRATIONS_DIR = REPO_ROOT / "db" / "migrations"
 UPGRADE_HINT = "run `kvlab db upgrade`"
 #: Tables every kvlab schema has: with an unknown revision they mean a newer kvlab, without one
 #: another application.

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kvlab.config import ExperimentSpec, KVCacheConfig, parse_spec
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 TERMINAL_STATUSES = ("done", "failed", "cancelled")
@@ -59,10 +58,6 @@ class ExperimentRecord:
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
-    def experiment_spec(self) -> ExperimentSpec:
-        """The stored spec, validated again (raises ``ConfigError`` if this kvlab no longer accepts it)."""
-        return parse_spec(self.spec)
-
 
 @dataclass
 class TrialRecord:
@@ -88,9 +83,6 @@ class TrialRecord:
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
-
-    def kv_config(self) -> KVCacheConfig:
-        return KVCacheConfig.model_validate(self.config)
 
 
 @dataclass

@@ -37,7 +37,7 @@ from kvlab.config import ExperimentSpec, parse_spec, spec_to_dict
 from kvlab.experiments.results import ItemResult
 from kvlab.secrets import redact
 from kvlab.store import migrate
-from kvlab.store.engine import WRITE, create_store_engine, resolve_url, shown_url, sqlite_file, translate_errors
+from kvlab.store.database import WRITE, create_store_engine, resolve_url, shown_url, sqlite_file, translate_errors
 from kvlab.store.errors import (
     ExperimentNotFoundError,
     StoreError,
@@ -45,7 +45,7 @@ from kvlab.store.errors import (
     StoreReadOnlyError,
     TrialNotFoundError,
 )
-from kvlab.store.models import EventRow, ExperimentRow, ItemResultRow, TelemetryRow, TrialRow, TuneRow
+from kvlab.store.tables import EventRow, ExperimentRow, ItemResultRow, TelemetryRow, TrialRow, TuneRow
 from kvlab.store.records import (
     LEVELS,
     PHASES,

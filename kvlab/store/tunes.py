@@ -3,7 +3,7 @@
 A tune is an ordinary experiment whose trials arrive round by round: the driver adds candidates
 as trials limited to their first N items (``item_limit``), raises the limit of the promising ones
 (they go back to the queue, and the worker skips the items they already have), and records its
-verdict on each (:class:`~kvlab.store.models.TuneCandidateRow`).  Any worker runs these trials like
+verdict on each (:class:`~kvlab.store.tables.TuneCandidateRow`).  Any worker runs these trials like
 any others.  While the tune runs, the experiment stays open between rounds; the driver closes it.
 
 :class:`TuneQueries` is mixed into :class:`kvlab.store.repository.Store`.
@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from kvlab.config import KVCacheConfig
 from kvlab.store.errors import ExperimentNotFoundError, StoreError
-from kvlab.store.models import TrialRow, TuneCandidateRow, TuneRow
+from kvlab.store.tables import TrialRow, TuneCandidateRow, TuneRow
 from kvlab.store.records import TERMINAL_STATUSES, CandidateRecord, TuneRecord
 
 #: A driver silent for this long is gone: another ``kvlab tune --resume`` may take over.

@@ -15,17 +15,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from kvlab.errors import ConfigError
+from kvlab.paths import DATA_DIR_VAR, data_dir
 from kvlab.tasks.jsonl import JsonlTaskError, Limits, show_path, validate_file
 
-DATA_DIR_VAR = "KVLAB_DATA_DIR"
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "db" / "data"
 UPLOADS = "uploads"
-
-
-def data_dir() -> Path:
-    """The data directory, absolute and with symlinks resolved (it need not exist yet)."""
-    text = os.environ.get(DATA_DIR_VAR, "").strip()
-    return (Path(text).expanduser() if text else DEFAULT_DATA_DIR).resolve()
 
 
 def resolve_data_path(text: str, root: Path | None = None) -> Path:

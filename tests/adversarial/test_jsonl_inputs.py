@@ -23,7 +23,8 @@ import pytest
 from kvlab.config import ConfigError
 from kvlab.errors import HostLacksError
 from kvlab.dashboard.spec_form import build_spec, default_form
-from kvlab.tasks.data_dir import DATA_DIR_VAR, checked_data_file, resolve_data_path, save_upload
+from kvlab.paths import DATA_DIR_VAR
+from kvlab.tasks.data_dir import checked_data_file, resolve_data_path, save_upload
 from kvlab.tasks.jsonl import JsonlFileMissingError, JsonlTaskError, Limits, validate_file
 from tests.waiting import SAFETY_S
 

@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from kvlab.models import DEFAULT_MODEL, pull_model
-from kvlab.models.cache import models_root
+from kvlab.paths import models_root
 from tests.waiting import SAFETY_S
 
 PASSWORD = f"s3cr3t-{uuid.uuid4().hex}"

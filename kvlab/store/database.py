@@ -25,11 +25,9 @@ from typing import Any
 from sqlalchemy import URL, Engine, create_engine, event, exc, make_url
 from sqlalchemy.engine import Connection
 
-import kvlab
+from kvlab.paths import DEFAULT_SQLITE_PATH
 from kvlab.store.errors import StoreError, StoreReadOnlyError
 
-REPO_ROOT = Path(kvlab.__file__).resolve().parent.parent
-DEFAULT_SQLITE_PATH = REPO_ROOT / "db" / "kvlab.sqlite"
 URL_ENV = "KVLAB_DATABASE_URL"
 SUPPORTED_DIALECTS = ("sqlite", "postgresql")
 #: Execution option: this transaction writes (SQLite: ``BEGIN IMMEDIATE``).

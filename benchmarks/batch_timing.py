@@ -1,5 +1,6 @@
 """Time one decode step for a batch of K configs against K single steps (``benchmarks/engine_bench.py``,
-``scripts/gpu_check.py``): what batching saves once the weights are read once per step."""
+``scripts/gpu_check.py``): what batching saves once the weights are read once per step.  Benchmark
+code, imported by path (``python benchmarks/engine_bench.py`` puts this folder first on ``sys.path``)."""
 
 from __future__ import annotations
 
