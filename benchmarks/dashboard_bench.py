@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))  # the synthetic results builder lives with the te
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from kvlab.config import parse_spec  # noqa: E402
+from kvlab.dashboard import page_table  # noqa: E402
 from kvlab.store import Store, TelemetrySample  # noqa: E402
 from tests.dashboard_data import item_result  # noqa: E402
 
@@ -66,7 +67,7 @@ def fill(store: Store, experiments: int, telemetry: int) -> int:
 
 
 def render_times(runs: int, page: str | None = None, **params: str) -> list[float]:
-    """Script-run times of ``page`` (a file under pages/; None: the default experiments page)."""
+    """Script-run times of ``page`` (a page's script, kvlab.dashboard.page_table; None: the default experiments page)."""
     at = AppTest.from_file(APP, default_timeout=120)
     for key, value in params.items():
         at.query_params[key] = value
@@ -99,7 +100,7 @@ def main() -> None:
               f"results for every trial (filled in {time.perf_counter() - start:.0f} s)")
         render_times(1)  # imports and the app's one-time setup, not a page's cost
         for label, page, params in (("experiments page", None, {}),
-                                    ("experiment page", "pages/view_experiment.py", {"id": str(experiment_id)})):
+                                    ("experiment page", page_table.EXPERIMENT.script, {"id": str(experiment_id)})):
             times = render_times(args.runs, page, **params)
             print(f"{label}: first render {times[0]:.2f} s, then median {statistics.median(times[1:]):.2f} s "
                   f"(target < 1.5 s)")

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))  # the synthetic stores are built by the tests' an
 from playwright.sync_api import Browser, BrowserContext, sync_playwright  # noqa: E402
 
 from benchmarks.dashboard_bench import fill  # noqa: E402
+from kvlab.dashboard import page_table  # noqa: E402
 from kvlab.store import Store  # noqa: E402
 from tests.dashboard_data import populate  # noqa: E402
 from tests.e2e.dashboard_server import CHROMIUM, CHROMIUM_ARGS, start_dashboard  # noqa: E402
@@ -42,11 +43,12 @@ from tests.tune_data import populate_tune  # noqa: E402
 
 #: page URL -> the element that means its main chart or table is drawn
 PAGES = {
-    "/experiments": "[data-testid=stDataFrame] canvas",
-    "/experiment?id=1": ".js-plotly-plot .main-svg",
-    "/new": "[data-testid=stMetric]",  # the form's preview: trials, items, evaluations, duration
-    "/compare?ids=1": ".js-plotly-plot .main-svg",
-    "/tune": ".js-plotly-plot .main-svg",  # no id: the newest tune (tests/tune_data.py's, added last)
+    f"/{page_table.EXPERIMENTS.url_path}": "[data-testid=stDataFrame] canvas",
+    f"/{page_table.EXPERIMENT.url_path}?id=1": ".js-plotly-plot .main-svg",
+    f"/{page_table.NEW.url_path}": "[data-testid=stMetric]",  # the form's preview: trials, items, evaluations, duration
+    f"/{page_table.COMPARE.url_path}?ids=1": ".js-plotly-plot .main-svg",
+    # No id: the newest tune (tests/tune_data.py's, added last).
+    f"/{page_table.TUNE.url_path}": ".js-plotly-plot .main-svg",
 }
 WARM_GOAL_S, FIRST_GOAL_S = 2.0, 5.0
 

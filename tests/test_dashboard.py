@@ -16,14 +16,14 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvlab.config import parse_spec
-from kvlab.dashboard import views
+from kvlab.dashboard import page_table, views
 from kvlab.store import Store
 from tests.dashboard_data import item_result, populate
 from tests.waiting import SAFETY_S
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
-LIST, NEW, VIEW, COMPARE = ("pages/list_experiments.py", "pages/new_experiment.py", "pages/view_experiment.py",
-                            "pages/compare_experiments.py")
+LIST, NEW, VIEW, COMPARE = (page_table.EXPERIMENTS.script, page_table.NEW.script, page_table.EXPERIMENT.script,
+                            page_table.COMPARE.script)
 
 
 @pytest.fixture
@@ -72,12 +72,12 @@ def assert_clean(at: AppTest) -> None:
 
 
 def share_link(at: AppTest) -> str:
-    """The share box's link (pages.common.share_box: inline code; AppTest has no URL, so it starts at ``?``)."""
+    """The share box's link (app_pages.common.share_box: inline code; AppTest has no URL, so it starts at ``?``)."""
     return next(m.value.strip("`") for m in at.markdown if m.value.startswith("`?"))
 
 
 def plotly_charts(at: AppTest) -> int:
-    """Charts drawn by st.plotly_chart or by kvlab's plotly component (pages/plotly_view.py)."""
+    """Charts drawn by st.plotly_chart or by kvlab's plotly component (app_pages/plotly_view.py)."""
     return len(at.get("plotly_chart")) + len(at.get("bidi_component"))
 
 

@@ -22,12 +22,13 @@ from streamlit.testing.v1 import AppTest
 
 from kvlab.cli.main import main
 from kvlab.config import ConfigError
+from kvlab.dashboard import page_table
 from kvlab.doctor import CHECK_NAMES, DoctorReport, diagnose
 from kvlab.engines.endpoint_rules import choose_model, error_message
 from kvlab.engines.factory import openai_endpoint
 from tests.waiting import SAFETY_S
 
-PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "endpoint_doctor.py")
+PAGE = str(Path(__file__).resolve().parent.parent / page_table.DOCTOR.script)
 KEY = "sk-kvlab-test-0123456789-right"
 WRONG_KEY = "sk-kvlab-test-9876543210-wrong"
 HTML = b"<!doctype html><html><head><title>Sign in - Gateway</title></head><body>Please sign in</body></html>"

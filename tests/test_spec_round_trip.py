@@ -19,6 +19,7 @@ import pytest
 from pydantic import BaseModel
 
 from kvlab.config import ExperimentSpec, parse_spec, spec_to_dict
+from kvlab.dashboard import page_table
 from kvlab.store import Store
 from kvlab.tasks import generate_items, planned_items
 from kvlab.tasks.spec import DEFAULT_NUM_ITEMS, TaskSpec
@@ -152,7 +153,7 @@ def test_a_jsonl_file_runs_whole_from_the_dashboard_through_a_worker(tmp_path, m
 
     at = AppTest.from_file(APP, default_timeout=SAFETY_S)
     at.run()
-    at.switch_page("pages/new_experiment.py").run()
+    at.switch_page(page_table.NEW.script).run()
     toml = jsonl_spec_toml(Path("rows.jsonl"), "via-dashboard")  # relative: under the data directory
     at.get("file_uploader")[0].upload("rows.toml", toml.encode(), "application/toml")
     at.run()

@@ -1,8 +1,8 @@
 """Pure helpers behind the dashboard: URL state (query params <-> view state) and table rows.
 
 Nothing here imports streamlit, so the pages stay thin and these functions are tested directly.
-Every view keeps its state in the URL's query parameters (the page itself is the URL path), so a
-link opened in another browser shows the same view.
+Every view keeps its state in the URL's query parameters (the page itself is the URL path, its row's
+in kvlab.dashboard.page_table), so a link opened in another browser shows the same view.
 """
 
 from __future__ import annotations
@@ -23,10 +23,6 @@ from kvlab.experiments.results import ItemResult
 from kvlab.store.records import ExperimentRecord, TrialRecord
 
 MIB = 1024 * 1024
-
-#: URL paths of the pages (``st.Page(url_path=...)``).
-PAGE_EXPERIMENTS, PAGE_NEW, PAGE_EXPERIMENT, PAGE_COMPARE = "experiments", "new", "experiment", "compare"
-PAGE_DOCTOR, PAGE_TUNE = "doctor", "tune"
 
 #: Experiments table: sort choice -> ``Store.list_experiments(order=...)``.
 SORTS = {"newest": "-created_at", "oldest": "created_at", "name": "name", "status": "status",

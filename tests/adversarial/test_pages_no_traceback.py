@@ -12,16 +12,15 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvlab.dashboard import views
+from kvlab.dashboard import page_table, views
 from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.tune_data import populate_tune
 from tests.waiting import SAFETY_S
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
-LIST, NEW, VIEW, COMPARE, DOCTOR, TUNE = ("pages/list_experiments.py", "pages/new_experiment.py",
-                                          "pages/view_experiment.py", "pages/compare_experiments.py",
-                                          "pages/endpoint_doctor.py", "pages/view_tune.py")
+LIST, NEW, VIEW, COMPARE, DOCTOR, TUNE = (page.script for page in (
+    page_table.EXPERIMENTS, page_table.NEW, page_table.EXPERIMENT, page_table.COMPARE, page_table.DOCTOR, page_table.TUNE))
 HUGE = "9" * 30  # beyond any database integer
 
 

@@ -2,8 +2,9 @@
 `streamlit run app.py` (so the first request of the process is the link itself), a fresh browser
 context each, and the page must show its own content with no dialog ("Page not found" was one).
 
-With a pages/ folder next to app.py, Streamlit serves a process's first request with its
-folder-based navigation; pages.common.run_app is the fix that this test keeps honest.
+With a pages/ folder next to app.py (whatever it holds), Streamlit serves a process's first request
+with its folder-based navigation, which shows that dialog: the page modules live in app_pages/
+(kvlab.dashboard.page_table), and this test keeps that honest.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.dashboard import views
+from kvlab.dashboard import page_table
 from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.tune_data import populate_tune
@@ -27,13 +28,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path(CHROMIUM).exists(),
 #: URL -> text that only that page shows once it has run.
 LINKS = {
     "/": "Experiments",
-    f"/{views.PAGE_EXPERIMENTS}?sort=oldest": "Experiments",
-    f"/{views.PAGE_NEW}": "New experiment",
-    f"/{views.PAGE_EXPERIMENT}?id=1": "synthetic-sweep",
-    f"/{views.PAGE_EXPERIMENT}?id=1&tab=Needles&needle=int4": "synthetic-sweep",
-    f"/{views.PAGE_COMPARE}?ids=1": "Compare experiments",
-    f"/{views.PAGE_DOCTOR}": "Endpoint doctor",
-    f"/{views.PAGE_TUNE}?id=2&show=stopped": "Tune: synthetic-tune",
+    f"/{page_table.EXPERIMENTS.url_path}?sort=oldest": "Experiments",
+    f"/{page_table.NEW.url_path}": "New experiment",
+    f"/{page_table.EXPERIMENT.url_path}?id=1": "synthetic-sweep",
+    f"/{page_table.EXPERIMENT.url_path}?id=1&tab=Needles&needle=int4": "synthetic-sweep",
+    f"/{page_table.COMPARE.url_path}?ids=1": "Compare experiments",
+    f"/{page_table.DOCTOR.url_path}": "Endpoint doctor",
+    f"/{page_table.TUNE.url_path}?id=2&show=stopped": "Tune: synthetic-tune",
 }
 
 
@@ -46,15 +47,15 @@ def store_url(tmp_path_factory) -> str:
     return url
 
 
-def _has_page_stub(path: str) -> bool:
-    return (ROOT / "pages" / f"{path}.py").is_file()
+def test_every_page_has_a_link_here():
+    assert {link.partition("?")[0].strip("/") for link in LINKS} == {"", *(p.url_path for p in page_table.PAGES)}
 
 
-def test_every_page_url_has_its_first_request_stub():
-    """Without pages/<url>.py, a process's first request of /<url> shows the dialog."""
-    urls = [views.PAGE_EXPERIMENTS, views.PAGE_NEW, views.PAGE_EXPERIMENT, views.PAGE_COMPARE, views.PAGE_DOCTOR,
-            views.PAGE_TUNE]
-    assert [u for u in urls if not _has_page_stub(u)] == []
+def test_no_pages_folder_beside_the_app():
+    """Streamlit takes any pages/ beside app.py (streamlit/runtime/pages_manager.py) for its v1 folder
+    navigation, which serves a process's first request of /<url> by file name: a leftover one, even
+    empty or holding only __pycache__, brings the dialog back."""
+    assert not (ROOT / "pages").exists()
 
 
 @pytest.mark.parametrize("link", list(LINKS))

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from kvlab.dashboard import views
+from kvlab.dashboard import page_table, views
 from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
@@ -81,7 +81,7 @@ def _pick(page, widget: str, label: str, option: str) -> None:
 
 def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     requests: list[str] = []
-    page = _page(browser, f"{server}/{views.PAGE_EXPERIMENT}?id=1", requests)
+    page = _page(browser, f"{server}/{page_table.EXPERIMENT.url_path}?id=1", requests)
     at_the_spec_margin = _verdict(page)
     assert "Sweet spot: int4" in at_the_spec_margin and "decided by passkey: fidelity" in at_the_spec_margin
 

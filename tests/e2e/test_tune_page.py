@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import pytest
 
-from kvlab.dashboard import views
+from kvlab.dashboard import page_table
 from kvlab.store import Store
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
 from tests.tune_data import CANDIDATES, populate_tune
@@ -65,7 +65,7 @@ def _assert_clean(page) -> None:
 
 def test_a_finished_tune_shows_its_front_stopped_candidates_and_recommendation(server, browser):
     base, _, done, _ = server
-    context, page = _open(browser, f"{base}/{views.PAGE_TUNE}?id={done}")
+    context, page = _open(browser, f"{base}/{page_table.TUNE.url_path}?id={done}")
     try:
         main = page.get_by_test_id("stMain")
         main.get_by_role("heading", name="Tune: synthetic-tune").wait_for()
@@ -103,7 +103,7 @@ def test_a_finished_tune_shows_its_front_stopped_candidates_and_recommendation(s
         # the share link carries the view
         main.get_by_test_id("stButtonGroup").get_by_role("radio", name="stopped", exact=True).click()
         expect(page.get_by_test_id("stSidebar").locator(".st-key-share-link code")).to_contain_text(
-            f"/{views.PAGE_TUNE}?id={done}&show=stopped")
+            f"/{page_table.TUNE.url_path}?id={done}&show=stopped")
         expect(main.get_by_test_id("stTable").locator("tbody tr")).to_have_count(2)
         _assert_clean(page)
     finally:
@@ -112,7 +112,7 @@ def test_a_finished_tune_shows_its_front_stopped_candidates_and_recommendation(s
 
 def test_a_running_tune_updates_live_and_its_experiment_links_here(server, browser):
     base, store_url, done, running = server
-    context, page = _open(browser, f"{base}/{views.PAGE_TUNE}?id={running}")
+    context, page = _open(browser, f"{base}/{page_table.TUNE.url_path}?id={running}")
     try:
         main = page.get_by_test_id("stMain")
         expect(main.get_by_test_id("stAlertContentInfo")).to_contain_text(
@@ -128,7 +128,7 @@ def test_a_running_tune_updates_live_and_its_experiment_links_here(server, brows
             store.finish_tune(running, "done", store.tune(done).recommendation, None)
         expect(main.get_by_test_id("stAlertContentSuccess")).to_contain_text("Recommended: int4/g64/r64")
         _assert_clean(page)
-        page.goto(f"{base}/{views.PAGE_EXPERIMENT}?id={running}")
+        page.goto(f"{base}/{page_table.EXPERIMENT.url_path}?id={running}")
         page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
         page.get_by_test_id("stMain").get_by_role("link", name=re.compile("A tune")).click()
         page.get_by_test_id("stMain").get_by_role("heading", name="Tune: synthetic-tune").wait_for()

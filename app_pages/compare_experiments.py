@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.dashboard import charts, views
+from kvlab.dashboard import charts, page_table, views
 from kvlab.store import ExperimentNotFoundError
-from pages.common import chart, empty_state, experiment_label, get_store, share_box, summaries_of
+from app_pages.common import chart, empty_state, experiment_label, get_store, share_box, summaries_of
 
 st.title("Compare experiments")
 store = get_store()
 recent = store.list_experiments(limit=200)
 if not recent:
     empty_state("Nothing to compare yet: run two experiments (say, the same sweep on two models), then pick them "
-                "here.", views.PAGE_NEW, "New experiment")
+                "here.", page_table.NEW, "New experiment")
     st.stop()
 
 records = {e.id: e for e in recent}

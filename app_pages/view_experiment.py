@@ -14,7 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
-from kvlab.dashboard import charts, views
+from kvlab.dashboard import charts, page_table, views
 from kvlab.experiments.analysis import breakdown, length_group
 from kvlab.experiments.decision import Margins
 from kvlab.dashboard.chart_export import report_html
@@ -22,7 +22,7 @@ from kvlab.config import dump_spec, parse_spec
 from kvlab.experiments.export import experiment_document, results_csv
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord
 from kvlab.store.records import TelemetrySample
-from pages.common import (PAGE_FILES, View, analysed, chart, db_url, empty_state, get_store, guard, pick_experiment,
+from app_pages.common import (View, analysed, chart, db_url, empty_state, get_store, guard, pick_experiment,
                           results_of, share_box, shown_results, slug, view_of)
 
 LIVE_EVERY_S = 2.0
@@ -34,7 +34,7 @@ store = get_store()
 recent = store.list_experiments(limit=200)
 if not recent:
     empty_state("No experiments yet: create one (or launch the tiny example) and it shows up here.",
-                views.PAGE_NEW, "New experiment")
+                page_table.NEW, "New experiment")
     st.stop()
 
 experiment = pick_experiment(store, recent, "experiment", key="experiment_pick")
@@ -46,7 +46,7 @@ st.caption(f"#{experiment.id} · {experiment.status} · model {views.md(experime
 if experiment.error:
     st.error(views.md(experiment.error))
 if experiment.spec.get("tune") is not None:
-    st.page_link(PAGE_FILES[views.PAGE_TUNE], label="A tune: its Pareto front, stopped candidates and recommendation",
+    st.page_link(page_table.TUNE.script, label="A tune: its Pareto front, stopped candidates and recommendation",
                  query_params={"id": str(experiment.id)}, icon=":material/tune:")
 
 

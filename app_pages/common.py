@@ -1,6 +1,6 @@
 """Streamlit plumbing the pages share: the store, cached reads, charts with their exports, share links.
 
-Not a page (app.py lists the pages); everything that computes lives in kvlab/.
+Not a page (kvlab.dashboard.page_table lists them); everything that computes lives in kvlab/.
 """
 
 from __future__ import annotations
@@ -11,43 +11,22 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import plotly.graph_objects as go
 import streamlit as st
 
 from kvlab.dashboard import views
+from kvlab.dashboard.page_table import DashboardPage
 from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.experiments.decision import Margins
 from kvlab.dashboard.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image, warm_up
-from pages.plotly_view import plotly_figure
+from app_pages.plotly_view import plotly_figure
 from kvlab.errlog import debug_enabled, log_details, one_line
 from kvlab.secrets import redact
 from kvlab.errors import ConfigError
 from kvlab.experiments.results import ItemResult
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord, Store, StoreError
-
-#: Page files by URL path.  No page file is named like a URL path: those names belong to the stubs
-#: that send a process's first request through app.py (:func:`run_app`).
-PAGE_FILES = {views.PAGE_EXPERIMENTS: "pages/list_experiments.py", views.PAGE_NEW: "pages/new_experiment.py",
-              views.PAGE_EXPERIMENT: "pages/view_experiment.py", views.PAGE_COMPARE: "pages/compare_experiments.py",
-              views.PAGE_DOCTOR: "pages/endpoint_doctor.py", views.PAGE_TUNE: "pages/view_tune.py"}
-
-APP = Path(__file__).resolve().parent.parent / "app.py"
-
-
-def run_app() -> None:
-    """Run app.py, whose ``st.navigation`` then opens the page of the requested URL.
-
-    With a pages/ folder next to app.py, a Streamlit process serves its first request with its older
-    folder-based navigation: it runs the file in pages/ named like the URL path, and without one shows
-    a "Page not found" dialog over app.py.  The stubs named like the URL paths (pages/new.py, ...)
-    call this, so that request too goes through app.py, with no dialog; once app.py has called
-    ``st.navigation`` the process uses it alone.
-    """
-    exec(compile(APP.read_text(), str(APP), "exec"), {"__name__": "__main__", "__file__": str(APP)})  # noqa: S102
-
 
 #: Errors whose message tells the user what to fix: shown as they are.
 USER_ERRORS = (StoreError, ConfigError, ExportError)
@@ -194,11 +173,11 @@ def share_box(params: Mapping[str, str | int | Sequence[str | int] | None]) -> N
         st.markdown(views.code_span(url))
 
 
-def empty_state(message: str, page: str | None = None, label: str | None = None) -> None:
+def empty_state(message: str, page: DashboardPage | None = None, label: str | None = None) -> None:
     """Say what to do, with a link to the page where it is done."""
     st.info(message, icon=":material/info:")
     if page is not None:
-        st.page_link(PAGE_FILES[page], label=label or page, icon=":material/arrow_forward:")
+        st.page_link(page.script, label=label or page.url_path, icon=":material/arrow_forward:")
 
 
 def experiment_label(experiment: ExperimentRecord) -> str:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.dashboard import views
+from kvlab.dashboard import page_table, views
 from kvlab.store import STATUSES, StoreError
 from kvlab.experiments.submit import rerun
-from pages.common import PAGE_FILES, best_label, empty_state, experiment_label, get_store, share_box
+from app_pages.common import best_label, empty_state, experiment_label, get_store, share_box
 
 ACTIONS = {"cancel": "Cancel", "rerun": "Rerun", "delete": "Delete"}
 
@@ -42,7 +42,7 @@ if not experiments:
         st.info("No experiment matches these filters: clear the search, tag or status, or go back to page 1.")
     else:
         empty_state("No experiments yet. Create one, or launch the ready-made tiny example sweep in one click.",
-                    views.PAGE_NEW, "New experiment")
+                    page_table.NEW, "New experiment")
     st.stop()
 
 st.dataframe(
@@ -60,9 +60,9 @@ labels = {e.id: experiment_label(e) for e in experiments}
 chosen = st.multiselect("Select experiments to act on", list(labels), format_func=labels.get, key="selected")
 open_col, compare_col, *action_cols = st.columns(5)
 if open_col.button("Open", disabled=len(chosen) != 1, icon=":material/open_in_new:"):
-    st.switch_page(PAGE_FILES[views.PAGE_EXPERIMENT], query_params={"id": str(chosen[0])})
+    st.switch_page(page_table.EXPERIMENT.script, query_params={"id": str(chosen[0])})
 if compare_col.button("Compare", disabled=len(chosen) < 2, icon=":material/compare_arrows:"):
-    st.switch_page(PAGE_FILES[views.PAGE_COMPARE], query_params={"ids": [str(i) for i in chosen]})
+    st.switch_page(page_table.COMPARE.script, query_params={"ids": [str(i) for i in chosen]})
 for column, (action, label) in zip(action_cols, ACTIONS.items(), strict=True):
     if column.button(label, disabled=not chosen, key=f"ask-{action}"):
         st.session_state["pending_action"] = (action, list(chosen))

@@ -1,25 +1,25 @@
-"""Tune: a ``kvlab tune`` search, live while it runs (pages/tune_view.py draws it).  The URL
+"""Tune: a ``kvlab tune`` search, live while it runs (app_pages/tune_view.py draws it).  The URL
 carries the experiment (``id``) and which candidates are shown (``show``)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.dashboard import views
+from kvlab.dashboard import page_table, views
 from kvlab.dashboard.tune_launch import launched_here
-from pages import tune_view
-from pages.common import PAGE_FILES, empty_state, get_store, guard, pick_experiment, share_box, slug
+from app_pages import tune_view
+from app_pages.common import empty_state, get_store, guard, pick_experiment, share_box, slug
 
 store = get_store()
 tunes = [e for e in store.list_experiments(limit=200) if e.spec.get("tune") is not None]
 if views.parse_int(st.query_params.get("id")) is None and not tunes:
     empty_state("No tunes yet: start one on the New experiment page (mode Tune) or with `kvlab tune SPEC.toml`.",
-                views.PAGE_NEW, "New experiment")
+                page_table.NEW, "New experiment")
     st.stop()
 experiment = pick_experiment(store, tunes, "tune", key="tune_pick")
 if experiment.spec.get("tune") is None:  # what made it is in its spec: a [tune] table, or a list of configs
     st.error(f"Experiment #{experiment.id} ({views.md(experiment.name)}) is a sweep of fixed configs, not a tune.")
-    st.page_link(PAGE_FILES[views.PAGE_EXPERIMENT], label="Open it on the experiment page",
+    st.page_link(page_table.EXPERIMENT.script, label="Open it on the experiment page",
                  query_params={"id": str(experiment.id)}, icon=":material/arrow_forward:")
     st.stop()
 
@@ -47,7 +47,7 @@ st.title(f"Tune: {views.md(experiment.name)}")
 st.caption(f"#{experiment.id} · tune {tune.state} · {origin} · model "
            f"{views.md(experiment.model)} ({experiment.backend_kind}) · {views.margins_label(experiment.spec)} · "
            f"started {tune.started_at:%Y-%m-%d %H:%M} UTC")
-st.page_link(PAGE_FILES[views.PAGE_EXPERIMENT], label="Its trials, telemetry and results on the experiment page",
+st.page_link(page_table.EXPERIMENT.script, label="Its trials, telemetry and results on the experiment page",
              query_params={"id": str(experiment.id)}, icon=":material/monitoring:")
 show = st.segmented_control("Show", tune_view.SHOWS, default=tune_view.SHOWS[0], required=True, key="show",
                             bind="query-params", help="Which candidates the chart and the table show")

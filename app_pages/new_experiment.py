@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from kvlab.dashboard import estimate, views
+from kvlab.dashboard import estimate, page_table, views
 from kvlab.compress.formats import DEFAULT_GROUP_SIZE
 from kvlab.compress.methods import BUDGET_HELP
 from kvlab.config import (
@@ -49,9 +49,9 @@ from kvlab.paths import DATA_DIR_VAR, data_dir
 from kvlab.tasks.data_dir import UPLOADS, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
 from kvlab.tasks.spec import DEFAULT_NUM_ITEMS, TaskName
-from pages import tune_form
-from pages.common import PAGE_FILES, get_store, share_box
-from pages.executor_choice import executor_choice
+from app_pages import tune_form
+from app_pages.common import get_store, share_box
+from app_pages.executor_choice import executor_choice
 
 P = "f:"  # widget keys: P + spec field path
 TASK_NAMES: tuple[str, ...] = TaskName.__args__  # type: ignore[attr-defined]
@@ -126,7 +126,7 @@ def remove_task(index: int) -> None:
 def launch(spec: ExperimentSpec, workers: int, warnings: list[str],
            executor: executor_form.Executor = executor_form.Executor()) -> None:
     experiment_id = executor_form.submit(executor, spec, warnings, workers)
-    st.switch_page(PAGE_FILES[views.PAGE_EXPERIMENT], query_params={"id": str(experiment_id)})
+    st.switch_page(page_table.EXPERIMENT.script, query_params={"id": str(experiment_id)})
 
 
 @st.cache_data(ttl=300, show_spinner=False)
@@ -218,7 +218,7 @@ def backend_options(backend: str) -> None:
             st.number_input("Concurrent requests", min_value=1, max_value=256, step=1,
                             key=P + "backend.max_concurrency")
         slot("backend")
-        st.page_link(PAGE_FILES[views.PAGE_DOCTOR], label="Check an endpoint (doctor)",
+        st.page_link(page_table.DOCTOR.script, label="Check an endpoint (doctor)",
                      icon=":material/stethoscope:")
 
 
@@ -410,7 +410,7 @@ if result.spec is None:
 elif mode == MODES[1]:
     tune_form.preview(result.spec)
     tune_form.launch_row(result.spec, store, lambda experiment_id: st.switch_page(
-        PAGE_FILES[views.PAGE_TUNE], query_params={"id": str(experiment_id)}))
+        page_table.TUNE.script, query_params={"id": str(experiment_id)}))
 else:
     spec = result.spec
     configs = spec.all_configs()
