@@ -34,7 +34,7 @@ from kvlab.compress.eviction import (
     scorer_key,
     select_tokens,
 )
-from kvlab.config import BASELINE, ConfigError, KVCacheConfig
+from kvlab.config import BASELINE, ConfigError, ExperimentSpec, KVCacheConfig
 from kvlab.engines import attention
 from kvlab.engines.batched_decode import (
     MemberOutcome,
@@ -46,7 +46,7 @@ from kvlab.engines.batched_decode import (
     member_bytes,
 )
 from kvlab.engines.base import Engine
-from kvlab.models import LoadedModel
+from kvlab.models import LoadedModel, load_model
 from kvlab.experiments.results import MEASURED_EMBEDDED, ItemResult, KVMeasurement
 from kvlab.tasks import TaskItem
 
@@ -368,3 +368,11 @@ class EmbeddedEngine(Engine):
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device)
         return psutil.Process().memory_info().rss
+
+
+def build(spec: ExperimentSpec) -> EmbeddedEngine:
+    """Load the spec's model in this process (the backend registry's ``embedded`` entry)."""
+    backend = spec.backend
+    device = None if backend.device == "auto" else backend.device
+    dtype = None if backend.dtype == "auto" else backend.dtype
+    return EmbeddedEngine(load_model(spec.model, device=device, dtype=dtype), seed=spec.seed)

@@ -1,11 +1,13 @@
-"""The engine an experiment spec asks for."""
+"""The engine an experiment spec asks for: the backend registry's engine module builds it."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 from pathlib import Path
 from typing import Any
 
+from kvlab.backends import BACKENDS
 from kvlab.config import ConfigError, ExperimentSpec
 from kvlab.engines.base import Engine
 from kvlab.engines.endpoint_rules import BaseURLError, key_problem, parse_base_url, sendable
@@ -15,27 +17,9 @@ log = logging.getLogger(__name__)
 
 
 def build_engine(spec: ExperimentSpec) -> Engine:
-    """Load the model (embedded) or connect to / launch the server (the others)."""
-    backend = spec.backend
-    if backend.kind == "embedded":
-        from kvlab.engines.embedded import EmbeddedEngine
-        from kvlab.models import load_model
-
-        device = None if backend.device == "auto" else backend.device
-        dtype = None if backend.dtype == "auto" else backend.dtype
-        return EmbeddedEngine(load_model(spec.model, device=device, dtype=dtype), seed=spec.seed)
-    tokenizer, note = task_tokenizer(spec.model)
-    if backend.kind == "openai_compat":
-        from kvlab.engines.openai_compat import OpenAICompatEngine
-
-        endpoint = openai_endpoint(backend.base_url, backend.model_id, backend.api_key_env)
-        if endpoint.dropped_credentials:
-            log.warning("the base URL holds a user:password, which kvlab never sends: requests to %s authenticate "
-                        "with the key in %s as a Bearer token", endpoint.base_url, backend.api_key_env)
-        return OpenAICompatEngine(endpoint, backend, tokenizer, note, seed=spec.seed)
-    from kvlab.engines.launched import LaunchedServerEngine
-
-    return LaunchedServerEngine(spec, tokenizer, note)
+    """Load the model (embedded) or connect to / launch the server (the others): the ``build(spec)``
+    of the engine module that :data:`kvlab.backends.BACKENDS` names for the spec's backend kind."""
+    return importlib.import_module(BACKENDS[spec.backend.kind].engine).build(spec)
 
 
 def openai_endpoint(base_url: str | None, model_id: str | None, api_key_env: str) -> Endpoint:

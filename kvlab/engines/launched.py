@@ -173,3 +173,10 @@ class _CurrentServerMetrics:
     def close(self) -> None:
         if self.current is not None:
             self.current.close()
+
+
+def build(spec: ExperimentSpec) -> LaunchedServerEngine:
+    """A server kvlab launches per KV dtype (the backend registry's ``vllm`` and ``sglang`` entries)."""
+    from kvlab.engines.factory import task_tokenizer
+
+    return LaunchedServerEngine(spec, *task_tokenizer(spec.model))

@@ -14,6 +14,7 @@ is described by :class:`LaunchedKV`; any other endpoint leaves the byte columns 
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -24,13 +25,15 @@ from typing import Any
 
 import openai
 
-from kvlab.config import BackendSpec, ConfigError, KVCacheConfig
+from kvlab.config import BackendSpec, ConfigError, ExperimentSpec, KVCacheConfig
 from kvlab.engines.base import Engine, EngineFailure
 from kvlab.engines.endpoint_rules import choose_model, error_message, server_root
 from kvlab.engines.prometheus import ServerMetricsSource
 from kvlab.experiments.results import MEASURED_SERVED, ItemResult, KVMeasurement
 from kvlab.secrets import Endpoint, redact
 from kvlab.tasks import TaskItem
+
+log = logging.getLogger(__name__)
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit
 
@@ -284,3 +287,16 @@ def _seconds(value: Any) -> float:
 
 def _message(error: openai.APIError) -> str:
     return error_message(error.body) or error.message
+
+
+def build(spec: ExperimentSpec) -> OpenAICompatEngine:
+    """Connect to the spec's endpoint (the backend registry's ``openai_compat`` entry)."""
+    from kvlab.engines.factory import openai_endpoint, task_tokenizer
+
+    backend = spec.backend
+    tokenizer, note = task_tokenizer(spec.model)
+    endpoint = openai_endpoint(backend.base_url, backend.model_id, backend.api_key_env)
+    if endpoint.dropped_credentials:
+        log.warning("the base URL holds a user:password, which kvlab never sends: requests to %s authenticate "
+                    "with the key in %s as a Bearer token", endpoint.base_url, backend.api_key_env)
+    return OpenAICompatEngine(endpoint, backend, tokenizer, note, seed=spec.seed)

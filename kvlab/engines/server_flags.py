@@ -10,10 +10,9 @@ names what the engine does support: a GPU start-up takes minutes, a wrong flag c
 
 from __future__ import annotations
 
+from kvlab.backends import SERVER_KINDS
 from kvlab.compress.formats import FORMATS, engine_dtypes
 from kvlab.config import ConfigError, KVCacheConfig, ServerOptions
-
-SERVER_KINDS = ("vllm", "sglang")
 
 # vllm/entrypoints/openai/api_server.py: `if __name__ == "__main__":` builds
 # make_arg_parser() (vllm/entrypoints/openai/cli_args.py) and runs run_server -- the module still

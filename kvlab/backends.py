@@ -1,0 +1,65 @@
+"""The backend registry: one declarative entry per place a model can run, kvpress-style.
+
+An entry says what kvlab needs to know before it builds the engine: which KV-cache configs a
+client can choose there, whether it launches a server or loads the model in this process,
+which spec fields it reads, what the dashboard calls it.  Validation, the CLI's choices, the
+form, the tune's search space, the Ray executor's resources and the engine factory read from
+here.  Adding a backend is its engine module (with a ``build(spec) -> Engine`` function) plus
+one entry in :data:`BACKENDS`.
+
+Engines are named, not imported: this module is pure data, so that validating a spec stays
+instant and free of torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+#: Which KV-cache configs a client can run on the backend: every format and eviction method
+#: (``all``), the server's ``--kv-cache-dtype`` values only (``server_dtypes``: the format
+#: registry's ``vllm`` / ``sglang`` names), or none (the endpoint decides its own cache).
+KVChoice = Literal["all", "server_dtypes", "none"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend.
+
+    ``engine``: the module whose ``build(spec)`` makes the engine.  ``serves_spec_model``: it
+    runs the spec's ``model`` (so that model's context limit applies); an OpenAI-compatible
+    endpoint serves a model of its own.  ``fields``: the ``[backend]`` fields it reads, beside
+    ``kind`` and the request settings every backend has.
+    """
+
+    name: str
+    title: str
+    engine: str
+    description: str
+    kv_choice: KVChoice
+    launches_server: bool = False
+    loads_model_here: bool = False
+    serves_spec_model: bool = True
+    measures_fidelity: bool = False
+    wants_gpu: bool = False  # a Ray worker of it asks for a GPU whatever its device
+    fields: tuple[str, ...] = ()
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("embedded", "Embedded (PyTorch, this process)", "kvlab.engines.embedded",
+            "kvlab's own engine: every format and eviction method, measured bytes, fidelity against the baseline",
+            kv_choice="all", loads_model_here=True, measures_fidelity=True, fields=("device", "dtype")),
+    Backend("openai_compat", "OpenAI-compatible endpoint", "kvlab.engines.openai_compat",
+            "any server with the OpenAI API (kvlab serve, a running vLLM or SGLang): it decides its own KV cache",
+            kv_choice="none", serves_spec_model=False, fields=("base_url", "model_id", "api_key_env")),
+    Backend("vllm", "vLLM (launched by kvlab)", "kvlab.engines.launched",
+            "kvlab starts a vLLM server per KV dtype (--kv-cache-dtype) and reads its pool",
+            kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server")),
+    Backend("sglang", "SGLang (launched by kvlab)", "kvlab.engines.launched",
+            "kvlab starts an SGLang server per KV dtype (--kv-cache-dtype) and reads its pool",
+            kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server")),
+)}
+
+BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
+#: The servers kvlab launches itself.
+SERVER_KINDS: tuple[str, ...] = tuple(name for name, b in BACKENDS.items() if b.launches_server)
