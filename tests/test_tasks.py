@@ -246,8 +246,8 @@ def test_jsonl_missing_file(tmp_path):
         ),
         (
             {"name": "needle"},
-            r"name\n\s+Input should be 'passkey', 'multikey', 'variable_tracking', "
-            r"'perplexity' or 'jsonl'",
+            r"name\n\s+Value error, unknown task 'needle'; known: passkey, multikey, variable_tracking, "
+            r"perplexity, jsonl",
         ),
         (
             {"name": "passkey", "context_lengths": [64]},

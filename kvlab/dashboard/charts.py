@@ -22,11 +22,11 @@ from kvlab.experiments.decision import Margins
 from kvlab.experiments.nodes import node_of
 from kvlab.experiments.results import ItemResult
 from kvlab.store.records import TelemetrySample
+from kvlab.tasks.registry import TASKS
 from kvlab.dashboard.views import MIB, Y_METRICS, CompareRow, fidelity_text
 
 X_TITLES = {"bytes": "physical KV cache (MiB)", "ratio": "compression ratio (x, baseline bytes / physical bytes)"}
 ACCURACY_TITLE = "accuracy (fraction correct, 95% CI)"
-NEEDLE_TASKS = ("passkey", "multikey")
 PHASE_COLORS = {"load": "#9e9e9e", "prefill": "#1f77b4", "compress": "#ff7f0e", "decode": "#2ca02c",
                 "score": "#9467bd", "idle": "#d3d3d3",
                 "launch": "#8c564b", "request": "#17becf"}  # launch/request: a server kvlab launched or calls
@@ -223,7 +223,8 @@ def needle_configs(results: Sequence[ItemResult]) -> list[str]:
 
 
 def _is_needle(result: ItemResult) -> bool:
-    return result.task in NEEDLE_TASKS and result.depth is not None and result.score is not None
+    task = TASKS.get(result.task)
+    return task is not None and task.needle_depths and result.depth is not None and result.score is not None
 
 
 def needle_heatmap(results: Sequence[ItemResult], config_name: str) -> go.Figure:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from kvlab.config import ExperimentSpec
 from kvlab.experiments.results import ItemResult
-from kvlab.tasks import TaskSpec, planned_items
+from kvlab.tasks import TASKS, TaskSpec, planned_items
 
 #: Configs a worker claims together (``kvlab worker --max-trials``' default): they share prefills.
 CONFIGS_PER_CLAIM = 4
@@ -65,7 +65,7 @@ def estimate_seconds(spec: ExperimentSpec, rates: Rates = DEFAULT_RATES) -> floa
     batches = math.ceil(len(configs) / CONFIGS_PER_CLAIM)
     total = rates.load_s
     for task in spec.tasks:
-        lengths = [JSONL_GUESS_TOKENS] if task.name == "jsonl" else task.context_lengths
+        lengths = task.context_lengths if TASKS[task.name].target_lengths else [JSONL_GUESS_TOKENS]
         per_length = _planned(task) / len(lengths)
         for length in lengths:
             total += per_length * (rates.prefill_s(length) * batches + rates.per_config_item * len(configs))

@@ -22,6 +22,7 @@ from kvlab.experiments.decision import ALPHA_ONE_SIDED, DEFAULT_MAX_DROP, Margin
 from kvlab.experiments.fidelity import FidelitySummary
 from kvlab.experiments.results import ItemResult
 from kvlab.experiments.verdict import UNMEASURED, TaskVerdict, judge_tasks
+from kvlab.tasks.registry import TASKS
 
 Z95 = 1.959963984540054
 
@@ -239,8 +240,10 @@ JSONL_LENGTH_BUCKET = 512  # tokens: a JSONL task's prompts all differ in length
 
 def length_group(result: ItemResult) -> str:
     """Context length as a breakdown label: the target length of a generated task, a
-    ``JSONL_LENGTH_BUCKET``-token range (e.g. ``512-1023``) for a JSONL task's measured lengths."""
-    if result.task == "jsonl":
+    ``JSONL_LENGTH_BUCKET``-token range (e.g. ``512-1023``) for the measured lengths of a task
+    without target lengths (JSONL)."""
+    task = TASKS.get(result.task)
+    if task is not None and not task.target_lengths:
         low = result.context_length // JSONL_LENGTH_BUCKET * JSONL_LENGTH_BUCKET
         return f"{low}-{low + JSONL_LENGTH_BUCKET - 1}"
     return str(result.context_length)

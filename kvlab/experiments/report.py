@@ -73,7 +73,7 @@ def length_table(results: Sequence[ItemResult], baseline_name: str) -> str:
 def floor_table(results: Sequence[ItemResult], baseline_name: str) -> str:
     """Per task and length: the baseline's accuracy, the task's chance floor and what each of its
     shortcuts (e.g. "answer with the first number") scores on the same items."""
-    from kvlab.tasks import CHANCE_FLOORS
+    from kvlab.tasks.registry import chance_floor_text
 
     groups: dict[tuple[str, str], list[ItemResult]] = {}
     for r in results:
@@ -88,7 +88,7 @@ def floor_table(results: Sequence[ItemResult], baseline_name: str) -> str:
                 shortcuts.setdefault(name, []).append(value)
         measured = ", ".join(f"{name} {sum(v) / len(v):.2f}" for name, v in shortcuts.items()) or "-"
         rows.append([f"{task}@{length}", _fmt(sum(scores) / len(scores) if scores else None, ".2f"),
-                     CHANCE_FLOORS.get(task, "-"), measured])
+                     chance_floor_text(task), measured])
     return _table(["task", "baseline", "chance floor", "shortcuts on these items"], rows)
 
 

@@ -6,6 +6,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+#: What an item asks of the model: generate an answer, or give its likelihood to a continuation.
+ItemKind = Literal["generate", "perplexity"]
+
 
 @dataclass(frozen=True)
 class TaskItem:
@@ -30,7 +33,7 @@ class TaskItem:
     context_length: int
     depth: float | None
     max_new_tokens: int
-    kind: Literal["generate", "perplexity"] = "generate"
+    kind: ItemKind = "generate"
     continuation: str = ""
     stop: tuple[str, ...] = ()  # generation ends once the output contains one of these (as servers' `stop`)
     metadata: dict[str, Any] = field(default_factory=dict, hash=False)

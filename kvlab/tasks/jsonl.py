@@ -15,6 +15,7 @@ loaded, before any model is; :func:`generate` runs it again where the items are 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -251,6 +252,24 @@ def iter_records(path: str | Path, label: str | None = None,
 def validate_file(path: str | Path, label: str | None = None, limits: Limits | None = None) -> int:
     """Check the whole file without keeping its items; return how many it has."""
     return sum(1 for _ in iter_records(path, label, limits))
+
+
+def planned_items(spec: TaskSpec) -> int | None:
+    """The file's records (at most ``num_items``), or None when the file cannot be read here
+    (validation reports why, this count does not)."""
+    assert spec.path is not None  # TaskSpec guarantees it for jsonl
+    try:
+        status = os.stat(spec.path)
+        records = _count_records(spec.path, status.st_mtime_ns, status.st_size)
+    except (OSError, JsonlTaskError):
+        return None
+    return records if spec.num_items is None else min(records, spec.num_items)
+
+
+@functools.lru_cache(maxsize=64)
+def _count_records(path: str, mtime_ns: int, size: int) -> int:
+    """Records of a jsonl file, cached per version of it (the dashboard asks on every rerun)."""
+    return validate_file(path)
 
 
 def check_task_files(spec: ExperimentSpec) -> ExperimentSpec:

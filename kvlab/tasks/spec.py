@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-TaskName = Literal["passkey", "multikey", "variable_tracking", "perplexity", "jsonl"]
+if TYPE_CHECKING:
+    from kvlab.tasks.registry import Task
 
 MIN_CONTEXT_LENGTH = 128
 MAX_CONTEXT_LENGTH = 131072
@@ -18,14 +19,16 @@ DEFAULT_NUM_ITEMS = 10
 class TaskSpec(BaseModel):
     """What to generate: one task, at one or more prompt lengths.
 
-    Fields that a task does not use are ignored by it (``num_pairs`` for passkey, ...),
-    except ``path``, which only ``jsonl`` accepts, so that a typo in the task name
-    cannot silently turn a user's file into a synthetic task.
+    ``name`` is one of the task registry's (:data:`kvlab.tasks.registry.TASKS`), checked against
+    it when validated.  Fields that a task does not use are ignored by it (``num_pairs`` for
+    passkey, ...), except ``path``, which only a task that reads a file (``jsonl``) accepts, so
+    that a typo in the task name cannot silently turn a user's file into a synthetic task.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    name: TaskName
+    name: str = Field(description="The task: one of the task registry's names.",
+                      json_schema_extra=lambda schema: schema.update(enum=list(_tasks())))
     context_lengths: list[int] = Field(
         default=[1024],
         min_length=1,
@@ -69,6 +72,13 @@ class TaskSpec(BaseModel):
         """
         return DEFAULT_NUM_ITEMS if self.num_items is None else self.num_items
 
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if name not in _tasks():
+            raise ValueError(f"unknown task {name!r}; known: {', '.join(_tasks())}")
+        return name
+
     @field_validator("context_lengths")
     @classmethod
     def _check_lengths(cls, lengths: list[int]) -> list[int]:
@@ -102,14 +112,34 @@ class TaskSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check_path(self) -> TaskSpec:
-        if self.name == "jsonl" and not self.path:
+        reads_file = _tasks()[self.name].reads_file
+        if reads_file and not self.path:
             raise ValueError(
-                "path: the jsonl task needs `path` = a JSONL file with one "
+                f"path: the {self.name} task needs `path` = a JSONL file with one "
                 '{"context": ..., "question": ..., "answer": ...} object per line'
             )
-        if self.name != "jsonl" and self.path is not None:
+        if not reads_file and self.path is not None:
+            readers = [name for name, task in _tasks().items() if task.reads_file]
             raise ValueError(
-                f"path: only the jsonl task reads a file; remove `path` or set name = 'jsonl' "
-                f"(got name = {self.name!r})"
+                f"path: only the {' or '.join(readers)} task reads a file; remove `path` or set name = "
+                f"{' or '.join(map(repr, readers))} (got name = {self.name!r})"
             )
         return self
+
+
+def _tasks() -> dict[str, Task]:
+    """The task registry (:data:`kvlab.tasks.registry.TASKS`), imported when first needed: it
+    imports the task modules, which import this one."""
+    from kvlab.tasks.registry import TASKS
+
+    return TASKS
+
+
+def __getattr__(attribute: str) -> Any:
+    """``TaskName`` (the registry's names as a Literal), forwarded from :mod:`kvlab.tasks.registry`
+    for the modules that import it from here: it cannot be built at this module's import."""
+    if attribute == "TaskName":
+        from kvlab.tasks.registry import TaskName
+
+        return TaskName
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

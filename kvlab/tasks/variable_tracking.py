@@ -25,6 +25,7 @@ import string
 
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots
 from kvlab.tasks.items import TaskItem
+from kvlab.tasks.scoring import variable_names
 from kvlab.tasks.spec import TaskSpec
 
 PREFIX = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
@@ -59,9 +60,7 @@ def _chain(names: list[str], value: str) -> list[str]:
 
 def shortcut_scores(item: TaskItem) -> dict[str, float]:
     """What listing every variable name of the context would score on ``item``."""
-    from kvlab.tasks.scoring import score_item
-
-    return {"every name": score_item(item, " ".join(item.metadata["all_names"]))}
+    return {"every name": variable_names(item, " ".join(item.metadata["all_names"]))}
 
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
