@@ -21,7 +21,7 @@ from kvlab.dashboard.page_table import DashboardPage
 from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.experiments.decision import Margins
 from kvlab.dashboard.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image, warm_up
-from app_pages.plotly_view import plotly_figure
+from pages.plotly_view import plotly_figure
 from kvlab.errlog import debug_enabled, log_details, one_line
 from kvlab.secrets import redact
 from kvlab.errors import ConfigError

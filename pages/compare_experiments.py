@@ -9,7 +9,7 @@ import streamlit as st
 
 from kvlab.dashboard import charts, page_table, views
 from kvlab.store import ExperimentNotFoundError
-from app_pages.common import chart, empty_state, experiment_label, get_store, share_box, summaries_of
+from pages.common import chart, empty_state, experiment_label, get_store, share_box, summaries_of
 
 st.title("Compare experiments")
 store = get_store()

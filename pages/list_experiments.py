@@ -11,7 +11,7 @@ import streamlit as st
 from kvlab.dashboard import page_table, views
 from kvlab.store import STATUSES, StoreError
 from kvlab.experiments.submit import rerun
-from app_pages.common import best_label, empty_state, experiment_label, get_store, share_box
+from pages.common import best_label, empty_state, experiment_label, get_store, share_box
 
 ACTIONS = {"cancel": "Cancel", "rerun": "Rerun", "delete": "Delete"}
 

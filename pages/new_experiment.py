@@ -49,9 +49,9 @@ from kvlab.paths import DATA_DIR_VAR, data_dir
 from kvlab.tasks.data_dir import UPLOADS, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
 from kvlab.tasks.spec import DEFAULT_NUM_ITEMS, TaskName
-from app_pages import tune_form
-from app_pages.common import get_store, share_box
-from app_pages.executor_choice import executor_choice
+from pages import tune_form
+from pages.common import get_store, share_box
+from pages.executor_choice import executor_choice
 
 P = "f:"  # widget keys: P + spec field path
 TASK_NAMES: tuple[str, ...] = TaskName.__args__  # type: ignore[attr-defined]

@@ -3,8 +3,8 @@ against what the tune starts with) and the launch, which starts ``kvlab tune`` i
 (:func:`kvlab.cli.tune.start_background`) and opens the tune's page once its experiment is stored.
 
 Widget keys are the form's (``f:tune.quant``, ...): :mod:`kvlab.dashboard.spec_form` turns them into
-the table and places kvlab's validation messages next to them.  Not a page: app_pages/new_experiment.py
-draws it (streamlit code lives in app_pages/, the logic in kvlab/).
+the table and places kvlab's validation messages next to them.  Not a page: pages/new_experiment.py
+draws it (streamlit code lives in pages/, the logic in kvlab/).
 """
 
 from __future__ import annotations

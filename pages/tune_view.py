@@ -3,7 +3,7 @@ over trials, the candidates stopped early and why, the item evaluations used aga
 grid's, and the current recommendation (the best complete candidate while it runs, the tune's
 deployable answer once done).
 
-Streamlit drawing only (not a page: app_pages/view_tune.py is): the numbers come from
+Streamlit drawing only (not a page: pages/view_tune.py is): the numbers come from
 :mod:`kvlab.tune.progress`, the figures from :mod:`kvlab.dashboard.tune_charts`.
 """
 
@@ -22,7 +22,7 @@ from kvlab.store import ExperimentRecord, Store
 from kvlab.store.records import TuneRecord
 from kvlab.tune import progress
 from kvlab.tune.recommend import ENGINES, serve_command
-from app_pages.common import chart
+from pages.common import chart
 
 LIVE_EVERY_S = 2.0
 #: The page's ``show`` choice (in the URL): which candidates the chart and the table show.

@@ -22,7 +22,7 @@ from kvlab.config import dump_spec, parse_spec
 from kvlab.experiments.export import experiment_document, results_csv
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord
 from kvlab.store.records import TelemetrySample
-from app_pages.common import (View, analysed, chart, db_url, empty_state, get_store, guard, pick_experiment,
+from pages.common import (View, analysed, chart, db_url, empty_state, get_store, guard, pick_experiment,
                           results_of, share_box, shown_results, slug, view_of)
 
 LIVE_EVERY_S = 2.0

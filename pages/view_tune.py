@@ -1,4 +1,4 @@
-"""Tune: a ``kvlab tune`` search, live while it runs (app_pages/tune_view.py draws it).  The URL
+"""Tune: a ``kvlab tune`` search, live while it runs (pages/tune_view.py draws it).  The URL
 carries the experiment (``id``) and which candidates are shown (``show``)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import streamlit as st
 
 from kvlab.dashboard import page_table, views
 from kvlab.dashboard.tune_launch import launched_here
-from app_pages import tune_view
-from app_pages.common import empty_state, get_store, guard, pick_experiment, share_box, slug
+from pages import tune_view
+from pages.common import empty_state, get_store, guard, pick_experiment, share_box, slug
 
 store = get_store()
 tunes = [e for e in store.list_experiments(limit=200) if e.spec.get("tune") is not None]

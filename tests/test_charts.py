@@ -212,12 +212,12 @@ def test_compare_and_parallel():
 
 
 def test_the_page_bundle_is_the_plotly_js_of_plotly_py_and_draws_the_pages_figures():
-    """The dashboard draws with the vendored cartesian bundle (app_pages/plotly_view.py): the same
+    """The dashboard draws with the vendored cartesian bundle (pages/plotly_view.py): the same
     plotly.js version as plotly.py's full bundle (the one the exports use), and every figure but the
     parallel coordinates within its trace types."""
     from plotly.offline import get_plotlyjs
 
-    from app_pages import plotly_view
+    from pages import plotly_view
 
     def version(script: str) -> str:
         return re.search(r"plotly\.js [^\n]*?v(\d+\.\d+\.\d+)", script[:300]).group(1)

@@ -72,12 +72,12 @@ def assert_clean(at: AppTest) -> None:
 
 
 def share_link(at: AppTest) -> str:
-    """The share box's link (app_pages.common.share_box: inline code; AppTest has no URL, so it starts at ``?``)."""
+    """The share box's link (pages.common.share_box: inline code; AppTest has no URL, so it starts at ``?``)."""
     return next(m.value.strip("`") for m in at.markdown if m.value.startswith("`?"))
 
 
 def plotly_charts(at: AppTest) -> int:
-    """Charts drawn by st.plotly_chart or by kvlab's plotly component (app_pages/plotly_view.py)."""
+    """Charts drawn by st.plotly_chart or by kvlab's plotly component (pages/plotly_view.py)."""
     return len(at.get("plotly_chart")) + len(at.get("bidi_component"))
 
 

@@ -2,14 +2,16 @@
 `streamlit run app.py` (so the first request of the process is the link itself), a fresh browser
 context each, and the page must show its own content with no dialog ("Page not found" was one).
 
-With a pages/ folder next to app.py (whatever it holds), Streamlit serves a process's first request
-with its folder-based navigation, which shows that dialog: the page modules live in app_pages/
-(kvlab.dashboard.page_table), and this test keeps that honest.
+With a pages/ folder next to app.py, Streamlit serves a process's first request with its folder-based
+navigation, by file name: the stubs named like the URL paths (kvlab.dashboard.page_table.stub_text) send
+that request through app.py, and this test keeps them honest; the sidebar must then list the table's
+pages, not the files in pages/.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -17,7 +19,7 @@ from kvlab.dashboard import page_table
 from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.tune_data import populate_tune
-from tests.e2e.dashboard_server import CHROMIUM, ROOT, start_dashboard
+from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
 from tests.waiting import SAFETY_S
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
@@ -51,13 +53,6 @@ def test_every_page_has_a_link_here():
     assert {link.partition("?")[0].strip("/") for link in LINKS} == {"", *(p.url_path for p in page_table.PAGES)}
 
 
-def test_no_pages_folder_beside_the_app():
-    """Streamlit takes any pages/ beside app.py (streamlit/runtime/pages_manager.py) for its v1 folder
-    navigation, which serves a process's first request of /<url> by file name: a leftover one, even
-    empty or holding only __pycache__, brings the dialog back."""
-    assert not (ROOT / "pages").exists()
-
-
 @pytest.mark.parametrize("link", list(LINKS))
 def test_a_shared_link_on_a_fresh_server_opens_its_page_without_a_dialog(link, store_url, browser, tmp_path):
     process, base = start_dashboard(store_url, tmp_path / "streamlit.log")
@@ -73,6 +68,10 @@ def test_a_shared_link_on_a_fresh_server_opens_its_page_without_a_dialog(link, s
         assert page.locator("[role=dialog]").count() == 0, page.locator("[role=dialog]").all_inner_texts()
         assert "Page not found" not in page.content()
         assert main.is_visible()
+        # The sidebar is the table's (st.navigation's), not the first request's folder navigation of pages/*.py.
+        links = page.get_by_test_id("stSidebarNav").get_by_test_id("stSidebarNavLink").all()
+        shown = [(urlsplit(link.get_attribute("href")).path, link.inner_text().splitlines()[-1]) for link in links]
+        assert shown == [("/" if p.default else f"/{p.url_path}", p.title) for p in page_table.PAGES]
     finally:
         context.close()
         process.terminate()
