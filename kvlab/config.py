@@ -8,7 +8,6 @@ Terms (see DESIGN.md): ``ratio`` in an eviction config is kvpress's
 
 from __future__ import annotations
 
-import itertools
 import tomllib
 from collections import Counter
 from collections.abc import Callable
@@ -18,16 +17,16 @@ from typing import Annotated, Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvlab.compress.formats import DEFAULT_GROUP_SIZE, GROUP_SIZES, INT_BITS, QUANT_ALIASES, QUANT_NAMES
-from kvlab.compress.methods import (
-    BUDGET_BOUNDS,
-    BUDGET_HELP,
-    METHOD_ALIASES,
-    METHOD_NAMES,
-    METHODS,
-    PARAMS,
-    methods_with,
+from kvlab.compress.formats import (
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_RESIDUAL_LENGTH,
+    FORMATS,
+    GROUP_SIZES,
+    KEY_AXES,
+    MAX_RESIDUAL_LENGTH,
+    QUANT_NAMES,
 )
+from kvlab.compress.methods import BUDGET_BOUNDS, BUDGETS, METHOD_NAMES, METHODS, PARAMS, methods_with
 from kvlab.errors import ConfigError
 from kvlab.experiments.decision import DEFAULT_MAX_KL, Margins
 from kvlab.limits import (
@@ -43,6 +42,7 @@ from kvlab.limits import (
 )
 from kvlab.models.registry import context_limit
 from kvlab.secrets import URL_USERINFO, url_credentials
+from kvlab.space import ConfigSpace, canonical_name, canonical_names
 from kvlab.tasks import planned_items
 from kvlab.tasks.jsonl import check_task_files
 from kvlab.tasks.spec import MAX_PATH_CHARS, TaskSpec
@@ -50,20 +50,16 @@ from kvlab.tune.spec import TuneSpec, backend_space
 
 QuantDtype = Literal[QUANT_NAMES]  # type: ignore[valid-type]  # the format registry's names
 EvictionMethod = Literal[METHOD_NAMES]  # type: ignore[valid-type]  # "none" + the method registry's names
+GroupSize = Literal[GROUP_SIZES]  # type: ignore[valid-type]
+KeyAxis = Literal[KEY_AXES]  # type: ignore[valid-type]
+ResidualLength = Annotated[int, Field(ge=0, le=MAX_RESIDUAL_LENGTH)]
 BackendKind = Literal["embedded", "openai_compat", "vllm", "sglang"]
 
 QUANT_DTYPES: tuple[str, ...] = QUANT_NAMES
 EVICTION_METHODS: tuple[str, ...] = METHOD_NAMES
 
-#: Common names users type for formats and methods, mapped to the canonical kvlab name.
-ALIASES = QUANT_ALIASES | METHOD_ALIASES
-
 #: A spec is a few KB; anything near this is not a spec (and would be read whole into memory).
 MAX_SPEC_BYTES = 1 << 20
-
-#: Scorers whose score does not depend on the budget, so one score serves a whole sweep and a
-#: global threshold is meaningful (the registry's ``budgets``).
-THRESHOLD_METHODS = methods_with("threshold")
 
 Fraction = Annotated[float, Field(gt=BUDGET_BOUNDS[0], lt=BUDGET_BOUNDS[1])]
 
@@ -79,22 +75,26 @@ class KVCacheConfig(BaseModel):
     Quantization (``quant``): integer codes of ``int8/int4/int2`` are packed into bytes with a
     scale and zero point per group (KIVI: keys grouped per channel along ``group_size`` tokens,
     values per token along ``group_size`` channels), the last ``residual_length`` tokens stay
-    16-bit.  ``fp8_*`` stores one byte per element with a per-head scale.
+    16-bit.  ``fp8_*`` stores one byte per element with a scale per head and block of
+    ``group_size`` tokens, and keeps the residual too.  The settings a format reads are its
+    registry entry's ``settings`` (:mod:`kvlab.compress.formats`); the others are left unused.
 
-    Eviction (``evict``): a kvpress scorer ranks context tokens per head; exactly one budget is
-    given: ``ratio`` (fraction removed, kvpress's ``compression_ratio``), ``keep_fraction``
-    (top-k: fraction kept) or ``threshold`` (evict tokens whose normalised score falls below this
-    quantile of all scores of the model, so layers may keep different counts).
+    Eviction (``evict``): a kvpress scorer ranks context tokens per head; exactly one budget of
+    the budget registry (:data:`kvlab.compress.methods.BUDGETS`) is given: ``ratio`` (fraction
+    removed, kvpress's ``compression_ratio``), ``keep_fraction`` (top-k: fraction kept) or
+    ``threshold`` (evict tokens whose normalised score falls below this quantile of all scores of
+    the model, so layers may keep different counts).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = ""
     quant: QuantDtype = "none"
-    group_size: Literal[GROUP_SIZES] = DEFAULT_GROUP_SIZE  # type: ignore[valid-type]
-    residual_length: Annotated[int, Field(ge=0, le=8192)] = 64
-    key_axis: Literal["channel", "token"] = "channel"
+    group_size: GroupSize = DEFAULT_GROUP_SIZE
+    residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
+    key_axis: KeyAxis = KEY_AXES[0]
     evict: EvictionMethod = "none"
+    # The budget registry's kinds (kvlab.compress.methods.BUDGETS), one field each:
     ratio: Fraction | None = None
     keep_fraction: Fraction | None = None
     threshold: Fraction | None = None
@@ -110,15 +110,11 @@ class KVCacheConfig(BaseModel):
     @field_validator("quant", "evict", mode="before")
     @classmethod
     def _canonical_name(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            key = value.strip().lower().replace("-", "_")
-            return ALIASES.get(key, key)
-        return value
+        return canonical_name(value)
 
     @model_validator(mode="after")
     def _check_budget(self) -> KVCacheConfig:
-        budgets = {k: v for k, v in (("ratio", self.ratio), ("keep_fraction", self.keep_fraction),
-                                     ("threshold", self.threshold)) if v is not None}
+        budgets = self.budgets_given
         if self.evict == "none":
             if budgets:
                 raise ValueError(
@@ -132,15 +128,20 @@ class KVCacheConfig(BaseModel):
             if len(budgets) != 1:
                 raise ValueError(
                     f"evict = '{self.evict}' needs exactly one budget: "
-                    f"{'; '.join(f'{b} ({BUDGET_HELP[b]})' for b in accepted)}; got {', '.join(budgets) or 'none'}"
+                    f"{'; '.join(f'{b} ({BUDGETS[b].help})' for b in accepted)}; got {', '.join(budgets) or 'none'}"
                 )
             budget = next(iter(budgets))
             if budget not in accepted:
                 raise ValueError(
-                    f"{budget} works with {', '.join(methods_with(budget))}, not '{self.evict}' "  # type: ignore[arg-type]
+                    f"{budget} works with {', '.join(methods_with(budget))}, not '{self.evict}' "
                     f"(its budgets: {', '.join(accepted)})"
                 )
         return self
+
+    @property
+    def budgets_given(self) -> dict[str, float]:
+        """The budget fields that are set, by kind (validation allows one, and only with a method)."""
+        return {name: value for name in BUDGETS if (value := getattr(self, name)) is not None}
 
     @property
     def is_baseline(self) -> bool:
@@ -162,22 +163,14 @@ class KVCacheConfig(BaseModel):
 
 
 def describe(config: KVCacheConfig) -> str:
-    """A short, unique-enough label such as ``int4+snapkv:r0.75``."""
+    """A short, unique-enough label such as ``int4/g64/r64+snapkv:r0.75``: the format with the settings
+    its registry entry labels, the method with its budget (the budget registry's prefix)."""
     parts = []
     if config.quant != "none":
-        quant = config.quant
-        if config.quant in INT_BITS:
-            quant += f"/g{config.group_size}"
-            if config.residual_length:
-                quant += f"/r{config.residual_length}"
-        parts.append(quant)
+        settings = FORMATS[config.quant].settings
+        parts.append(config.quant + "".join(s.label(getattr(config, s.field)) for s in settings))
     if config.evict != "none":
-        if config.ratio is not None:
-            budget = f"r{config.ratio:g}"
-        elif config.keep_fraction is not None:
-            budget = f"top{config.keep_fraction:g}"
-        else:
-            budget = f"q{config.threshold:g}"
+        budget = "".join(f"{BUDGETS[name].label}{value:g}" for name, value in config.budgets_given.items())
         parts.append(f"{config.evict}:{budget}" + ("/qa" if config.query_aware else ""))
     return "+".join(parts) or "baseline"
 
@@ -186,10 +179,11 @@ BASELINE = KVCacheConfig(name="baseline")
 
 
 class SweepGrid(BaseModel):
-    """A grid over quantization x eviction method x budget, expanded into configs.
+    """A grid over quantization x eviction method x ratio, expanded into configs (:meth:`space`).
 
     Each list holds at least one value and none twice, so the grid's points are distinct and
-    :meth:`size` counts them without expanding it.
+    :meth:`size` counts them without expanding it.  ``group_size`` and ``residual_length`` go to
+    the formats that read them (the format registry's ``settings``).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -197,16 +191,14 @@ class SweepGrid(BaseModel):
     quant: list[QuantDtype] = Field(default=["none"], min_length=1)
     evict: list[EvictionMethod] = Field(default=["none"], min_length=1)
     ratios: list[Fraction] = Field(default=[0.5], min_length=1)
-    group_size: Literal[GROUP_SIZES] = DEFAULT_GROUP_SIZE  # type: ignore[valid-type]
-    residual_length: Annotated[int, Field(ge=0, le=8192)] = 64
+    group_size: GroupSize = DEFAULT_GROUP_SIZE
+    residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
     query_aware: bool = False
 
     @field_validator("quant", "evict", mode="before")
     @classmethod
     def _canonical_names(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            return [KVCacheConfig._canonical_name(v) for v in value]
-        return value
+        return canonical_names(value)
 
     @field_validator("quant", "evict", "ratios")
     @classmethod
@@ -216,22 +208,18 @@ class SweepGrid(BaseModel):
             raise ValueError(f"lists {', '.join(twice)} twice: give each value once")
         return values
 
+    def space(self) -> ConfigSpace:
+        """The grid as a config space: ``ratios`` are the budget kind ``ratio``; the baseline is one of its points."""
+        return ConfigSpace(quant=tuple(self.quant), evict=tuple(self.evict), budget="ratio", budgets=tuple(self.ratios),
+                           settings={"group_size": (self.group_size,), "residual_length": (self.residual_length,)},
+                           query_aware=self.query_aware, with_baseline=True)
+
     def size(self) -> int:
         """Configs :meth:`expand` makes, counted (a method ``none`` takes no ratio)."""
-        methods = sum(method != "none" for method in self.evict)
-        return len(self.quant) * (("none" in self.evict) + methods * len(self.ratios))
+        return self.space().size()
 
     def expand(self) -> list[KVCacheConfig]:
-        configs = []
-        for quant, method in itertools.product(self.quant, self.evict):
-            ratios: list[float | None] = [None] if method == "none" else list(self.ratios)
-            for ratio in ratios:
-                configs.append(KVCacheConfig(
-                    quant=quant, evict=method, ratio=ratio, group_size=self.group_size,
-                    residual_length=self.residual_length,
-                    query_aware=self.query_aware and method != "none",
-                ))
-        return configs
+        return [KVCacheConfig(**point) for point in self.space().points()]
 
 
 class ServerOptions(BaseModel):

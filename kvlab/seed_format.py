@@ -13,8 +13,9 @@ from typing import Any
 
 from kvlab.compress.accounting import STORAGE_BYTES_PER_ELEMENT, bytes_per_element
 from kvlab.compress.formats import BLOG_BITS, BLOG_DTYPES
-from kvlab.compress.methods import METHODS
+from kvlab.compress.methods import BUDGETS, METHODS
 from kvlab.config import ConfigError, KVCacheConfig
+from kvlab.space import canonical_name
 
 SEED_SECTIONS = {"server", "kv_cache"}
 SEED_SERVER_KEYS = {"base_url", "api_key", "model_id"}
@@ -23,9 +24,10 @@ SEED_KV_KEYS = {"dtype", "bits", "compression_ratio", "eviction_threshold", "spa
 DTYPE_MAP = BLOG_DTYPES  # the format registry's blog_names
 BITS = dict(sorted(BLOG_BITS.items(), reverse=True))
 DEFAULT_SCORER = "snapkv"
-#: The blog's budgets each need a budget of kvlab's: eviction_threshold -> threshold, sparse_top_k and
-#: compression_ratio -> keep_fraction; an eviction_method is offered only the budgets it accepts.
-SEED_BUDGETS = {"eviction_threshold": "threshold", "sparse_top_k": "keep_fraction", "compression_ratio": "keep_fraction"}
+#: The blog's budgets each need a budget kind of kvlab's (the budget registry's ``blog_keys``):
+#: eviction_threshold -> threshold, sparse_top_k and compression_ratio -> keep_fraction; an
+#: eviction_method is offered only the budgets it accepts.
+SEED_BUDGETS = {key: kind.name for kind in BUDGETS.values() for key in kind.blog_keys}
 #: compression_ratio targets that would keep fewer tokens than this are refused.
 MIN_KEEP_FRACTION = 0.001
 MIN_CONTEXT = 128
@@ -85,7 +87,7 @@ def _quant_from(kv: dict[str, Any]) -> str:
 
 def _eviction_method(kv: dict[str, Any]) -> str:
     method = _text(kv, "kv_cache", "eviction_method") or DEFAULT_SCORER
-    canonical = KVCacheConfig._canonical_name(method)
+    canonical = canonical_name(method)
     if canonical not in METHODS:
         raise ConfigError(f"[kv_cache] eviction_method = {_shown(method)}: allowed values are "
                           f"{', '.join(METHODS)}")

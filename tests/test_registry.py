@@ -93,7 +93,8 @@ def test_aliases_of_formats_and_methods():
 def test_formats_and_their_engine_names():
     for fmt in FORMATS.values():
         if fmt.kind == "int":
-            assert fmt.group_sizes == (32, 64, 128) and "channel" in fmt.key_axes and fmt.storage_dtype == "uint8"
+            assert fmt.group_sizes == (32, 64, 128) and "channel" in fmt.choices("key_axis")
+            assert fmt.storage_dtype == "uint8"
         if fmt.kind == "fp8":
             assert FP8_DTYPES[fmt.name] == getattr(torch, fmt.storage_dtype)
             assert torch.finfo(FP8_DTYPES[fmt.name]).max == fmt.fp8_max

@@ -29,13 +29,15 @@ def spec_with(tune: dict, backend: str = "embedded") -> object:
 def test_grid_counts_the_conditional_space():
     tune = TuneSpec(quant=["none", "int4", "fp8_e4m3"], group_sizes=[32, 128], evict=["none", "snapkv"],
                     budget_range=(0.5, 0.75), budget_step=0.125)
-    # formats: none (1) + int4 x 2 group sizes (2) + fp8 (1) = 4 quant parts
-    # eviction: none (1) + snapkv x budgets 0.5, 0.625, 0.75 (3) = 4 parts; 4 x 4 = 16, less the baseline
+    # formats: none (1) + int4 x 2 group sizes (2) + fp8 x 2 group sizes (2: its blocks) = 5 quant parts
+    # eviction: none (1) + snapkv x budgets 0.5, 0.625, 0.75 (3) = 4 parts; 5 x 4 = 20, less the baseline
     assert tune.budgets() == [0.5, 0.625, 0.75]
     grid = candidate_grid(tune)
-    assert len(grid) == 15
+    assert len(grid) == 19
     assert {"quant": "int4", "group_size": 32, "residual_length": 64} in grid
+    assert {"quant": "fp8_e4m3", "group_size": 128, "residual_length": 64} in grid
     assert {"evict": "snapkv", "ratio": 0.625} in grid
+    assert len({KVCacheConfig(**point).label for point in grid}) == 19  # a tune tells candidates apart by label
     assert all(KVCacheConfig(**point).label != "baseline" for point in grid)
 
 
@@ -69,7 +71,7 @@ def test_initial_design_walks_the_axes():
                     budget_range=(0.25, 0.75), budget_step=0.25)
     assert initial_design(tune) == [
         {"quant": "int8", "evict": "none", "group_size": 128, "residual_length": 64},
-        {"quant": "fp8_e4m3", "evict": "none"},
+        {"quant": "fp8_e4m3", "evict": "none", "group_size": 128, "residual_length": 64},  # fp8 reads both too
         {"quant": "none", "evict": "tova", "budget": 0.5},  # budgets 0.25, 0.5, 0.75: the middle one
     ]
 

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from kvlab.cli.options import float_between, int_between, positive_int
-from kvlab.compress.formats import GROUP_SIZES
-from kvlab.compress.methods import BUDGET_BOUNDS, BUDGET_HELP, PARAMS
+from kvlab.compress.formats import SETTINGS
+from kvlab.compress.methods import BUDGETS, PARAMS, BudgetKind
 from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, ConfigError, KVCacheConfig
 
-KV_FLAGS = ("quant", "group_size", "residual_length", "evict", "ratio", "keep_fraction", "threshold",
-            "window_size", "n_sink")
+#: The KVCacheConfig fields kvlab serve takes as options: the format, its settings, the method, its
+#: budget and its parameters (each from its registry).
+KV_FLAGS = ("quant", *SETTINGS, "evict", *BUDGETS, *PARAMS)
 
 
-def _budget(text: str) -> float:
-    """An eviction budget: a fraction strictly between the registry's bounds, (0, 1)."""
-    low, high = BUDGET_BOUNDS
-    value = float_between(low, high, inclusive_low=False)(text)
-    if value >= high:
-        raise argparse.ArgumentTypeError(f"must be a number in ({low:g}, {high:g}), got {text!r}")
-    return value
+def _budget(kind: BudgetKind) -> Callable[[str], float]:
+    """A parser of budget ``kind``: a number strictly between the registry's bounds."""
+    def parse(text: str) -> float:
+        value = float_between(kind.low, kind.high, inclusive_low=False)(text)
+        if value >= kind.high:
+            raise argparse.ArgumentTypeError(f"must be a number in ({kind.low:g}, {kind.high:g}), got {text!r}")
+        return value
+    return parse
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,11 +43,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="refuse request bodies larger than this many MiB with a 413 (default: 4)")
     kv = serve.add_argument_group("KV cache (every request's default; a request may send its own `kv_cache`)")
     kv.add_argument("--quant", choices=QUANT_DTYPES, default="none")
-    kv.add_argument("--group-size", type=int, choices=GROUP_SIZES)
-    kv.add_argument("--residual-length", type=int)
+    for setting in SETTINGS.values():  # used by the formats that read them (`kvlab methods`)
+        kv.add_argument(f"--{setting.field.replace('_', '-')}", type=type(setting.default),
+                        choices=setting.choices or None)
     kv.add_argument("--evict", choices=EVICTION_METHODS, default="none", help="see `kvlab methods`")
-    for budget, text in BUDGET_HELP.items():
-        kv.add_argument(f"--{budget.replace('_', '-')}", type=_budget, metavar="FRACTION", help=text)
+    for kind in BUDGETS.values():
+        kv.add_argument(f"--{kind.name.replace('_', '-')}", type=_budget(kind), metavar="FRACTION", help=kind.help)
     for name, param in PARAMS.items():
         kv.add_argument(f"--{name.replace('_', '-')}", type=int_between(param.low, param.high),
                         help=f"{param.help} (default {param.default})")

@@ -1,9 +1,10 @@
 """The quantization format registry: one declarative entry per KV-cache format kvlab knows.
 
-Everything that lists or checks formats reads :data:`FORMATS`: config validation
-(:mod:`kvlab.config`), the byte accounting and the quantizer, the dashboard's tables, the
-launched servers' ``--kv-cache-dtype``, the blog-format mapping, the form, ``kvlab serve
---quant`` and ``kvlab methods``.  Adding a format is one entry here (plus its storage code in
+Everything that lists or checks formats reads :data:`FORMATS`: config validation and labels
+(:mod:`kvlab.config`), the sweep and tune spaces (:mod:`kvlab.space`), the byte accounting and
+the quantizer, the dashboard's tables, the launched servers' ``--kv-cache-dtype``, the
+blog-format mapping, the form, ``kvlab serve --quant`` and ``kvlab methods``.  Adding a format is
+one entry here, naming the settings it reads (plus its storage code in
 :mod:`kvlab.compress.quantization` if it is a new kind).
 
 Pure data: nothing here imports torch or :mod:`kvlab.config` (which imports this module).
@@ -12,23 +13,62 @@ Pure data: nothing here imports torch or :mod:`kvlab.config` (which imports this
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 FormatKind = Literal["none", "int", "fp8"]
 
 #: Tokens (int keys, fp8 blocks) or channels (int values) sharing one scale; KVCacheConfig.group_size.
 GROUP_SIZES = (32, 64, 128)
 DEFAULT_GROUP_SIZE = 64
+#: The most recent tokens kept 16-bit; KVCacheConfig.residual_length (0 to MAX_RESIDUAL_LENGTH).
+DEFAULT_RESIDUAL_LENGTH = 64
+MAX_RESIDUAL_LENGTH = 8192
 KEY_AXES = ("channel", "token")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A ``KVCacheConfig`` field that a format's storage reads, and how a config's label shows it.
+
+    ``prefix``: the label's part for a value (``/g64``), None when the label never shows it;
+    ``unlabelled``: values the label leaves out (no residual window: nothing to say).
+    """
+
+    field: str
+    default: Any
+    choices: tuple[Any, ...] = ()  # the values allowed; () for a range (KVCacheConfig bounds it)
+    prefix: str | None = None
+    unlabelled: tuple[Any, ...] = ()
+
+    def label(self, value: Any) -> str:
+        """The part of a config's label that says ``value`` ("" when the label leaves it out)."""
+        return "" if self.prefix is None or value in self.unlabelled else f"/{self.prefix}{value}"
+
+
+#: Every setting a format may read (kvlab.compress.cache and .accounting), by field.
+SETTINGS: dict[str, Setting] = {s.field: s for s in (
+    Setting("group_size", DEFAULT_GROUP_SIZE, GROUP_SIZES, prefix="g"),
+    Setting("residual_length", DEFAULT_RESIDUAL_LENGTH, prefix="r", unlabelled=(0,)),
+    Setting("key_axis", KEY_AXES[0], KEY_AXES),  # never in a label (it never was)
+)}
+_INT_SETTINGS = tuple(SETTINGS.values())
+#: fp8 reads its block size and residual window too, but its labels never showed them (a tune left
+#: them at their defaults): at the defaults an fp8 label stays ``fp8_e4m3``, off them it says which
+#: (``fp8_e4m3/g32/r0``), so that every fp8 config keeps the label it always had.
+_FP8_SETTINGS = tuple(replace(SETTINGS[name], unlabelled=(SETTINGS[name].default,))
+                      for name in ("group_size", "residual_length"))
 
 
 @dataclass(frozen=True)
 class QuantFormat:
     """One KV-cache storage format.
 
-    ``vllm`` / ``sglang``: the engine's ``--kv-cache-dtype`` value for this format, or None
-    when the engine has no such cache; ``engine_notes`` then says what it offers instead.
+    ``settings``: the ``KVCacheConfig`` fields its storage reads -- what a sweep or a tune varies
+    for it (:mod:`kvlab.space`), what its label shows and what ``kvlab serve`` is told; a field it
+    does not read keeps its default.  ``vllm`` / ``sglang``: the engine's ``--kv-cache-dtype``
+    value for this format, or None when the engine has no such cache; ``engine_notes`` then says
+    what it offers instead.
     """
 
     name: str
@@ -37,8 +77,7 @@ class QuantFormat:
     storage_dtype: str  # torch dtype name of the stored codes
     description: str
     group_rule: str  # how scales are grouped (shown by `kvlab methods`)
-    group_sizes: tuple[int, ...] = ()
-    key_axes: tuple[str, ...] = ()
+    settings: tuple[Setting, ...] = ()
     fp8_max: float | None = None  # the largest finite value of an fp8 format
     aliases: tuple[str, ...] = ()  # other names accepted wherever a format is named
     blog_names: tuple[str, ...] = ()  # [kv_cache] dtype names of blog-style specs meaning this format
@@ -49,6 +88,14 @@ class QuantFormat:
     def engine_dtype(self, kind: str) -> str | None:
         """The ``--kv-cache-dtype`` value of server ``kind`` (vllm / sglang), None if it has none."""
         return {"vllm": self.vllm, "sglang": self.sglang}[kind]
+
+    def choices(self, name: str) -> tuple[Any, ...]:
+        """The values this format takes for setting ``name``; () when it does not read it."""
+        return next((s.choices for s in self.settings if s.field == name), ())
+
+    @property
+    def group_sizes(self) -> tuple[int, ...]:
+        return self.choices("group_size")
 
 
 _INT_GROUPS = ("asymmetric min-max, a float16 scale and zero point per group (KIVI): keys per channel over "
@@ -61,7 +108,7 @@ _FP8_GROUPS = "one float32 scale per head and block of group_size tokens (absolu
 FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     QuantFormat("none", "none", 16, "bfloat16", "no quantization: 16-bit K and V", "-",
                 blog_names=("auto", "fp16", "bf16", "float16", "bfloat16"), vllm="auto", sglang="auto"),
-    QuantFormat("int8", "int", 8, "uint8", "8-bit integer codes", _INT_GROUPS, GROUP_SIZES, KEY_AXES,
+    QuantFormat("int8", "int", 8, "uint8", "8-bit integer codes", _INT_GROUPS, _INT_SETTINGS,
                 blog_names=("int8",), engine_notes={
                     "vllm": "its 8-bit KV caches are fp8 (--kv-cache-dtype fp8_e4m3 / fp8_e5m2: kvlab quant "
                             "fp8_e4m3 / fp8_e5m2) and, in recent releases, int8_per_token_head and "
@@ -69,22 +116,22 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
                             "window)",
                     "sglang": "its 8-bit KV caches are fp8_e4m3, fp8_e5m2 (kvlab quant fp8_e4m3 / fp8_e5m2) and "
                               "mxfp8"}),
-    QuantFormat("int4", "int", 4, "uint8", "4-bit integer codes, two per byte", _INT_GROUPS, GROUP_SIZES, KEY_AXES,
+    QuantFormat("int4", "int", 4, "uint8", "4-bit integer codes, two per byte", _INT_GROUPS, _INT_SETTINGS,
                 blog_names=("int4",), engine_notes={
                     "vllm": "its 4-bit KV caches are different schemes: int4_per_token_head, nvfp4, nvfp4_4over6, "
                             "turboquant_4bit_nc and turboquant_k8v4 (recent releases)",
                     "sglang": "its 4-bit KV caches are FP4 (E2M1) formats, not integer codes: nvfp4, "
                               "fp4_mx_block16, fp4_e2m1"}),
-    QuantFormat("int2", "int", 2, "uint8", "2-bit integer codes, four per byte", _INT_GROUPS, GROUP_SIZES, KEY_AXES,
+    QuantFormat("int2", "int", 2, "uint8", "2-bit integer codes, four per byte", _INT_GROUPS, _INT_SETTINGS,
                 blog_names=("int2",), engine_notes={
                     "vllm": "it has no 2-bit KV cache (its lowest are the 3-bit turboquant_3bit_nc and "
                             "turboquant_k3v4_nc of recent releases)",
                     "sglang": "it has no 2-bit KV cache"}),
     QuantFormat("fp8_e4m3", "fp8", 8, "float8_e4m3fn", "fp8, 4 exponent / 3 mantissa bits", _FP8_GROUPS,
-                GROUP_SIZES, fp8_max=448.0, aliases=("fp8",), blog_names=("fp8", "fp8_e4m3"),
+                _FP8_SETTINGS, fp8_max=448.0, aliases=("fp8",), blog_names=("fp8", "fp8_e4m3"),
                 vllm="fp8_e4m3", sglang="fp8_e4m3"),
     QuantFormat("fp8_e5m2", "fp8", 8, "float8_e5m2", "fp8, 5 exponent / 2 mantissa bits", _FP8_GROUPS,
-                GROUP_SIZES, fp8_max=57344.0, blog_names=("fp8_e5m2",), vllm="fp8_e5m2", sglang="fp8_e5m2"),
+                _FP8_SETTINGS, fp8_max=57344.0, blog_names=("fp8_e5m2",), vllm="fp8_e5m2", sglang="fp8_e5m2"),
 )}
 
 QUANT_NAMES: tuple[str, ...] = tuple(FORMATS)

@@ -1,11 +1,12 @@
 """The eviction method registry: one declarative entry per token-eviction method, kvpress-style.
 
-An entry names the kvpress press that scores tokens, which budgets it accepts, what it needs
-from the prefill, and its own parameters (fields of ``KVCacheConfig`` with defaults and bounds
-in :data:`PARAMS`).  Config validation and its messages, ``kvlab methods``, the CLI choices,
-the form's options and bounds, the blog-format mapping and the server flags read from here;
-:mod:`kvlab.compress.eviction` builds the presses from it.  Adding a method is one entry in
-:data:`METHODS` plus its line in ``tests/test_every_method_on_passkey.py``.
+An entry names the kvpress press that scores tokens, which budgets it accepts (kinds of
+:data:`BUDGETS`), what it needs from the prefill, and its own parameters (fields of
+``KVCacheConfig`` with defaults and bounds in :data:`PARAMS`).  Config validation and its
+messages, ``kvlab methods``, the CLI choices, the form's options and bounds, the blog-format
+mapping and the server flags read from here; :mod:`kvlab.compress.eviction` builds the presses
+from it.  Adding a method is one entry in :data:`METHODS` plus its line in
+``tests/test_every_method_on_passkey.py``.
 
 Presses are named, not imported: this module stays free of torch so that validating a spec is
 instant, and :mod:`kvlab.config` can import it without a cycle.
@@ -15,20 +16,46 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
-Budget = Literal["ratio", "keep_fraction", "threshold"]
+Budget = str  # a budget kind's name: a key of BUDGETS and a KVCacheConfig field
 
-#: Each budget is a fraction strictly between these bounds (both excluded).
+
+@dataclass(frozen=True)
+class BudgetKind:
+    """One way to give an eviction method its budget: the ``KVCacheConfig`` field ``name``.
+
+    Validation and its messages, ``describe()``'s labels (``snapkv:r0.5``), ``kvlab serve``'s flags,
+    the form's columns, the blog-format mapping and ``kvlab methods`` read this registry.  Adding a
+    kind is one entry in :data:`BUDGETS` plus its ``KVCacheConfig`` field (and the selection code in
+    :mod:`kvlab.compress.eviction`).
+    """
+
+    name: str
+    help: str
+    title: str  # a table column's heading (the new-experiment form)
+    label: str  # describe()'s prefix of the value: r0.5, top0.5, q0.5
+    low: float  # the value lies strictly between low and high (both excluded)
+    high: float
+    fixes_count: bool  # it fixes how many tokens a head keeps (a threshold lets the scores decide)
+    blog_keys: tuple[str, ...] = ()  # [kv_cache] keys of blog-style specs that translate to this budget
+
+
+#: Fraction budgets lie strictly between these bounds (both excluded).
 BUDGET_BOUNDS = (0.0, 1.0)
-BUDGET_HELP: dict[str, str] = {
-    "ratio": "fraction of context tokens removed (kvpress's compression_ratio)",
-    "keep_fraction": "fraction of context tokens kept (top-k)",
-    "threshold": "evict tokens whose normalised score is below this quantile of all the model's scores",
-}
-ALL_BUDGETS: tuple[Budget, ...] = ("ratio", "keep_fraction", "threshold")
+
+BUDGETS: dict[str, BudgetKind] = {b.name: b for b in (
+    BudgetKind("ratio", "fraction of context tokens removed (kvpress's compression_ratio)", "ratio (removed)",
+               "r", *BUDGET_BOUNDS, fixes_count=True),
+    BudgetKind("keep_fraction", "fraction of context tokens kept (top-k)", "keep fraction", "top", *BUDGET_BOUNDS,
+               fixes_count=True, blog_keys=("sparse_top_k", "compression_ratio")),
+    BudgetKind("threshold", "evict tokens whose normalised score is below this quantile of all the model's scores",
+               "threshold (quantile)", "q", *BUDGET_BOUNDS, fixes_count=False, blog_keys=("eviction_threshold",)),
+)}
+
+BUDGET_HELP: dict[str, str] = {b.name: b.help for b in BUDGETS.values()}
+ALL_BUDGETS: tuple[Budget, ...] = tuple(BUDGETS)
 #: Budgets that fix how many tokens a head keeps (a threshold lets the scores decide).
-COUNT_BUDGETS: tuple[Budget, ...] = ("ratio", "keep_fraction")
+COUNT_BUDGETS: tuple[Budget, ...] = tuple(b.name for b in BUDGETS.values() if b.fixes_count)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab.compress.methods import BUDGET_BOUNDS
+from kvlab.compress.methods import BUDGET_BOUNDS, BUDGETS
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, SweepGrid, parse_spec, spec_to_dict
 from kvlab.experiments.decision import Margins
 from kvlab.paths import EXAMPLES_DIR
@@ -25,8 +25,7 @@ from kvlab.tune.spec import TuneSpec
 
 
 #: Columns of the configs table, in the order shown; other KVCacheConfig fields are kept as they are.
-CONFIG_COLUMNS = ("name", "quant", "group_size", "residual_length", "evict", "ratio", "keep_fraction", "threshold",
-                  "query_aware")
+CONFIG_COLUMNS = ("name", "quant", "group_size", "residual_length", "evict", *BUDGETS, "query_aware")
 _CONFIG_DEFAULTS = KVCacheConfig().model_dump(mode="json")
 #: The grid's defaults are the model's; quant and evict suggest a small grid instead of the model's
 #: ["none"] (a grid of the baseline alone shows nothing).
@@ -49,8 +48,8 @@ TUNE_OPTIONAL = tuple(TUNE_LABELS)
 TUNE_COUNTS = ("max_trials", "max_item_evals")  # whole numbers; the others are minutes and milliseconds
 TUNE_BUDGETS = ("max_trials", "max_minutes", "max_item_evals")  # the search stops at the first one reached
 #: The configs table's column labels (the page's column_config); its messages name the row and the column.
-CONFIG_LABELS = {"group_size": "group size", "residual_length": "residual (tokens)", "ratio": "ratio (removed)",
-                 "keep_fraction": "keep fraction", "threshold": "threshold (quantile)", "query_aware": "query-aware"}
+CONFIG_LABELS = {"group_size": "group size", "residual_length": "residual (tokens)",
+                 **{kind.name: kind.title for kind in BUDGETS.values()}, "query_aware": "query-aware"}
 #: Fields the form shows as a table, one row per entry: a message about an entry says its row (from 1) and column.
 TABLES = {"configs": CONFIG_LABELS}
 

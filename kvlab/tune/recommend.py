@@ -13,7 +13,7 @@ from typing import Any
 
 import tomli_w
 
-from kvlab.compress.formats import DEFAULT_GROUP_SIZE, FORMATS, INT_BITS
+from kvlab.compress.formats import FORMATS
 from kvlab.compress.methods import PARAMS
 from kvlab.config import KVCacheConfig
 from kvlab.experiments.analysis import ConfigSummary, Decision
@@ -22,24 +22,31 @@ ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def serve_command(model: str, config: KVCacheConfig) -> str:
-    """``kvlab serve`` with ``config`` as every request's default KV cache."""
+    """``kvlab serve`` with ``config`` as every request's default KV cache.
+
+    The format's settings are given when the config's label shows them (``int4/g64/r64``) or when
+    they are off the default (which the server would assume).
+    """
     argv = ["kvlab", "serve", "--model", model]
     if config.quant != "none":
         argv += ["--quant", config.quant]
-        if config.quant in INT_BITS:
-            argv += ["--group-size", str(config.group_size), "--residual-length", str(config.residual_length)]
-        elif config.group_size != DEFAULT_GROUP_SIZE:
-            argv += ["--group-size", str(config.group_size)]
+        for setting in FORMATS[config.quant].settings:
+            value = getattr(config, setting.field)
+            if setting.label(value) or value != setting.default:
+                argv += [_flag(setting.field), str(value)]
     if config.evict != "none":
         argv += ["--evict", config.evict]
-        for budget in ("ratio", "keep_fraction", "threshold"):
-            value = getattr(config, budget)
-            if value is not None:
-                argv += [f"--{budget.replace('_', '-')}", f"{value:g}"]
+        for budget, value in config.budgets_given.items():
+            argv += [_flag(budget), f"{value:g}"]
         for name, param in PARAMS.items():
             if getattr(config, name) != param.default:
-                argv += [f"--{name.replace('_', '-')}", str(getattr(config, name))]
+                argv += [_flag(name), str(getattr(config, name))]
     return shlex.join(argv)
+
+
+def _flag(field: str) -> str:
+    """The ``kvlab serve`` option of a ``KVCacheConfig`` field."""
+    return f"--{field.replace('_', '-')}"
 
 
 def engine_flag(kind: str, config: KVCacheConfig) -> dict[str, str | None]:

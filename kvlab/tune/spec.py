@@ -2,9 +2,10 @@
 
 The space is a grid -- formats x group sizes x residual lengths x eviction methods x budgets on
 ``budget_step`` -- which the sampler explores without enumerating it (budgets are drawn on their
-step, so that "one grid step" and the equivalent full grid are well defined).  A candidate's
-group size and residual length only exist for integer formats, and its budget only with an
-eviction method: the space is conditional, and :func:`grid_points` counts it the same way,
+step, so that "one grid step" and the equivalent full grid are well defined).  A candidate has a
+group size and a residual length only with a format that reads them (the format registry's
+``settings``), and a budget only with an eviction method: the space is conditional.
+:meth:`TuneSpec.space` is that :class:`kvlab.space.ConfigSpace`, which also counts it
 arithmetically: validation never builds the grid (:data:`kvlab.limits.TUNE_POINTS` bounds it).
 
 Pure data and validation: nothing here imports torch or optuna (``kvlab show`` reads specs).
@@ -12,15 +13,22 @@ Pure data and validation: nothing here imports torch or optuna (``kvlab show`` r
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvlab.compress.formats import DEFAULT_GROUP_SIZE, FORMATS, GROUP_SIZES, INT_BITS, QUANT_ALIASES, QUANT_NAMES
-from kvlab.compress.methods import COUNT_BUDGETS, METHOD_ALIASES, METHOD_NAMES, METHODS
+from kvlab.compress.formats import (
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_RESIDUAL_LENGTH,
+    FORMATS,
+    GROUP_SIZES,
+    MAX_RESIDUAL_LENGTH,
+    QUANT_NAMES,
+)
+from kvlab.compress.methods import BUDGETS, COUNT_BUDGETS, METHOD_NAMES, METHODS
 from kvlab.limits import TUNE_POINTS
+from kvlab.space import ConfigSpace, canonical_names
 
 QuantName = Literal[QUANT_NAMES]  # type: ignore[valid-type]
 MethodName = Literal[METHOD_NAMES]  # type: ignore[valid-type]
@@ -51,7 +59,8 @@ class TuneSpec(BaseModel):
     quant: list[QuantName] = Field(default_factory=lambda: ["none", "int8", "int4", "int2"], min_length=1)
     group_sizes: list[Literal[GROUP_SIZES]] = Field(  # type: ignore[valid-type]
         default_factory=lambda: [DEFAULT_GROUP_SIZE], min_length=1)
-    residual_lengths: list[Annotated[int, Field(ge=0, le=8192)]] = Field(default_factory=lambda: [64], min_length=1)
+    residual_lengths: list[Annotated[int, Field(ge=0, le=MAX_RESIDUAL_LENGTH)]] = Field(
+        default_factory=lambda: [DEFAULT_RESIDUAL_LENGTH], min_length=1)
     evict: list[MethodName] = Field(default_factory=lambda: ["none"], min_length=1)
     budget: Literal[COUNT_BUDGETS] = "ratio"  # type: ignore[valid-type]
     budget_range: tuple[float, float] = (0.25, 0.875)
@@ -70,17 +79,15 @@ class TuneSpec(BaseModel):
     @field_validator("quant", "evict", mode="before")
     @classmethod
     def _canonical(cls, value: object) -> object:
-        aliases = QUANT_ALIASES | METHOD_ALIASES
-        if isinstance(value, list):
-            return [aliases.get(v.strip().lower().replace("-", "_"), v.strip().lower().replace("-", "_"))
-                    if isinstance(v, str) else v for v in value]
-        return value
+        return canonical_names(value)
 
     @model_validator(mode="after")
     def _check(self) -> TuneSpec:
         low, high = self.budget_range
-        if not 0 < low <= high < 1:
-            raise ValueError(f"budget_range = [{low}, {high}]: need 0 < low <= high < 1 ({self.budget} is a fraction)")
+        kind = BUDGETS[self.budget]
+        if not kind.low < low <= high < kind.high:
+            raise ValueError(f"budget_range = [{low}, {high}]: need {kind.low:g} < low <= high < {kind.high:g} "
+                             f"({self.budget} is a fraction)")
         if self.max_trials is None and self.max_minutes is None and self.max_item_evals is None:
             raise ValueError("give the search a budget: max_trials, max_minutes or max_item_evals")
         for method in self.evict:
@@ -110,6 +117,14 @@ class TuneSpec(BaseModel):
         low = self.budget_range[0]
         return [round(low + i * self.budget_step, 6) for i in range(self.budget_count())]
 
+    def space(self) -> ConfigSpace:
+        """The search space; the baseline is not one of its points (every tune runs it, as the reference)."""
+        return ConfigSpace(quant=tuple(self.quant), evict=tuple(self.evict), budget=self.budget,
+                           budgets=tuple(self.budgets()), budget_step=self.budget_step,
+                           settings={"group_size": tuple(self.group_sizes),
+                                     "residual_length": tuple(self.residual_lengths)},
+                           query_aware=self.query_aware, with_baseline=False)
+
 
 def _shown(values: list[object]) -> str:
     """A list as a message quotes it: a spec may hold thousands of values."""
@@ -119,27 +134,12 @@ def _shown(values: list[object]) -> str:
 
 def grid_points(tune: TuneSpec) -> int:
     """``len(candidate_grid(tune))``, counted without building the grid."""
-    settings = len(tune.group_sizes) * len(tune.residual_lengths)  # of each integer format
-    formats = sum(settings if quant in INT_BITS else 1 for quant in tune.quant)
-    budgets = sum(method != "none" for method in tune.evict) * tune.budget_count()
-    evictions = ("none" in tune.evict) + budgets
-    return formats * evictions - ("none" in tune.quant and "none" in tune.evict)
+    return tune.space().size()
 
 
 def candidate_grid(tune: TuneSpec) -> list[dict[str, object]]:
     """Every point of the space as ``KVCacheConfig`` fields, the baseline excluded (it always runs)."""
-    points: list[dict[str, object]] = []
-    for quant, method in itertools.product(tune.quant, tune.evict):
-        quant_parts: list[dict[str, object]] = (
-            [{"quant": quant, "group_size": g, "residual_length": r}
-             for g, r in itertools.product(tune.group_sizes, tune.residual_lengths)]
-            if quant in INT_BITS else [{"quant": quant}] if quant != "none" else [{}])
-        evict_parts: list[dict[str, object]] = (
-            [{}] if method == "none" else
-            [{"evict": method, tune.budget: b, **({"query_aware": True} if tune.query_aware else {})}
-             for b in tune.budgets()])
-        points += [q | e for q, e in itertools.product(quant_parts, evict_parts) if q or e]
-    return points
+    return list(tune.space().points())
 
 
 def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str]]:
@@ -167,6 +167,7 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
         raise ValueError(f"nothing left to tune on {backend_kind}: its KV dtypes are "
                          f"{', '.join(q for q in FORMATS if FORMATS[q].engine_dtype(backend_kind))}; "
                          "put one of them in [tune] quant")
+    # The engine's own KV dtype has neither kvlab's block size nor its residual window: one value each.
     narrowed = tune.model_copy(update={"quant": formats, "evict": ["none"], "group_sizes": [DEFAULT_GROUP_SIZE],
-                                       "residual_lengths": [tune.residual_lengths[0]], "query_aware": False})
+                                       "residual_lengths": [DEFAULT_RESIDUAL_LENGTH], "query_aware": False})
     return narrowed, notes

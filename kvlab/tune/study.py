@@ -16,7 +16,6 @@ from typing import Any
 import optuna
 from sqlalchemy import URL, Engine, text
 
-from kvlab.compress.formats import INT_BITS
 from kvlab.config import KVCacheConfig
 from kvlab.tune.spec import TuneSpec
 
@@ -71,47 +70,13 @@ def open_study(engine: Engine, name: str, tune: TuneSpec, seed: int) -> optuna.S
 
 
 def initial_design(tune: TuneSpec) -> list[dict[str, Any]]:
-    """The first proposals: each format alone, then each method alone at its middle budget.
-
-    The sampler then starts from the axes of the space -- what quantization alone and eviction
-    alone cost -- instead of a few random combinations (a seeded TPE's first five draws on a
-    4 formats x 2 methods space were all quantization *and* eviction).
-    """
-    budgets = tune.budgets()
-    design: list[dict[str, Any]] = []
-    for quant in tune.quant:
-        if quant != "none" and "none" in tune.evict:
-            params: dict[str, Any] = {"quant": quant, "evict": "none"}
-            if quant in INT_BITS:
-                params |= {"group_size": tune.group_sizes[0], "residual_length": tune.residual_lengths[0]}
-            design.append(params)
-    if "none" in tune.quant:
-        for method in tune.evict:
-            if method != "none":
-                design.append({"quant": "none", "evict": method, "budget": budgets[len(budgets) // 2]})
-    return design
+    """The first proposals, as Optuna parameters (:meth:`kvlab.space.ConfigSpace.initial_design`)."""
+    return tune.space().initial_design()
 
 
 def suggest_config(trial: optuna.Trial, tune: TuneSpec) -> KVCacheConfig:
-    """The config a proposal names (the baseline when it names neither a format nor a method).
-
-    Group size and residual length exist only for integer formats, the budget only with eviction:
-    a conditional space, as Optuna's define-by-run API expresses it.
-    """
-    fields: dict[str, Any] = {}
-    quant = trial.suggest_categorical("quant", tune.quant)
-    if quant != "none":
-        fields["quant"] = quant
-    if quant in INT_BITS:
-        fields["group_size"] = trial.suggest_categorical("group_size", tune.group_sizes)
-        fields["residual_length"] = trial.suggest_categorical("residual_length", tune.residual_lengths)
-    method = trial.suggest_categorical("evict", tune.evict)
-    if method != "none":
-        budgets = tune.budgets()
-        fields |= {"evict": method, "query_aware": tune.query_aware,
-                   tune.budget: round(trial.suggest_float("budget", budgets[0], budgets[-1], step=tune.budget_step), 6)
-                   if len(budgets) > 1 else budgets[0]}
-    return KVCacheConfig(**fields)
+    """The config a proposal names (:meth:`kvlab.space.ConfigSpace.suggest`)."""
+    return KVCacheConfig(**tune.space().suggest(trial))
 
 
 def tell(study: optuna.Study, number: int, kv_bytes: float, accuracy: float, constraints: dict[str, float]) -> None:
