@@ -61,20 +61,21 @@ def one_step(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 
 
 def run_grid(spec_dict: dict[str, Any], configs: list[KVCacheConfig]) -> tuple[Any, float]:
-    from kvlab.experiments.submit import run_here
+    from kvlab.experiments.submit import InThisProcess, submit
 
     spec = parse_spec(spec_dict | {"configs": [c.model_dump(mode="json", exclude_defaults=True) for c in configs]})
     started = time.perf_counter()
-    run = run_here(spec, progress=True)
+    run = submit(spec, InThisProcess(progress=True)).handle
     return run, time.perf_counter() - started
 
 
 def run_tune(spec_dict: dict[str, Any], args: argparse.Namespace) -> tuple[Any, float]:
-    from kvlab.tune.session import tune_here
+    from kvlab.experiments.submit import submit
+    from kvlab.tune.session import TuneHere
 
     spec = parse_spec(spec_dict | {"tune": SPACE | {"max_trials": args.max_trials, "min_items": args.min_items}})
     started = time.perf_counter()
-    outcome = tune_here(spec, say=lambda line: print(f"  tune: {line}", file=sys.stderr))
+    outcome = submit(spec, TuneHere(say=lambda line: print(f"  tune: {line}", file=sys.stderr))).handle
     return outcome, time.perf_counter() - started
 
 

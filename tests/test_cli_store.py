@@ -76,10 +76,10 @@ def test_cancel_rerun_and_errors(populated, capsys):
 
 def test_submit_stores_environment_and_warnings(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{tmp_path / 'kvlab.sqlite'}")
-    from kvlab.experiments.submit import submit
+    from kvlab.experiments.submit import LocalWorkers, submit
 
     spec = parse_spec({**SPEC, "configs": [{"name": "int4", "quant": "int4"}]})
-    experiment_id = submit(spec, ["careful"], workers=0)
+    experiment_id = submit(spec, LocalWorkers(0), ["careful"]).experiment_id
     with Store() as store:
         experiment = store.get_experiment(experiment_id)
         warnings = [e.message for e in store.events(experiment_id) if e.level == "warning"]

@@ -9,10 +9,9 @@ import threading
 import psutil
 import pytest
 
-from kvlab.cli.tune import start_background
-
 from kvlab.dashboard import spec_form
 from kvlab.dashboard.tune_launch import last_line, wait_for_tune
+from kvlab.experiments.launcher import start_tune_driver
 from tests import test_dashboard
 from tests.test_dashboard import NEW, assert_clean, open_page, texts
 from tests.tune_data import populate_tune
@@ -129,20 +128,20 @@ def test_a_background_tune_is_reaped_when_it_ends(store, tmp_path, monkeypatch):
     """The dashboard's server outlives the ``kvlab tune`` it starts: a thread waits for the process, so
     that it does not stay a zombie (``<defunct>``) under the server once it ends."""
     monkeypatch.setenv("KVLAB_LOG_DIR", str(tmp_path / "logs"))
-    started = start_background(None, resume=999)  # refused at once: there is no experiment 999
+    started = start_tune_driver(["--drive", "999"])  # refused at once: there is no experiment 999
     pid = started.process.pid
     [reaper] = [t for t in threading.enumerate() if t.name == f"kvlab-{pid}-reaper"]
     reaper.join()  # returns when the process has ended and been waited for
     assert started.process.returncode == 2
     with pytest.raises(psutil.NoSuchProcess):  # gone, not a zombie
         psutil.Process(pid).status()
-    assert "999" in last_line(started.log)
+    assert "no experiment 999" in started.log.read_text()
 
 
 @pytest.mark.model
 def test_launch_starts_kvlab_tune_and_opens_its_page(store, tmp_path, monkeypatch):
-    """A real launch: `kvlab tune` in the background on the real model; the page opens the tune's page
-    as soon as its experiment is stored; cancelling it ends the process."""
+    """A real launch: the tune is stored, `kvlab tune --drive ID` drives it in the background on the real
+    model, and the page opens the tune's page at once; cancelling it ends the process."""
     monkeypatch.setenv("KVLAB_LOG_DIR", str(tmp_path / "logs"))
     at = open_page(NEW)
     at.segmented_control(key="f:mode").set_value("Tune").run()
@@ -159,7 +158,8 @@ def test_launch_starts_kvlab_tune_and_opens_its_page(store, tmp_path, monkeypatc
     [experiment] = store.list_experiments()
     assert store.tune(experiment.id) is not None and experiment.spec["tune"]["quant"] == ["int4"]
     store.cancel_experiment(experiment.id)
-    tuning = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "logs") in " ".join(p.info["cmdline"] or [])]
+    driving = ["--drive", str(experiment.id)]
+    tuning = [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[-2:] == driving]
     assert len(tuning) == 1
     gone, alive = psutil.wait_procs(tuning, timeout=SAFETY_S)
     for process in alive:  # a tune that did not notice the cancellation fails the test, and is stopped

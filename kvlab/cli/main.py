@@ -7,7 +7,6 @@ Exit statuses (0 success, 2 user error, 1 internal error, 130 Ctrl-C, 141 closed
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import shlex
 import sys
@@ -60,18 +59,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return submit_background(spec, warnings, args.workers)
     from kvlab.experiments.report import render
 
-    print(f"{spec.name}: {len(spec.all_configs())} configs on {spec.model} ({spec.backend.kind})", file=sys.stderr)
     # its own step: the imports and the load come before the bar (on Ray the model loads on the nodes)
     loading = spec.backend.kind == "embedded" and not on_ray
-    if loading:
-        print(f"loading {spec.model} ({FIRST_LOAD})", file=sys.stderr, flush=True)
     started = time.monotonic()
+
+    def starting() -> None:  # once the spec is refused nothing, before the model loads
+        nonlocal started
+        print(f"{spec.name}: {len(spec.all_configs())} configs on {spec.model} ({spec.backend.kind})", file=sys.stderr)
+        if loading:
+            print(f"loading {spec.model} ({FIRST_LOAD})", file=sys.stderr, flush=True)
+        started = time.monotonic()
+
     if args.no_store:
         from kvlab.experiments.runner import run_experiment
 
+        starting()
         run = run_experiment(spec, progress=not args.quiet, limit=args.limit)
     else:
-        from kvlab.experiments.submit import RunCancelled, run_here
+        from kvlab.experiments.submit import InThisProcess, RunCancelled, submit
 
         def announce(experiment_id: int, url: str) -> None:  # called once the model is loaded
             if loading:
@@ -79,13 +84,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"experiment {experiment_id} in {url}: `kvlab show {experiment_id}`, or the dashboard's "
                   f"/experiment?id={experiment_id}", file=sys.stderr)
 
-        runner = run_here
-        if on_ray:
-            from kvlab.experiments.ray_run import run_on_ray
+        options = {"limit": args.limit, "progress": not args.quiet, "starting": starting, "announce": announce}
+        executor = InThisProcess(**options)
+        if on_ray:  # the same contract, on the cluster
+            from kvlab.experiments.ray_run import OnRay
 
-            runner = functools.partial(run_on_ray, address=args.ray_address)  # run_here's contract, on the cluster
+            executor = OnRay(args.ray_address, **options)
         try:
-            run = runner(spec, warnings, limit=args.limit, progress=not args.quiet, announce=announce)
+            run = submit(spec, executor, warnings).handle
         except RunCancelled as cancelled:
             print(f"interrupted: {cancelled} (`kvlab show {cancelled.experiment_id}`)", file=sys.stderr)
             return cli_exit.EXIT_INTERRUPTED
@@ -105,7 +111,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _check_executor(args: argparse.Namespace) -> bool:
-    """Whether the run goes to Ray; without the extra, a one-line error saying how to install it."""
+    """Whether the run goes to Ray."""
     if args.executor != "ray":
         if args.ray_address:
             raise cli_exit.UserError("--ray-address is for --executor ray")
@@ -113,10 +119,7 @@ def _check_executor(args: argparse.Namespace) -> bool:
     if args.background or args.no_store:
         raise cli_exit.UserError("--executor ray stores the run and waits for the cluster: "
                                  "drop --background / --no-store")
-    from kvlab.experiments.ray_executor import check_ray_address
-
-    check_ray_address(args.ray_address)  # before the run is stored: an address where no cluster answers is exit 2
-    return True
+    return True  # its address is checked before the run is stored (kvlab.experiments.ray_run.OnRay)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:

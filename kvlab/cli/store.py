@@ -57,9 +57,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def submit_background(spec, warnings: list[str], workers: int) -> int:
     """Store the experiment, start local workers, print how to follow it."""
     from kvlab.store.database import shown_url
-    from kvlab.experiments.submit import submit
+    from kvlab.experiments.submit import LocalWorkers, submit
 
-    experiment_id = submit(spec, warnings, workers)
+    experiment_id = submit(spec, LocalWorkers(workers), warnings).experiment_id
     print(f"experiment {experiment_id} queued on {shown_url()} with {len(spec.all_configs())} trials; "
           f"{workers} local worker(s) started")
     print(f"follow it: kvlab show {experiment_id}    stop it: kvlab cancel {experiment_id}")

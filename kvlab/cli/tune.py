@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from kvlab.cli import exits as cli_exit
 from kvlab.cli.options import add_executor_options, add_margin_options, margin_overrides, positive_int
 from kvlab.cli.outputs import check_output, write_output
-from kvlab.config import ExperimentSpec, dump_spec, load_spec
+from kvlab.config import ExperimentSpec, load_spec
+from kvlab.experiments.launcher import BackgroundTune, start_tune_driver
 
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,6 +19,8 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("spec", nargs="?", help="a spec TOML with a [tune] table (see examples/tune.toml)")
     tune.add_argument("--resume", type=positive_int, metavar="ID",
                       help="take over the tune of experiment ID whose `kvlab tune` stopped (crash, Ctrl-C)")
+    # internal: the detached driver of a tune that `kvlab tune --background` or the dashboard stored
+    tune.add_argument("--drive", type=positive_int, metavar="ID", help=argparse.SUPPRESS)
     add_margin_options(tune)
     tune.add_argument("--max-trials", type=positive_int, metavar="N", help="override [tune] max_trials")
     tune.add_argument("--workers", type=int, choices=[0, 1], default=1,
@@ -34,11 +33,12 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     tune.set_defaults(func=cmd_tune)
 
 
-def _spec(args: argparse.Namespace) -> ExperimentSpec | None:
-    if args.resume is not None:
+def _spec(args: argparse.Namespace) -> tuple[ExperimentSpec | None, list[str]]:
+    """The spec to submit, with its warnings; None to take over a stored tune (--resume, --drive)."""
+    if args.resume is not None or args.drive is not None:
         if args.spec or margin_overrides(args) or args.max_trials is not None:
             raise cli_exit.UserError("--resume continues the stored tune as it was: give no spec and no overrides")
-        return None
+        return None, []
     if not args.spec:
         raise cli_exit.UserError("give a spec with a [tune] table, or --resume ID")
     spec, warnings = load_spec(args.spec)
@@ -50,28 +50,25 @@ def _spec(args: argparse.Namespace) -> ExperimentSpec | None:
     spec = spec.model_copy(update=margin_overrides(args))
     if args.max_trials is not None:
         spec = spec.model_copy(update={"tune": spec.tune.model_copy(update={"max_trials": args.max_trials})})
-    return spec
+    return spec, warnings
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    spec = _spec(args)
+    spec, warnings = _spec(args)
     on_ray = args.executor == "ray"
     if args.ray_address and not on_ray:
         raise cli_exit.UserError("--ray-address is for --executor ray")
-    if on_ray:
-        if args.background:
-            raise cli_exit.UserError("--executor ray drives the cluster from here: drop --background")
-        from kvlab.experiments.ray_executor import check_ray_address
-
-        check_ray_address(args.ray_address)  # before the tune is stored
+    if on_ray and args.background:
+        raise cli_exit.UserError("--executor ray drives the cluster from here: drop --background")
     json_out = check_output(args.json, "--json", create_parents=True) if args.json else None
     if args.background:
-        started = start_background(spec, args.resume)
+        started = _start_background(spec, warnings, args.resume)
         print(f"tune started in the background; log: {started.log}; the dashboard lists it under Experiments",
               file=sys.stderr)
         return 0
+    from kvlab.experiments.submit import submit
     from kvlab.tune.recommend import describe
-    from kvlab.tune.session import tune_here
+    from kvlab.tune.session import TuneHere, drive_stored
 
     started = time.monotonic()
 
@@ -79,10 +76,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"tune: experiment {experiment_id} in {url}: the dashboard's /tune?id={experiment_id} follows it "
               f"live; resume after a crash with `kvlab tune --resume {experiment_id}`", file=sys.stderr)
 
+    driving = TuneHere(workers=args.workers, on_ray=on_ray, ray_address=args.ray_address,
+                       say=lambda line: print(line, file=sys.stderr, flush=True), announce=announce)
     try:
-        outcome = tune_here(spec, resume=args.resume, workers=args.workers, on_ray=on_ray,
-                            ray_address=args.ray_address, say=lambda line: print(line, file=sys.stderr, flush=True),
-                            announce=announce)
+        if spec is None:
+            stored = args.resume if args.resume is not None else args.drive
+            outcome = drive_stored(stored, resuming=args.resume is not None, driving=driving)
+        else:
+            outcome = submit(spec, driving, warnings).handle
     except KeyboardInterrupt:
         print("interrupted: the tune is kept; continue it with `kvlab tune --resume ID`", file=sys.stderr)
         return cli_exit.EXIT_INTERRUPTED
@@ -101,32 +102,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class BackgroundTune:
-    """A ``kvlab tune`` started by :func:`start_background`: its process and its log file."""
+def _start_background(spec: ExperimentSpec | None, warnings: list[str], resume: int | None) -> BackgroundTune:
+    """A new tune is submitted (stored, then driven by a detached ``kvlab tune --drive ID``); a stopped
+    one is resumed by a detached ``kvlab tune --resume ID``."""
+    if spec is not None:
+        from kvlab.experiments.submit import submit
+        from kvlab.tune.session import DetachedTune
 
-    process: subprocess.Popen[bytes]
-    log: Path
-
-
-def start_background(spec: ExperimentSpec | None, resume: int | None = None) -> BackgroundTune:
-    """Start ``kvlab tune`` detached, in its own session, reaped when it ends (the dashboard's Tune
-    mode too: :func:`kvlab.experiments.launcher.start_detached`)."""
-    from kvlab.experiments.launcher import start_detached
-    from kvlab.paths import log_dir
+        return submit(spec, DetachedTune(), warnings).handle
     from kvlab.store.database import require_shared_store
 
     require_shared_store()  # the tune's process must see the store this one does
-    folder = log_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    args = [sys.executable, "-m", "kvlab.cli", "tune"]
-    if resume is not None:
-        args += ["--resume", str(resume)]
-    else:
-        assert spec is not None
-        spec_file = folder / f"tune-{stamp}.toml"
-        spec_file.write_text(dump_spec(spec), encoding="utf-8")
-        args.append(str(spec_file))
-    log = folder / f"tune-{stamp}.log"
-    return BackgroundTune(start_detached(args, log), log)
+    return start_tune_driver(["--resume", str(resume)])

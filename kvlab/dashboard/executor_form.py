@@ -5,7 +5,7 @@ before launching.
 The cluster is probed in a short subprocess (:func:`probe_cluster`), never by connecting the
 dashboard's own process to Ray: a connection would stay open for the server's lifetime, and with no
 cluster Ray would start one inside the dashboard.  A launch on Ray stores the experiment and starts a
-detached driver (:func:`kvlab.experiments.ray_driver.submit_to_ray`).
+detached driver (:func:`kvlab.dashboard.launch.launch_sweep`).
 """
 
 from __future__ import annotations
@@ -72,11 +72,7 @@ def store_problem(nodes: int) -> str | None:
 
 
 def submit(executor: Executor, spec: ExperimentSpec, warnings: list[str], workers: int) -> int:
-    """Queue the experiment on the chosen executor; returns its id."""
-    if executor.kind == "ray":
-        from kvlab.experiments.ray_driver import submit_to_ray
+    """The page's launch until it calls :func:`kvlab.dashboard.launch.launch_sweep` (issue 20); then delete this."""
+    from kvlab.dashboard.launch import launch_sweep
 
-        return submit_to_ray(spec, warnings, executor.address)
-    from kvlab.experiments.submit import submit as submit_locally
-
-    return submit_locally(spec, warnings, workers)
+    return launch_sweep(spec, warnings, executor, workers)

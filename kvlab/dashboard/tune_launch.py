@@ -1,7 +1,8 @@
-"""Finding the tune that the new-experiment page's Tune mode started in the background: ``kvlab tune``
-loads the model before it stores its experiment, so the page polls the store for it (and, when it
-never appears, shows the last line of the process's log, where a failed ``kvlab tune`` says why).
-Once found, the page records on it that the dashboard launched it (:data:`LAUNCH_EVENT`).
+"""What a tune launched from the dashboard carries: an event saying so, with its process's log
+(:data:`LAUNCH_EVENT`, recorded by :func:`kvlab.dashboard.launch.launch_tune`), which the tune page reads.
+
+:func:`wait_for_tune`, :data:`APPEAR_TIMEOUT_S` and :func:`last_line` serve the page's launch until it
+calls :func:`kvlab.dashboard.launch.launch_tune` (issue 20): then delete them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Start local worker processes (for :mod:`kvlab.experiments.submit`: `kvlab run --background`, rerun and the dashboard)."""
+"""Start detached kvlab processes on this host: local workers (``kvlab run --background``, rerun and the
+dashboard's sweeps) and a tune's driver (``kvlab tune --background`` and the dashboard's Tune).  Each
+logs to :func:`kvlab.paths.log_dir`."""
 
 from __future__ import annotations
 
@@ -6,7 +8,9 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.paths import log_dir
@@ -29,6 +33,23 @@ def start_local_workers(count: int, exit_when_idle: bool = True) -> list[subproc
         args += ["--exit-when-idle"] if exit_when_idle else []
         processes.append(start_detached(args, folder / f"worker-{os.getpid()}-{index}.log"))
     return processes
+
+
+@dataclass(frozen=True)
+class BackgroundTune:
+    """A ``kvlab tune`` started by :func:`start_tune_driver`: its process and its log file."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+def start_tune_driver(args: Sequence[str]) -> BackgroundTune:
+    """Start ``kvlab tune ARGS`` detached (``--drive ID``: the tune a submit stored; ``--resume ID``),
+    logging to a ``tune-*.log`` of its own."""
+    folder = log_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    return BackgroundTune(start_detached([sys.executable, "-m", "kvlab.cli", "tune", *args], log), log)
 
 
 def start_detached(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:

@@ -1,11 +1,11 @@
-"""A detached Ray driver for an experiment queued by the dashboard with the Ray executor.
+"""A detached Ray driver for an experiment the dashboard launches on Ray (:class:`RayDriver`).
 
 ``python -m kvlab.experiments.ray_driver ID --address ADDRESS`` starts :class:`RayWorkers` for the stored
-experiment ``ID`` and waits until it has ended; :func:`submit_to_ray` stores an experiment and starts
-this driver as a process that outlives the dashboard's request (like the local workers of
-:func:`kvlab.experiments.submit.submit`), logging to the workers' log directory.  A cluster that
-cannot take the experiment (SQLite on several nodes, no node big enough) fails its trials with the
-reason, which the experiment page shows.
+experiment ``ID`` and waits until it has ended; :class:`RayDriver`, once the experiment is stored,
+starts it as a process that outlives the dashboard's request (like the local workers of
+:class:`kvlab.experiments.submit.LocalWorkers`), logging to the workers' log directory.  A cluster
+that cannot take the experiment (SQLite on several nodes, no node big enough) fails its trials with
+the reason, which the experiment page shows.
 """
 
 from __future__ import annotations
@@ -14,30 +14,41 @@ import argparse
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from kvlab.config import ConfigError, ExperimentSpec, parse_spec
-from kvlab.paths import log_dir
+from kvlab.experiments.launcher import start_detached
 from kvlab.experiments.ray_executor import RayWorkers, check_ray_address
 from kvlab.experiments.ray_run import settle
-from kvlab.experiments.submit import store_experiment
+from kvlab.experiments.submit import Start
+from kvlab.paths import log_dir
 from kvlab.store import Store, require_shared_store
 
 
-def submit_to_ray(spec: ExperimentSpec, warnings: Sequence[str], address: str | None) -> int:
-    """Queue the experiment and start its Ray driver in the background; returns its id.  An address
-    where no cluster answers, or an in-memory store, is refused before anything is stored."""
-    check_ray_address(address)
-    require_shared_store()
-    with Store() as store:
-        experiment_id = store_experiment(store, spec, warnings)
-    folder = log_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "kvlab.experiments.ray_driver", str(experiment_id)]
-    args += ["--address", address] if address else []
-    with open(folder / f"ray-driver-{experiment_id}.log", "ab") as log:  # the child keeps its own copy
-        subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    return experiment_id
+@dataclass(frozen=True)
+class RayDriver:
+    """Run the stored experiment on the Ray cluster at ``address`` from a detached driver process (its
+    handle).  An address where no cluster answers, or an in-memory store, is refused before anything
+    is stored."""
+
+    address: str | None = None
+
+    def refuse(self, spec: ExperimentSpec) -> None:
+        check_ray_address(self.address)
+        require_shared_store()
+
+    @contextmanager
+    def ready(self, spec: ExperimentSpec) -> Iterator[Start[subprocess.Popen[bytes]]]:
+        yield lambda store, experiment_id: self._start(experiment_id)
+
+    def _start(self, experiment_id: int) -> subprocess.Popen[bytes]:
+        folder = log_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        args = [sys.executable, "-m", "kvlab.experiments.ray_driver", str(experiment_id)]
+        args += ["--address", self.address] if self.address else []
+        return start_detached(args, folder / f"ray-driver-{experiment_id}.log")
 
 
 def drive(experiment_id: int, address: str | None) -> str | None:

@@ -1,14 +1,17 @@
-"""``kvlab run SPEC --executor ray``: store the experiment, run it with :class:`RayWorkers`, return its results.
+"""``kvlab run SPEC --executor ray``: the experiment, once stored, runs in :class:`RayWorkers`; this
+process waits for it and returns its results (:class:`OnRay`).
 
-The same contract as :func:`kvlab.experiments.submit.run_here` (an :class:`ExperimentRun` as stored,
-:class:`RunCancelled` on Ctrl-C) but the trials run in Ray actors, one per node, and nothing is
+The same contract as :class:`kvlab.experiments.submit.InThisProcess` (an :class:`ExperimentRun` as
+stored, :class:`RunCancelled` on Ctrl-C) but the trials run in Ray actors, one per node, and nothing is
 loaded in this process: the model loads on the nodes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from tqdm import tqdm
@@ -16,31 +19,45 @@ from tqdm import tqdm
 from kvlab.config import ExperimentSpec
 from kvlab.experiments.ray_executor import RayWorkers, WorkerOutcome, check_ray_address
 from kvlab.experiments.runner import ExperimentRun, missing_baseline
-from kvlab.experiments.submit import cancelled_on_ctrl_c, store_experiment
+from kvlab.experiments.submit import Start, cancelled_on_ctrl_c
 from kvlab.store import Store, require_shared_store
 
 
-def run_on_ray(spec: ExperimentSpec, warnings: Sequence[str] = (), address: str | None = None, *,
-               limit: int | None = None, progress: bool = False,
-               announce: Callable[[int, str], None] = lambda experiment_id, url: None) -> ExperimentRun:
-    """Store the experiment and run it on the Ray cluster at ``address``; return once it has ended.
-    A cluster that cannot take it (no Ray, an address where no cluster answers, an in-memory store,
-    SQLite on several nodes, no node big enough) leaves nothing stored."""
-    check_ray_address(address)  # before anything is stored: each is a one-line error
-    require_shared_store()  # the actors are other processes
-    started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
-    with Store() as store:
-        experiment_id = store_experiment(store, spec, warnings)
-        if limit:
-            store.log_event(experiment_id, f"kvlab run --limit {limit}: only the first {limit} items of the spec")
+@dataclass(frozen=True)
+class OnRay:
+    """Run the stored experiment on the Ray cluster at ``address`` and return once it has ended.  A
+    cluster that cannot take it (no Ray, an address where no cluster answers, an in-memory store,
+    SQLite on several nodes, no node big enough) leaves nothing stored.  ``starting()`` is called
+    once it is refused nothing; ``announce``, ``limit`` and ``progress`` as for ``InThisProcess``."""
+
+    address: str | None = None
+    limit: int | None = None
+    progress: bool = False
+    starting: Callable[[], None] = lambda: None
+    announce: Callable[[int, str], None] = lambda experiment_id, url: None
+
+    def refuse(self, spec: ExperimentSpec) -> None:
+        check_ray_address(self.address)  # each is a one-line error
+        require_shared_store()  # the actors are other processes
+
+    @contextmanager
+    def ready(self, spec: ExperimentSpec) -> Iterator[Start[ExperimentRun]]:
+        self.starting()
+        yield lambda store, experiment_id: self._run(store, experiment_id, spec)
+
+    def _run(self, store: Store, experiment_id: int, spec: ExperimentSpec) -> ExperimentRun:
+        started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
+        if self.limit:
+            store.log_event(experiment_id, f"kvlab run --limit {self.limit}: only the first {self.limit} items of "
+                                           "the spec")
         try:
-            workers = RayWorkers(None, experiment_id, spec, address, item_limit=limit)
+            workers = RayWorkers(None, experiment_id, spec, self.address, item_limit=self.limit)
         except BaseException:
             store.delete_experiment(experiment_id)
             raise
         with workers:
-            announce(experiment_id, store.url)
-            outcomes = _wait(store, experiment_id, workers, spec.name, progress)
+            self.announce(experiment_id, store.url)
+            outcomes = _wait(store, experiment_id, workers, spec.name, self.progress)
         failure = settle(store, experiment_id, outcomes)
         record = store.get_experiment(experiment_id)
         return ExperimentRun(

@@ -1,6 +1,19 @@
-"""Getting an experiment run: stored with its environment and warnings, then run by local worker
-processes (:func:`submit`, :func:`rerun`: ``kvlab run --background``, ``kvlab rerun``, the dashboard)
-or by a worker in this process that takes only its trials (:func:`run_here`: ``kvlab run``).
+"""The one launch contract: :func:`submit` refuses a spec that cannot run (:func:`refuse`: one line,
+nothing stored), stores the experiment (a sweep or a tune alike: :func:`store_experiment`), then
+hands it to an :class:`Executor`, and returns its id with whatever the executor returned.
+
+Every front end submits through it: ``kvlab run`` (:class:`InThisProcess`; on Ray
+:class:`kvlab.experiments.ray_run.OnRay`), ``kvlab run --background``, ``kvlab rerun`` and the
+dashboard's sweeps (:class:`LocalWorkers`; on Ray :class:`kvlab.experiments.ray_driver.RayDriver`),
+``kvlab tune`` (:class:`kvlab.tune.session.TuneHere`), ``kvlab tune --background`` and the dashboard's
+Tune (:class:`kvlab.tune.session.DetachedTune`).
+
+What can be checked without the model is refused before anything is stored, for every executor.
+An executor that loads the model in this process (``kvlab run``, ``kvlab tune``) loads it before the
+experiment is stored, so a model that does not load, or a config or item its engine refuses, stores
+nothing either.  Work that other processes run (queued for workers, which may be on any host
+sharing the store; a detached tune; Ray) leaves what only the model, the server or the endpoint can
+tell to the process that runs it, which fails the stored experiment with the reason.
 
 Every function opens the store of ``KVLAB_DATABASE_URL`` (else db/kvlab.sqlite), the one the
 local workers inherit; they log to :func:`kvlab.paths.log_dir`.
@@ -9,94 +22,198 @@ local workers inherit; they log to :func:`kvlab.paths.log_dir`.
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 from tqdm import tqdm
 
-from kvlab.experiments import launcher
-from kvlab.config import ExperimentSpec, check_on_this_host
+from kvlab.config import ConfigError, ExperimentSpec, check_on_this_host, parse_spec, spec_to_dict
 from kvlab.engines.base import Engine
 from kvlab.engines.factory import build_engine
 from kvlab.errlog import debug_enabled
+from kvlab.experiments import launcher
 from kvlab.experiments.provenance import environment
 from kvlab.experiments.results import ItemResult
 from kvlab.experiments.runner import ExperimentRun, missing_baseline
 from kvlab.experiments.worker import Worker
 from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.store import Store, StoreError, require_shared_store
+from kvlab.tasks import check_task_files
+
+Handle = TypeVar("Handle", covariant=True)
+#: How an executor starts the stored experiment (the open store, its id); returns its handle.
+Start = Callable[[Store, int], Handle]
+
+
+class Executor(Protocol[Handle]):
+    """Where a submitted experiment runs."""
+
+    def refuse(self, spec: ExperimentSpec) -> None:
+        """Raise (ConfigError, StoreError: one line) what this executor cannot take, checked without
+        the model before anything is stored: an in-memory store for other processes, a Ray address
+        where no cluster answers."""
+
+    def ready(self, spec: ExperimentSpec) -> AbstractContextManager[Start[Handle]]:
+        """What it needs before the experiment is stored (an in-process executor loads the model and
+        checks the configs here, so that a refusal stores nothing), held until the context closes;
+        yields how it starts the stored experiment."""
+
+
+@dataclass(frozen=True)
+class Submitted(Generic[Handle]):
+    """A stored experiment and what its executor returned (a run's results, the processes started)."""
+
+    experiment_id: int
+    handle: Handle
 
 
 class RunCancelled(KeyboardInterrupt):
-    """Ctrl-C during :func:`run_here`: the experiment was cancelled in the store, its results kept."""
+    """Ctrl-C while :class:`InThisProcess` runs it: the experiment was cancelled in the store, its results kept."""
 
     def __init__(self, experiment_id: int, results_kept: int) -> None:
         super().__init__(f"experiment {experiment_id} cancelled, {results_kept} results kept")
         self.experiment_id, self.results_kept = experiment_id, results_kept
 
 
+def submit(spec: ExperimentSpec, executor: Executor[Handle], warnings: Sequence[str] = (), *,
+           files_under: Path | None = None) -> Submitted[Handle]:
+    """Refuse (:func:`refuse`), store with ``warnings`` as warning events (:func:`store_experiment`), then
+    start on ``executor``.  ``files_under``: a front end that may read task files only there (the
+    dashboard: its data directory)."""
+    spec = refuse(spec, executor, files_under)
+    return _store_and_start(spec, executor, lambda store: store_experiment(store, spec, warnings))
+
+
+def rerun(experiment_id: int, workers: int = 1) -> int:
+    """Queue the experiment's spec again as a new experiment (refused as :func:`submit` refuses a new
+    one) and start ``workers`` local workers; returns the new id."""
+    executor = LocalWorkers(workers)
+    with Store() as store:
+        spec = refuse(parse_spec(store.get_experiment(experiment_id).spec), executor)
+    return _store_and_start(
+        spec, executor, lambda store: store.rerun_experiment(experiment_id, environment(torch_facts=False))
+    ).experiment_id
+
+
+def refuse(spec: ExperimentSpec, executor: Executor[object], files_under: Path | None = None) -> ExperimentSpec:
+    """The refusal policy of every launch, checked before anything is stored or loaded: the spec as it
+    will be stored must validate (a front end's overrides skip validation), its jsonl task files must
+    be valid (and under ``files_under`` when given), what this host's files tell must fit
+    (:func:`kvlab.config.check_on_this_host`), then the executor's own refusals.  Returns the spec
+    with its jsonl paths absolute, as a worker started elsewhere needs them."""
+    parse_spec(spec_to_dict(spec))
+    if files_under is not None:
+        _refuse_files_outside(spec, files_under)
+    spec = check_task_files(spec)
+    check_on_this_host(spec)
+    executor.refuse(spec)
+    return spec
+
+
 def store_experiment(store: Store, spec: ExperimentSpec, warnings: Sequence[str] = ()) -> int:
     """Store a queued experiment with this host's environment (without torch's facts: the worker that
-    runs it records its own); its warnings become warning events.  Refused first if this host's
-    files say it cannot run (:func:`kvlab.config.check_on_this_host`)."""
+    runs it records its own); a tune with its search recorded, waiting for its driver.  Its warnings
+    become warning events.  Refused first if this host's files say it cannot run
+    (:func:`kvlab.config.check_on_this_host`)."""
     check_on_this_host(spec)
-    experiment_id = store.create_experiment(spec, environment(torch_facts=False))
-    for warning in [*warnings, *missing_baseline(spec)]:
+    if spec.tune is not None:
+        from kvlab.tune.session import store_tune
+
+        experiment_id, notes = store_tune(store, spec), list(warnings)  # a tune's baseline is always its own
+    else:
+        experiment_id = store.create_experiment(spec, environment(torch_facts=False))
+        notes = [*warnings, *missing_baseline(spec)]
+    for warning in notes:
         store.log_event(experiment_id, warning, level="warning")
     return experiment_id
 
 
-def submit(spec: ExperimentSpec, warnings: Sequence[str] = (), workers: int = 1) -> int:
-    """Queue the experiment and start ``workers`` local worker processes (0: none); returns its id."""
-    require_shared_store()
-    with Store() as store:
-        experiment_id = store_experiment(store, spec, warnings)
-    if workers:
-        launcher.start_local_workers(workers)
-    return experiment_id
+def _store_and_start(spec: ExperimentSpec, executor: Executor[Handle],
+                     store_it: Callable[[Store], int]) -> Submitted[Handle]:
+    with executor.ready(spec) as start, Store() as store:
+        experiment_id = store_it(store)
+        return Submitted(experiment_id, start(store, experiment_id))
 
 
-def rerun(experiment_id: int, workers: int = 1) -> int:
-    """Queue the experiment's spec again as a new experiment and start ``workers`` local workers."""
-    require_shared_store()
-    with Store() as store:
-        new_id = store.rerun_experiment(experiment_id, environment(torch_facts=False))
-    if workers:
-        launcher.start_local_workers(workers)
-    return new_id
+def _refuse_files_outside(spec: ExperimentSpec, root: Path) -> None:
+    from kvlab.tasks.data_dir import resolve_data_path
+
+    for index, task in enumerate(spec.tasks):
+        if task.name == "jsonl" and task.path:
+            try:
+                resolve_data_path(task.path, root)
+            except ConfigError as error:
+                raise ConfigError(f"tasks.{index}.path: {error}") from None
 
 
-def run_here(spec: ExperimentSpec, warnings: Sequence[str] = (), *, limit: int | None = None, progress: bool = False,
-             announce: Callable[[int, str], None] = lambda experiment_id, url: None) -> ExperimentRun:
-    """Store the experiment and run it with a worker in this process that claims only its trials;
-    return once it has ended, with its results as stored.  ``announce(id, store URL)`` is called
-    once it is stored.  A failure is ``failure`` of the returned run (the experiment then failed).
+# -- executors -------------------------------------------------------------------------------------
 
-    The engine is built and the configs checked first, so a model that is not pulled or a config
-    the engine refuses stores nothing.  Raises :class:`RunCancelled` on Ctrl-C.
-    """
-    started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
-    check_on_this_host(spec)  # before the model loads
-    engine = build_engine(spec)
-    try:
-        engine.check_configs(spec.all_configs())  # refusals (a server not installed...) store nothing
-        described = engine.describe()  # an endpoint is probed here, before anything is stored
-        with Store() as store:
-            experiment_id = store_experiment(store, spec, warnings)
-            if limit:
-                store.log_event(experiment_id, f"kvlab run --limit {limit}: only the first {limit} items of the spec")
-            announce(experiment_id, store.url)
-            failure = _work(store, experiment_id, spec, engine, limit, progress)
-            record = store.get_experiment(experiment_id)
-            return ExperimentRun(
-                spec=spec, configs=spec.all_configs(), results=store.item_results(experiment_id), engine=described,
-                environment={"versions": record.versions, "git_commit": record.git_commit, "hardware": record.hardware},
-                started_at=started_at, wall_s=time.perf_counter() - started, warnings=missing_baseline(spec),
-                failure=failure)
-    finally:
-        engine.close()
+
+@dataclass(frozen=True)
+class LocalWorkers:
+    """Queue the experiment for ``kvlab worker`` processes and start ``count`` of them here (0: none;
+    workers on any host sharing the store may claim it too)."""
+
+    count: int = 1
+
+    def refuse(self, spec: ExperimentSpec) -> None:
+        require_shared_store()
+
+    @contextmanager
+    def ready(self, spec: ExperimentSpec) -> Iterator[Start[list[subprocess.Popen[bytes]]]]:
+        yield lambda store, experiment_id: launcher.start_local_workers(self.count) if self.count else []
+
+
+@dataclass(frozen=True)
+class InThisProcess:
+    """Run the experiment with a worker in this process that claims only its trials (``kvlab run``);
+    the handle is its :class:`ExperimentRun`, as stored, once it has ended (a failure is its
+    ``failure``; the experiment then failed).  Raises :class:`RunCancelled` on Ctrl-C.
+
+    The engine is built and the configs checked before the experiment is stored (``starting()`` is
+    called first), so a model that is not pulled or a config the engine refuses stores nothing;
+    ``announce(id, store URL)`` is called once it is stored.  ``limit``: only the first items."""
+
+    limit: int | None = None
+    progress: bool = False
+    starting: Callable[[], None] = lambda: None
+    announce: Callable[[int, str], None] = lambda experiment_id, url: None
+
+    def refuse(self, spec: ExperimentSpec) -> None:
+        """Nothing beyond the policy: the store may be in memory, this process runs it."""
+
+    @contextmanager
+    def ready(self, spec: ExperimentSpec) -> Iterator[Start[ExperimentRun]]:
+        started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
+        self.starting()
+        engine = build_engine(spec)
+        try:
+            engine.check_configs(spec.all_configs())  # refusals (a server not installed...) store nothing
+            described = engine.describe()  # an endpoint is probed here, before anything is stored
+
+            def start(store: Store, experiment_id: int) -> ExperimentRun:
+                if self.limit:
+                    store.log_event(experiment_id, f"kvlab run --limit {self.limit}: only the first {self.limit} "
+                                                   "items of the spec")
+                self.announce(experiment_id, store.url)
+                failure = _work(store, experiment_id, spec, engine, self.limit, self.progress)
+                record = store.get_experiment(experiment_id)
+                return ExperimentRun(
+                    spec=spec, configs=spec.all_configs(), results=store.item_results(experiment_id),
+                    engine=described, environment={"versions": record.versions, "git_commit": record.git_commit,
+                                                   "hardware": record.hardware},
+                    started_at=started_at, wall_s=time.perf_counter() - started, warnings=missing_baseline(spec),
+                    failure=failure)
+
+            yield start
+        finally:
+            engine.close()
 
 
 def _work(store: Store, experiment_id: int, spec: ExperimentSpec, engine: Engine, limit: int | None,
@@ -144,7 +261,7 @@ def cancelled_on_ctrl_c(store: Store, experiment_id: int) -> Iterator[None]:
 
 @contextmanager
 def _worker_log_quiet() -> Iterator[None]:
-    """The in-process worker's log lines would repeat what :func:`run_here` reports (except with KVLAB_DEBUG)."""
+    """The in-process worker's log lines would repeat what ``kvlab run`` reports (except with KVLAB_DEBUG)."""
     logger = logging.getLogger("kvlab.experiments.worker")
     level = logger.level
     if not debug_enabled():

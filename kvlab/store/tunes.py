@@ -57,8 +57,9 @@ class TuneQueries:
     _lock_experiment: Any
 
     def start_tune(self, experiment_id: int, study_name: str, grid_points: int, grid_item_evals: int,
-                   driver_id: str) -> None:
-        """Record the search on a new experiment, with ``driver_id`` as its driver."""
+                   driver_id: str | None) -> None:
+        """Record the search on a new experiment, with ``driver_id`` as its driver (None: the driver that
+        takes it over later, :meth:`take_over_tune`)."""
         now = datetime.now(UTC)
         with self._session(write=True) as session:
             self._lock_experiment(session, experiment_id)

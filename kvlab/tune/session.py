@@ -1,29 +1,41 @@
-"""Starting or resuming a tune in this process: the store, the driver, and the workers that run it.
+"""A tune's store record, its driver in this process, and the two executors that run one.
 
-``kvlab tune SPEC`` stores a new experiment with the baseline (and any fixed ``[[configs]]``) on the
-first rung's items, records the tune, and drives it with an in-process worker that claims only
-its trials (as ``kvlab run`` does); ``kvlab worker`` processes on other hosts may serve the same
-tune.  ``kvlab tune --resume ID`` takes over a tune whose driver died.  The dashboard's Tune mode
-starts ``kvlab tune`` as a background process.
+A tune is submitted like any experiment (:func:`kvlab.experiments.submit.submit`), which stores it
+with :func:`store_tune`: the baseline (and any fixed ``[[configs]]``) on the first round's items and
+the search recorded, with no driver yet.  Its driver then takes it over and drives it with a worker
+in this process that claims only its trials (as ``kvlab run`` does); ``kvlab worker`` processes on
+other hosts may serve the same tune.
+
+* :class:`TuneHere` (``kvlab tune SPEC``): this process drives it; the model loads, and the whole
+  space is checked, before it is stored, so a refusal stores nothing.
+* :class:`DetachedTune` (``kvlab tune --background``, the dashboard's Tune): stored at once, then a
+  detached ``kvlab tune --drive ID`` on this host drives it (:func:`drive_stored`); what that process
+  refuses before the first round fails the tune, with the reason.
+
+``kvlab tune --resume ID`` (:func:`drive_stored` too) takes over a tune whose driver died.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec
-from kvlab.engines.base import EngineFailure
+from kvlab.engines.base import Engine, EngineFailure
 from kvlab.engines.factory import build_engine, task_tokenizer
+from kvlab.errlog import one_line
+from kvlab.experiments import launcher
 from kvlab.experiments.provenance import environment
 from kvlab.experiments.runner import build_items
+from kvlab.experiments.submit import Start
 from kvlab.experiments.worker import Worker, new_worker_id
 from kvlab.experiments.worker_settings import WorkerSettings
-from kvlab.store import Store
+from kvlab.store import Store, require_shared_store
+from kvlab.tasks import TaskItem, planned_items
 from kvlab.tune.driver import Tuner, grid_size, study_name
 from kvlab.tune.judge import rungs
 from kvlab.tune.spec import backend_space, candidate_grid
@@ -69,54 +81,159 @@ class TuneOutcome:
     store_url: str
 
 
-def tune_here(spec: ExperimentSpec | None, warnings: Sequence[str] = (), *, resume: int | None = None,
-              workers: int = 1, ray_address: str | None = None, on_ray: bool = False,
-              say: Callable[[str], None] = print,
-              announce: Callable[[int, str], None] = lambda experiment_id, url: None) -> TuneOutcome:
-    """Run a new tune of ``spec`` (or resume experiment ``resume``) to its end in this process.
+@dataclass(frozen=True)
+class Driving:
+    """How this process drives a tune.  ``workers``: 1 runs the rounds with a worker in this process
+    (the model loads here); 0 only drives, and ``kvlab worker`` processes elsewhere run them (the
+    tokenizer alone loads here).  ``on_ray``: the rounds run on one Ray actor per node of the cluster
+    at ``ray_address`` (:mod:`kvlab.experiments.ray_executor`), which stop when the tune ends.
+    ``say``: one line per step for the terminal; ``announce(id, store URL)``: once it is taken over."""
 
-    ``workers``: 1 runs the rounds with a worker in this process (the model loads here); 0 only
-    drives, and ``kvlab worker`` processes elsewhere run them (the tokenizer alone loads here).
-    ``on_ray``: the rounds run on one Ray actor per node of the cluster at ``ray_address``
-    (:mod:`kvlab.experiments.ray_executor`), which stop when the tune ends.
-    """
+    workers: int = 1
+    on_ray: bool = False
+    ray_address: str | None = None
+    say: Callable[[str], None] = print
+    announce: Callable[[int, str], None] = lambda experiment_id, url: None
+
+    @property
+    def local_workers(self) -> int:
+        return 0 if self.on_ray else self.workers
+
+    def check_ray(self) -> None:
+        """On Ray, refused at once (one line), before the tune is stored or taken over: an address where
+        no cluster answers, an in-memory store (the actors are other processes)."""
+        if self.on_ray:
+            from kvlab.experiments.ray_executor import check_ray_address
+
+            check_ray_address(self.ray_address)
+            require_shared_store()
+
+
+@dataclass(frozen=True)
+class TuneHere(Driving):
+    """The executor of ``kvlab tune SPEC``: this process drives the tune to its end; the handle is
+    its :class:`TuneOutcome`."""
+
+    def refuse(self, spec: ExperimentSpec) -> None:
+        self.check_ray()
+
+    @contextmanager
+    def ready(self, spec: ExperimentSpec) -> Iterator[Start[TuneOutcome]]:
+        with _prepared(spec, self) as (engine, items):
+
+            def start(store: Store, experiment_id: int) -> TuneOutcome:
+                driver_id = new_worker_id()
+                store.take_over_tune(experiment_id, driver_id)  # stored a moment ago, with no driver yet
+                return _drive(store, experiment_id, spec, engine, items, self, driver_id, first=True)
+
+            yield start
+
+
+@dataclass(frozen=True)
+class DetachedTune:
+    """The executor of ``kvlab tune --background`` and the dashboard's Tune: a detached ``kvlab tune
+    --drive ID`` on this host drives the stored tune (its log in :func:`kvlab.paths.log_dir`); the
+    handle is its :class:`~kvlab.experiments.launcher.BackgroundTune`."""
+
+    def refuse(self, spec: ExperimentSpec) -> None:
+        require_shared_store()  # the tune's process must see the store this one does
+
+    @contextmanager
+    def ready(self, spec: ExperimentSpec) -> Iterator[Start[launcher.BackgroundTune]]:
+        yield lambda store, experiment_id: launcher.start_tune_driver(["--drive", str(experiment_id)])
+
+
+def store_tune(store: Store, spec: ExperimentSpec) -> int:
+    """Store a new tune: the experiment with its baseline (and any fixed ``[[configs]]``) on the first
+    round's items, and its search, which the driver that takes it over runs."""
+    tune = spec.tune
+    if tune is None:
+        raise ConfigError("the spec has no [tune] table")
+    n_items = 0
+    for index, task in enumerate(spec.tasks):
+        count = planned_items(task)
+        if count is None:
+            raise ConfigError(f"tasks.{index}.path: {task.path} cannot be read here")
+        n_items += count
+    rounds = rungs(n_items, tune.min_items, tune.eta)
+    experiment_id = store.create_experiment(spec, environment(torch_facts=False), item_limit=rounds[0])
+    points, evals = grid_size(spec, n_items)
+    store.start_tune(experiment_id, study_name(experiment_id), points, evals, driver_id=None)
+    store.log_event(experiment_id, f"tune: {points} configs in the search space ({evals} item evaluations as a "
+                    f"full grid); rounds of {', '.join(map(str, rounds))} items")
+    return experiment_id
+
+
+def drive_stored(experiment_id: int, *, resuming: bool, driving: Driving = Driving()) -> TuneOutcome:
+    """Take over the stored tune of ``experiment_id`` and drive it to its end: a tune a
+    :class:`DetachedTune` stored (``kvlab tune --drive``; what is refused before its first round fails
+    it), or one whose driver stopped (``resuming``: ``kvlab tune --resume``, its orphaned trials requeued)."""
+    driving.check_ray()
     driver_id = new_worker_id()
-    workers = 0 if on_ray else workers
     with Store() as store:
-        if resume is not None:
-            store.take_over_tune(resume, driver_id)
-            store.requeue_orphans(resume)
-            spec = parse_spec(store.get_experiment(resume).spec)
-        assert spec is not None and spec.tune is not None, "the CLI checks for a [tune] table"
-        if workers:
-            say(f"loading {spec.model} (its first load takes a while)")
-        engine = build_engine(spec) if workers else None
+        store.take_over_tune(experiment_id, driver_id)
+        if resuming:
+            store.requeue_orphans(experiment_id)
+        spec = parse_spec(store.get_experiment(experiment_id).spec)
+        with ExitStack() as stack:
+            try:
+                engine, items = stack.enter_context(_prepared(spec, driving))
+            except Exception as error:
+                if not resuming:
+                    _fail(store, experiment_id, error)
+                raise
+            if resuming:
+                driving.say(f"resuming the tune of experiment {experiment_id}")
+            return _drive(store, experiment_id, spec, engine, items, driving, driver_id, first=not resuming)
+
+
+@contextmanager
+def _prepared(spec: ExperimentSpec, driving: Driving) -> Iterator[tuple[Engine | None, list[TaskItem]]]:
+    """What the driver needs before its first round, held while it drives: the engine of its
+    in-process worker (None: the rounds run elsewhere), which has checked the whole space (so that
+    no candidate is refused halfway) and every item, and the spec's items in the workers' order."""
+    assert spec.tune is not None, "the CLI checks for a [tune] table"
+    if driving.local_workers:
+        driving.say(f"loading {spec.model} (its first load takes a while)")
+    engine = build_engine(spec) if driving.local_workers else None
+    try:
+        if engine is not None:
+            space, _ = backend_space(spec.tune, spec.backend.kind)
+            engine.check_configs([*spec.all_configs(), *(KVCacheConfig(**p) for p in candidate_grid(space))])
+        tokenizer = engine.tokenizer if engine is not None else task_tokenizer(spec.model)[0]
+        items = build_items(spec, tokenizer)
+        if engine is not None:
+            engine.check_items(items)
+        yield engine, items
+    finally:
+        if engine is not None:
+            engine.close()
+
+
+def _drive(store: Store, experiment_id: int, spec: ExperimentSpec, engine: Engine | None, items: list[TaskItem],
+           driving: Driving, driver_id: str, first: bool) -> TuneOutcome:
+    """Drive the tune this process has taken over as ``driver_id``; on its ``first`` drive, what fails
+    before the first round fails the tune."""
+    driving.announce(experiment_id, store.url)
+    worker = None if engine is None else Worker(
+        store, WorkerSettings(max_trials=ROUND_BATCH), engine_factory=lambda _spec: engine,
+        experiment_id=experiment_id)
+    with ExitStack() as stack:
+        executor = InProcessWorkers(store, worker, driving.say)
         try:
-            if engine is not None:  # the whole space, so that no candidate is refused halfway
-                space, _ = backend_space(spec.tune, spec.backend.kind)
-                engine.check_configs([*spec.all_configs(), *(KVCacheConfig(**p) for p in candidate_grid(space))])
-            tokenizer = engine.tokenizer if engine is not None else task_tokenizer(spec.model)[0]
-            items = build_items(spec, tokenizer)
-            if engine is not None:
-                engine.check_items(items)
-            if resume is None:
-                experiment_id = _create(store, spec, warnings, len(items), driver_id)
-            else:
-                experiment_id = resume
-                say(f"resuming the tune of experiment {resume}")
-            announce(experiment_id, store.url)
-            worker = None if engine is None else Worker(
-                store, WorkerSettings(max_trials=ROUND_BATCH), engine_factory=lambda _spec: engine,
-                experiment_id=experiment_id)
-            with ExitStack() as stack:
-                executor = InProcessWorkers(store, worker, say)
-                if on_ray:
-                    executor.gone = _ray_rounds(stack, experiment_id, spec, ray_address)
-                tuner = Tuner(store, experiment_id, spec, items, executor, driver_id, say=say)
-                return TuneOutcome(experiment_id, tuner.run(), store.url)
-        finally:
-            if engine is not None:
-                engine.close()
+            if driving.on_ray:
+                executor.gone = _ray_rounds(stack, experiment_id, spec, driving.ray_address)
+            tuner = Tuner(store, experiment_id, spec, items, executor, driver_id, say=driving.say)
+        except Exception as error:
+            if first:
+                _fail(store, experiment_id, error)
+            raise
+        return TuneOutcome(experiment_id, tuner.run(), store.url)
+
+
+def _fail(store: Store, experiment_id: int, error: Exception) -> None:
+    """End a tune whose driver could not start it, with the reason (the tune page and `kvlab show` say it)."""
+    store.finish_tune(experiment_id, "failed", None, one_line(str(error)))
 
 
 def _ray_rounds(stack: ExitStack, experiment_id: int, spec: ExperimentSpec,
@@ -137,18 +254,3 @@ def _ray_rounds(stack: ExitStack, experiment_id: int, spec: ExperimentSpec,
         return "every Ray worker ended: " + "; ".join(f"{o.worker_id}: {o.error or 'returned'}" for o in ended)
 
     return gone
-
-
-def _create(store: Store, spec: ExperimentSpec, warnings: Sequence[str], n_items: int, driver_id: str) -> int:
-    tune = spec.tune
-    if tune is None:
-        raise ConfigError("the spec has no [tune] table")
-    first = rungs(n_items, tune.min_items, tune.eta)[0]
-    experiment_id = store.create_experiment(spec, environment(torch_facts=False), item_limit=first)
-    points, evals = grid_size(spec, n_items)
-    store.start_tune(experiment_id, study_name(experiment_id), points, evals, driver_id)
-    for warning in warnings:
-        store.log_event(experiment_id, warning, level="warning")
-    store.log_event(experiment_id, f"tune: {points} configs in the search space ({evals} item evaluations as a "
-                    f"full grid); rounds of {', '.join(map(str, rungs(n_items, tune.min_items, tune.eta)))} items")
-    return experiment_id

@@ -1,0 +1,53 @@
+"""The new-experiment page's Launch without Streamlit: a sweep on local workers or a Ray cluster, or a
+tune driven by a detached ``kvlab tune``, each through :func:`kvlab.experiments.submit.submit`, with
+the data directory as the only place task files may come from (the page is a web page: a path typed
+there must not reach any file on the host).
+
+A spec refused before it is stored raises :class:`Refused`, whose message is the one line the page
+shows; nothing was stored.  What only the model can tell fails the stored experiment (or tune), and
+its page says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvlab.config import ConfigError, ExperimentSpec
+from kvlab.dashboard.executor_form import Executor
+from kvlab.dashboard.tune_launch import record_launch
+from kvlab.errlog import one_line
+from kvlab.experiments.submit import Executor as Runner
+from kvlab.experiments.submit import Handle, LocalWorkers, Submitted, submit
+from kvlab.paths import data_dir
+from kvlab.store import Store, StoreError
+
+
+class Refused(Exception):
+    """Why a launch was refused, in one line; nothing was stored."""
+
+
+def launch_sweep(spec: ExperimentSpec, warnings: Sequence[str], executor: Executor, workers: int) -> int:
+    """Queue the sweep for ``workers`` local workers, started here, or for the Ray cluster the form chose
+    (a detached Ray driver); returns its id."""
+    if executor.kind == "ray":
+        from kvlab.experiments.ray_driver import RayDriver
+
+        return _submit(spec, RayDriver(executor.address), warnings).experiment_id
+    return _submit(spec, LocalWorkers(workers), warnings).experiment_id
+
+
+def launch_tune(spec: ExperimentSpec, warnings: Sequence[str], store: Store) -> int:
+    """Store the tune and start its driver, a detached ``kvlab tune`` on this host (the model loads
+    there); records on the tune that the dashboard launched it, with the process's log; returns its id."""
+    from kvlab.tune.session import DetachedTune
+
+    submitted = _submit(spec, DetachedTune(), warnings)
+    record_launch(store, submitted.experiment_id, submitted.handle.log)
+    return submitted.experiment_id
+
+
+def _submit(spec: ExperimentSpec, runner: Runner[Handle], warnings: Sequence[str]) -> Submitted[Handle]:
+    try:
+        return submit(spec, runner, warnings, files_under=data_dir())
+    except (ConfigError, StoreError) as error:
+        raise Refused(one_line(str(error))) from None
