@@ -74,7 +74,7 @@ def make_result(item_id: str = "passkey-0", config_name: str = "baseline", **cha
 
 def age_heartbeats(store: Store, trial_ids: list[int], seconds: float) -> None:
     """Pretend the trials' worker last heartbeat ``seconds`` ago."""
-    with store.database.begin() as connection:
+    with store.engine.begin() as connection:
         connection.execute(update(TrialRow).where(TrialRow.id.in_(trial_ids))
                            .values(heartbeat_at=datetime.now(UTC) - timedelta(seconds=seconds)))
 
@@ -186,7 +186,7 @@ def test_list_experiments_many_trials_is_two_queries(store):
     spec = make_spec(50)
     ids = [store.create_experiment(spec, ENV) for _ in range(200)]
     store.claim_trials("w", max_trials=3)
-    with StatementCounter(store.database) as counter:
+    with StatementCounter(store.engine) as counter:
         page = store.list_experiments(limit=200)
     assert len(counter.statements) == 2, counter.statements
     assert len(page) == 200 and page[-1].id == ids[0]
@@ -264,7 +264,7 @@ def test_concurrent_claims_processes(store, db_url):
     """4 processes claim concurrently: every trial is claimed exactly once, every experiment ends done."""
     experiment_ids = [store.create_experiment(make_spec(6), ENV) for _ in range(20)]
     all_ids = sorted(t.id for e in experiment_ids for t in store.trials(e))
-    store.database.dispose()  # the children open their own connections
+    store.engine.dispose()  # the children open their own connections
     with multiprocessing.get_context("fork").Pool(4) as pool:
         per_worker = pool.map(_claim_until_empty, [(db_url, f"worker-{i}") for i in range(4)])
     claimed = [tid for claims in per_worker for claim in claims for tid in claim]
@@ -397,7 +397,7 @@ def test_telemetry_batch_insert_and_reads(store):
                                cpu_percent=50.0, kv_bytes=i * 1000,
                                gpu_memory_used_bytes=2**33 if i % 2 else None)
                for i in range(1000)]
-    with StatementCounter(store.database) as counter:
+    with StatementCounter(store.engine) as counter:
         store.add_telemetry(samples)
     assert len([s for s in counter.statements if s.lstrip().upper().startswith("INSERT")]) <= 2
 
@@ -435,7 +435,7 @@ def test_events(store):
 # -- schema and migrations --------------------------------------------------------------------------
 
 def test_migrations_match_models(store):
-    with store.database.connect() as connection:
+    with store.engine.connect() as connection:
         assert compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}),
                                 Base.metadata) == []
     assert store.integrity_check() == "ok"
@@ -468,11 +468,11 @@ def test_older_schema_is_reported_not_migrated(db_url):
 
 
 def test_unknown_revision_and_foreign_tables(db_url):
-    with Store(db_url) as store, store.database.begin() as connection:
+    with Store(db_url) as store, store.engine.begin() as connection:
         connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
     with pytest.raises(StoreError, match=r"made by a newer kvlab \(revision 9999; .*\); upgrade kvlab"):
         Store(db_url)
-    with Store(db_url, check=False) as store, store.database.begin() as connection:
+    with Store(db_url, check=False) as store, store.engine.begin() as connection:
         connection.execute(text("DROP TABLE alembic_version"))
     with pytest.raises(StoreError, match="not a kvlab database .*no kvlab schema revision"):
         Store(db_url)
@@ -610,7 +610,7 @@ with Store(f"sqlite:///{path}") as store:
     store.create_experiment(spec, {})
     for file in (path, path.with_name(path.name + "-wal")):
         file.chmod(0o444)
-    for step in (store.check_intact, lambda: (store.database.dispose(), store.log_event(1, "a write"))):
+    for step in (store.check_intact, lambda: (store.engine.dispose(), store.log_event(1, "a write"))):
         try:
             step()
             print("no error")

@@ -88,7 +88,7 @@ def test_unrunnable_stored_spec_fails_trials_with_a_message(store):
     experiment_id = store.create_experiment(parse_spec(SPEC), {})
     broken = dict(store.get_experiment(experiment_id).spec)
     broken["configs"] = [{"name": "int3", "quant": "int3"}]  # e.g. written by a newer kvlab
-    with store.database.begin() as connection:
+    with store.engine.begin() as connection:
         connection.execute(update(ExperimentRow).where(ExperimentRow.id == experiment_id).values(spec=broken))
 
     def no_engine(spec):

@@ -15,6 +15,7 @@ from kvlab.experiments.decision import Margins
 from kvlab.experiments.results import ItemResult
 from kvlab.secrets import redact, redact_data
 from kvlab.store import Store
+from kvlab.store.records import baseline_name
 
 RESULT_COLUMNS = [f.name for f in fields(ItemResult)]
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
@@ -49,7 +50,7 @@ def experiment_document(store: Store, experiment_id: int) -> dict[str, Any]:
     experiment = store.get_experiment(experiment_id)
     trials = store.trials(experiment_id)
     results = store.item_results(experiment_id)
-    baseline = next((t.config_name for t in trials if t.position == 0), "baseline")
+    baseline = baseline_name(trials)
     summaries = summarize(results, baseline, Margins.of(experiment.spec))
     document = {
         "experiment": _jsonable(asdict(experiment)),

@@ -7,6 +7,7 @@ its worker releases because its host cannot run it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -83,6 +84,19 @@ class TrialRecord:
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+
+
+def baseline_trial(trials: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The baseline of an experiment's trials: the one at the lowest position (0), since the store
+    writes the configs in ``ExperimentSpec.all_configs`` order, which puts the baseline first."""
+    return min(trials, key=lambda t: t.position, default=None)
+
+
+def baseline_name(trials: Sequence[TrialRecord]) -> str:
+    """The baseline trial's config name ("baseline" before any trial is stored)."""
+    base = baseline_trial(trials)
+    return base.config_name if base is not None else "baseline"
 
 
 @dataclass

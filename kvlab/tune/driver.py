@@ -95,7 +95,7 @@ class Tuner:
         self.order = {(item.item_id, item.task): i for i, item in enumerate(items)}
         self.rungs = rungs(len(items), self.tune.min_items, self.tune.eta)
         self.limits = Limits(spec.max_drop, self.tune.max_ttft_ms, self.tune.max_tpot_ms)
-        self.study = studies.open_study(store.database, study_name(experiment_id), self.tune, spec.seed)
+        self.study = studies.open_study(store.engine, study_name(experiment_id), self.tune, spec.seed)
         self._stop = threading.Event()
 
     # -- the loop ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvlab.config import ExperimentSpec
 from kvlab.experiments.results import ItemResult
-from kvlab.store.records import CandidateRecord, TrialRecord
+from kvlab.store.records import CandidateRecord, TrialRecord, baseline_trial
 from kvlab.tune.judge import rungs
 from kvlab.tune.spec import backend_space, grid_points
 
@@ -46,11 +46,6 @@ class Point:
     ttft_ms: float | None
     tpot_ms: float | None
     feasible: bool
-
-
-def baseline_trial(trials: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The baseline: the trial at position 0 (a tune's store writes it first)."""
-    return min(trials, key=lambda t: t.position, default=None)
 
 
 def baseline_measures(results: Sequence[ItemResult]) -> tuple[float | None, float | None]:
