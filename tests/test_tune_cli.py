@@ -45,3 +45,14 @@ def test_resuming_a_plain_experiment_is_refused(tmp_path):
         experiment_id = store.create_experiment(spec, ENV)
     done = kvlab_tune("--resume", str(experiment_id), tmp_path=tmp_path)
     assert done.returncode == 2 and f"experiment {experiment_id} is a sweep, not a tune" in done.stderr, done.stderr
+
+
+def test_a_background_tune_is_refused_on_a_store_its_process_cannot_see(tmp_path):
+    """Stored first and driven by a detached process: an in-memory store is refused before anything
+    is stored, in one line."""
+    env = {**os.environ, "KVLAB_DATABASE_URL": "sqlite://", "KVLAB_LOG_DIR": str(tmp_path / "logs")}
+    done = subprocess.run([sys.executable, "-m", "kvlab.cli", "tune", str(ROOT / "examples" / "tune.toml"),
+                           "--background"], env=env, capture_output=True, text=True, timeout=SAFETY_S)
+    assert done.returncode == 2, done.stderr
+    assert "is an in-memory SQLite database" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "logs").exists()  # no process started
