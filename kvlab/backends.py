@@ -46,16 +46,16 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("embedded", "Embedded (PyTorch, this process)", "kvlab.engines.embedded",
+    Backend("embedded", "Embedded (PyTorch)", "kvlab.engines.embedded",
             "kvlab's own engine: every format and eviction method, measured bytes, fidelity against the baseline",
             kv_choice="all", loads_model_here=True, measures_fidelity=True, fields=("device", "dtype")),
     Backend("openai_compat", "OpenAI-compatible endpoint", "kvlab.engines.openai_compat",
             "any server with the OpenAI API (kvlab serve, a running vLLM or SGLang): it decides its own KV cache",
             kv_choice="none", serves_spec_model=False, fields=("base_url", "model_id", "api_key_env")),
-    Backend("vllm", "vLLM (launched by kvlab)", "kvlab.engines.launched",
+    Backend("vllm", "vLLM", "kvlab.engines.launched",
             "kvlab starts a vLLM server per KV dtype (--kv-cache-dtype) and reads its pool",
             kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server")),
-    Backend("sglang", "SGLang (launched by kvlab)", "kvlab.engines.launched",
+    Backend("sglang", "SGLang", "kvlab.engines.launched",
             "kvlab starts an SGLang server per KV dtype (--kv-cache-dtype) and reads its pool",
             kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server")),
 )}

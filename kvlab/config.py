@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvlab.backends import BACKEND_NAMES, BACKENDS
 from kvlab.compress.formats import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_RESIDUAL_LENGTH,
@@ -43,7 +44,7 @@ from kvlab.limits import (
 from kvlab.models.registry import context_limit
 from kvlab.secrets import URL_USERINFO, url_credentials
 from kvlab.space import ConfigSpace, canonical_name, canonical_names
-from kvlab.tasks import planned_items
+from kvlab.tasks import TASKS as TASK_REGISTRY, planned_items
 from kvlab.tasks.jsonl import check_task_files
 from kvlab.tasks.spec import MAX_PATH_CHARS, TaskSpec
 from kvlab.tune.spec import TuneSpec, backend_space
@@ -53,7 +54,7 @@ EvictionMethod = Literal[METHOD_NAMES]  # type: ignore[valid-type]  # "none" + t
 GroupSize = Literal[GROUP_SIZES]  # type: ignore[valid-type]
 KeyAxis = Literal[KEY_AXES]  # type: ignore[valid-type]
 ResidualLength = Annotated[int, Field(ge=0, le=MAX_RESIDUAL_LENGTH)]
-BackendKind = Literal["embedded", "openai_compat", "vllm", "sglang"]
+BackendKind = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # the backend registry's names
 
 QUANT_DTYPES: tuple[str, ...] = QUANT_NAMES
 EVICTION_METHODS: tuple[str, ...] = METHOD_NAMES
@@ -267,10 +268,12 @@ class BackendSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> BackendSpec:
-        if self.kind == "embedded" and (self.base_url or self.model_id):
-            raise ValueError("base_url and model_id are for backend kinds openai_compat, vllm and sglang; "
-                             "the embedded engine runs `model` in this process")
-        if self.kind in ("vllm", "sglang") and self.base_url:
+        backend = BACKENDS[self.kind]
+        if backend.loads_model_here and (self.base_url or self.model_id):
+            *others, last = (name for name, b in BACKENDS.items() if "model_id" in b.fields)
+            raise ValueError(f"base_url and model_id are for backend kinds {', '.join(others)} and {last}; "
+                             f"the {self.kind} engine runs `model` in this process")
+        if backend.launches_server and self.base_url:
             raise ValueError(f"backend {self.kind}: kvlab launches the server itself, so base_url is not used; "
                              "to use a server that is already running, set kind = 'openai_compat' and base_url")
         return self
@@ -359,7 +362,7 @@ class ExperimentSpec(BaseModel):
         if self.tune is not None:
             backend_space(self.tune, self.backend.kind)  # raises for a backend with nothing to tune
         for index, task in enumerate(self.tasks):
-            if task.name != "jsonl":  # a file's items are bounded by its own limits (KVLAB_MAX_JSONL_ITEMS)
+            if not TASK_REGISTRY[task.name].reads_file:  # a file's items are bounded by its own limits (KVLAB_MAX_JSONL_ITEMS)
                 ITEMS.check(f"tasks.{index}.num_items", task.items_per_length, "{n} items")
         check_context_lengths(self, context_limit(self.model))
         if self.sweep is not None:  # counted before it is expanded: a grid of millions is refused at once
@@ -398,7 +401,7 @@ class ExperimentSpec(BaseModel):
 
 def known_items(task: TaskSpec) -> int | None:
     """Items ``task`` generates, as far as the spec alone tells: a jsonl file's count needs the file."""
-    return None if task.name == "jsonl" else task.items_per_length * len(task.context_lengths)
+    return None if TASK_REGISTRY[task.name].reads_file else task.items_per_length * len(task.context_lengths)
 
 
 def check_item_evals(spec: ExperimentSpec, items_of: Callable[[TaskSpec], int | None]) -> None:
@@ -416,11 +419,11 @@ def check_context_lengths(spec: ExperimentSpec, model_limit: int | None) -> None
     serves ``model`` itself; an OpenAI-compatible endpoint serves a model of its own, whose limit
     only the endpoint knows."""
     limits = [(spec.max_context_length, "max_context_length = {limit:,}", "")]
-    if spec.backend.kind != "openai_compat":
+    if BACKENDS[spec.backend.kind].serves_spec_model:
         limits.append((model_limit, "{model}'s maximum context of {limit:,} tokens",
                        " or a model with a longer context"))
     for index, task in enumerate(spec.tasks):
-        if task.name == "jsonl":  # its prompts are measured once tokenized (the engine refuses one too long)
+        if not TASK_REGISTRY[task.name].target_lengths:  # its prompts are measured once tokenized (the engine refuses one too long)
             continue
         for limit, what, remedy in limits:
             too_long = [n for n in task.context_lengths if limit is not None and n > limit]

@@ -18,8 +18,10 @@ from kvlab.compress.methods import BUDGET_BOUNDS, BUDGETS
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, SweepGrid, parse_spec, spec_to_dict
 from kvlab.experiments.decision import Margins
 from kvlab.paths import EXAMPLES_DIR
-from kvlab.engines.server_flags import SERVER_KINDS, check_config
+from kvlab.backends import SERVER_KINDS
+from kvlab.engines.server_flags import check_config
 from kvlab.secrets import DEFAULT_KEY_VAR
+from kvlab.tasks import TASKS
 from kvlab.tasks.data_dir import checked_data_file
 from kvlab.tune.spec import TuneSpec
 
@@ -231,7 +233,7 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
         task["max_new_tokens"] = max_new or None
         path = str(values.get(prefix + "path") or "").strip()
         task["path"] = path or None
-        if path and task["name"] == "jsonl":  # only files under the data directory: this is a web page
+        if path and task["name"] in TASKS and TASKS[task["name"]].reads_file:  # only files under the data directory: this is a web page
             try:
                 task["path"] = checked_data_file(path)
             except ConfigError as error:

@@ -13,12 +13,13 @@ from typing import Any
 
 import tomli_w
 
+from kvlab.backends import BACKENDS, SERVER_KINDS
 from kvlab.compress.formats import FORMATS
 from kvlab.compress.methods import PARAMS
 from kvlab.config import KVCacheConfig
 from kvlab.experiments.analysis import ConfigSummary, Decision
 
-ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
+ENGINES = {kind: BACKENDS[kind].title for kind in SERVER_KINDS}
 
 
 def serve_command(model: str, config: KVCacheConfig) -> str:

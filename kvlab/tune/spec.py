@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kvlab.backends import BACKENDS
 from kvlab.compress.formats import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_RESIDUAL_LENGTH,
@@ -149,9 +150,10 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
     only its KV dtypes (the format registry's flags) and no token eviction; an OpenAI-compatible
     endpoint has no KV setting a client can choose, so there is nothing to tune there.
     """
-    if backend_kind == "embedded":
+    kv_choice = BACKENDS[backend_kind].kv_choice
+    if kv_choice == "all":
         return tune, []
-    if backend_kind == "openai_compat":
+    if kv_choice == "none":
         raise ValueError("an OpenAI-compatible endpoint decides its own KV cache: there is nothing kvlab can tune "
                          "through it; tune with backend kind 'embedded' (or 'vllm' / 'sglang', which kvlab launches "
                          "with a --kv-cache-dtype)")
