@@ -13,6 +13,7 @@ import sys
 import time
 from typing import NoReturn
 
+from kvlab.backends import BACKEND_NAMES, BACKENDS
 from kvlab.cli import exits as cli_exit
 from kvlab.cli.doctor import add_doctor_parser
 from kvlab.cli.outputs import check_output, write_output
@@ -60,7 +61,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from kvlab.experiments.report import render
 
     # its own step: the imports and the load come before the bar (on Ray the model loads on the nodes)
-    loading = spec.backend.kind == "embedded" and not on_ray
+    loading = BACKENDS[spec.backend.kind].loads_model_here and not on_ray
     started = time.monotonic()
 
     def starting() -> None:  # once the spec is refused nothing, before the model loads
@@ -174,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an experiment spec (TOML) here, store it, print the tradeoff table")
     run.add_argument("spec", help="path to a spec TOML (see examples/)")
     run.add_argument("--json", metavar="OUT", help="write spec, environment, summaries and every item result")
-    run.add_argument("--backend", choices=["embedded", "openai_compat", "vllm", "sglang"],
+    run.add_argument("--backend", choices=BACKEND_NAMES,
                      help="override the spec's backend kind")
     run.add_argument("--limit", type=positive_int, help="run only the first N items (a quick check)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -104,10 +104,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         from kvlab.experiments.analysis import summarize  # scipy: imported only when there is something to summarise
         from kvlab.experiments.decision import Margins
         from kvlab.experiments.report import render
+        from kvlab.store.records import baseline_name
 
         # names escaped before the tables are laid out: a newline in one cannot forge a row
         results = [replace(r, config_name=shown(r.config_name), task=shown(r.task)) for r in results]
-        baseline = shown(next((t.config_name for t in trials if t.position == 0), "baseline"))
+        baseline = shown(baseline_name(trials))
         print()
         margins = Margins.of(experiment.spec | margin_overrides(args))
         print(shown(render(summarize(results, baseline, margins), results, baseline), lines=True))

@@ -42,6 +42,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
+from kvlab.backends import BACKENDS
 from kvlab.config import ConfigError, ExperimentSpec
 from kvlab.errlog import one_line
 from kvlab.experiments.nodes import node_of, ray_worker_id
@@ -61,7 +62,6 @@ RAY_CLIENT_PORT = 10001
 _PROBES = {"gcs": "/ray.rpc.NodeInfoGcsService/GetClusterId", "client": "/ray.rpc.RayletDriver/ClusterInfo"}
 #: Restarts of an actor whose process died, and retries of its ``run`` call, before it is reported.
 MAX_RESTARTS = 3
-GPU_KINDS = ("vllm", "sglang")
 
 
 def import_ray() -> ModuleType:
@@ -185,7 +185,7 @@ def plan_placement(spec: ExperimentSpec, nodes: list[dict[str, Any]]) -> Placeme
     if num_gpus is None:
         any_gpu = any(node.get("Resources", {}).get("GPU", 0) > 0 for node in alive)
         backend = spec.backend
-        wants = backend.kind in GPU_KINDS or backend.device == "cuda"
+        wants = BACKENDS[backend.kind].wants_gpu or backend.device == "cuda"
         num_gpus = 1.0 if wants or (backend.kind == "embedded" and backend.device == "auto" and any_gpu) else 0.0
     usable = [node for node in alive if node.get("Resources", {}).get("CPU", 0) >= num_cpus
               and node.get("Resources", {}).get("GPU", 0) >= num_gpus]
