@@ -27,6 +27,7 @@ from kvlab.secrets import redact
 from kvlab.errors import ConfigError
 from kvlab.experiments.results import ItemResult
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord, Store, StoreError
+from kvlab.store.records import baseline_name
 
 #: Errors whose message tells the user what to fix: shown as they are.
 USER_ERRORS = (StoreError, ConfigError, ExportError)
@@ -79,7 +80,7 @@ def load_results(experiment_id: int, version: tuple[Any, ...], db: str | None) -
     ``db`` only key the cache: a result set changes only when they do."""
     store = get_store()
     trials = store.trials(experiment_id)
-    baseline = next((t.config_name for t in trials if t.position == 0), "baseline")
+    baseline = baseline_name(trials)
     return store.item_results(experiment_id), baseline
 
 

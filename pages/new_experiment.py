@@ -14,13 +14,13 @@ import pandas as pd
 import streamlit as st
 
 from kvlab.dashboard import estimate, page_table, views
-from kvlab.compress.formats import DEFAULT_GROUP_SIZE
-from kvlab.compress.methods import BUDGET_HELP
+from kvlab.backends import BACKENDS
+from kvlab.compress.formats import DEFAULT_GROUP_SIZE, DEFAULT_RESIDUAL_LENGTH, MAX_RESIDUAL_LENGTH
+from kvlab.compress.methods import BUDGETS
 from kvlab.config import (
     EVICTION_METHODS,
     GROUP_SIZES,
     QUANT_DTYPES,
-    BackendKind,
     ConfigError,
     ExperimentSpec,
     dump_spec,
@@ -45,17 +45,18 @@ from kvlab.dashboard.spec_form import (
     list_examples,
 )
 from kvlab.dashboard import executor_form
+from kvlab.dashboard.launch import Refused, launch_sweep
 from kvlab.paths import DATA_DIR_VAR, data_dir
 from kvlab.tasks.data_dir import UPLOADS, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
-from kvlab.tasks.spec import DEFAULT_NUM_ITEMS, TaskName
+from kvlab.tasks import TASKS
+from kvlab.tasks.spec import DEFAULT_NUM_ITEMS
 from pages import tune_form
 from pages.common import get_store, share_box
 from pages.executor_choice import executor_choice
 
 P = "f:"  # widget keys: P + spec field path
-TASK_NAMES: tuple[str, ...] = TaskName.__args__  # type: ignore[attr-defined]
-BACKENDS: tuple[str, ...] = BackendKind.__args__  # type: ignore[attr-defined]
+TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 EXAMPLE_TO_LAUNCH = "tiny"
 
 store = get_store()
@@ -125,7 +126,11 @@ def remove_task(index: int) -> None:
 
 def launch(spec: ExperimentSpec, workers: int, warnings: list[str],
            executor: executor_form.Executor = executor_form.Executor()) -> None:
-    experiment_id = executor_form.submit(executor, spec, warnings, workers)
+    try:
+        experiment_id = launch_sweep(spec, warnings, executor, workers)
+    except Refused as refused:  # nothing stored: the spec cannot run (a file outside the data directory...)
+        st.error(views.md(str(refused)), icon=":material/error:")
+        return
     st.switch_page(page_table.EXPERIMENT.script, query_params={"id": str(experiment_id)})
 
 
@@ -177,7 +182,7 @@ def backend_options(backend: str) -> None:
     """Endpoint or server settings.  The key is never typed here: it is read from the environment or
     .streamlit/secrets.toml when the experiment runs; this only says where it would come from."""
     with st.container(border=True):
-        if backend == "openai_compat":
+        if "base_url" in BACKENDS[backend].fields:
             url_col, model_col = st.columns(2)
             with url_col:
                 st.text_input("Base URL", key=P + "backend.base_url", placeholder="http://127.0.0.1:8000/v1",
@@ -271,11 +276,12 @@ with seed_col:
     slot("seed")
 backend_col, device_col, tags_col = st.columns([2, 1, 3])
 with backend_col:
-    backend = st.selectbox("Backend", BACKENDS, key=P + "backend.kind")
+    backend = st.selectbox("Backend", tuple(BACKENDS), key=P + "backend.kind",
+                           format_func=lambda kind: BACKENDS[kind].title)
     slot("backend")
 with device_col:
-    st.selectbox("Device", ["auto", "cpu", "cuda"], key=P + "backend.device", disabled=backend != "embedded",
-                 help="The embedded engine's device; servers choose their own.")
+    st.selectbox("Device", ["auto", "cpu", "cuda"], key=P + "backend.device",
+                 disabled="device" not in BACKENDS[backend].fields, help="The embedded engine's device; servers choose their own.")
 with tags_col:
     st.text_input("Tags (comma-separated)", key=P + "tags")
     slot("tags")
@@ -300,7 +306,7 @@ with agreement_col:
                     "baseline's top-1 token (the mean over items of each item's share of tokens) certified above this "
                     "(0.9 = 90%), on every task. 0 turns it off.")
     slot("min_agreement")
-if backend != "embedded":
+if not BACKENDS[backend].loads_model_here:
     backend_options(backend)
 
 st.header("Tasks")
@@ -326,10 +332,10 @@ for index in range(st.session_state["form_n_tasks"]):
         with tokens_col:
             st.number_input("Max new tokens (0: task default)", min_value=0, step=1, key=P + t + "max_new_tokens")
             slot(t + "max_new_tokens")
-        if task_name == "multikey":
+        if "num_pairs" in TASKS[task_name].fields:
             st.number_input("Key-value pairs", min_value=0, step=1, key=P + t + "num_pairs")
             slot(t + "num_pairs")
-        if task_name == "jsonl":
+        if TASKS[task_name].reads_file:
             jsonl_field(index)
         slot(t + "path")
         slot(f"tasks.{index}")
@@ -348,8 +354,8 @@ if mode == MODES[1]:
 else:
     st.header("KV-cache configs")
     st.caption("The baseline (no quantization, no eviction) always runs first. Eviction needs exactly one budget: "
-               "**ratio** = fraction of context tokens *removed* (kvpress's compression_ratio), **keep fraction** "
-               "(top-k) or **threshold** (score quantile). Quantization stores what is kept.")
+               + "; ".join(f"**{kind.title}** = {kind.help}" for kind in BUDGETS.values())
+               + ". Quantization stores what is kept.")
     edited = st.data_editor(
         pd.DataFrame(st.session_state["form_configs"], columns=list(dict.fromkeys(
             [*CONFIG_COLUMNS, *(k for row in st.session_state["form_configs"] for k in row)]))),
@@ -361,13 +367,14 @@ else:
             "group_size": st.column_config.SelectboxColumn(CONFIG_LABELS["group_size"], options=list(GROUP_SIZES),
                                                            default=DEFAULT_GROUP_SIZE),
             "residual_length": st.column_config.NumberColumn(CONFIG_LABELS["residual_length"], min_value=0,
-                                                             max_value=8192, step=1, default=64),
+                                                             max_value=MAX_RESIDUAL_LENGTH, step=1,
+                                                             default=DEFAULT_RESIDUAL_LENGTH),
             "evict": st.column_config.SelectboxColumn("evict", options=list(EVICTION_METHODS), default="none",
                                                       help="the budgets each method accepts: `kvlab methods`"),
             **{budget: st.column_config.NumberColumn(CONFIG_LABELS[budget], min_value=BUDGET_RANGE[0],
                                                      max_value=BUDGET_RANGE[1], step=BUDGET_STEP,
-                                                     help=BUDGET_HELP[budget])
-               for budget in ("ratio", "keep_fraction", "threshold")},
+                                                     help=BUDGETS[budget].help)
+               for budget in BUDGETS},
             "query_aware": st.column_config.CheckboxColumn(CONFIG_LABELS["query_aware"], default=False),
         })
     slot("configs")

@@ -1,6 +1,6 @@
 """The new-experiment page's Tune mode: the ``[tune]`` table's widgets, the preview (the full grid
-against what the tune starts with) and the launch, which starts ``kvlab tune`` in the background
-(:func:`kvlab.cli.tune.start_background`) and opens the tune's page once its experiment is stored.
+against what the tune starts with) and the launch, which stores the tune, starts its driver in the
+background (:func:`kvlab.dashboard.launch.launch_tune`) and opens the tune's page.
 
 Widget keys are the form's (``f:tune.quant``, ...): :mod:`kvlab.dashboard.spec_form` turns them into
 the table and places kvlab's validation messages next to them.  Not a page: pages/new_experiment.py
@@ -18,9 +18,14 @@ from kvlab.compress.methods import BUDGET_HELP, COUNT_BUDGETS, METHODS
 from kvlab.config import ExperimentSpec, dump_spec
 from kvlab.dashboard import estimate, views
 from kvlab.dashboard.spec_form import TUNE_LABELS
-from kvlab.dashboard.tune_launch import APPEAR_TIMEOUT_S, last_line, record_launch, wait_for_tune
+from kvlab.dashboard.launch import Refused, launch_tune
 from kvlab.store import Store
 from kvlab.tune.progress import plan
+
+
+def formats_reading(setting: str) -> str:
+    """The formats whose storage reads ``setting`` (the format registry's declaration), for a label."""
+    return ", ".join(name for name, fmt in FORMATS.items() if any(s.field == setting for s in fmt.settings))
 
 def fields(prefix: str, slot: Callable[[str], None]) -> None:
     """The search space, the constraints and the budget (the margins are the form's max_drop, max_kl and
@@ -33,10 +38,12 @@ def fields(prefix: str, slot: Callable[[str], None]) -> None:
         st.multiselect("Quantization formats", list(FORMATS), key=prefix + "tune.quant")
         slot("tune.quant")
     with group_col:
-        st.multiselect("Group sizes (integer formats)", list(GROUP_SIZES), key=prefix + "tune.group_sizes")
+        st.multiselect(f"Group sizes ({formats_reading('group_size')})", list(GROUP_SIZES),
+                       key=prefix + "tune.group_sizes")
         slot("tune.group_sizes")
     with residual_col:
-        st.text_input("Residual lengths (tokens, integer formats)", key=prefix + "tune.residual_lengths",
+        st.text_input(f"Residual lengths (tokens; {formats_reading('residual_length')})",
+                      key=prefix + "tune.residual_lengths",
                       help="Comma-separated, e.g. 32, 64")
         slot("tune.residual_lengths")
     evict_col, budget_col, low_col, high_col, step_col = st.columns([3, 1.2, 1, 1, 1])
@@ -98,19 +105,11 @@ def launch_row(spec: ExperimentSpec, store: Store, open_tune: Callable[[int], No
 
 
 def launch(spec: ExperimentSpec, store: Store, open_tune: Callable[[int], None]) -> None:
-    """Start ``kvlab tune`` in the background, wait for its experiment, and open its page."""
-    from kvlab.cli.tune import start_background  # noqa: PLC0415 -- the CLI's parser is not needed to draw the form
-
-    newest = max((e.id for e in store.list_experiments(limit=1)), default=0)
-    started = start_background(spec)
-    with st.spinner("Starting the tune (it loads the model, then stores its experiment) ..."):
-        experiment_id = wait_for_tune(store, spec.name, newest, APPEAR_TIMEOUT_S,
-                                      ended=lambda: started.process.returncode is not None)  # set by its reaper
-    if experiment_id is None:
-        ended = started.process.returncode is not None
-        st.error(("`kvlab tune` stopped before it stored its experiment: " if ended else
-                  f"The tune did not store its experiment within {APPEAR_TIMEOUT_S:.0f} s: ")
-                 + views.md(f"{last_line(started.log)} (its log: {started.log})"))
+    """Store the tune, start its driver in the background and open its page; a refused spec says why
+    in one line, and nothing is stored."""
+    try:
+        experiment_id = launch_tune(spec, st.session_state.get("form_warnings", []), store)
+    except Refused as refused:
+        st.error(views.md(str(refused)), icon=":material/error:")
         return
-    record_launch(store, experiment_id, started.log)
     open_tune(experiment_id)

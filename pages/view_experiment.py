@@ -22,6 +22,7 @@ from kvlab.config import dump_spec, parse_spec
 from kvlab.experiments.export import experiment_document, results_csv
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord
 from kvlab.store.records import TelemetrySample
+from kvlab.tasks import TASKS
 from pages.common import (View, analysed, chart, db_url, empty_state, get_store, guard, pick_experiment,
                           results_of, share_box, shown_results, slug, view_of)
 
@@ -281,7 +282,8 @@ elif section == "Needles":
         needle = state.needle or needles[0]
         chart(figure("needle", view, needle), "needle-chart", f"{stem}-needle-{slug(needle)}")
     else:
-        st.info("No needle heatmap: this experiment has no retrieval items (passkey, multikey) with needle depths.")
+        needle_tasks = ", ".join(name for name, task in TASKS.items() if task.needle_depths)
+        st.info(f"No needle heatmap: this experiment has no retrieval items ({needle_tasks}) with needle depths.")
 elif section == "Failed items":
     shown = shown_results(view)[0]
     failed = views.failed_rows(shown)

@@ -10,11 +10,9 @@ import psutil
 import pytest
 
 from kvlab.dashboard import spec_form
-from kvlab.dashboard.tune_launch import last_line, wait_for_tune
 from kvlab.experiments.launcher import start_tune_driver
 from tests import test_dashboard
 from tests.test_dashboard import NEW, assert_clean, open_page, texts
-from tests.tune_data import populate_tune
 from tests.waiting import SAFETY_S
 
 store = test_dashboard.store  # the fixture: a temporary SQLite store the pages open
@@ -110,18 +108,6 @@ def test_form_values_round_trip_the_tune_table():
     swept = spec_form.build_spec(form.values | {"mode": "Sweep", "sweep.on": True}, form.n_tasks, form.configs,
                                  form.base)
     assert swept.spec is not None and swept.spec.tune is None
-
-
-def test_launch_finds_the_tune_its_process_stores(store, tmp_path):
-    before = populate_tune(store)
-    assert wait_for_tune(store, "synthetic-tune", before, timeout_s=0) is None  # only one stored after `before`
-    later = populate_tune(store)
-    assert wait_for_tune(store, "synthetic-tune", before, timeout_s=0) == later
-    assert wait_for_tune(store, "another-name", 0, timeout_s=0) is None
-    log = tmp_path / "tune.log"
-    log.write_text("loading smollm2-135m's model ...\nerror: examples/x.toml: no [tune] table\n\n")
-    assert last_line(log) == "error: examples/x.toml: no [tune] table"
-    assert last_line(tmp_path / "missing.log") == "its log is empty"
 
 
 def test_a_background_tune_is_reaped_when_it_ends(store, tmp_path, monkeypatch):

@@ -17,7 +17,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from kvlab.config import ExperimentSpec
 from kvlab.experiments.ray_executor import INSTALL_HINT
 from kvlab.store.database import resolve_url
 
@@ -70,9 +69,3 @@ def store_problem(nodes: int) -> str | None:
                 "KVLAB_DATABASE_URL set to a PostgreSQL URL that every node reaches")
     return None
 
-
-def submit(executor: Executor, spec: ExperimentSpec, warnings: list[str], workers: int) -> int:
-    """The page's launch until it calls :func:`kvlab.dashboard.launch.launch_sweep` (issue 20); then delete this."""
-    from kvlab.dashboard.launch import launch_sweep
-
-    return launch_sweep(spec, warnings, executor, workers)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -133,13 +133,3 @@ def _tasks() -> dict[str, Task]:
     from kvlab.tasks.registry import TASKS
 
     return TASKS
-
-
-def __getattr__(attribute: str) -> Any:
-    """``TaskName`` (the registry's names as a Literal), forwarded from :mod:`kvlab.tasks.registry`
-    for the modules that import it from here: it cannot be built at this module's import."""
-    if attribute == "TaskName":
-        from kvlab.tasks.registry import TaskName
-
-        return TaskName
-    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from kvlab.backends import BACKENDS
 from kvlab.secrets import mask
 from tests.e2e.dashboard_server import CHROMIUM, ROOT, start_dashboard
 from tests.serving import API_KEY, API_KEY_VAR
@@ -235,7 +236,7 @@ def test_check_an_endpoint_then_sweep_it(server, browser, kvlab_server):
     page.get_by_test_id("stSidebarNav").get_by_text("New experiment", exact=True).click()
     page.get_by_text("Preview and launch").wait_for()
     page.get_by_test_id("stSelectbox").filter(has_text="Backend").click()
-    page.get_by_role("option", name="openai_compat").click()
+    page.get_by_role("option", name=BACKENDS["openai_compat"].title).click()
     _wait_idle(page)
     _fill(page, "Base URL", base_url)
     _fill(page, "API key variable", API_KEY_VAR)
