@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras=""
-[ "${1:-}" = "--dev" ] && extras="[dev,ray]"  # the tests run a two-node Ray cluster (tests/test_ray_executor.py)
+[ "${1:-}" = "--dev" ] && extras="[dev,ray]"  # the tests run a two-node Ray cluster (tests/experiments/test_ray_executor.py)
 # One line per step; pip's own lines aside, nothing else (`KVLAB_VERBOSE=1` shows the libraries' logs).
 step() { echo "setup: $*" >&2; }
 

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from kvlab.config import ExperimentSpec, parse_spec, spec_to_dict
+from kvlab.config import parse_spec, spec_to_dict
 from kvlab.dashboard import page_table
 from kvlab.store import Store
 from kvlab.tasks import generate_items, planned_items
 from kvlab.tasks.spec import DEFAULT_NUM_ITEMS, TaskSpec
-from tests.test_tasks import WS
+from tests.tasks.test_tasks import WS
 from tests.waiting import SAFETY_S
 
 ROWS = 25  # above every default count (DEFAULT_NUM_ITEMS is 10)

@@ -6,7 +6,7 @@ An entry names the kvpress press that scores tokens, which budgets it accepts (k
 messages, ``kvlab methods``, the CLI choices, the form's options and bounds, the blog-format
 mapping and the server flags read from here; :mod:`kvlab.compress.eviction` builds the presses
 from it.  Adding a method is one entry in :data:`METHODS` plus its line in
-``tests/test_every_method_on_passkey.py``.
+``tests/compress/test_every_method_on_passkey.py``.
 
 Presses are named, not imported: this module stays free of torch so that validating a spec is
 instant, and :mod:`kvlab.config` can import it without a cycle.
@@ -102,7 +102,7 @@ class Method:
     global_rng: bool = False  # the press draws from torch's global RNG: kvlab seeds it per layer
     wraps: str | None = None
     aliases: tuple[str, ...] = ()
-    checked_on_default_model: bool = False  # covered by tests/test_every_method_on_passkey.py
+    checked_on_default_model: bool = False  # covered by tests/compress/test_every_method_on_passkey.py
 
     @property
     def scorer_method(self) -> str | None:

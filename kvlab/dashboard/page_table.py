@@ -6,7 +6,7 @@ name (its v1 folder routing: ``PagesManager.__init__`` in streamlit/runtime/page
 on, ``_mpa_v1`` in streamlit/runtime/scriptrunner/script_runner.py runs ``pages/<url path>.py``), and
 show "Page not found" over a deep link that no file is named like.  So every row's URL path has a stub,
 ``pages/<url path>.py`` of :func:`stub_text`, that runs app.py's ``main``; its ``st.navigation`` then
-serves that request and every later one.  tests/test_page_table.py checks the stubs against the table.
+serves that request and every later one.  tests/dashboard/test_page_table.py checks the stubs against the table.
 
 Nothing here imports streamlit, so the link helpers and the tests read the table without page code.
 """

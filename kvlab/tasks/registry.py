@@ -5,7 +5,7 @@ An entry names the task's generator, its scorer, its known shortcuts, its chance
 validation and its messages, item generation and counting, the scorer dispatch, the report's chance
 floors, the length buckets of a file's items and the needle heatmap read from here.  Adding a task
 is one module (its generator, and its scorer if none of :mod:`kvlab.tasks.scoring` fits) plus one
-entry in :data:`TASKS`; ``tests/test_task_registry.py`` shows that nothing else is needed.
+entry in :data:`TASKS`; ``tests/tasks/test_task_registry.py`` shows that nothing else is needed.
 
 The task modules import :mod:`kvlab.tasks.spec`, so that module reads this one only when it
 validates (``_tasks`` there).

@@ -338,7 +338,7 @@ def test_uploads_are_validated_and_saved_under_the_data_directory(data_root):
 
 
 def test_the_page_accepts_an_upload_and_refuses_a_host_path(data_root, tmp_path, monkeypatch):
-    from tests.test_dashboard import NEW, assert_clean, open_page, texts
+    from tests.dashboard.test_dashboard import NEW, assert_clean, open_page, texts
 
     monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{tmp_path / 'kvlab.sqlite'}")
     at = open_page(NEW)

@@ -101,7 +101,7 @@ _LIVE_MARKUP = re.compile(r"(?<!\\)(\]\(|:red\[|<a href)")  # a link, colour or 
 
 def test_names_with_markup_are_shown_as_text_on_every_page(db):
     """Experiment, tag and config names from the store are literal text on the pages: no link, no
-    image, no colour (the figures' text is tests/test_charts.py's)."""
+    image, no colour (the figures' text is tests/dashboard/test_charts.py's)."""
     with Store(f"sqlite:///{db}") as store:
         populate(store, name=MARKUP)  # experiment 2
         populate_tune(store)  # experiment 3

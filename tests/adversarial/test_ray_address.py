@@ -4,7 +4,7 @@ leaving the experiment queued or the tune running.  Each is a user error: exit 2
 before anything is stored, within the probe's bounded time (:func:`check_ray_address`).
 
 Whole ``kvlab run`` / ``kvlab tune`` processes against a real closed port, a real TCP listener that
-never answers, and malformed addresses; no Ray cluster is needed (tests/test_ray_executor.py runs
+never answers, and malformed addresses; no Ray cluster is needed (tests/experiments/test_ray_executor.py runs
 a real one, where the probe must let a good address through).
 """
 
@@ -27,7 +27,7 @@ from tests.waiting import SAFETY_S
 
 from kvlab.experiments.ray_executor import CONNECT_TIMEOUT_S  # does not import Ray
 
-# Found, not imported: Ray reads its auth settings when first imported, and tests/test_ray_executor.py
+# Found, not imported: Ray reads its auth settings when first imported, and tests/experiments/test_ray_executor.py
 # sets them for its token-auth cluster before its import; an import here, earlier in the same pytest
 # run, left that test's driver without the token, and its connection to the cluster hung.
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -133,7 +133,7 @@ def test_local_starts_a_cluster_so_it_is_not_probed():
 def _check_in_a_process(address: str) -> str:
     """check_ray_address in a process of its own: what it raised, or "ok".  Not in the test process:
     Ray's and gRPC's process-wide state after a failed probe kept the two-node cluster of
-    tests/test_ray_executor.py from connecting later in the same pytest run."""
+    tests/experiments/test_ray_executor.py from connecting later in the same pytest run."""
     code = ("import sys\nfrom kvlab.errors import ConfigError\n"
             "from kvlab.experiments.ray_executor import check_ray_address\n"
             "try:\n    check_ray_address(sys.argv[1])\nexcept ConfigError as error:\n    print(error)\n"

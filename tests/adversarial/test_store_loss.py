@@ -71,7 +71,7 @@ def _ended(process: subprocess.Popen, log: Path) -> tuple[int, list[str]]:
 
 def _without_root_powers() -> list[str]:
     """A prefix under which file permissions apply to this process's children even as root (see
-    tests/test_store.py's _without_root_powers)."""
+    tests/store/test_store.py's _without_root_powers)."""
     if os.geteuid() != 0:
         return []
     if not shutil.which("setpriv"):

@@ -19,7 +19,7 @@ from tests.waiting import SAFETY_S
 
 pytestmark = pytest.mark.model
 
-STAND_INS = Path(__file__).parent / "fake_engines"
+STAND_INS = Path(__file__).resolve().parents[1] / "fake_engines"
 TASKS = [{"name": "passkey", "context_lengths": [256], "depths": [0.5], "num_items": 2, "max_new_tokens": 8}]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_models import write_tiny_gguf
+from tests.models.test_models import write_tiny_gguf
 from tests.waiting import SAFETY_S
 
 LOAD = "import sys; from kvlab.models import load_model; load_model(sys.argv[1], progress=print)"

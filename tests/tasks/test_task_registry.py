@@ -19,7 +19,7 @@ from kvlab.tasks import TASKS, Task, TaskName, TaskSpec, generate_items, planned
 from kvlab.tasks.haystack import fit_to_length, item_slots
 from kvlab.tasks.items import TaskItem
 from kvlab.tasks.registry import SPEC_FIELDS
-from tests.test_tasks import WS
+from tests.tasks.test_tasks import WS
 
 WORDS = ("apple", "river", "stone", "cloud", "garden", "violin", "lantern", "meadow")
 QUESTION = "\nThe last word of the text above is"

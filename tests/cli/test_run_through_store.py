@@ -18,7 +18,7 @@ from tests.waiting import SAFETY_S, wait_until
 
 pytestmark = pytest.mark.model
 
-TINY = Path(__file__).resolve().parent.parent / "examples" / "tiny.toml"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny.toml"
 
 
 @pytest.fixture

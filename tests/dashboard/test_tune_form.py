@@ -11,8 +11,8 @@ import pytest
 
 from kvlab.dashboard import spec_form
 from kvlab.experiments.launcher import start_tune_driver
-from tests import test_dashboard
-from tests.test_dashboard import NEW, assert_clean, open_page, texts
+from tests.dashboard import test_dashboard
+from tests.dashboard.test_dashboard import NEW, assert_clean, open_page, texts
 from tests.waiting import SAFETY_S
 
 store = test_dashboard.store  # the fixture: a temporary SQLite store the pages open

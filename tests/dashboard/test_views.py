@@ -26,7 +26,7 @@ from kvlab.dashboard.spec_form import (
 from kvlab.store import ExperimentRecord
 from tests.dashboard_data import PROFILE, item_result
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_no_streamlit_in_kvlab():

@@ -41,7 +41,7 @@ from tests.conftest import PG_URL
 from tests.waiting import SAFETY_S, wait_until
 
 pytestmark = pytest.mark.model
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RAY = Path(sys.executable).with_name("ray")
 NO_RAY = """
 import sys
@@ -310,7 +310,7 @@ def test_without_the_extra_executor_ray_says_how_to_install_it(tmp_path):
 
 
 def test_the_new_experiment_page_shows_the_cluster_and_launches_on_it(cluster, pg_url, tmp_path, monkeypatch):
-    from tests.test_dashboard import NEW, assert_clean, open_page, texts
+    from tests.dashboard.test_dashboard import NEW, assert_clean, open_page, texts
 
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)
     monkeypatch.setenv("KVLAB_LOG_DIR", str(tmp_path / "logs"))
@@ -348,7 +348,7 @@ def test_node_of_names_the_machine_that_ran_a_trial():
 def test_gpu_telemetry_samples_the_gpu_ray_granted(visible, handle, monkeypatch):
     """A Ray actor granted GPU 3 sees CUDA_VISIBLE_DEVICES=3 (or a UUID); NVML counts every GPU of the host."""
     from kvlab.experiments.telemetry import NvmlSource
-    from tests.test_telemetry import FakeNvml
+    from tests.experiments.test_telemetry import FakeNvml
 
     class ByUUID(FakeNvml):
         def nvmlDeviceGetHandleByUUID(self, uuid):

@@ -483,7 +483,7 @@ def test_unknown_revision_and_foreign_tables(db_url):
 def test_default_and_env_urls(monkeypatch):
     monkeypatch.delenv("KVLAB_DATABASE_URL", raising=False)
     assert resolve_url().database == str(DEFAULT_SQLITE_PATH)
-    assert DEFAULT_SQLITE_PATH.parent == Path(__file__).resolve().parent.parent / "db"
+    assert DEFAULT_SQLITE_PATH.parent == Path(__file__).resolve().parents[2] / "db"
     monkeypatch.setenv("KVLAB_DATABASE_URL", "postgresql://u:p@db.example/kvlab")
     assert resolve_url().drivername == "postgresql+psycopg"
     assert resolve_url("sqlite:///x.sqlite").database == "x.sqlite"

@@ -14,7 +14,7 @@ from kvlab.store import Store, StoreError
 from kvlab.store.tunes import TuneBusyError
 from kvlab.tune.study import open_study, storage_url
 from tests.conftest import PG_URL
-from tests.test_store import ENV, make_result
+from tests.store.test_store import ENV, make_result
 
 SPEC = parse_spec({"name": "tune", "tasks": [{"name": "passkey", "context_lengths": [512], "num_items": 4}],
                    "tune": {"quant": ["none", "int8", "int4"]}})

@@ -21,7 +21,7 @@ from kvlab.store import Store
 from tests.dashboard_data import item_result, populate
 from tests.waiting import SAFETY_S
 
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 LIST, NEW, VIEW, COMPARE = (page_table.EXPERIMENTS.script, page_table.NEW.script, page_table.EXPERIMENT.script,
                             page_table.COMPARE.script)
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.waiting import SAFETY_S
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def kvlab_tune(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -38,7 +38,7 @@ def test_refusals_are_one_line(args, message, tmp_path):
 def test_resuming_a_plain_experiment_is_refused(tmp_path):
     from kvlab.config import load_spec
     from kvlab.store import Store
-    from tests.test_store import ENV
+    from tests.store.test_store import ENV
 
     spec, _ = load_spec(ROOT / "examples" / "tiny.toml")
     with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:

@@ -10,7 +10,7 @@ from kvlab.config import parse_spec
 from kvlab.dashboard import page_table
 from kvlab.dashboard.tune_launch import record_launch
 from tests.dashboard_data import populate
-from tests.test_dashboard import assert_clean, open_page, store, texts  # noqa: F401 -- store: the fixture
+from tests.dashboard.test_dashboard import assert_clean, open_page, store, texts  # noqa: F401 -- store: the fixture
 from tests.tune_data import SPEC, populate_tune
 
 TUNE = page_table.TUNE.script

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kvlab.dashboard.page_table import PAGES, PAGES_FOLDER, stub_text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _imports_app(source: str) -> bool:

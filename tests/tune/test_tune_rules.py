@@ -168,7 +168,7 @@ def test_early_stopped_candidates_count_in_holms_family():
     z^2 < 20/3, i.e. z < 2.582: one-sided level above 0.0049 = 0.025 / m for m < 5.09.  So with 4
     early-stopped candidates (m = 5) it is non-inferior, with 5 (m = 6) it is not."""
     from kvlab.experiments.analysis import decide, summarize
-    from tests.test_store import make_result
+    from tests.store.test_store import make_result
 
     results = [make_result(f"passkey-{i}", name, score=1.0, physical_kv_bytes=bytes_, config={"quant": quant})
                for i in range(20) for name, quant, bytes_ in (("baseline", "none", 100), ("int4", "int4", 30))]

@@ -1,0 +1,1 @@
+"""Tests of kvlab.cli: the commands as a user runs them."""

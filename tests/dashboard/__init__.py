@@ -1,0 +1,1 @@
+"""Tests of the dashboard: kvlab.dashboard, pages/ and app.py."""

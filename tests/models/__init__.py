@@ -1,0 +1,1 @@
+"""Tests of kvlab.models: the registry, fetching, conversion, resolution and loading."""

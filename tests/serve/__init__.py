@@ -1,0 +1,1 @@
+"""Tests of kvlab.serve: ``kvlab serve`` as a real process."""

@@ -1,0 +1,1 @@
+"""Tests of kvlab.tasks: the task generators, scorers, specs and the task registry."""

@@ -1,0 +1,1 @@
+"""Tests of kvlab.tune: the tune's rules, its progress and whole `kvlab tune` studies."""
