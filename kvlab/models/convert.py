@@ -15,7 +15,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .arch import model_arch
-from .cache import write_manifest
+from .checkpoints import write_manifest
 from .errors import reading
 from .gguf_tokenizer import build_tokenizer, read_gguf_vocab
 from .quiet import library_output

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from .arch import ModelArch, model_arch
-from .cache import read_manifest
+from .checkpoints import read_manifest
 from .errors import ModelFileError, reading
 from .quiet import library_output
 from .registry import Progress

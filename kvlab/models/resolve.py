@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kvlab.paths import models_root
 
-from .cache import dir_size, install, is_complete, model_dir, read_manifest, staging_dir
+from .checkpoints import dir_size, install, is_complete, model_dir, read_manifest, staging_dir
 from .fetch import fetch_gguf
 from .registry import KNOWN_MODELS, ModelNotAvailableError, ModelSpec, Progress, get_spec
 

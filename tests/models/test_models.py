@@ -36,7 +36,7 @@ from kvlab.models import (
     pull_model,
     resolve_model,
 )
-from kvlab.models.cache import MANIFEST, read_manifest
+from kvlab.models.checkpoints import MANIFEST, read_manifest
 from kvlab.paths import kvlab_home, models_root
 from kvlab.models.errors import ModelFileError
 from kvlab.models.gguf_tokenizer import (

@@ -20,7 +20,7 @@ from kvlab.tasks import (
 )
 from kvlab.tasks.haystack import HAYSTACK_FILE, load_haystack
 from kvlab.tasks.multikey import needle_text as multikey_needle
-from kvlab.models.cache import model_dir
+from kvlab.models.checkpoints import model_dir
 from kvlab.tasks.passkey import needle_text as passkey_needle
 
 SMOLLM2_DIR = model_dir("smollm2-135m")  # honours KVLAB_HOME
