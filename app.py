@@ -3,22 +3,21 @@
 Each page is one module in pages/ and one row of kvlab.dashboard.page_table; the page is the URL
 path and its state the query parameters, so any view can be shared as a link.  Pages read and write
 through kvlab.store and draw with kvlab.dashboard.charts; errors reach the user as one-line messages,
-never as tracebacks (pages.common.guard: the details of an unexpected one go to
-$KVLAB_HOME/logs/kvlab-dashboard.log).
+never as tracebacks (pages.common.guard: the details of an unexpected one go to kvlab-dashboard.log
+in kvlab.paths.log_dir(), by default ~/.cache/kvlab/logs).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import streamlit as st
 
 from kvlab.secrets import install_log_redaction
 from kvlab.dashboard.page_table import PAGES
+from kvlab.paths import STATIC_DIR
 from pages.common import guard
 
 #: The tab's icon ships with the app: a ``:material/...:`` page icon is fetched from a font CDN, offline too.
-ICON = Path(__file__).resolve().parent / "static" / "kvlab-icon.png"
+ICON = STATIC_DIR / "kvlab-icon.png"
 
 
 def navigation_pages() -> list[st.Page]:

@@ -26,7 +26,8 @@ KVChoice = Literal["all", "server_dtypes", "none"]
 class Backend:
     """One backend.
 
-    ``engine``: the module whose ``build(spec)`` makes the engine.  ``serves_spec_model``: it
+    ``engine``: the module whose ``build(spec)`` makes the engine; ``description``: one line the form
+    shows under the choice.  ``serves_spec_model``: it
     runs the spec's ``model`` (so that model's context limit applies); an OpenAI-compatible
     endpoint serves a model of its own.  ``fields``: the ``[backend]`` fields it reads, beside
     ``kind`` and the request settings every backend has.
@@ -40,7 +41,6 @@ class Backend:
     launches_server: bool = False
     loads_model_here: bool = False
     serves_spec_model: bool = True
-    measures_fidelity: bool = False
     wants_gpu: bool = False  # a Ray worker of it asks for a GPU whatever its device
     fields: tuple[str, ...] = ()
 
@@ -48,7 +48,7 @@ class Backend:
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("embedded", "Embedded (PyTorch)", "kvlab.engines.embedded",
             "kvlab's own engine: every format and eviction method, measured bytes, fidelity against the baseline",
-            kv_choice="all", loads_model_here=True, measures_fidelity=True, fields=("device", "dtype")),
+            kv_choice="all", loads_model_here=True, fields=("device", "dtype")),
     Backend("openai_compat", "OpenAI-compatible endpoint", "kvlab.engines.openai_compat",
             "any server with the OpenAI API (kvlab serve, a running vLLM or SGLang): it decides its own KV cache",
             kv_choice="none", serves_spec_model=False, fields=("base_url", "model_id", "api_key_env")),

@@ -361,6 +361,11 @@ class ExperimentSpec(BaseModel):
             raise ValueError("give at least one [[configs]] entry, a [sweep] grid or a [tune] search space")
         if self.tune is not None:
             backend_space(self.tune, self.backend.kind)  # raises for a backend with nothing to tune
+            unscored = [index for index, task in enumerate(self.tasks) if TASK_REGISTRY[task.name].scorer is None]
+            if unscored:
+                scored = ", ".join(name for name, task in TASK_REGISTRY.items() if task.scorer is not None)
+                raise FieldProblem(f"tasks.{unscored[0]}.name", "kvlab tune decides on accuracy (scored items); "
+                                   f"this task has no score: tune on a scored task ({scored})")
         for index, task in enumerate(self.tasks):
             if not TASK_REGISTRY[task.name].reads_file:  # a file's items are bounded by its own limits (KVLAB_MAX_JSONL_ITEMS)
                 ITEMS.check(f"tasks.{index}.num_items", task.items_per_length, "{n} items")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.dashboard import page_table, views
+from kvlab.errors import ConfigError
 from kvlab.store import STATUSES, StoreError
 from kvlab.experiments.submit import rerun
 from pages.common import best_label, empty_state, experiment_label, get_store, share_box
@@ -83,7 +84,7 @@ def _perform(action: str, ids: list[int]) -> list[tuple[str, str]]:
             else:
                 store.delete_experiment(experiment_id)
                 messages.append(("ok", f"Experiment {experiment_id} deleted."))
-        except StoreError as error:
+        except (StoreError, ConfigError) as error:  # a rerun is refused as a new launch is
             messages.append(("error", str(error)))
     return messages
 

@@ -278,6 +278,7 @@ backend_col, device_col, tags_col = st.columns([2, 1, 3])
 with backend_col:
     backend = st.selectbox("Backend", tuple(BACKENDS), key=P + "backend.kind",
                            format_func=lambda kind: BACKENDS[kind].title)
+    st.caption(BACKENDS[backend].description)
     slot("backend")
 with device_col:
     st.selectbox("Device", ["auto", "cpu", "cuda"], key=P + "backend.device",

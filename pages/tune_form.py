@@ -14,7 +14,7 @@ from collections.abc import Callable
 import streamlit as st
 
 from kvlab.compress.formats import FORMATS, GROUP_SIZES
-from kvlab.compress.methods import BUDGET_HELP, COUNT_BUDGETS, METHODS
+from kvlab.compress.methods import BUDGETS, COUNT_BUDGETS, METHODS
 from kvlab.config import ExperimentSpec, dump_spec
 from kvlab.dashboard import estimate, views
 from kvlab.dashboard.spec_form import TUNE_LABELS
@@ -26,6 +26,7 @@ from kvlab.tune.progress import plan
 def formats_reading(setting: str) -> str:
     """The formats whose storage reads ``setting`` (the format registry's declaration), for a label."""
     return ", ".join(name for name, fmt in FORMATS.items() if any(s.field == setting for s in fmt.settings))
+
 
 def fields(prefix: str, slot: Callable[[str], None]) -> None:
     """The search space, the constraints and the budget (the margins are the form's max_drop, max_kl and
@@ -53,7 +54,7 @@ def fields(prefix: str, slot: Callable[[str], None]) -> None:
     with budget_col:
         budget = st.selectbox("Budget", list(COUNT_BUDGETS), key=prefix + "tune.budget")
     low_col.number_input("from", min_value=0.01, max_value=0.99, step=0.05, format="%.3f",
-                         key=prefix + "tune.budget_low", help=BUDGET_HELP.get(budget))
+                         key=prefix + "tune.budget_low", help=BUDGETS[budget].help if budget in BUDGETS else None)
     high_col.number_input("to", min_value=0.01, max_value=0.99, step=0.05, format="%.3f",
                           key=prefix + "tune.budget_high")
     step_col.number_input("step", min_value=0.005, max_value=0.95, step=0.005, format="%.3f",

@@ -143,3 +143,25 @@ def test_sweep_size_counts_what_expand_builds(grid):
     """The bound on configs counts the grid without expanding it: the count must be the expansion's."""
     sweep = SweepGrid(**grid)
     assert sweep.size() == len(sweep.expand()) == len(set(sweep.expand()))
+
+
+def test_a_tune_on_a_task_without_a_score_is_refused_at_validation():
+    """Refused before anything is stored (it was found only once the tune's driver started)."""
+    with pytest.raises(ConfigError, match=r"tasks\.1\.name: kvlab tune decides on accuracy.*passkey"):
+        parse_spec({"tasks": [{"name": "passkey", "context_lengths": [256]},
+                              {"name": "perplexity", "context_lengths": [256]}],
+                    "tune": {"quant": ["none", "int8"]}})
+
+
+def test_run_backend_override_drops_what_only_the_old_kind_reads():
+    from kvlab.cli.main import with_backend_kind
+
+    spec = parse_spec({"tasks": [{"name": "passkey"}], "configs": [{"name": "int8", "quant": "int8"}],
+                       "backend": {"kind": "openai_compat", "base_url": "http://127.0.0.1:9/v1", "model_id": "m",
+                                   "max_retries": 5}})
+    embedded = with_backend_kind(spec, "embedded")
+    assert (embedded.backend.kind, embedded.backend.base_url, embedded.backend.model_id) == ("embedded", None, None)
+    assert embedded.backend.max_retries == 5  # a setting every backend reads stays
+    served = with_backend_kind(embedded.model_copy(update={"backend": embedded.backend.model_copy(
+        update={"device": "cpu"})}), "vllm")
+    assert (served.backend.kind, served.backend.device) == ("vllm", "auto")

@@ -21,7 +21,7 @@ from kvlab.cli.serve import add_serve_parser
 from kvlab.cli.store import add_store_commands
 from kvlab.cli.tune import add_tune_parser
 from kvlab.cli.options import add_executor_options, add_margin_options, int_between, margin_overrides, positive_int
-from kvlab.config import load_spec
+from kvlab.config import BackendSpec, ExperimentSpec, load_spec
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import install_log_redaction
 from kvlab.threads import share_cores
@@ -38,6 +38,14 @@ class Parser(argparse.ArgumentParser):
         self.exit(cli_exit.EXIT_USER, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")
 
 
+def with_backend_kind(spec: ExperimentSpec, kind: str) -> ExperimentSpec:
+    """``spec`` on backend ``kind`` (``kvlab run --backend``): the ``[backend]`` fields that only other
+    kinds read (an endpoint's base_url, the embedded engine's device) are dropped, not refused."""
+    unread = {name for backend in BACKENDS.values() for name in backend.fields} - set(BACKENDS[kind].fields)
+    backend = spec.backend.model_dump(exclude=unread) | {"kind": kind}
+    return spec.model_copy(update={"backend": BackendSpec.model_validate(backend)})
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     spec, warnings = load_spec(args.spec)  # before the heavy imports below: a bad spec is refused at once
     if spec.tune is not None:  # `kvlab run` would run the baseline and the fixed configs, not the search
@@ -46,7 +54,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     json_out = check_output(args.json, "--json", create_parents=True) if args.json else None
     on_ray = _check_executor(args)
     if args.backend:
-        spec = spec.model_copy(update={"backend": spec.backend.model_copy(update={"kind": args.backend})})
+        spec = with_backend_kind(spec, args.backend)
     spec = spec.model_copy(update=margin_overrides(args))
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -144,7 +152,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 def _cmd_methods(args: argparse.Namespace) -> int:
     """Every registered format and method, read from the registries (nothing imported heavily)."""
     from kvlab.compress.formats import FORMATS
-    from kvlab.compress.methods import BUDGET_HELP, METHODS, PARAMS, REFUSED
+    from kvlab.compress.methods import BUDGETS, METHODS, PARAMS, REFUSED
 
     print("quantization (quant): format, bits, stored as, scale groups, vLLM / SGLang --kv-cache-dtype")
     for f in FORMATS.values():
@@ -153,7 +161,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         print(f"  {f.name:10} {f.bits:2} bit  {f.storage_dtype:14} {groups:22} "
               f"vLLM {f.vllm or '-'} / SGLang {f.sglang or '-'}  {f.description}{aliases}")
     print("eviction (evict): exactly one budget per config")
-    for budget, text in BUDGET_HELP.items():
+    for budget, text in ((kind.name, kind.help) for kind in BUDGETS.values()):
         print(f"  {budget}: {text}")
     print("  parameters: " + "; ".join(f"{name} = {p.default} ({p.low}..{p.high}): {p.help}"
                                        for name, p in PARAMS.items()))

@@ -29,7 +29,8 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     add_executor_options(tune, "the rounds run here, or by `kvlab worker`s with --workers 0")
     tune.add_argument("--json", metavar="OUT", help="write the recommendation as JSON")
     tune.add_argument("--background", action="store_true",
-                      help="run the tune in a detached process (its log in ~/.cache/kvlab/logs or $KVLAB_LOG_DIR) and return at once")
+                      help="run the tune in a detached process (its log in $KVLAB_LOG_DIR, else "
+                           "$KVLAB_HOME/logs, default ~/.cache/kvlab/logs) and return at once")
     tune.set_defaults(func=cmd_tune)
 
 
@@ -37,7 +38,8 @@ def _spec(args: argparse.Namespace) -> tuple[ExperimentSpec | None, list[str]]:
     """The spec to submit, with its warnings; None to take over a stored tune (--resume, --drive)."""
     if args.resume is not None or args.drive is not None:
         if args.spec or margin_overrides(args) or args.max_trials is not None:
-            raise cli_exit.UserError("--resume continues the stored tune as it was: give no spec and no overrides")
+            flag = "--resume" if args.resume is not None else "--drive"
+            raise cli_exit.UserError(f"{flag} continues the stored tune as it was: give no spec and no overrides")
         return None, []
     if not args.spec:
         raise cli_exit.UserError("give a spec with a [tune] table, or --resume ID")
@@ -58,6 +60,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     on_ray = args.executor == "ray"
     if args.ray_address and not on_ray:
         raise cli_exit.UserError("--ray-address is for --executor ray")
+    if args.drive is not None and args.background:
+        raise cli_exit.UserError("--drive runs the stored tune in this process: drop --background")
     if on_ray and args.background:
         raise cli_exit.UserError("--executor ray drives the cluster from here: drop --background")
     json_out = check_output(args.json, "--json", create_parents=True) if args.json else None

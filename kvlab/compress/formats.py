@@ -55,7 +55,8 @@ SETTINGS: dict[str, Setting] = {s.field: s for s in (
 _INT_SETTINGS = tuple(SETTINGS.values())
 #: fp8 reads its block size and residual window too, but its labels never showed them (a tune left
 #: them at their defaults): at the defaults an fp8 label stays ``fp8_e4m3``, off them it says which
-#: (``fp8_e4m3/g32/r0``), so that every fp8 config keeps the label it always had.
+#: (``fp8_e4m3/g32/r0``), so that two fp8 configs never share a label.  An unnamed fp8 config off
+#: the defaults stored before issue 20 was labelled ``fp8_e4m3``; its rerun gets the new label.
 _FP8_SETTINGS = tuple(replace(SETTINGS[name], unlabelled=(SETTINGS[name].default,))
                       for name in ("group_size", "residual_length"))
 

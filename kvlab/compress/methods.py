@@ -52,7 +52,6 @@ BUDGETS: dict[str, BudgetKind] = {b.name: b for b in (
                "threshold (quantile)", "q", *BUDGET_BOUNDS, fixes_count=False, blog_keys=("eviction_threshold",)),
 )}
 
-BUDGET_HELP: dict[str, str] = {b.name: b.help for b in BUDGETS.values()}
 ALL_BUDGETS: tuple[Budget, ...] = tuple(BUDGETS)
 #: Budgets that fix how many tokens a head keeps (a threshold lets the scores decide).
 COUNT_BUDGETS: tuple[Budget, ...] = tuple(b.name for b in BUDGETS.values() if b.fixes_count)

@@ -68,4 +68,3 @@ def store_problem(nodes: int) -> str | None:
         return ("this dashboard's store is a SQLite file, which only one machine can open: start it with "
                 "KVLAB_DATABASE_URL set to a PostgreSQL URL that every node reaches")
     return None
-

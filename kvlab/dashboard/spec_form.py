@@ -18,7 +18,7 @@ from kvlab.compress.methods import BUDGET_BOUNDS, BUDGETS
 from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, SweepGrid, parse_spec, spec_to_dict
 from kvlab.experiments.decision import Margins
 from kvlab.paths import EXAMPLES_DIR
-from kvlab.backends import SERVER_KINDS
+from kvlab.backends import BACKENDS, SERVER_KINDS
 from kvlab.engines.server_flags import check_config
 from kvlab.secrets import DEFAULT_KEY_VAR
 from kvlab.tasks import TASKS
@@ -186,16 +186,16 @@ def empty_task_values(index: int) -> dict[str, Any]:
 def backend_from_values(values: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
     """The ``[backend]`` table: only the fields the chosen kind uses (the others are refused)."""
     kind = values.get("backend.kind", "embedded")
+    reads = BACKENDS[kind].fields
     backend = {k: v for k, v in base.items() if k not in ("base_url", "model_id", "server")} | {"kind": kind}
-    if kind == "embedded":
+    if BACKENDS[kind].loads_model_here:
         return backend | {"device": values.get("backend.device", "auto")}
     backend |= {"api_key_env": str(values.get("backend.api_key_env") or DEFAULT_KEY_VAR).strip(),
                 "max_concurrency": int(values.get("backend.max_concurrency") or 1)}
-    if str(values.get("backend.model_id") or "").strip():
-        backend["model_id"] = str(values["backend.model_id"]).strip()
-    if kind == "openai_compat":
-        if str(values.get("backend.base_url") or "").strip():
-            backend["base_url"] = str(values["backend.base_url"]).strip()
+    for name in ("model_id", "base_url"):
+        if name in reads and str(values.get(f"backend.{name}") or "").strip():
+            backend[name] = str(values[f"backend.{name}"]).strip()
+    if "server" not in reads:
         return backend
     server = dict(base.get("server", {})) | {
         "python": str(values.get("backend.server.python") or "python").strip(),

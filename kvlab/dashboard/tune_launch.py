@@ -19,4 +19,3 @@ def record_launch(store: Store, experiment_id: int, log: Path) -> None:
 def launched_here(store: Store, experiment_id: int) -> bool:
     """Whether the dashboard launched this tune (else ``kvlab tune`` in a terminal, or a script)."""
     return any(event.message.startswith(LAUNCH_EVENT) for event in store.events(experiment_id))
-

@@ -10,7 +10,7 @@ names what the engine does support: a GPU start-up takes minutes, a wrong flag c
 
 from __future__ import annotations
 
-from kvlab.backends import SERVER_KINDS
+from kvlab.backends import BACKENDS, SERVER_KINDS
 from kvlab.compress.formats import FORMATS, engine_dtypes
 from kvlab.config import ConfigError, KVCacheConfig, ServerOptions
 
@@ -83,7 +83,7 @@ def check_kind(kind: str) -> None:
 def check_config(kind: str, config: KVCacheConfig) -> None:
     """Raise :class:`ConfigError` if the engine cannot run ``config``, naming what it does support."""
     check_kind(kind)
-    engine = "vLLM" if kind == "vllm" else "SGLang"
+    engine = BACKENDS[kind].title
     label = config.label
     supported = ", ".join(_KV_DTYPES[kind])
     if config.evict != "none":

@@ -44,7 +44,7 @@ from kvlab.experiments.runner import ExperimentRun, missing_baseline
 from kvlab.experiments.worker import Worker
 from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.store import Store, StoreError, require_shared_store
-from kvlab.tasks import check_task_files
+from kvlab.tasks import TASKS, check_task_files
 
 Handle = TypeVar("Handle", covariant=True)
 #: How an executor starts the stored experiment (the open store, its id); returns its handle.
@@ -94,6 +94,7 @@ def rerun(experiment_id: int, workers: int = 1) -> int:
     """Queue the experiment's spec again as a new experiment (refused as :func:`submit` refuses a new
     one) and start ``workers`` local workers; returns the new id."""
     executor = LocalWorkers(workers)
+    require_shared_store()  # before the store is read: an in-memory one has nothing to rerun
     with Store() as store:
         spec = refuse(parse_spec(store.get_experiment(experiment_id).spec), executor)
     return _store_and_start(
@@ -119,9 +120,7 @@ def refuse(spec: ExperimentSpec, executor: Executor[object], files_under: Path |
 def store_experiment(store: Store, spec: ExperimentSpec, warnings: Sequence[str] = ()) -> int:
     """Store a queued experiment with this host's environment (without torch's facts: the worker that
     runs it records its own); a tune with its search recorded, waiting for its driver.  Its warnings
-    become warning events.  Refused first if this host's files say it cannot run
-    (:func:`kvlab.config.check_on_this_host`)."""
-    check_on_this_host(spec)
+    become warning events (:func:`refuse` has checked it)."""
     if spec.tune is not None:
         from kvlab.tune.session import store_tune
 
@@ -145,7 +144,7 @@ def _refuse_files_outside(spec: ExperimentSpec, root: Path) -> None:
     from kvlab.tasks.data_dir import resolve_data_path
 
     for index, task in enumerate(spec.tasks):
-        if task.name == "jsonl" and task.path:
+        if TASKS[task.name].reads_file and task.path:
             try:
                 resolve_data_path(task.path, root)
             except ConfigError as error:

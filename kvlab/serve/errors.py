@@ -2,7 +2,7 @@
 ``{"error": {"message", "type", "param", "code"}}`` with the matching HTTP status.
 
 An unexpected exception is a 500 whose message names only its type; the traceback goes to the
-serve log (``$KVLAB_HOME/logs/kvlab-serve.log``, see :mod:`kvlab.errlog`) and the server's
+serve log (``kvlab-serve.log`` in :func:`kvlab.paths.log_dir`, see :mod:`kvlab.errlog`) and the server's
 terminal gets one line saying where -- or the traceback too with ``KVLAB_DEBUG=1``.
 """
 

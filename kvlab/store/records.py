@@ -86,7 +86,6 @@ class TrialRecord:
         return self.status in TERMINAL_STATUSES
 
 
-
 def baseline_trial(trials: Sequence[TrialRecord]) -> TrialRecord | None:
     """The baseline of an experiment's trials: the one at the lowest position (0), since the store
     writes the configs in ``ExperimentSpec.all_configs`` order, which puts the baseline first."""

@@ -278,7 +278,7 @@ def check_task_files(spec: ExperimentSpec) -> ExperimentSpec:
     is relative to the current directory."""
     tasks: list[TaskSpec] = []
     for index, task in enumerate(spec.tasks):
-        if task.name == "jsonl" and task.path:
+        if task.path:  # only a task that reads a file has a path (TaskSpec refuses it on the others)
             try:
                 validate_file(task.path)
             except JsonlTaskError as error:

@@ -30,7 +30,7 @@ from kvlab.experiments.results import ItemResult
 from kvlab.experiments.verdict import judge_tasks
 from kvlab.store import Store, StoreError
 from kvlab.store.records import CandidateRecord, TrialRecord
-from kvlab.tasks import TASKS, TaskItem
+from kvlab.tasks import TaskItem
 from kvlab.tune import study as studies
 from kvlab.tune.judge import Evidence, Limits, Verdict, confirmed, judge, leftover_reason, rungs
 from kvlab.tune.recommend import recommendation
@@ -84,10 +84,6 @@ class Tuner:
                  executor: Executor, driver_id: str, say: Callable[[str], None] = log.info) -> None:
         if spec.tune is None:
             raise ConfigError("the spec has no [tune] table: `kvlab run` runs a fixed list of configs")
-        if any(TASKS[task.name].scorer is None for task in spec.tasks):
-            scored = ", ".join(name for name, task in TASKS.items() if task.scorer is not None)
-            raise ConfigError("kvlab tune decides on accuracy (scored items); perplexity tasks have no score: "
-                              f"tune on a scored task ({scored})")
         self.store, self.experiment_id, self.spec, self.executor = store, experiment_id, spec, executor
         self.driver_id, self.say = driver_id, say
         self.tune, notes = backend_space(spec.tune, spec.backend.kind)
