@@ -120,7 +120,9 @@ def refuse(spec: ExperimentSpec, executor: Executor[object], files_under: Path |
 def store_experiment(store: Store, spec: ExperimentSpec, warnings: Sequence[str] = ()) -> int:
     """Store a queued experiment with this host's environment (without torch's facts: the worker that
     runs it records its own); a tune with its search recorded, waiting for its driver.  Its warnings
-    become warning events (:func:`refuse` has checked it)."""
+    become warning events.  Refused first if this host's files say it cannot run
+    (:func:`kvlab.config.check_on_this_host`): a caller may store without :func:`refuse`."""
+    check_on_this_host(spec)
     if spec.tune is not None:
         from kvlab.tune.session import store_tune
 
