@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from kvlab.compress.cache import KVLabCache, build_compressed_cache
-from kvlab.config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
 from kvlab.engines.batched_decode import BatchedCache, MemberClock, wall_clock
 from kvlab.engines.embedded import EmbeddedEngine
 

@@ -35,9 +35,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from kvlab.config import load_spec
 from kvlab.engines.managed_server import ManagedServer, free_port
 from kvlab.experiments.provenance import environment
+from kvlab.spec_files import load_spec
 from kvlab.store import Store
 from kvlab.threads import WAIT_POLICY_VARS, available_cores
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))  # the synthetic results builder lives with the te
 
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from kvlab.config import parse_spec  # noqa: E402
+from kvlab.core.experiment_spec import parse_spec  # noqa: E402
 from kvlab.dashboard import page_table  # noqa: E402
 from kvlab.store import Store, TelemetrySample  # noqa: E402
 from tests.dashboard_data import item_result  # noqa: E402

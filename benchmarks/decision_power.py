@@ -41,9 +41,10 @@ share_cores()  # before torch loads (kvlab/threads.py): the machine is shared
 
 from scipy import stats  # noqa: E402
 
+from kvlab.core.margins import DEFAULT_MAX_KL, Margins
+from kvlab.core.results import ItemResult  # noqa: E402
 from kvlab.experiments.analysis import ConfigSummary, summarize  # noqa: E402
-from kvlab.experiments.decision import DEFAULT_MAX_KL, Margins, items_needed  # noqa: E402
-from kvlab.experiments.results import ItemResult  # noqa: E402
+from kvlab.experiments.decision import items_needed  # noqa: E402
 from kvlab.experiments.runner import interleave  # noqa: E402
 
 MAX_DROP = 0.05
@@ -85,10 +86,10 @@ def from_json(path: Path) -> Run:
 
 
 def run_spec(spec_path: str, limit: int | None, save: Path | None) -> Run:
-    from kvlab.config import load_spec
     from kvlab.engines.embedded import EmbeddedEngine
     from kvlab.experiments.runner import build_items, run_experiment
     from kvlab.models import load_model
+    from kvlab.spec_files import load_spec
 
     spec, warnings = load_spec(spec_path)
     for warning in warnings:

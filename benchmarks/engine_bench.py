@@ -26,11 +26,12 @@ import time
 import torch
 from batch_timing import decode_step_timings
 
-from kvlab.config import KVCacheConfig, load_spec
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.tasks import TaskSpec
 from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.models import DEFAULT_MODEL, load_model
+from kvlab.spec_files import load_spec
 from kvlab.tasks import generate_items
-from kvlab.tasks.spec import TaskSpec
 
 ALL_COMBINATIONS = [
     KVCacheConfig(quant=q, evict=e, ratio=None if e == "none" else 0.5)

@@ -32,10 +32,10 @@ from kvlab.threads import share_cores
 
 share_cores()  # before torch loads (kvlab/threads.py): the machine is shared
 
-from kvlab.config import load_spec  # noqa: E402
 from kvlab.engines.embedded import EmbeddedEngine  # noqa: E402
 from kvlab.experiments.runner import build_items, interleave  # noqa: E402
 from kvlab.models import load_model  # noqa: E402
+from kvlab.spec_files import load_spec  # noqa: E402
 
 PHASES = ("prefill", "compress", "decode")
 ENGINES = ("fidelity", "without")

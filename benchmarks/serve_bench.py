@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from kvlab.config import parse_spec
+from kvlab.core.experiment_spec import parse_spec
 from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.engines.managed_server import ManagedServer, free_port
-from kvlab.models import DEFAULT_MODEL, load_model
 from kvlab.experiments.runner import ExperimentRun, run_experiment
+from kvlab.models import DEFAULT_MODEL, load_model
 
 CONFIGS = [{"name": "baseline"}, {"name": "int4", "quant": "int4"}, {"name": "snapkv-50", "evict": "snapkv", "ratio": 0.5}]
 

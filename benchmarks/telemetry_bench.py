@@ -18,13 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvlab.config import KVCacheConfig, parse_spec
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.tasks import TaskSpec
 from kvlab.engines.embedded import EmbeddedEngine
+from kvlab.experiments.telemetry import SampleContext, TelemetrySampler, detect_sources
 from kvlab.models import DEFAULT_MODEL, load_model
 from kvlab.store import Store, TelemetrySample
 from kvlab.tasks import generate_items
-from kvlab.tasks.spec import TaskSpec
-from kvlab.experiments.telemetry import SampleContext, TelemetrySampler, detect_sources
 
 SPEC = parse_spec({"name": "telemetry-bench", "tasks": [{"name": "passkey"}], "configs": [{"name": "baseline"}]})
 

@@ -31,8 +31,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvlab.config import KVCacheConfig, parse_spec  # noqa: E402
-from kvlab.tune.spec import candidate_grid  # noqa: E402
+from kvlab.core.experiment_spec import parse_spec  # noqa: E402
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.tune_spec import candidate_grid  # noqa: E402
 
 SPACE = {"quant": ["none", "int8", "int4", "int2"], "group_sizes": [32, 128],
          "evict": ["none", "streaming_llm", "snapkv"], "budget": "ratio", "budget_range": [0.5, 0.75],

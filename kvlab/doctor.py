@@ -26,9 +26,17 @@ from typing import Any, Literal
 
 import httpx
 
-from kvlab.engines.endpoint_rules import (SET_MODEL_ID, BaseURLError, choose_model, error_message, key_problem,
-                                          parse_base_url, sendable)
-from kvlab.secrets import DEFAULT_KEY_VAR, mask, redact, remember_secret, remember_url_credentials, strip_credentials
+from kvlab.core.urls import strip_credentials
+from kvlab.engines.endpoint_rules import (
+    SET_MODEL_ID,
+    BaseURLError,
+    choose_model,
+    error_message,
+    key_problem,
+    parse_base_url,
+    sendable,
+)
+from kvlab.secrets import DEFAULT_KEY_VAR, mask, redact, remember_secret, remember_url_credentials
 
 Status = Literal["ok", "warn", "fail", "skip"]
 CHECK_NAMES = ("base URL", "proxy", "connection", "auth", "models", "completion")

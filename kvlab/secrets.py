@@ -6,7 +6,7 @@ database, logs, exports or share links.  Specs name the *variable* (``api_key_en
 the value.  :func:`mask` is the only form in which a key is ever shown.
 
 Credentials inside URLs (``http://user:password@host/v1``) are treated like keys: a spec that
-holds one is refused (:func:`kvlab.config.parse_spec`); one in ``KVLAB_BASE_URL`` (a secret
+holds one is refused (:func:`kvlab.core.experiment_spec.parse_spec`); one in ``KVLAB_BASE_URL`` (a secret
 location) is dropped before any request, because kvlab authenticates only with the key, sent as
 ``Authorization: Bearer`` -- httpx would otherwise send the URL's user:password as Basic auth
 *instead of* the key.  :func:`redact` is the last line of defence: the store (events, trial and
@@ -23,7 +23,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+
+from kvlab.core.urls import HIDDEN, URL_USERINFO, strip_credentials, url_credentials, url_passwords
 
 BASE_URL_VAR = "KVLAB_BASE_URL"
 MODEL_ID_VAR = "KVLAB_MODEL_ID"
@@ -34,10 +35,6 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNO
 #: Shorter values are not masked inside text (a 4-letter password would mangle every word that
 #: contains it); URLs lose their user:password part whatever its length.
 MIN_SECRET_CHARS = 8
-#: ``scheme://userinfo@`` in free text; userinfo may hold ``@`` and ``:`` (the last ``@`` before the
-#: host ends it), never whitespace, quotes or the path.
-URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s/?#'\"<>]*@")
-HIDDEN = "***"
 
 
 def secrets_files() -> list[Path]:
@@ -84,46 +81,6 @@ def mask(secret: str | None) -> str:
 
 
 # -- credentials in URLs ---------------------------------------------------------------------------
-
-
-def _userinfo_span(url: str) -> tuple[int, int] | None:
-    """Where the user:password of a URL (or of ``host:port/path`` without a scheme) lies.
-
-    Everything between ``://`` and the *last* ``@`` counts: an unescaped ``@`` or ``/`` in a
-    password must not leave a piece of it behind, and a base URL has no other use for ``@``.
-    """
-    start = url.find("://")
-    start = 0 if start < 0 else start + 3
-    end = url.rfind("@")
-    return (start, end) if end >= start else None
-
-
-def url_credentials(url: str) -> str | None:
-    """The ``user:password`` part of a URL, or None when it has none."""
-    span = _userinfo_span(url)
-    return url[span[0]:span[1]] if span else None
-
-
-def strip_credentials(url: str) -> str:
-    """The URL without its ``user:password@`` part."""
-    span = _userinfo_span(url)
-    return url[:span[0]] + url[span[1] + 1:] if span else url
-
-
-def hide_credentials(url: str) -> str:
-    """The URL as it may be shown: its ``user:password@`` part (if any) as ``***@``."""
-    span = _userinfo_span(url)
-    return url[:span[0]] + f"{HIDDEN}@" + url[span[1] + 1:] if span else url
-
-
-def url_passwords(url: str) -> set[str]:
-    """The password of ``url`` as written and percent-decoded (the user name when there is no
-    password: a token is often written as one); empty when the URL has no credentials."""
-    userinfo = url_credentials(url)
-    if not userinfo:
-        return set()
-    password = userinfo.partition(":")[2] or userinfo
-    return {password, unquote(password)}
 
 
 def remember_url_credentials(url: str) -> None:

@@ -12,10 +12,11 @@ import math
 from typing import Any
 
 from kvlab.compress.accounting import STORAGE_BYTES_PER_ELEMENT, bytes_per_element
-from kvlab.compress.formats import BLOG_BITS, BLOG_DTYPES
-from kvlab.compress.methods import BUDGETS, METHODS
-from kvlab.config import ConfigError, KVCacheConfig
-from kvlab.space import canonical_name
+from kvlab.core.errors import ConfigError
+from kvlab.core.formats import BLOG_BITS, BLOG_DTYPES
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.methods import BUDGETS, METHODS
+from kvlab.core.space import canonical_name
 
 SEED_SECTIONS = {"server", "kv_cache"}
 SEED_SERVER_KEYS = {"base_url", "api_key", "model_id"}

@@ -16,18 +16,18 @@ from typing import Any, NamedTuple
 import plotly.graph_objects as go
 import streamlit as st
 
+from kvlab.core.errors import ConfigError
+from kvlab.core.margins import Margins
+from kvlab.core.results import ItemResult
 from kvlab.dashboard import views
-from kvlab.dashboard.page_table import DashboardPage
-from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
-from kvlab.experiments.decision import Margins
 from kvlab.dashboard.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image, warm_up
-from pages.plotly_view import plotly_figure
+from kvlab.dashboard.page_table import DashboardPage
 from kvlab.errlog import debug_enabled, log_details, one_line
+from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.secrets import redact
-from kvlab.errors import ConfigError
-from kvlab.experiments.results import ItemResult
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord, Store, StoreError
 from kvlab.store.records import baseline_name
+from pages.plotly_view import plotly_figure
 
 #: Errors whose message tells the user what to fix: shown as they are.
 USER_ERRORS = (StoreError, ConfigError, ExportError)

@@ -11,9 +11,10 @@ import logging
 
 import streamlit as st
 
+from kvlab.core.urls import hide_credentials
 from kvlab.dashboard.views import md
 from kvlab.doctor import LABELS, Check, DoctorReport, diagnose
-from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, hide_credentials, mask, read_setting
+from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, mask, read_setting
 
 #: A problem's icon: Material Symbols, which Streamlit ships (an emoji needs a font the host may lack).
 ICONS = {"warn": ":material/warning:", "fail": ":material/error:"}

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import streamlit as st
 
+from kvlab.core.errors import ConfigError
 from kvlab.dashboard import page_table, views
-from kvlab.errors import ConfigError
-from kvlab.store import STATUSES, StoreError
 from kvlab.experiments.submit import rerun
+from kvlab.store import STATUSES, StoreError
 from pages.common import best_label, empty_state, experiment_label, get_store, share_box
 
 ACTIONS = {"cancel": "Cancel", "rerun": "Rerun", "delete": "Delete"}

@@ -13,23 +13,15 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from kvlab.dashboard import estimate, page_table, views
-from kvlab.backends import BACKENDS
-from kvlab.compress.formats import DEFAULT_GROUP_SIZE, DEFAULT_RESIDUAL_LENGTH, MAX_RESIDUAL_LENGTH
-from kvlab.compress.methods import BUDGETS
-from kvlab.config import (
-    EVICTION_METHODS,
-    GROUP_SIZES,
-    QUANT_DTYPES,
-    ConfigError,
-    ExperimentSpec,
-    dump_spec,
-    load_spec,
-    parse_spec_toml,
-    spec_text,
-)
-from kvlab.models import KNOWN_MODELS
-from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, mask, read_setting
+from kvlab.core.backends import BACKENDS
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ExperimentSpec, dump_spec, spec_text
+from kvlab.core.formats import DEFAULT_GROUP_SIZE, DEFAULT_RESIDUAL_LENGTH, GROUP_SIZES, MAX_RESIDUAL_LENGTH
+from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES
+from kvlab.core.methods import BUDGETS
+from kvlab.core.tasks import DEFAULT_NUM_ITEMS, TASKS
+from kvlab.dashboard import estimate, executor_form, page_table, views
+from kvlab.dashboard.launch import Refused, launch_sweep
 from kvlab.dashboard.spec_form import (
     BUDGET_RANGE,
     BUDGET_STEP,
@@ -44,13 +36,12 @@ from kvlab.dashboard.spec_form import (
     form_from_spec,
     list_examples,
 )
-from kvlab.dashboard import executor_form
-from kvlab.dashboard.launch import Refused, launch_sweep
+from kvlab.models import KNOWN_MODELS
 from kvlab.paths import DATA_DIR_VAR, data_dir
+from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, mask, read_setting
+from kvlab.spec_files import load_spec, parse_spec_toml
 from kvlab.tasks.data_dir import UPLOADS, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
-from kvlab.tasks import TASKS
-from kvlab.tasks.spec import DEFAULT_NUM_ITEMS
 from pages import tune_form
 from pages.common import get_store, share_box
 from pages.executor_choice import executor_choice

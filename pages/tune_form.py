@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from kvlab.compress.formats import FORMATS, GROUP_SIZES
-from kvlab.compress.methods import BUDGETS, COUNT_BUDGETS, METHODS
-from kvlab.config import ExperimentSpec, dump_spec
+from kvlab.core.experiment_spec import ExperimentSpec, dump_spec
+from kvlab.core.formats import FORMATS, GROUP_SIZES
+from kvlab.core.methods import BUDGETS, COUNT_BUDGETS, METHODS
 from kvlab.dashboard import estimate, views
-from kvlab.dashboard.spec_form import TUNE_LABELS
 from kvlab.dashboard.launch import Refused, launch_tune
+from kvlab.dashboard.spec_form import TUNE_LABELS
 from kvlab.store import Store
 from kvlab.tune.progress import plan
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import streamlit as st
 
-from kvlab.config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.margins import DEFAULT_MAX_DROP
 from kvlab.dashboard import tune_charts, views
-from kvlab.experiments.decision import DEFAULT_MAX_DROP
 from kvlab.store import ExperimentRecord, Store
 from kvlab.store.records import TuneRecord
 from kvlab.tune import progress

@@ -14,17 +14,30 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
+from kvlab.core.experiment_spec import dump_spec, parse_spec
+from kvlab.core.margins import Margins
+from kvlab.core.tasks import TASKS
 from kvlab.dashboard import charts, page_table, views
-from kvlab.experiments.analysis import breakdown, length_group
-from kvlab.experiments.decision import Margins
 from kvlab.dashboard.chart_export import report_html
-from kvlab.config import dump_spec, parse_spec
+from kvlab.experiments.analysis import breakdown, length_group
 from kvlab.experiments.export import experiment_document, results_csv
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord
 from kvlab.store.records import TelemetrySample
-from kvlab.tasks import TASKS
-from pages.common import (View, analysed, chart, db_url, empty_state, get_store, guard, pick_experiment,
-                          results_of, share_box, shown_results, slug, view_of)
+from pages.common import (
+    View,
+    analysed,
+    chart,
+    db_url,
+    empty_state,
+    get_store,
+    guard,
+    pick_experiment,
+    results_of,
+    share_box,
+    shown_results,
+    slug,
+    view_of,
+)
 
 LIVE_EVERY_S = 2.0
 TELEMETRY_LIMIT = 3000

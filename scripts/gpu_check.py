@@ -82,7 +82,7 @@ def check_environment(report: Report) -> None:
                 facts.append(f"{package} {importlib.metadata.version(package)}")
             except importlib.metadata.PackageNotFoundError:  # importable from a source tree
                 facts.append(f"{package} (version unknown)")
-    import kvlab.config  # noqa: F401 -- fails here, clearly, if kvlab's dependencies are missing
+    import kvlab.core.experiment_spec  # noqa: F401 -- fails here, clearly, if kvlab's dependencies are missing
 
     report.add("environment", "OK", "; ".join(facts))
 
@@ -118,7 +118,8 @@ def check_server(report: Report, kind: str, args: argparse.Namespace, nvml: Any,
     import httpx
     import openai
 
-    from kvlab.config import KVCacheConfig, ServerOptions
+    from kvlab.core.experiment_spec import ServerOptions
+    from kvlab.core.kv_config import KVCacheConfig
     from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
     from kvlab.engines.prometheus import parse_metrics, server_kv_snapshot
     from kvlab.engines.server_flags import health_path, server_command
@@ -233,6 +234,7 @@ def check_batched_decode(report: Report, args: argparse.Namespace) -> None:
         return
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from batch_timing import decode_step_timings
+
     from kvlab.engines.embedded import EmbeddedEngine
     from kvlab.models import load_model
 

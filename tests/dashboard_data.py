@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvlab.config import parse_spec
-from kvlab.experiments.results import Fidelity, ItemResult
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.results import Fidelity, ItemResult
 from kvlab.store import Store, TelemetrySample
 
 # max_drop 0.5: with 8 items only a wide non-inferiority margin can show a sweet spot.

@@ -21,7 +21,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvlab.cli.main import main
-from kvlab.config import ConfigError
+from kvlab.core.errors import ConfigError
 from kvlab.dashboard import page_table
 from kvlab.doctor import CHECK_NAMES, DoctorReport, diagnose
 from kvlab.engines.endpoint_rules import choose_model, error_message

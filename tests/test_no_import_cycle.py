@@ -1,12 +1,19 @@
-"""kvlab's modules import each other without a cycle (module-level imports, read with ast).
+"""kvlab's modules and packages import each other without a cycle, and the bottom layer imports none of them.
 
-Imports inside functions and under ``if TYPE_CHECKING:`` do not run at import time and are not
-counted; everything else at module level (including inside ``try``/``if``) is.
+Read with ast.  For cycles of modules, imports inside functions and under ``if TYPE_CHECKING:`` do
+not run at import time and are not counted; everything else at module level (including inside
+``try``/``if``) is.  Cycles of packages count every import, lazy ones too.  A package is a subpackage of kvlab (``kvlab.store``) or a top-level module (``kvlab.paths``).
+The bottom layer, :mod:`kvlab.core` (the spec and result types and the registries they are built
+from), is held to more: no import of another kvlab package anywhere in it, lazy ones included, and
+no third-party package beyond pydantic and tomli_w, so that validating a spec is instant and free of
+torch wherever it happens.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import kvlab
@@ -41,21 +48,50 @@ def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+def _imported(name: str, path: Path, node: ast.Import | ast.ImportFrom, modules: Iterable[str]) -> list[str]:
+    """The modules an import statement of module ``name`` imports (any, kvlab's or not)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = _resolve(name, path.name == "__init__.py", node)
+    # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
 def import_graph() -> dict[str, set[str]]:
     """kvlab module -> the kvlab modules it imports at module level."""
-    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    paths = _modules()
     graph: dict[str, set[str]] = {name: set() for name in paths}
     for name, path in paths.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         for node in _top_level_imports(tree.body):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                base = _resolve(name, path.name == "__init__.py", node)
-                # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names]
-            graph[name] |= {t for t in targets if t in paths and t != name}
+            graph[name] |= {t for t in _imported(name, path, node, paths) if t in paths and t != name}
     return graph
+
+
+def package_of(module: str) -> str:
+    """``kvlab.store.tunes`` -> ``kvlab.store``; a top-level module is its own package."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto packages (an import inside one package is no edge)."""
+    folded: dict[str, set[str]] = {package_of(name): set() for name in graph}
+    for name, targets in graph.items():
+        folded[package_of(name)] |= {package_of(t) for t in targets} - {package_of(name)}
+    return folded
+
+
+def every_import(module: str) -> set[str]:
+    """Every module that ``module``'s file imports anywhere (in functions and TYPE_CHECKING blocks too)."""
+    paths = _modules()
+    path = paths[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    return {t for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)
+            for t in _imported(module, path, node, paths)}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -83,9 +119,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_is_read_from_the_real_modules():
     graph = import_graph()
-    assert "kvlab.config" in graph["kvlab.compress.eviction"]
-    assert "kvlab.compress.methods" in graph["kvlab.config"]
+    assert "kvlab.core.kv_config" in graph["kvlab.compress.eviction"]
+    assert "kvlab.core.methods" in graph["kvlab.core.kv_config"]
     assert len(graph) > 50
+    packages = package_graph(graph)
+    assert {"kvlab.core", "kvlab.store", "kvlab.paths"} <= set(packages)
+    assert "kvlab.core" in packages["kvlab.compress"] and "kvlab.compress" not in packages["kvlab.core"]
+    lazy = "kvlab.experiments.ray_executor"  # imported inside a function of kvlab.tune.session
+    assert lazy in every_import("kvlab.tune.session") and lazy not in graph["kvlab.tune.session"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -96,3 +137,26 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_kvlab_has_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_kvlab_packages_have_no_import_cycle_even_through_lazy_imports():
+    """A package's lazy import of another is a dependency all the same: none closes a cycle."""
+    modules = _modules()
+    graph = {name: {t for t in every_import(name) if t in modules and t != name} for name in modules}
+    cycle = find_cycle(package_graph(graph))
+    assert cycle is None, "package import cycle: " + " -> ".join(cycle or [])
+
+
+#: What the bottom layer may import beside the standard library and itself.
+CORE_MAY_IMPORT = ("pydantic", "tomli_w")
+
+
+def test_the_bottom_layer_imports_no_other_kvlab_package_and_no_heavy_library():
+    stdlib = sys.stdlib_module_names
+    for module in sorted(name for name in _modules() if package_of(name) == "kvlab.core"):
+        for target in every_import(module):
+            top = target.split(".")[0]
+            if top == "kvlab":
+                assert package_of(target) == "kvlab.core", f"{module} imports {target}"
+            else:
+                assert top in stdlib or top in CORE_MAY_IMPORT or top == "__future__", f"{module} imports {target}"

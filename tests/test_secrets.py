@@ -8,19 +8,10 @@ import sys
 import pytest
 
 from kvlab import secrets
-from kvlab.config import ConfigError, parse_spec
-from kvlab.secrets import (
-    hide_credentials,
-    mask,
-    read_setting,
-    redact,
-    redact_data,
-    redact_record,
-    remember_secret,
-    resolve_endpoint,
-    strip_credentials,
-    url_credentials,
-)
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.urls import hide_credentials, strip_credentials, url_credentials
+from kvlab.secrets import mask, read_setting, redact, redact_data, redact_record, remember_secret, resolve_endpoint
 
 
 @pytest.fixture(autouse=True)

@@ -5,14 +5,15 @@ same results."""
 
 from __future__ import annotations
 
-from kvlab.experiments.decision import Margins
-from kvlab.config import KVCacheConfig, parse_spec
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.margins import Margins
+from kvlab.core.results import ItemResult
+from kvlab.core.tune_spec import candidate_grid
 from kvlab.experiments.analysis import decide, summarize
 from kvlab.experiments.decision import PairedScores
-from kvlab.experiments.results import ItemResult
 from kvlab.store import Store
 from kvlab.tune.recommend import recommendation
-from kvlab.tune.spec import candidate_grid
 
 N_ITEMS, FIRST_ROUND = 20, 4
 MAX_DROP = 0.25
@@ -71,7 +72,7 @@ def populate_tune(store: Store, finish: bool = True) -> int:
     experiment_id = store.create_experiment(spec, {"versions": {"kvlab": "test"}, "git_commit": "abc123",
                                                    "hardware": {"cpu_count": 2}}, item_limit=FIRST_ROUND)
     grid_points = len(candidate_grid(spec.tune))
-    store.start_tune(experiment_id, f"kvlab-experiment-{experiment_id}", grid_points, (grid_points + 1) * N_ITEMS,
+    store.start_tune(experiment_id, grid_points, (grid_points + 1) * N_ITEMS,
                      "test-host-1-driver")
     baseline = store.trials(experiment_id)[0]
     store.track_trial(experiment_id, baseline.id)

@@ -13,17 +13,18 @@ import sys
 import time
 from typing import NoReturn
 
-from kvlab.backends import BACKEND_NAMES, BACKENDS
 from kvlab.cli import exits as cli_exit
 from kvlab.cli.doctor import add_doctor_parser
+from kvlab.cli.options import add_executor_options, add_margin_options, int_between, margin_overrides, positive_int
 from kvlab.cli.outputs import check_output, write_output
 from kvlab.cli.serve import add_serve_parser
 from kvlab.cli.store import add_store_commands
 from kvlab.cli.tune import add_tune_parser
-from kvlab.cli.options import add_executor_options, add_margin_options, int_between, margin_overrides, positive_int
-from kvlab.config import BackendSpec, ExperimentSpec, load_spec
+from kvlab.core.backends import BACKEND_NAMES, BACKENDS
+from kvlab.core.experiment_spec import BackendSpec, ExperimentSpec
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import install_log_redaction
+from kvlab.spec_files import load_spec
 from kvlab.threads import share_cores
 
 VERBOSE_HELP = "show the libraries' logs and per-file progress bars (also: KVLAB_VERBOSE=1)"
@@ -151,8 +152,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 def _cmd_methods(args: argparse.Namespace) -> int:
     """Every registered format and method, read from the registries (nothing imported heavily)."""
-    from kvlab.compress.formats import FORMATS
-    from kvlab.compress.methods import BUDGETS, METHODS, PARAMS, REFUSED
+    from kvlab.core.formats import FORMATS
+    from kvlab.core.methods import BUDGETS, METHODS, PARAMS, REFUSED
 
     print("quantization (quant): format, bits, stored as, scale groups, vLLM / SGLang --kv-cache-dtype")
     for f in FORMATS.values():

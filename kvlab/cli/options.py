@@ -82,7 +82,7 @@ MARGIN_OPTIONS = ("max_drop", "max_kl", "min_agreement")
 
 def add_margin_options(parser: argparse.ArgumentParser, whose: str = "the spec's") -> None:
     """``--max-drop``, ``--max-kl``, ``--min-agreement``; each defaults to ``whose`` value."""
-    from kvlab.experiments.decision import DEFAULT_MAX_DROP, DEFAULT_MAX_KL
+    from kvlab.core.margins import DEFAULT_MAX_DROP, DEFAULT_MAX_KL
 
     parser.add_argument("--max-drop", type=float_between(0.0, 0.5, inclusive_low=False), metavar="FRACTION",
                         help="accuracy margin of the sweet spot: accuracy a config may lose against the baseline "

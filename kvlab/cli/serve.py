@@ -7,9 +7,10 @@ import sys
 from collections.abc import Callable
 
 from kvlab.cli.options import float_between, int_between, positive_int
-from kvlab.compress.formats import SETTINGS
-from kvlab.compress.methods import BUDGETS, PARAMS, BudgetKind
-from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, ConfigError, KVCacheConfig
+from kvlab.core.errors import ConfigError
+from kvlab.core.formats import SETTINGS
+from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig
+from kvlab.core.methods import BUDGETS, PARAMS, BudgetKind
 
 #: The KVCacheConfig fields kvlab serve takes as options: the format, its settings, the method, its
 #: budget and its parameters (each from its registry).

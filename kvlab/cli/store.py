@@ -8,8 +8,8 @@ import logging
 import sys
 from dataclasses import replace
 
-from kvlab.cli.outputs import check_output, shown, write_output
 from kvlab.cli.options import add_margin_options, int_between, margin_overrides, non_negative_int, positive_int
+from kvlab.cli.outputs import check_output, shown, write_output
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import redact
 
@@ -29,8 +29,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
                               stale_after_s=args.stale_after_s, on_stale=args.on_stale,
                               telemetry_hz=args.telemetry_hz, threads=args.threads, backoff_s=args.backoff_s,
                               max_failures=args.max_failures, exit_when_idle=args.exit_when_idle)
-    from kvlab.store import Store
     from kvlab.experiments.worker import Worker, WorkerGaveUp
+    from kvlab.store import Store
     from kvlab.threads import set_torch_threads
 
     set_torch_threads(settings.threads)
@@ -56,8 +56,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def submit_background(spec, warnings: list[str], workers: int) -> int:
     """Store the experiment, start local workers, print how to follow it."""
-    from kvlab.store.database import shown_url
     from kvlab.experiments.submit import LocalWorkers, submit
+    from kvlab.store.database import shown_url
 
     experiment_id = submit(spec, LocalWorkers(workers), warnings).experiment_id
     print(f"experiment {experiment_id} queued on {shown_url()} with {len(spec.all_configs())} trials; "
@@ -101,8 +101,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(shown("\n".join(describe(tune.recommendation)), lines=True))
     results = store.item_results(args.id)
     if results:
+        from kvlab.core.margins import Margins
         from kvlab.experiments.analysis import summarize  # scipy: imported only when there is something to summarise
-        from kvlab.experiments.decision import Margins
         from kvlab.experiments.report import render
         from kvlab.store.records import baseline_name
 

@@ -10,8 +10,9 @@ import time
 from kvlab.cli import exits as cli_exit
 from kvlab.cli.options import add_executor_options, add_margin_options, margin_overrides, positive_int
 from kvlab.cli.outputs import check_output, write_output
-from kvlab.config import ExperimentSpec, load_spec
+from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.experiments.launcher import BackgroundTune, start_tune_driver
+from kvlab.spec_files import load_spec
 
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:

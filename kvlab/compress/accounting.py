@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvlab.compress.formats import FP8_MAX, INT_BITS
+from kvlab.core.formats import FP8_MAX, INT_BITS
 
-if TYPE_CHECKING:  # annotations only: kvlab.config imports the registries this module reads
-    from kvlab.config import KVCacheConfig
+if TYPE_CHECKING:  # annotations only
+    from kvlab.core.kv_config import KVCacheConfig
 
 BASELINE_BYTES_PER_ELEMENT = 2  # the 16-bit reference
 STORAGE_BYTES_PER_ELEMENT = 2  # unquantized parts (residual window, sliding layers) are kept 16-bit

@@ -18,7 +18,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindo
 
 from kvlab.compress.accounting import STORAGE_BYTES_PER_ELEMENT, flush_block, split_tokens, value_group_size
 from kvlab.compress.quantization import FP8_DTYPES, QuantizedBlock, dequantize, quantize
-from kvlab.config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
 
 STORAGE_DTYPE = torch.float16 if STORAGE_BYTES_PER_ELEMENT == 2 else torch.float32
 

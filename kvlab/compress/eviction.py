@@ -21,8 +21,8 @@ from kvpress import ScorerPress
 from kvpress.utils import compute_n_kept
 from torch import nn
 
-from kvlab.compress.methods import METHODS, Method
-from kvlab.config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.methods import METHODS, Method
 
 #: Methods that need the full attention matrix of the prefill (computed eagerly).
 NEEDS_ATTENTION_WEIGHTS = frozenset(name for name, m in METHODS.items() if m.needs_attention_weights)

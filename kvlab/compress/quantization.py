@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from kvlab.compress.formats import FORMATS, FP8_MAX, INT_BITS
+from kvlab.core.formats import FORMATS, FP8_MAX, INT_BITS
 
 #: fp8 format name -> the torch dtype its codes are stored in.
 FP8_DTYPES = {name: getattr(torch, FORMATS[name].storage_dtype) for name in FP8_MAX}

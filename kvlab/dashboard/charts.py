@@ -17,13 +17,13 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvlab.experiments.analysis import FRONT_METRICS, ConfigSummary, decide, pareto_front
-from kvlab.experiments.decision import Margins
-from kvlab.experiments.nodes import node_of
-from kvlab.experiments.results import ItemResult
-from kvlab.store.records import TelemetrySample
-from kvlab.tasks.registry import TASKS
+from kvlab.core.margins import Margins
+from kvlab.core.results import ItemResult
+from kvlab.core.tasks import TASKS
 from kvlab.dashboard.views import MIB, Y_METRICS, CompareRow, fidelity_text
+from kvlab.experiments.analysis import FRONT_METRICS, ConfigSummary, decide, pareto_front
+from kvlab.experiments.nodes import node_of
+from kvlab.store.records import TelemetrySample
 
 X_TITLES = {"bytes": "physical KV cache (MiB)", "ratio": "compression ratio (x, baseline bytes / physical bytes)"}
 ACCURACY_TITLE = "accuracy (fraction correct, 95% CI)"

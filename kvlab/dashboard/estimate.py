@@ -20,9 +20,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.config import ExperimentSpec
-from kvlab.experiments.results import ItemResult
-from kvlab.tasks import TASKS, TaskSpec, planned_items
+from kvlab.core.experiment_spec import ExperimentSpec
+from kvlab.core.results import ItemResult
+from kvlab.core.tasks import TASKS, TaskSpec
+from kvlab.tasks import planned_items
 
 #: Configs a worker claims together (``kvlab worker --max-trials``' default): they share prefills.
 CONFIGS_PER_CLAIM = 4

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvlab.config import ConfigError, ExperimentSpec
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.dashboard.executor_form import Executor
 from kvlab.dashboard.tune_launch import record_launch
 from kvlab.errlog import one_line

@@ -14,17 +14,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlab.compress.methods import BUDGET_BOUNDS, BUDGETS
-from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, SweepGrid, parse_spec, spec_to_dict
-from kvlab.experiments.decision import Margins
-from kvlab.paths import EXAMPLES_DIR
-from kvlab.backends import BACKENDS, SERVER_KINDS
+from kvlab.core.backends import BACKENDS, SERVER_KINDS
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
+from kvlab.core.kv_config import KVCacheConfig, SweepGrid
+from kvlab.core.margins import Margins
+from kvlab.core.methods import BUDGET_BOUNDS, BUDGETS
+from kvlab.core.tasks import TASKS
+from kvlab.core.tune_spec import TuneSpec
 from kvlab.engines.server_flags import check_config
+from kvlab.paths import EXAMPLES_DIR
 from kvlab.secrets import DEFAULT_KEY_VAR
-from kvlab.tasks import TASKS
 from kvlab.tasks.data_dir import checked_data_file
-from kvlab.tune.spec import TuneSpec
-
 
 #: Columns of the configs table, in the order shown; other KVCacheConfig fields are kept as they are.
 CONFIG_COLUMNS = ("name", "quant", "group_size", "residual_length", "evict", *BUDGETS, "query_aware")
@@ -208,7 +209,7 @@ def backend_from_values(values: Mapping[str, Any], base: Mapping[str, Any]) -> d
 def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mapping[str, Any]],
                base: Mapping[str, Any] | None = None) -> FormResult:
     """Validate the form: list fields are parsed here (``"1024, 2048"``), everything else by
-    :func:`kvlab.config.parse_spec`, whose messages are split back onto the fields."""
+    :func:`kvlab.core.experiment_spec.parse_spec`, whose messages are split back onto the fields."""
     base = dict(base or {})
     errors: dict[str, list[str]] = {}
 

@@ -15,11 +15,11 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
+from kvlab.core.formats import FORMATS
+from kvlab.core.margins import Margins
+from kvlab.core.results import ItemResult
 from kvlab.experiments.analysis import ConfigSummary, Decision
-from kvlab.experiments.decision import Margins
 from kvlab.experiments.nodes import node_of
-from kvlab.compress.formats import FORMATS
-from kvlab.experiments.results import ItemResult
 from kvlab.store.records import ExperimentRecord, TrialRecord
 
 MIB = 1024 * 1024

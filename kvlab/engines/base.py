@@ -11,9 +11,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
-from kvlab.config import KVCacheConfig
-from kvlab.errors import HostLacksError  # defined there: kvlab.tasks raises it too
-from kvlab.experiments.results import ItemResult
+from kvlab.core.errors import HostLacksError  # defined there: kvlab.tasks raises it too
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.results import ItemResult
 from kvlab.tasks import TaskItem
 
 __all__ = ["Engine", "EngineFailure", "HostLacksError", "Phase", "TelemetrySource", "passes"]
@@ -64,10 +64,10 @@ class Engine(ABC):
         """The tokenizer task prompts are sized with."""
 
     def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
-        """Raise :class:`kvlab.config.ConfigError` for a config this engine cannot run, before any work."""
+        """Raise :class:`kvlab.core.errors.ConfigError` for a config this engine cannot run, before any work."""
 
     def check_items(self, items: Sequence[TaskItem]) -> None:
-        """Raise :class:`kvlab.config.ConfigError` for a task this engine cannot evaluate."""
+        """Raise :class:`kvlab.core.errors.ConfigError` for a task this engine cannot evaluate."""
 
     @abstractmethod
     def evaluate(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> Iterator[ItemResult]: ...

@@ -38,8 +38,8 @@ from transformers.cache_utils import Cache
 
 from kvlab.compress.accounting import CacheGeometry, baseline_kv_bytes
 from kvlab.compress.cache import KVLabCache
+from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_CONTINUATION, Fidelity
 from kvlab.engines.attention import MemberStates
-from kvlab.experiments.results import TEACHER_BASELINE_OUTPUT, TEACHER_CONTINUATION, Fidelity
 
 #: Share of the free memory (host RAM, or GPU memory on CUDA) a batch may plan to use.
 MEMORY_SHARE = 0.5

@@ -34,8 +34,12 @@ from kvlab.compress.eviction import (
     scorer_key,
     select_tokens,
 )
-from kvlab.config import BASELINE, ConfigError, ExperimentSpec, KVCacheConfig
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ExperimentSpec
+from kvlab.core.kv_config import BASELINE, KVCacheConfig
+from kvlab.core.results import MEASURED_EMBEDDED, ItemResult, KVMeasurement
 from kvlab.engines import attention
+from kvlab.engines.base import Engine
 from kvlab.engines.batched_decode import (
     MemberOutcome,
     Reference,
@@ -45,9 +49,7 @@ from kvlab.engines.batched_decode import (
     finished,
     member_bytes,
 )
-from kvlab.engines.base import Engine
 from kvlab.models import LoadedModel, load_model
-from kvlab.experiments.results import MEASURED_EMBEDDED, ItemResult, KVMeasurement
 from kvlab.tasks import TaskItem
 
 

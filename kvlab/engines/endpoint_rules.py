@@ -20,7 +20,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from kvlab.secrets import BASE_URL_VAR, MODEL_ID_VAR, hide_credentials, strip_credentials, url_credentials
+from kvlab.core.urls import hide_credentials, strip_credentials, url_credentials
+from kvlab.secrets import BASE_URL_VAR, MODEL_ID_VAR
 
 EXAMPLE_BASE_URL = "http://127.0.0.1:8000/v1"
 #: Paths the client appends to the base URL itself; "/chat/completions" before its suffix "/completions".

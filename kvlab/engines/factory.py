@@ -7,8 +7,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from kvlab.backends import BACKENDS
-from kvlab.config import ConfigError, ExperimentSpec
+from kvlab.core.backends import BACKENDS
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.engines.base import Engine
 from kvlab.engines.endpoint_rules import BaseURLError, key_problem, parse_base_url, sendable
 from kvlab.secrets import Endpoint, resolve_endpoint
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 def build_engine(spec: ExperimentSpec) -> Engine:
     """Load the model (embedded) or connect to / launch the server (the others): the ``build(spec)``
-    of the engine module that :data:`kvlab.backends.BACKENDS` names for the spec's backend kind."""
+    of the engine module that :data:`kvlab.core.backends.BACKENDS` names for the spec's backend kind."""
     return importlib.import_module(BACKENDS[spec.backend.kind].engine).build(spec)
 
 

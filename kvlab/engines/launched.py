@@ -15,15 +15,16 @@ from datetime import UTC, datetime
 from itertools import groupby
 from typing import Any
 
-from kvlab.compress.formats import FORMATS
-from kvlab.config import ExperimentSpec, KVCacheConfig
+from kvlab.core.experiment_spec import ExperimentSpec
+from kvlab.core.formats import FORMATS
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.results import ItemResult
 from kvlab.engines.base import Engine, EngineFailure, HostLacksError, TelemetrySource
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_perplexity
 from kvlab.engines.prometheus import ServerMetricsSource
 from kvlab.engines.server_flags import check_config, health_path, server_command
 from kvlab.engines.server_logs import parse_kv_pool
-from kvlab.experiments.results import ItemResult
 from kvlab.paths import server_log_dir
 from kvlab.secrets import Endpoint
 from kvlab.tasks import TaskItem

@@ -25,11 +25,13 @@ from typing import Any
 
 import openai
 
-from kvlab.config import BackendSpec, ConfigError, ExperimentSpec, KVCacheConfig
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import BackendSpec, ExperimentSpec
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.results import MEASURED_SERVED, ItemResult, KVMeasurement
 from kvlab.engines.base import Engine, EngineFailure
 from kvlab.engines.endpoint_rules import choose_model, error_message, server_root
 from kvlab.engines.prometheus import ServerMetricsSource
-from kvlab.experiments.results import MEASURED_SERVED, ItemResult, KVMeasurement
 from kvlab.secrets import Endpoint, redact
 from kvlab.tasks import TaskItem
 

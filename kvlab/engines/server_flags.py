@@ -10,9 +10,11 @@ names what the engine does support: a GPU start-up takes minutes, a wrong flag c
 
 from __future__ import annotations
 
-from kvlab.backends import BACKENDS, SERVER_KINDS
-from kvlab.compress.formats import FORMATS, engine_dtypes
-from kvlab.config import ConfigError, KVCacheConfig, ServerOptions
+from kvlab.core.backends import BACKENDS, SERVER_KINDS
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ServerOptions
+from kvlab.core.formats import FORMATS, engine_dtypes
+from kvlab.core.kv_config import KVCacheConfig
 
 # vllm/entrypoints/openai/api_server.py: `if __name__ == "__main__":` builds
 # make_arg_parser() (vllm/entrypoints/openai/cli_args.py) and runs run_server -- the module still
@@ -22,7 +24,7 @@ from kvlab.config import ConfigError, KVCacheConfig, ServerOptions
 _MODULES = {"vllm": "vllm.entrypoints.openai.api_server", "sglang": "sglang.launch_server"}
 
 # kvlab KVCacheConfig.quant -> --kv-cache-dtype value, and what each engine offers instead of the
-# formats it lacks: the format registry's ``vllm`` / ``sglang`` / ``engine_notes`` (kvlab.compress.formats).
+# formats it lacks: the format registry's ``vllm`` / ``sglang`` / ``engine_notes`` (kvlab.core.formats).
 # vLLM: vllm/config/cache.py `CacheDType = Literal["auto", ..., "fp8", "fp8_e4m3", "fp8_e5m2", ...]`,
 #   the type of CacheConfig.cache_dtype, exposed by vllm/engine/arg_utils.py EngineArgs.add_cli_args:
 #   cache_group.add_argument("--kv-cache-dtype", **cache_kwargs["cache_dtype"]).  "auto" = model dtype.

@@ -18,11 +18,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvlab.compress.accounting import compression_ratio
-from kvlab.experiments.decision import ALPHA_ONE_SIDED, DEFAULT_MAX_DROP, Margins, PairedScores, holm, items_needed
+from kvlab.core.margins import DEFAULT_MAX_DROP, Margins
+from kvlab.core.results import ItemResult
+from kvlab.core.tasks import TASKS
+from kvlab.experiments.decision import ALPHA_ONE_SIDED, PairedScores, holm, items_needed
 from kvlab.experiments.fidelity import FidelitySummary
-from kvlab.experiments.results import ItemResult
 from kvlab.experiments.verdict import UNMEASURED, TaskVerdict, judge_tasks
-from kvlab.tasks.registry import TASKS
 
 Z95 = 1.959963984540054
 

@@ -10,9 +10,9 @@ import re
 from dataclasses import asdict, fields
 from typing import Any
 
+from kvlab.core.margins import Margins
+from kvlab.core.results import ItemResult
 from kvlab.experiments.analysis import decide, summarize
-from kvlab.experiments.decision import Margins
-from kvlab.experiments.results import ItemResult
 from kvlab.secrets import redact, redact_data
 from kvlab.store import Store
 from kvlab.store.records import baseline_name

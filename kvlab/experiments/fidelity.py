@@ -1,6 +1,6 @@
 """Fidelity of a config against the baseline over items: summaries, intervals and certification.
 
-Each item gives a :class:`~kvlab.experiments.results.Fidelity` (per-token KL(baseline || config) and
+Each item gives a :class:`~kvlab.core.results.Fidelity` (per-token KL(baseline || config) and
 top-1 agreement, teacher-forced on the baseline's tokens).  The tokens of one item are not
 independent (one wrong kept token shifts every later distribution), so **the item is the unit**:
 a config's mean KL is the mean over items of each item's mean KL, and its interval is Student's t
@@ -25,8 +25,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvlab.core.results import Fidelity
 from kvlab.experiments.decision import ALPHA_ONE_SIDED, normal_sf
-from kvlab.experiments.results import Fidelity
 
 #: One item cannot show anything: a t interval needs two.
 MIN_ITEMS = 2

@@ -26,7 +26,6 @@ def start_local_workers(count: int, exit_when_idle: bool = True) -> list[subproc
     file in db/), outlive the caller (a closed terminal or browser tab) and log to :func:`kvlab.paths.log_dir`.
     """
     folder = log_dir()
-    folder.mkdir(parents=True, exist_ok=True)
     processes = []
     for index in range(count):
         args = [sys.executable, "-m", "kvlab.cli", "worker", "--threads", str(share_of_cores(count))]
@@ -46,20 +45,19 @@ class BackgroundTune:
 def start_tune_driver(args: Sequence[str]) -> BackgroundTune:
     """Start ``kvlab tune ARGS`` detached (``--drive ID``: the tune a submit stored; ``--resume ID``),
     logging to a ``tune-*.log`` of its own."""
-    folder = log_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    log = folder / f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    log = log_dir() / f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     return BackgroundTune(start_detached([sys.executable, "-m", "kvlab.cli", "tune", *args], log), log)
 
 
 def start_detached(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
     """Start a kvlab process in its own session (a closed terminal or Ctrl-C does not reach it),
-    writing to ``log``, and reap it when it ends.
+    writing to ``log`` (its folder made if missing), and reap it when it ends.
 
     A thread of this process waits for it: the dashboard's server lives on, and a child nobody waits
     for stays a zombie under it (and whoever waits for it to disappear waits forever).  When this
     process ends first, the child outlives it and init reaps it.
     """
+    log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as handle:  # the child keeps its own copy
         process = subprocess.Popen(list(args), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)

@@ -18,13 +18,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kvlab.config import ConfigError, ExperimentSpec, parse_spec
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ExperimentSpec, parse_spec
 from kvlab.experiments.launcher import start_detached
-from kvlab.experiments.ray_executor import RayWorkers, check_ray_address
+from kvlab.experiments.ray_executor import RayWorkers, refuse_ray_run
 from kvlab.experiments.ray_run import settle
 from kvlab.experiments.submit import Start
 from kvlab.paths import log_dir
-from kvlab.store import Store, require_shared_store
+from kvlab.store import Store
 
 
 @dataclass(frozen=True)
@@ -36,19 +37,16 @@ class RayDriver:
     address: str | None = None
 
     def refuse(self, spec: ExperimentSpec) -> None:
-        check_ray_address(self.address)
-        require_shared_store()
+        refuse_ray_run(self.address)
 
     @contextmanager
     def ready(self, spec: ExperimentSpec) -> Iterator[Start[subprocess.Popen[bytes]]]:
         yield lambda store, experiment_id: self._start(experiment_id)
 
     def _start(self, experiment_id: int) -> subprocess.Popen[bytes]:
-        folder = log_dir()
-        folder.mkdir(parents=True, exist_ok=True)
         args = [sys.executable, "-m", "kvlab.experiments.ray_driver", str(experiment_id)]
         args += ["--address", self.address] if self.address else []
-        return start_detached(args, folder / f"ray-driver-{experiment_id}.log")
+        return start_detached(args, log_dir() / f"ray-driver-{experiment_id}.log")
 
 
 def drive(experiment_id: int, address: str | None) -> str | None:

@@ -42,8 +42,9 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from kvlab.backends import BACKENDS
-from kvlab.config import ConfigError, ExperimentSpec
+from kvlab.core.backends import BACKENDS
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.errlog import one_line
 from kvlab.experiments.nodes import node_of, ray_worker_id
 from kvlab.experiments.worker_settings import WorkerSettings
@@ -71,6 +72,14 @@ def import_ray() -> ModuleType:
     except ImportError:
         raise ConfigError(f"the Ray executor needs Ray, which is not installed here; {INSTALL_HINT}") from None
     return ray
+
+
+def refuse_ray_run(address: str | None) -> None:
+    """What a run on Ray is refused for before anything is stored (each a one-line error): an address
+    where no cluster answers (:func:`check_ray_address`), and a store other processes cannot see (the
+    actors are other processes, maybe on other hosts)."""
+    check_ray_address(address)
+    require_shared_store()
 
 
 def check_ray_address(address: str | None) -> ModuleType:

@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 
 from tqdm import tqdm
 
-from kvlab.config import ExperimentSpec
-from kvlab.experiments.ray_executor import RayWorkers, WorkerOutcome, check_ray_address
+from kvlab.core.experiment_spec import ExperimentSpec
+from kvlab.experiments.ray_executor import RayWorkers, WorkerOutcome, refuse_ray_run
 from kvlab.experiments.runner import ExperimentRun, missing_baseline
 from kvlab.experiments.submit import Start, cancelled_on_ctrl_c
-from kvlab.store import Store, require_shared_store
+from kvlab.store import Store
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,7 @@ class OnRay:
     announce: Callable[[int, str], None] = lambda experiment_id, url: None
 
     def refuse(self, spec: ExperimentSpec) -> None:
-        check_ray_address(self.address)  # each is a one-line error
-        require_shared_store()  # the actors are other processes
+        refuse_ray_run(self.address)
 
     @contextmanager
     def ready(self, spec: ExperimentSpec) -> Iterator[Start[ExperimentRun]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from kvlab.core.results import ItemResult
 from kvlab.experiments.analysis import ConfigSummary, Decision, breakdown, decide, length_group, natural_key
-from kvlab.experiments.results import ItemResult
 
 MIB = 1024 * 1024
 
@@ -73,7 +73,7 @@ def length_table(results: Sequence[ItemResult], baseline_name: str) -> str:
 def floor_table(results: Sequence[ItemResult], baseline_name: str) -> str:
     """Per task and length: the baseline's accuracy, the task's chance floor and what each of its
     shortcuts (e.g. "answer with the first number") scores on the same items."""
-    from kvlab.tasks.registry import chance_floor_text
+    from kvlab.core.tasks import chance_floor_text
 
     groups: dict[tuple[str, str], list[ItemResult]] = {}
     for r in results:

@@ -15,12 +15,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
-from kvlab.config import BASELINE, ExperimentSpec, KVCacheConfig, spec_to_dict
+from kvlab.core.experiment_spec import ExperimentSpec, spec_to_dict
+from kvlab.core.kv_config import BASELINE, KVCacheConfig
+from kvlab.core.results import ItemResult
 from kvlab.engines.base import Engine, EngineFailure, passes
 from kvlab.engines.factory import build_engine
+from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.experiments.provenance import environment
-from kvlab.experiments.results import ItemResult
 from kvlab.tasks import TaskItem, generate_items, score_item, shortcut_scores
 
 

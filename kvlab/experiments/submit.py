@@ -33,18 +33,22 @@ from typing import Generic, Protocol, TypeVar
 
 from tqdm import tqdm
 
-from kvlab.config import ConfigError, ExperimentSpec, check_on_this_host, parse_spec, spec_to_dict
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
+from kvlab.core.results import ItemResult
+from kvlab.core.tasks import TASKS
+from kvlab.core.tune_spec import TuneSpec, grid_size, rungs
 from kvlab.engines.base import Engine
 from kvlab.engines.factory import build_engine
 from kvlab.errlog import debug_enabled
 from kvlab.experiments import launcher
 from kvlab.experiments.provenance import environment
-from kvlab.experiments.results import ItemResult
 from kvlab.experiments.runner import ExperimentRun, missing_baseline
 from kvlab.experiments.worker import Worker
 from kvlab.experiments.worker_settings import WorkerSettings
+from kvlab.spec_files import check_on_this_host
 from kvlab.store import Store, StoreError, require_shared_store
-from kvlab.tasks import TASKS, check_task_files
+from kvlab.tasks import check_task_files, planned_items
 
 Handle = TypeVar("Handle", covariant=True)
 #: How an executor starts the stored experiment (the open store, its id); returns its handle.
@@ -106,7 +110,7 @@ def refuse(spec: ExperimentSpec, executor: Executor[object], files_under: Path |
     """The refusal policy of every launch, checked before anything is stored or loaded: the spec as it
     will be stored must validate (a front end's overrides skip validation), its jsonl task files must
     be valid (and under ``files_under`` when given), what this host's files tell must fit
-    (:func:`kvlab.config.check_on_this_host`), then the executor's own refusals.  Returns the spec
+    (:func:`kvlab.spec_files.check_on_this_host`), then the executor's own refusals.  Returns the spec
     with its jsonl paths absolute, as a worker started elsewhere needs them."""
     parse_spec(spec_to_dict(spec))
     if files_under is not None:
@@ -121,17 +125,33 @@ def store_experiment(store: Store, spec: ExperimentSpec, warnings: Sequence[str]
     """Store a queued experiment with this host's environment (without torch's facts: the worker that
     runs it records its own); a tune with its search recorded, waiting for its driver.  Its warnings
     become warning events.  Refused first if this host's files say it cannot run
-    (:func:`kvlab.config.check_on_this_host`): a caller may store without :func:`refuse`."""
+    (:func:`kvlab.spec_files.check_on_this_host`): a caller may store without :func:`refuse`."""
     check_on_this_host(spec)
     if spec.tune is not None:
-        from kvlab.tune.session import store_tune
-
-        experiment_id, notes = store_tune(store, spec), list(warnings)  # a tune's baseline is always its own
+        experiment_id, notes = _store_tune(store, spec, spec.tune), list(warnings)  # a tune's baseline is its own
     else:
         experiment_id = store.create_experiment(spec, environment(torch_facts=False))
         notes = [*warnings, *missing_baseline(spec)]
     for warning in notes:
         store.log_event(experiment_id, warning, level="warning")
+    return experiment_id
+
+
+def _store_tune(store: Store, spec: ExperimentSpec, tune: TuneSpec) -> int:
+    """Store a new tune: the experiment with its baseline (and any fixed ``[[configs]]``) on the first
+    round's items, and its search, which the driver that takes it over runs (``kvlab.tune``)."""
+    n_items = 0
+    for index, task in enumerate(spec.tasks):
+        count = planned_items(task)
+        if count is None:
+            raise ConfigError(f"tasks.{index}.path: {task.path} cannot be read here")
+        n_items += count
+    rounds = rungs(n_items, tune.min_items, tune.eta)
+    experiment_id = store.create_experiment(spec, environment(torch_facts=False), item_limit=rounds[0])
+    points, evals = grid_size(tune, spec.backend.kind, n_items)
+    store.start_tune(experiment_id, points, evals, driver_id=None)
+    store.log_event(experiment_id, f"tune: {points} configs in the search space ({evals} item evaluations as a "
+                    f"full grid); rounds of {', '.join(map(str, rounds))} items")
     return experiment_id
 
 

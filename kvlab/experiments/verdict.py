@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvlab.experiments.decision import ALPHA_ONE_SIDED, Margins, PairedScores, holm
+from kvlab.core.margins import Margins
+from kvlab.core.results import ItemResult
+from kvlab.experiments.decision import ALPHA_ONE_SIDED, PairedScores, holm
 from kvlab.experiments.fidelity import FidelitySummary
-from kvlab.experiments.results import ItemResult
 
 FIDELITY, ACCURACY, NEITHER = "fidelity", "accuracy", "none"
 UNMEASURED = "fidelity was not measured (a backend without it, or results stored before kvlab measured it)"

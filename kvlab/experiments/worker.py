@@ -15,7 +15,7 @@ What goes wrong in a batch is sorted by whose problem it is:
   (a quantization the model cannot take, a prompt longer than its context...).  Any host would
   refuse it, so the batch's trials fail with the message.
 * **this worker's**: anything else -- the engine cannot be built here (a model not pulled on this
-  host, a missing key, package or task file: :class:`~kvlab.errors.HostLacksError`), it crashes or runs
+  host, a missing key, package or task file: :class:`~kvlab.core.errors.HostLacksError`), it crashes or runs
   out of memory, a launched server does not start, the telemetry sampler breaks.  The trials go back
   to the queue with their results kept (:meth:`Store.release_trials`, a warning event naming this
   worker and the reason), and the worker *backs off*: it leaves that experiment to other workers
@@ -49,20 +49,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec
+from kvlab.core.errors import ConfigError, HostLacksError
+from kvlab.core.experiment_spec import ExperimentSpec, parse_spec
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.model_registry import ModelNotAvailableError
+from kvlab.core.results import ItemResult
 from kvlab.engines.base import Engine, EngineFailure
 from kvlab.errlog import debug_enabled, log_details, one_line
-from kvlab.errors import HostLacksError
-from kvlab.models.registry import ModelNotAvailableError
 from kvlab.experiments.provenance import environment
-from kvlab.experiments.results import ItemResult
 from kvlab.experiments.runner import build_engine, build_items, evaluate_configs
+from kvlab.experiments.telemetry import SampleContext, TelemetrySampler, detect_sources
+from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.secrets import redact
 from kvlab.store import ExperimentNotFoundError, Store, StoreLost, TrialNotFoundError
 from kvlab.store.records import TelemetrySample, TrialRecord
 from kvlab.tasks import TaskItem
-from kvlab.experiments.telemetry import SampleContext, TelemetrySampler, detect_sources
-from kvlab.experiments.worker_settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

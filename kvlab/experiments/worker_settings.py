@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlab.config import ConfigError
+from kvlab.core.errors import ConfigError
 from kvlab.experiments.telemetry import MAX_HZ, MIN_HZ
 
 #: Inclusive bounds of the numeric settings (the flag is the field with ``-`` for ``_``).  A

@@ -11,9 +11,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from kvlab.core.model_registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailableError, ModelSpec
+
     from .arch import ModelArch, model_arch
     from .loader import LoadedModel, default_device, default_dtype, load_model, load_tokenizer, model_fingerprint
-    from .registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailableError, ModelSpec
     from .resolve import ModelStatus, list_models, pull_model, resolve_model
 
 #: Each name's module, imported on first use: ``kvlab models list``, the dashboard's model menu and the
@@ -22,8 +23,8 @@ _HOMES = {
     "ModelArch": "arch", "model_arch": "arch",
     "LoadedModel": "loader", "default_device": "loader", "default_dtype": "loader", "load_model": "loader",
     "load_tokenizer": "loader", "model_fingerprint": "loader",
-    "DEFAULT_MODEL": "registry", "KNOWN_MODELS": "registry", "ModelNotAvailableError": "registry",
-    "ModelSpec": "registry",
+    "DEFAULT_MODEL": "kvlab.core.model_registry", "KNOWN_MODELS": "kvlab.core.model_registry",
+    "ModelNotAvailableError": "kvlab.core.model_registry", "ModelSpec": "kvlab.core.model_registry",
     "ModelStatus": "resolve", "list_models": "resolve", "pull_model": "resolve", "resolve_model": "resolve",
 }  # fmt: skip
 
@@ -31,7 +32,8 @@ _HOMES = {
 def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    home = _HOMES[name]
+    value = getattr(importlib.import_module(home if "." in home else f"{__name__}.{home}"), name)
     globals()[name] = value
     return value
 

@@ -14,12 +14,13 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from kvlab.core.model_registry import ModelNotAvailableError, ModelSpec, Progress
+
 from .arch import model_arch
 from .checkpoints import write_manifest
 from .errors import reading
 from .gguf_tokenizer import build_tokenizer, read_gguf_vocab
 from .quiet import library_output
-from .registry import ModelNotAvailableError, ModelSpec, Progress
 
 PROBE_TEXT = "The capital of France is Paris.\nKV caches grow with every token: 12345 tokens!"
 # Saving and reloading float32 tensors is lossless; anything above this means a broken conversion.

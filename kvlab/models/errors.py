@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kvlab.core.errors import ConfigError
 from kvlab.errlog import one_line
-from kvlab.errors import ConfigError
 
 
 class ModelFileError(ConfigError):

@@ -17,7 +17,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from .registry import ModelNotAvailableError, ModelSpec, Progress
+from kvlab.core.model_registry import ModelNotAvailableError, ModelSpec, Progress
 
 _CHUNK = 1 << 20
 

@@ -23,7 +23,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 from transformers import PreTrainedTokenizerFast
 
-from .registry import ModelNotAvailableError
+from kvlab.core.model_registry import ModelNotAvailableError
 
 # llama.cpp token types (the same numbers as SentencePiece's piece types).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

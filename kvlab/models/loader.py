@@ -11,11 +11,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from kvlab.core.model_registry import Progress
+
 from .arch import ModelArch, model_arch
 from .checkpoints import read_manifest
 from .errors import ModelFileError, reading
 from .quiet import library_output
-from .registry import Progress
 from .resolve import resolve_model
 
 _DTYPES = {

@@ -8,11 +8,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvlab.core.model_registry import KNOWN_MODELS, ModelNotAvailableError, ModelSpec, Progress, get_spec
 from kvlab.paths import models_root
 
 from .checkpoints import dir_size, install, is_complete, model_dir, read_manifest, staging_dir
 from .fetch import fetch_gguf
-from .registry import KNOWN_MODELS, ModelNotAvailableError, ModelSpec, Progress, get_spec
 
 log = logging.getLogger("kvlab.models")
 

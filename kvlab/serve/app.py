@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from kvlab.config import ConfigError, KVCacheConfig
+from kvlab.core.errors import ConfigError
+from kvlab.core.kv_config import KVCacheConfig
 from kvlab.serve.connection import ClientGone, EventStream, until_disconnected
 from kvlab.serve.engine_thread import EngineLock, Generation
 from kvlab.serve.errors import APIError, install_error_handlers, internal_error, shutting_down

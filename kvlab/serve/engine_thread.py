@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kvlab.config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
 from kvlab.serve.generation import Event, ServedModel, Started
 
 _END = object()  # the generation thread is done

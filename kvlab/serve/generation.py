@@ -18,9 +18,9 @@ from typing import Any
 
 from torch import nn
 
-from kvlab.config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.results import MEASURED_SERVED, KVMeasurement
 from kvlab.engines.embedded import EmbeddedEngine, ServedPrefix
-from kvlab.experiments.results import MEASURED_SERVED, KVMeasurement
 from kvlab.serve.metrics import ServerMetrics
 
 

@@ -14,7 +14,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from kvlab.config import ConfigError
+from kvlab.core.errors import ConfigError
 from kvlab.serve.generation import ServedModel
 
 SHUTDOWN_GRACE_S = 2.0

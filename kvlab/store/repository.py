@@ -33,8 +33,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kvlab.config import ExperimentSpec, parse_spec, spec_to_dict
-from kvlab.experiments.results import ItemResult
+from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
+from kvlab.core.results import ItemResult
 from kvlab.secrets import redact
 from kvlab.store import migrate
 from kvlab.store.database import WRITE, create_store_engine, resolve_url, shown_url, sqlite_file, translate_errors
@@ -45,7 +45,6 @@ from kvlab.store.errors import (
     StoreReadOnlyError,
     TrialNotFoundError,
 )
-from kvlab.store.tables import EventRow, ExperimentRow, ItemResultRow, TelemetryRow, TrialRow, TuneRow
 from kvlab.store.records import (
     LEVELS,
     PHASES,
@@ -57,6 +56,7 @@ from kvlab.store.records import (
     TelemetrySample,
     TrialRecord,
 )
+from kvlab.store.tables import EventRow, ExperimentRow, ItemResultRow, TelemetryRow, TrialRow, TuneRow
 from kvlab.store.tunes import TuneQueries, tune_is_running
 
 ORDER_FIELDS = ("id", "name", "status", "created_at", "started_at", "finished_at")

@@ -133,7 +133,7 @@ class TrialRow(Base):
 
 
 class ItemResultRow(Base):
-    """A :class:`kvlab.experiments.results.ItemResult`, one column per field.
+    """A :class:`kvlab.core.results.ItemResult`, one column per field.
 
     The float measurements are nullable although ItemResult's are not: SQLite stores NaN as NULL,
     and the store reads NULL back as NaN for those fields.

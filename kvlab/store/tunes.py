@@ -21,10 +21,10 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
-from kvlab.config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
 from kvlab.store.errors import ExperimentNotFoundError, StoreError
-from kvlab.store.tables import TrialRow, TuneCandidateRow, TuneRow
 from kvlab.store.records import TERMINAL_STATUSES, CandidateRecord, TuneRecord
+from kvlab.store.tables import TrialRow, TuneCandidateRow, TuneRow
 
 #: A driver silent for this long is gone: another ``kvlab tune --resume`` may take over.
 DRIVER_STALE_S = 60.0
@@ -50,20 +50,24 @@ def driver_is_dead(driver_id: str) -> bool:
     return False
 
 
+def study_name(experiment_id: int) -> str:
+    """The Optuna study of the tune of ``experiment_id``, in the study storage beside the store."""
+    return f"kvlab-experiment-{experiment_id}"
+
+
 class TuneQueries:
     """Tune reads and writes (see the module docstring); relies on the Store's session helpers."""
 
     _session: Any
     _lock_experiment: Any
 
-    def start_tune(self, experiment_id: int, study_name: str, grid_points: int, grid_item_evals: int,
-                   driver_id: str | None) -> None:
+    def start_tune(self, experiment_id: int, grid_points: int, grid_item_evals: int, driver_id: str | None) -> None:
         """Record the search on a new experiment, with ``driver_id`` as its driver (None: the driver that
         takes it over later, :meth:`take_over_tune`)."""
         now = datetime.now(UTC)
         with self._session(write=True) as session:
             self._lock_experiment(session, experiment_id)
-            session.add(TuneRow(experiment_id=experiment_id, study_name=study_name, state="running",
+            session.add(TuneRow(experiment_id=experiment_id, study_name=study_name(experiment_id), state="running",
                                 driver_id=driver_id, driver_seen_at=now, grid_points=grid_points,
                                 grid_item_evals=grid_item_evals, started_at=now))
 

@@ -14,7 +14,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from kvlab.errors import ConfigError
+from kvlab.core.errors import ConfigError
 from kvlab.paths import DATA_DIR_VAR, data_dir
 from kvlab.tasks.jsonl import JsonlTaskError, Limits, show_path, validate_file
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-#: What an item asks of the model: generate an answer, or give its likelihood to a continuation.
-ItemKind = Literal["generate", "perplexity"]
+from kvlab.core.tasks import ItemKind
 
 
 @dataclass(frozen=True)

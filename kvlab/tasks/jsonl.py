@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from kvlab.errors import ConfigError, HostLacksError
+from kvlab.core.errors import ConfigError, HostLacksError
+from kvlab.core.tasks import TaskSpec
 from kvlab.tasks.haystack import Tokenizer, count_tokens
 from kvlab.tasks.items import TaskItem
 from kvlab.tasks.scoring import normalize
-from kvlab.tasks.spec import TaskSpec
 
 if TYPE_CHECKING:
-    from kvlab.config import ExperimentSpec
+    from kvlab.core.experiment_spec import ExperimentSpec
 
 REQUIRED_KEYS = ("context", "question", "answer")
 DEFAULT_MAX_NEW_TOKENS = 32

@@ -17,9 +17,9 @@ pairs and 0/10 with 40, which would leave little room to see compression hurt.
 
 from __future__ import annotations
 
+from kvlab.core.tasks import TaskSpec
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots, token_depth
 from kvlab.tasks.items import TaskItem
-from kvlab.tasks.spec import TaskSpec
 
 PREFIX = (
     "Some special magic numbers are hidden within the following text. Make sure to "

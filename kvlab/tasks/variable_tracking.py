@@ -23,10 +23,10 @@ from __future__ import annotations
 import random
 import string
 
+from kvlab.core.tasks import TaskSpec
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots
 from kvlab.tasks.items import TaskItem
 from kvlab.tasks.scoring import variable_names
-from kvlab.tasks.spec import TaskSpec
 
 PREFIX = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
 

@@ -22,19 +22,22 @@ from typing import Any, Protocol
 
 import optuna
 
-from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ExperimentSpec
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.results import ItemResult
+from kvlab.core.tune_spec import TuneSpec, backend_space, rungs
 from kvlab.engines.base import EngineFailure
 from kvlab.experiments.analysis import decide, summarize
 from kvlab.experiments.decision import PairedScores
-from kvlab.experiments.results import ItemResult
 from kvlab.experiments.verdict import judge_tasks
 from kvlab.store import Store, StoreError
 from kvlab.store.records import CandidateRecord, TrialRecord
+from kvlab.store.tunes import study_name
 from kvlab.tasks import TaskItem
 from kvlab.tune import study as studies
-from kvlab.tune.judge import Evidence, Limits, Verdict, confirmed, judge, leftover_reason, rungs
+from kvlab.tune.judge import Evidence, Limits, Verdict, confirmed, judge, leftover_reason
 from kvlab.tune.recommend import recommendation
-from kvlab.tune.spec import TuneSpec, backend_space, grid_points
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +50,6 @@ class Executor(Protocol):
     """Runs the experiment's queued trials; ``drain`` returns once none is queued or running."""
 
     def drain(self, experiment_id: int, stopping: Callable[[], bool]) -> None: ...
-
-
-def study_name(experiment_id: int) -> str:
-    return f"kvlab-experiment-{experiment_id}"
 
 
 @dataclass
@@ -407,10 +406,3 @@ def _verdict_fields(e: Evidence, max_drop: float) -> dict[str, Any]:
             "kv_bytes": e.kv_bytes if e.kv_bytes != float("inf") else None,
             "ttft_ms": e.ttft_ms, "tpot_ms": e.tpot_ms, "acceptable": e.non_inferior(max_drop),
             "mean_kl": e.mean_kl, "kl_high": e.kl_high}
-
-
-def grid_size(spec: ExperimentSpec, n_items: int) -> tuple[int, int]:
-    """(points, item evaluations) of the equivalent full grid: every candidate and the baseline on every item."""
-    tune, _ = backend_space(spec.tune, spec.backend.kind) if spec.tune else (None, [])
-    points = grid_points(tune) if tune else 0
-    return points, (points + 1) * n_items

@@ -24,29 +24,11 @@ Pure functions over plain values: the driver feeds them what the store holds.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from kvlab.experiments.decision import Margins, PairedScores
+from kvlab.core.margins import Margins
+from kvlab.experiments.decision import PairedScores
 from kvlab.experiments.verdict import TaskVerdict
-
-
-def rungs(n_items: int, min_items: int, eta: int) -> list[int]:
-    """Item counts of the rungs, ascending: ``n_items``, divided by ``eta`` while above ``min_items``,
-    the smallest being ``min_items``; a rung under 1.5x the one below it is dropped (it would
-    decide nothing new)."""
-    floor = min(min_items, n_items)
-    sizes = [n_items]
-    while sizes[-1] > floor:
-        sizes.append(max(math.ceil(sizes[-1] / eta), floor))
-    sizes.reverse()
-    kept = [sizes[0]]
-    for size in sizes[1:]:
-        if size >= 1.5 * kept[-1] or size == n_items:
-            if size == n_items and len(kept) > 1 and size < 1.5 * kept[-1]:
-                kept.pop()
-            kept.append(size)
-    return kept
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.config import ExperimentSpec
-from kvlab.experiments.results import ItemResult
+from kvlab.core.experiment_spec import ExperimentSpec
+from kvlab.core.results import ItemResult
+from kvlab.core.tune_spec import backend_space, grid_points, rungs
 from kvlab.store.records import CandidateRecord, TrialRecord, baseline_trial
-from kvlab.tune.judge import rungs
-from kvlab.tune.spec import backend_space, grid_points
 
 MB = 1e6  # the recommendation and `kvlab tune` speak decimal MB
 

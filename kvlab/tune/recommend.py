@@ -13,10 +13,10 @@ from typing import Any
 
 import tomli_w
 
-from kvlab.backends import BACKENDS, SERVER_KINDS
-from kvlab.compress.formats import FORMATS
-from kvlab.compress.methods import PARAMS
-from kvlab.config import KVCacheConfig
+from kvlab.core.backends import BACKENDS, SERVER_KINDS
+from kvlab.core.formats import FORMATS
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.methods import PARAMS
 from kvlab.experiments.analysis import ConfigSummary, Decision
 
 ENGINES = {kind: BACKENDS[kind].title for kind in SERVER_KINDS}

@@ -1,7 +1,7 @@
 """A tune's store record, its driver in this process, and the two executors that run one.
 
 A tune is submitted like any experiment (:func:`kvlab.experiments.submit.submit`), which stores it
-with :func:`store_tune`: the baseline (and any fixed ``[[configs]]``) on the first round's items and
+with the baseline (and any fixed ``[[configs]]``) on the first round's items and
 the search recorded, with no driver yet.  Its driver then takes it over and drives it with a worker
 in this process that claims only its trials (as ``kvlab run`` does); ``kvlab worker`` processes on
 other hosts may serve the same tune.
@@ -24,21 +24,20 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, parse_spec
+from kvlab.core.experiment_spec import ExperimentSpec, parse_spec
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.tune_spec import backend_space, candidate_grid
 from kvlab.engines.base import Engine, EngineFailure
 from kvlab.engines.factory import build_engine, task_tokenizer
 from kvlab.errlog import one_line
 from kvlab.experiments import launcher
-from kvlab.experiments.provenance import environment
 from kvlab.experiments.runner import build_items
 from kvlab.experiments.submit import Start
 from kvlab.experiments.worker import Worker, new_worker_id
 from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.store import Store, require_shared_store
-from kvlab.tasks import TaskItem, planned_items
-from kvlab.tune.driver import Tuner, grid_size, study_name
-from kvlab.tune.judge import rungs
-from kvlab.tune.spec import backend_space, candidate_grid
+from kvlab.tasks import TaskItem
+from kvlab.tune.driver import Tuner
 
 #: The driver's own worker takes a whole round at once: its trials share each item's prefill.
 ROUND_BATCH = 1000
@@ -103,10 +102,9 @@ class Driving:
         """On Ray, refused at once (one line), before the tune is stored or taken over: an address where
         no cluster answers, an in-memory store (the actors are other processes)."""
         if self.on_ray:
-            from kvlab.experiments.ray_executor import check_ray_address
+            from kvlab.experiments.ray_executor import refuse_ray_run
 
-            check_ray_address(self.ray_address)
-            require_shared_store()
+            refuse_ray_run(self.ray_address)
 
 
 @dataclass(frozen=True)
@@ -141,27 +139,6 @@ class DetachedTune:
     @contextmanager
     def ready(self, spec: ExperimentSpec) -> Iterator[Start[launcher.BackgroundTune]]:
         yield lambda store, experiment_id: launcher.start_tune_driver(["--drive", str(experiment_id)])
-
-
-def store_tune(store: Store, spec: ExperimentSpec) -> int:
-    """Store a new tune: the experiment with its baseline (and any fixed ``[[configs]]``) on the first
-    round's items, and its search, which the driver that takes it over runs."""
-    tune = spec.tune
-    if tune is None:
-        raise ConfigError("the spec has no [tune] table")
-    n_items = 0
-    for index, task in enumerate(spec.tasks):
-        count = planned_items(task)
-        if count is None:
-            raise ConfigError(f"tasks.{index}.path: {task.path} cannot be read here")
-        n_items += count
-    rounds = rungs(n_items, tune.min_items, tune.eta)
-    experiment_id = store.create_experiment(spec, environment(torch_facts=False), item_limit=rounds[0])
-    points, evals = grid_size(spec, n_items)
-    store.start_tune(experiment_id, study_name(experiment_id), points, evals, driver_id=None)
-    store.log_event(experiment_id, f"tune: {points} configs in the search space ({evals} item evaluations as a "
-                    f"full grid); rounds of {', '.join(map(str, rounds))} items")
-    return experiment_id
 
 
 def drive_stored(experiment_id: int, *, resuming: bool, driving: Driving = Driving()) -> TuneOutcome:

@@ -16,8 +16,8 @@ from typing import Any
 import optuna
 from sqlalchemy import URL, Engine, text
 
-from kvlab.config import KVCacheConfig
-from kvlab.tune.spec import TuneSpec
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.tune_spec import TuneSpec
 
 OBJECTIVES = ("kv_bytes", "accuracy")
 DIRECTIONS = ("minimize", "maximize")
@@ -70,12 +70,12 @@ def open_study(engine: Engine, name: str, tune: TuneSpec, seed: int) -> optuna.S
 
 
 def initial_design(tune: TuneSpec) -> list[dict[str, Any]]:
-    """The first proposals, as Optuna parameters (:meth:`kvlab.space.ConfigSpace.initial_design`)."""
+    """The first proposals, as Optuna parameters (:meth:`kvlab.core.space.ConfigSpace.initial_design`)."""
     return tune.space().initial_design()
 
 
 def suggest_config(trial: optuna.Trial, tune: TuneSpec) -> KVCacheConfig:
-    """The config a proposal names (:meth:`kvlab.space.ConfigSpace.suggest`)."""
+    """The config a proposal names (:meth:`kvlab.core.space.ConfigSpace.suggest`)."""
     return KVCacheConfig(**tune.space().suggest(trial))
 
 

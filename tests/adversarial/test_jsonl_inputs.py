@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.config import ConfigError
-from kvlab.errors import HostLacksError
+from kvlab.core.errors import ConfigError, HostLacksError
 from kvlab.dashboard.spec_form import build_spec, default_form
 from kvlab.paths import DATA_DIR_VAR
 from kvlab.tasks.data_dir import checked_data_file, resolve_data_path, save_upload
@@ -266,7 +265,7 @@ def test_a_missing_file_is_this_hosts_problem(tmp_path):
 
 
 def test_a_path_with_a_newline_is_refused_in_the_spec():
-    from kvlab.config import parse_spec
+    from kvlab.core.experiment_spec import parse_spec
 
     with pytest.raises(ConfigError, match="tasks.0.path: give a file path of at most 4096 printable"):
         parse_spec({"tasks": [{"name": "jsonl", "path": "a\nb.jsonl"}], "configs": [{}]})

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from kvlab.experiments.ray_executor import CONNECT_TIMEOUT_S  # does not import Ray
 from kvlab.store import Store
 from tests.waiting import SAFETY_S
-
-from kvlab.experiments.ray_executor import CONNECT_TIMEOUT_S  # does not import Ray
 
 # Found, not imported: Ray reads its auth settings when first imported, and tests/experiments/test_ray_executor.py
 # sets them for its token-auth cluster before its import; an import here, earlier in the same pytest
@@ -134,7 +133,7 @@ def _check_in_a_process(address: str) -> str:
     """check_ray_address in a process of its own: what it raised, or "ok".  Not in the test process:
     Ray's and gRPC's process-wide state after a failed probe kept the two-node cluster of
     tests/experiments/test_ray_executor.py from connecting later in the same pytest run."""
-    code = ("import sys\nfrom kvlab.errors import ConfigError\n"
+    code = ("import sys\nfrom kvlab.core.errors import ConfigError\n"
             "from kvlab.experiments.ray_executor import check_ray_address\n"
             "try:\n    check_ray_address(sys.argv[1])\nexcept ConfigError as error:\n    print(error)\n"
             "else:\n    print('ok')\n")

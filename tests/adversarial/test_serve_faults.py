@@ -255,7 +255,7 @@ def failing_server(engine, tmp_path, monkeypatch) -> Iterator[tuple[str, Callabl
     """``kvlab serve``'s app on 127.0.0.1 (in this process) over the real model, whose first
     attention layer raises once a given number of forward passes have run (a device fault, say).
     Yields ``(root URL, fail_after(passes))``; logs go under ``tmp_path``."""
-    from kvlab.config import KVCacheConfig
+    from kvlab.core.kv_config import KVCacheConfig
     from kvlab.serve import ServedModel, create_app
 
     monkeypatch.setenv("KVLAB_HOME", str(tmp_path))

@@ -14,13 +14,13 @@ import json
 
 import pytest
 
-from kvlab.config import ConfigError, parse_spec, parse_spec_toml
-from kvlab.experiments.provenance import environment
-from kvlab.config import check_on_this_host
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.limits import BOUNDS
+from kvlab.core.tune_spec import TuneSpec, candidate_grid, grid_points
 from kvlab.experiments.submit import store_experiment
-from kvlab.limits import BOUNDS
+from kvlab.spec_files import check_on_this_host, parse_spec_toml
 from kvlab.store import Store
-from kvlab.tune.spec import TuneSpec, candidate_grid, grid_points
 from tests.adversarial.test_cli_inputs import Kvlab, write
 
 TASKS = [{"name": "passkey", "context_lengths": [256]}]

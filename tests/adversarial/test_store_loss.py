@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.config import parse_spec
+from kvlab.core.experiment_spec import parse_spec
 from kvlab.store import Store
 from tests.waiting import SAFETY_S, wait_until
 

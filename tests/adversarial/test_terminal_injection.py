@@ -16,9 +16,10 @@ import threading
 import pytest
 
 from kvlab.cli.outputs import shown
-from kvlab.config import ConfigError, parse_spec
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.results import ItemResult
 from kvlab.experiments.provenance import environment
-from kvlab.experiments.results import ItemResult
 from kvlab.store import Store
 from tests.adversarial.test_cli_inputs import Kvlab
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.config import parse_spec
+from kvlab.core.experiment_spec import parse_spec
 from kvlab.store import ExperimentNotFoundError, Store
 from tests.waiting import SAFETY_S, wait_until
 

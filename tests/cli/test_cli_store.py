@@ -9,9 +9,9 @@ import json
 import pytest
 
 from kvlab.cli.main import main
-from kvlab.config import parse_spec
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.results import ItemResult
 from kvlab.experiments.provenance import environment
-from kvlab.experiments.results import ItemResult
 from kvlab.store import Store
 from tests.waiting import SAFETY_S
 

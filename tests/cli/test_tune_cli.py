@@ -36,7 +36,7 @@ def test_refusals_are_one_line(args, message, tmp_path):
 
 
 def test_resuming_a_plain_experiment_is_refused(tmp_path):
-    from kvlab.config import load_spec
+    from kvlab.spec_files import load_spec
     from kvlab.store import Store
     from tests.store.test_store import ENV
 

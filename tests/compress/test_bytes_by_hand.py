@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
 from kvlab.tasks.haystack import load_haystack
 
 pytestmark = pytest.mark.model

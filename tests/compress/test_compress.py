@@ -16,7 +16,7 @@ from kvlab.compress.accounting import (
 )
 from kvlab.compress.cache import CompressedLayer, build_compressed_cache
 from kvlab.compress.quantization import dequantize, pack_codes, quantize, unpack_codes
-from kvlab.config import QUANT_DTYPES, KVCacheConfig
+from kvlab.core.kv_config import QUANT_DTYPES, KVCacheConfig
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])

@@ -1,6 +1,6 @@
 """Every registered eviction method runs on the real default model: ratio 0.5 on passkey items.
 
-This test is what ``checked_on_default_model`` in :mod:`kvlab.compress.methods` means: the flag
+This test is what ``checked_on_default_model`` in :mod:`kvlab.core.methods` means: the flag
 is True exactly for the methods run here.  All methods of an item share one prefill (one
 ``engine.evaluate`` call), so the whole check is a few prefills.
 """
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from kvlab.compress.eviction import scorer_key
-from kvlab.compress.methods import METHODS
-from kvlab.config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.methods import METHODS
+from kvlab.core.tasks import TaskSpec
 from kvlab.tasks import TaskItem, generate_items
-from kvlab.tasks.spec import TaskSpec
 
 pytestmark = pytest.mark.model
 

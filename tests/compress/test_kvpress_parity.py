@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlab.config import KVCacheConfig
-from kvlab.tasks import TaskSpec, generate_items
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.tasks import TaskSpec
+from kvlab.tasks import generate_items
 
 pytestmark = pytest.mark.model
 

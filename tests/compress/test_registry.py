@@ -13,12 +13,14 @@ import torch
 
 from kvlab.cli.main import build_parser
 from kvlab.compress.eviction import make_scorer, scorer_key
-from kvlab.compress.formats import FORMATS, INT_BITS
-from kvlab.compress.methods import BUDGET_BOUNDS, METHODS, PARAMS, REFUSED
 from kvlab.compress.quantization import FP8_DTYPES
-from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, ConfigError, KVCacheConfig, SweepGrid, parse_spec_toml
+from kvlab.core.errors import ConfigError
+from kvlab.core.formats import FORMATS, INT_BITS
+from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig, SweepGrid
+from kvlab.core.methods import BUDGET_BOUNDS, METHODS, PARAMS, REFUSED
 from kvlab.dashboard.spec_form import BUDGET_RANGE, default_form
 from kvlab.dashboard.views import QUANT_BITS
+from kvlab.spec_files import parse_spec_toml
 
 
 def _scorer_presses() -> set[str]:

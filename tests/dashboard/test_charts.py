@@ -6,13 +6,13 @@ import re
 
 import pytest
 
-from kvlab.experiments.decision import Margins
+from kvlab.core.margins import Margins
 from kvlab.dashboard import charts
-from kvlab.experiments.analysis import breakdown, summarize
 from kvlab.dashboard.chart_export import browser_path, figure_html, figure_image, redact, report_html
+from kvlab.dashboard.views import MIB, compare_rows
+from kvlab.experiments.analysis import breakdown, summarize
 from kvlab.paths import STATIC_DIR
 from kvlab.store import TelemetrySample
-from kvlab.dashboard.views import MIB, compare_rows
 from tests.dashboard_data import PROFILE, item_result
 
 RESULTS = [item_result(config, index, length, depth) for config in PROFILE

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvlab.config import parse_spec
+from kvlab.core.experiment_spec import parse_spec
 from kvlab.dashboard import page_table, views
 from kvlab.store import Store
 from tests.dashboard_data import item_result, populate

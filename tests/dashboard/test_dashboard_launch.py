@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from kvlab.config import parse_spec
+from kvlab.core.experiment_spec import parse_spec
 from kvlab.dashboard.executor_form import Executor
 from kvlab.dashboard.launch import Refused, launch_sweep, launch_tune
 from kvlab.dashboard.tune_launch import launched_here

@@ -1,5 +1,5 @@
 """The new-experiment page's Tune mode through Streamlit's AppTest (the real app.py on a temporary
-store): the [tune] widgets validate through kvlab.config.parse_spec with one-line messages, and the
+store): the [tune] widgets validate through kvlab.core.experiment_spec.parse_spec with one-line messages, and the
 preview shows the full grid against what the tune starts with, counted by hand."""
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.config import parse_spec
+from kvlab.core.experiment_spec import parse_spec
 from kvlab.dashboard import page_table
 from kvlab.dashboard.tune_launch import record_launch
-from tests.dashboard_data import populate
 from tests.dashboard.test_dashboard import assert_clean, open_page, store, texts  # noqa: F401 -- store: the fixture
+from tests.dashboard_data import populate
 from tests.tune_data import SPEC, populate_tune
 
 TUNE = page_table.TUNE.script
@@ -65,7 +65,7 @@ def test_a_tune_whose_search_is_not_stored_yet_is_starting(store):
     assert at.title[0].value == "Tune: synthetic-tune"
     assert f"Tune #{experiment_id} is starting" in texts(at.info)
     assert "sweep" not in texts(at.error) and "kvlab run" not in texts(at.error) + texts(at.info)
-    store.start_tune(experiment_id, "kvlab-experiment", 11, 240, "test-host-1-driver")
+    store.start_tune(experiment_id, 11, 240, "test-host-1-driver")
     at.run()
     assert_clean(at)
     assert "is starting" not in texts(at.info) and at.metric  # the tune's view

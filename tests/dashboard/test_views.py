@@ -10,10 +10,10 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.margins import DEFAULT_MAX_DROP, DEFAULT_MAX_KL, Margins
 from kvlab.dashboard import estimate, spec_form, views
-from kvlab.experiments.analysis import decide, summarize
-from kvlab.experiments.decision import DEFAULT_MAX_DROP, DEFAULT_MAX_KL, Margins
-from kvlab.config import ConfigError, load_spec, parse_spec, parse_spec_toml
 from kvlab.dashboard.spec_form import (
     assign_errors,
     build_spec,
@@ -23,6 +23,8 @@ from kvlab.dashboard.spec_form import (
     list_examples,
     parse_numbers,
 )
+from kvlab.experiments.analysis import decide, summarize
+from kvlab.spec_files import load_spec, parse_spec_toml
 from kvlab.store import ExperimentRecord
 from tests.dashboard_data import PROFILE, item_result
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kvlab.backends import BACKENDS
+from kvlab.core.backends import BACKENDS
 from kvlab.secrets import mask
 from tests.e2e.dashboard_server import CHROMIUM, ROOT, start_dashboard
 from tests.serving import API_KEY, API_KEY_VAR

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from kvlab.compress.accounting import CacheGeometry
-from kvlab.config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.tasks import TaskSpec
 from kvlab.engines.attention import MemberStates, kvlab_attention_forward
 from kvlab.engines.batched_decode import MemberClock, batch_limit, member_bytes, token_kl
 from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.tasks import TaskItem, generate_items
-from kvlab.tasks.spec import TaskSpec
 
 pytestmark = pytest.mark.model
 

@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
-from kvlab.config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig
-from kvlab.experiments.results import MEASURED_EMBEDDED
+from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig
+from kvlab.core.results import MEASURED_EMBEDDED
+from kvlab.core.tasks import TaskSpec
 from kvlab.tasks import TaskItem, generate_items, score_item
-from kvlab.tasks.spec import TaskSpec
 
 pytestmark = pytest.mark.model
 

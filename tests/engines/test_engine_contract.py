@@ -1,6 +1,6 @@
 """The engine contract: every engine provides all of :class:`kvlab.engines.base.Engine`, nothing
 in kvlab asks an engine for an attribute with ``getattr``, and every engine's KV bytes are one
-:class:`kvlab.experiments.results.KVMeasurement`.
+:class:`kvlab.core.results.KVMeasurement`.
 
 (tests/fake_engines holds stand-in *servers* for vLLM and SGLang, not engines: kvlab drives them
 through :class:`LaunchedServerEngine`, which is checked here.)
@@ -18,12 +18,13 @@ from typing import Any, get_args
 import pytest
 
 import kvlab
-from kvlab.config import KVCacheConfig, parse_spec
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.results import MEASURED_SERVED, NOT_REPORTED, ItemResult, KVMeasurement
 from kvlab.engines.base import Engine, Phase, passes
 from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.engines.launched import LaunchedServerEngine
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine
-from kvlab.experiments.results import MEASURED_SERVED, NOT_REPORTED, ItemResult, KVMeasurement
 from kvlab.secrets import Endpoint
 from kvlab.tasks import TaskItem
 
@@ -115,8 +116,9 @@ def test_served_engines_start_idle_and_declare_what_they_launch():
 
 @pytest.mark.model
 def test_the_embedded_engine_is_idle_between_items(engine):
-    from kvlab.config import KVCacheConfig
-    from kvlab.tasks import TaskSpec, generate_items
+    from kvlab.core.kv_config import KVCacheConfig
+    from kvlab.core.tasks import TaskSpec
+    from kvlab.tasks import generate_items
 
     item = generate_items(TaskSpec(name="passkey", context_lengths=[256], depths=[0.5], num_items=1),
                           engine.tokenizer, seed=0)[0]

@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvlab.config import ConfigError, parse_spec
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import parse_spec
 from kvlab.experiments.runner import run_experiment
 from tests.waiting import SAFETY_S
 

@@ -12,12 +12,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from kvlab.cli.main import main
-from kvlab.config import ConfigError, parse_spec
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import parse_spec
 from kvlab.engines.factory import build_engine
 from kvlab.engines.openai_compat import EndpointError
 from kvlab.experiments.runner import run_experiment
-from kvlab.store import Store
 from kvlab.experiments.worker import Worker, WorkerSettings
+from kvlab.store import Store
 from tests.serving import API_KEY, API_KEY_VAR, kvlab_serve
 
 pytestmark = pytest.mark.model

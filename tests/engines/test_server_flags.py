@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.config import ConfigError, KVCacheConfig, ServerOptions
-from kvlab.compress.formats import engine_dtypes
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ServerOptions
+from kvlab.core.formats import engine_dtypes
+from kvlab.core.kv_config import KVCacheConfig
 from kvlab.engines.server_flags import (
     check_config,
     health_path,

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.experiments.decision import Margins
+from kvlab.core.margins import Margins
+from kvlab.core.results import ItemResult
 from kvlab.experiments.analysis import (
     accuracy_interval,
     breakdown,
+    decide,
+    length_group,
     paired_test,
     pareto_front,
     summarize,
-    decide,
-    length_group,
     sweet_spot,
     wilson_interval,
 )
 from kvlab.experiments.decision import PairedScores, holm, items_needed
-from kvlab.experiments.results import ItemResult
 
 
 def _result(config: str, item: int, score: float, physical: int, baseline: int = 1000) -> ItemResult:

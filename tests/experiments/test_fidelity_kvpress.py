@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from kvlab.config import KVCacheConfig
-from kvlab.experiments.results import TEACHER_BASELINE_OUTPUT
-from kvlab.tasks import TaskItem, TaskSpec, generate_items
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.results import TEACHER_BASELINE_OUTPUT
+from kvlab.core.tasks import TaskSpec
+from kvlab.tasks import TaskItem, generate_items
 
 pytestmark = pytest.mark.model
 

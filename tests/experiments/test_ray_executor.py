@@ -32,10 +32,12 @@ from typing import Any
 import pytest
 from sqlalchemy import make_url
 
-from kvlab.config import ConfigError, load_spec, parse_spec
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import parse_spec
 from kvlab.experiments.nodes import node_of
 from kvlab.experiments.submit import store_experiment
 from kvlab.experiments.worker_settings import WorkerSettings
+from kvlab.spec_files import load_spec
 from kvlab.store import Store, StoreError
 from tests.conftest import PG_URL
 from tests.waiting import SAFETY_S, wait_until

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from kvlab.experiments.analysis import decide, pareto_front, summarize, sweet_spot
-from kvlab.experiments.decision import Margins
 from kvlab.cli.main import main
-from kvlab.config import parse_spec
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.margins import Margins
+from kvlab.experiments.analysis import decide, pareto_front, summarize
 from kvlab.experiments.runner import run_experiment
 
 pytestmark = pytest.mark.model

@@ -10,9 +10,10 @@ import statistics
 import pytest
 from scipy import stats
 
+from kvlab.core.margins import RULE, Margins
+from kvlab.core.results import Fidelity, ItemResult
 from kvlab.experiments.analysis import decide, summarize
-from kvlab.experiments.decision import RULE, Margins, PairedScores, holm
-from kvlab.experiments.results import Fidelity, ItemResult
+from kvlab.experiments.decision import PairedScores, holm
 from kvlab.experiments.verdict import ACCURACY, FIDELITY, NEITHER, judge_tasks
 
 BASELINE_BYTES = 1000

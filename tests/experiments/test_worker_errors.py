@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import update
 
-from kvlab.config import ConfigError, parse_spec
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import parse_spec
 from kvlab.engines.base import Engine, EngineFailure
+from kvlab.experiments.worker import Worker, WorkerGaveUp
+from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.models import ModelNotAvailableError
 from kvlab.store import Store
 from kvlab.store.tables import ExperimentRow
-from kvlab.experiments.worker import Worker, WorkerGaveUp
-from kvlab.experiments.worker_settings import WorkerSettings
 
 SPEC = {"name": "stale-spec", "tasks": [{"name": "passkey", "context_lengths": [256]}],
         "configs": [{"name": "baseline"}, {"name": "int4", "quant": "int4"}]}

@@ -43,7 +43,7 @@ def main(kind: str) -> None:
     import torch
     import uvicorn
 
-    from kvlab.config import KVCacheConfig
+    from kvlab.core.kv_config import KVCacheConfig
     from kvlab.engines.embedded import EmbeddedEngine
     from kvlab.models import load_model
     from kvlab.serve import ServedModel, create_app

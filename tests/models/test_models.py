@@ -24,6 +24,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 import kvlab.models.fetch as fetch
 import kvlab.models.resolve as resolve
+from kvlab.core.model_registry import WheelPart
 from kvlab.models import (
     DEFAULT_MODEL,
     KNOWN_MODELS,
@@ -37,7 +38,6 @@ from kvlab.models import (
     resolve_model,
 )
 from kvlab.models.checkpoints import MANIFEST, read_manifest
-from kvlab.paths import kvlab_home, models_root
 from kvlab.models.errors import ModelFileError
 from kvlab.models.gguf_tokenizer import (
     BYTE,
@@ -50,7 +50,7 @@ from kvlab.models.gguf_tokenizer import (
     build_tokenizer,
     read_gguf_vocab,
 )
-from kvlab.models.registry import WheelPart
+from kvlab.paths import kvlab_home, models_root
 
 TINY_CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvlab.experiments.results import KVMeasurement
+from kvlab.core.results import KVMeasurement
 from tests.serving import API_KEY
 
 pytestmark = pytest.mark.model

@@ -25,8 +25,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import event, text, update
 
-from kvlab.config import ExperimentSpec, KVCacheConfig, parse_spec, spec_to_dict
-from kvlab.experiments.results import ItemResult
+from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.results import ItemResult
+from kvlab.core.tasks import TaskSpec
 from kvlab.store import (
     ExperimentNotFoundError,
     SchemaOutdatedError,
@@ -41,7 +43,6 @@ from kvlab.store import (
 from kvlab.store.database import DEFAULT_SQLITE_PATH, require_shared_store, resolve_url
 from kvlab.store.tables import Base, TrialRow
 from tests.waiting import SAFETY_S
-from kvlab.tasks.spec import TaskSpec
 
 ENV = {"versions": {"kvlab": "0.1.0"}, "git_commit": "abc123", "hardware": {"cpu": "test"}}
 
@@ -601,9 +602,10 @@ def test_read_only_sqlite(tmp_path):
 LOSS_PROBE = """
 import sys
 from pathlib import Path
-from kvlab.config import ExperimentSpec, KVCacheConfig
+from kvlab.core.experiment_spec import ExperimentSpec
+from kvlab.core.kv_config import KVCacheConfig
 from kvlab.store import Store, StoreLost
-from kvlab.tasks.spec import TaskSpec
+from kvlab.core.tasks import TaskSpec
 path = Path(sys.argv[1])
 with Store(f"sqlite:///{path}") as store:
     spec = ExperimentSpec(name="probe", tasks=[TaskSpec(name="passkey")], configs=[KVCacheConfig(name="int4", quant="int4")])

@@ -9,7 +9,8 @@ import optuna
 import pytest
 from sqlalchemy import create_engine, inspect, make_url, text
 
-from kvlab.config import KVCacheConfig, parse_spec
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.kv_config import KVCacheConfig
 from kvlab.store import Store, StoreError
 from kvlab.store.tunes import TuneBusyError
 from kvlab.tune.study import open_study, storage_url
@@ -28,7 +29,7 @@ def store(db_url):
 
 def test_rounds_keep_the_experiment_open_until_the_driver_closes_it(store):
     experiment_id = store.create_experiment(SPEC, ENV, item_limit=2)
-    store.start_tune(experiment_id, "study", grid_points=2, grid_item_evals=12, driver_id="host-1-aaaaaa")
+    store.start_tune(experiment_id, grid_points=2, grid_item_evals=12, driver_id="host-1-aaaaaa")
     (baseline,) = store.trials(experiment_id)
     assert baseline.item_limit == 2
     (int8,) = store.add_candidates(experiment_id, [(KVCacheConfig(quant="int8"), 0)], item_limit=2)
@@ -60,12 +61,12 @@ def test_a_live_driver_keeps_its_tune_and_a_dead_one_is_replaced(store):
 
     host = socket.gethostname()
     alive, taken = store.create_experiment(SPEC, ENV, item_limit=2), store.create_experiment(SPEC, ENV, item_limit=2)
-    store.start_tune(alive, "a", 2, 12, driver_id=f"{host}-{os.getpid()}-abcdef")  # this very process
+    store.start_tune(alive, 2, 12, driver_id=f"{host}-{os.getpid()}-abcdef")  # this very process
     with pytest.raises(TuneBusyError, match="its tune is driven by"):
         store.take_over_tune(alive, f"{host}-1-bbbbbb")
     exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                             text=True, check=True).stdout.strip()
-    store.start_tune(taken, "b", 2, 12, driver_id=f"{host}-{exited}-cccccc")  # heartbeat fresh, process gone
+    store.start_tune(taken, 2, 12, driver_id=f"{host}-{exited}-cccccc")  # heartbeat fresh, process gone
     assert store.take_over_tune(taken, f"{host}-2-dddddd") == f"{host}-{exited}-cccccc"
     assert store.tune_heartbeat(taken, f"{host}-2-dddddd")
     assert not store.tune_heartbeat(taken, f"{host}-{exited}-cccccc")
@@ -73,7 +74,7 @@ def test_a_live_driver_keeps_its_tune_and_a_dead_one_is_replaced(store):
 
 def test_cancel_ends_the_tune_too(store):
     experiment_id = store.create_experiment(SPEC, ENV, item_limit=2)
-    store.start_tune(experiment_id, "study", 2, 12, driver_id="host-1-aaaaaa")
+    store.start_tune(experiment_id, 2, 12, driver_id="host-1-aaaaaa")
     store.cancel_experiment(experiment_id)
     assert store.tune(experiment_id).state == "cancelled"
     assert store.tune(store.create_experiment(SPEC, ENV)) is None  # a plain experiment has no tune
@@ -127,7 +128,7 @@ def test_a_tune_is_not_rerun_as_a_sweep_and_exports_its_verdicts(store):
     from kvlab.experiments.export import experiment_document
 
     experiment_id = store.create_experiment(SPEC, ENV, item_limit=2)
-    store.start_tune(experiment_id, "study", 2, 12, driver_id="host-1-aaaaaa")
+    store.start_tune(experiment_id, 2, 12, driver_id="host-1-aaaaaa")
     (trial_id,) = store.add_candidates(experiment_id, [(KVCacheConfig(quant="int8"), 0)], item_limit=2)
     store.judge_candidate(trial_id, state="stopped", reason="clearly inferior after 2 items", judged_items=2)
     with pytest.raises(StoreError, match=f"is a tune: .*kvlab tune --resume {experiment_id}"):

@@ -1,7 +1,7 @@
 """The task registry (kvlab.tasks.registry): its entries are consistent, and an entry is all a new task needs.
 
 The end-to-end test registers a task that exists nowhere in kvlab ("echo": random words, the answer is
-the last one) with nothing but an entry in ``TASKS``, and runs it through the embedded engine on the
+the last one, its functions in this module) with nothing but an entry in ``TASKS``, and runs it through the embedded engine on the
 default model: spec validation, item generation and counting, the engine, scoring, shortcuts and the
 report all take it from the entry.
 """
@@ -11,14 +11,15 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from kvlab.config import parse_spec
-from kvlab.errors import ConfigError
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.tasks import SPEC_FIELDS, TASKS, Task, TaskSpec
 from kvlab.experiments.report import render
 from kvlab.experiments.runner import run_experiment
-from kvlab.tasks import TASKS, Task, TaskName, TaskSpec, generate_items, planned_items, score_item
+from kvlab.tasks import generate_items, planned_items, score_item
 from kvlab.tasks.haystack import fit_to_length, item_slots
 from kvlab.tasks.items import TaskItem
-from kvlab.tasks.registry import SPEC_FIELDS
+from kvlab.tasks.registry import resolve
 from tests.tasks.test_tasks import WS
 
 WORDS = ("apple", "river", "stone", "cloud", "garden", "violin", "lantern", "meadow")
@@ -47,8 +48,10 @@ def first_word(item: TaskItem) -> dict[str, float]:
     return {"first word": float(item.context.split()[0] == item.answer)}
 
 
-ECHO = Task("echo", echo_items, scorer=mentions_answer, fields=frozenset({"context_lengths", "num_items", "max_new_tokens"}),
-            chance_floor=f"1/{len(WORDS)} (any word of the vocabulary)", shortcuts=first_word)
+HERE = __name__  # the entry names this module's functions, as kvlab's own entries name theirs
+ECHO = Task("echo", f"{HERE}:echo_items", scorer=f"{HERE}:mentions_answer",
+            fields=frozenset({"context_lengths", "num_items", "max_new_tokens"}),
+            chance_floor=f"1/{len(WORDS)} (any word of the vocabulary)", shortcuts=f"{HERE}:first_word")
 
 
 @pytest.fixture
@@ -60,8 +63,8 @@ def echo(monkeypatch) -> Task:
 # --- the entries ----------------------------------------------------------------------------
 
 
-def test_the_literal_lists_the_registry_and_the_spec_module_forwards_it():
-    assert TaskName.__args__ == tuple(TASKS) == ("passkey", "multikey", "variable_tracking", "perplexity", "jsonl")
+def test_the_spec_schema_lists_the_registry():
+    assert tuple(TASKS) == ("passkey", "multikey", "variable_tracking", "perplexity", "jsonl")
     assert TaskSpec.model_json_schema()["properties"]["name"]["enum"] == list(TASKS)
 
 
@@ -77,11 +80,19 @@ def test_every_generated_task_makes_items_of_its_kind_and_counts_them(name):
 
 def test_an_entry_that_contradicts_itself_is_refused_at_once():
     with pytest.raises(ValueError, match=r"task 'x': \['num_pair'\] are not TaskSpec fields"):
-        Task("x", echo_items, scorer=mentions_answer, chance_floor="0", fields=frozenset({"num_pair"}))
+        Task("x", ECHO.generate, scorer=ECHO.scorer, chance_floor="0", fields=frozenset({"num_pair"}))
     with pytest.raises(ValueError, match="perplexity items, and only they, have no scorer"):
-        Task("x", echo_items, scorer=None, chance_floor="0", fields=frozenset())
+        Task("x", ECHO.generate, scorer=None, chance_floor="0", fields=frozenset())
     with pytest.raises(ValueError, match="perplexity items, and only they, have no scorer"):
-        Task("x", echo_items, scorer=mentions_answer, chance_floor="0", fields=frozenset(), kind="perplexity")
+        Task("x", ECHO.generate, scorer=ECHO.scorer, chance_floor="0", fields=frozenset(), kind="perplexity")
+    with pytest.raises(ValueError, match=r"task 'x': \['echo_items'\] are not 'module:function' references"):
+        Task("x", "echo_items", scorer=ECHO.scorer, chance_floor="0", fields=frozenset())
+
+
+def test_every_entry_names_functions_that_exist():
+    for task in TASKS.values():
+        for reference in (task.generate, task.scorer, task.shortcuts, task.count_items):
+            assert reference is None or callable(resolve(reference)), (task.name, reference)
 
 
 def test_an_unknown_name_is_one_line_naming_every_registered_task(echo):

@@ -9,18 +9,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from kvlab.tasks import (
-    ContextTooShortError,
-    JsonlTaskError,
-    TaskItem,
-    TaskSpec,
-    count_tokens,
-    generate_items,
-    score_item,
-)
+from kvlab.core.tasks import TaskSpec
+from kvlab.models.checkpoints import model_dir
+from kvlab.tasks import ContextTooShortError, JsonlTaskError, TaskItem, count_tokens, generate_items, score_item
 from kvlab.tasks.haystack import HAYSTACK_FILE, load_haystack
 from kvlab.tasks.multikey import needle_text as multikey_needle
-from kvlab.models.checkpoints import model_dir
 from kvlab.tasks.passkey import needle_text as passkey_needle
 
 SMOLLM2_DIR = model_dir("smollm2-135m")  # honours KVLAB_HOME

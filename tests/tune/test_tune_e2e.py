@@ -16,7 +16,7 @@ import optuna
 import pytest
 from sqlalchemy import make_url
 
-from kvlab.config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
 from kvlab.store import Store
 from kvlab.tune.study import storage_url
 from tests.conftest import PG_URL

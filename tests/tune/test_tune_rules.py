@@ -9,12 +9,14 @@ import tomllib
 
 import pytest
 
-from kvlab.experiments.decision import Margins
-from kvlab.config import ConfigError, KVCacheConfig, parse_spec
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.margins import Margins
+from kvlab.core.tune_spec import TuneSpec, backend_space, candidate_grid, rungs
 from kvlab.experiments.decision import PairedScores
-from kvlab.tune.judge import Evidence, Limits, judge, leftover_reason, rungs
+from kvlab.tune.judge import Evidence, Limits, judge, leftover_reason
 from kvlab.tune.recommend import config_toml, engine_flag, serve_command
-from kvlab.tune.spec import TuneSpec, backend_space, candidate_grid
 from kvlab.tune.study import initial_design, optuna_schema
 
 TASKS = [{"name": "passkey", "context_lengths": [512], "num_items": 4}]

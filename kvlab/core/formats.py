@@ -1,13 +1,13 @@
 """The quantization format registry: one declarative entry per KV-cache format kvlab knows.
 
 Everything that lists or checks formats reads :data:`FORMATS`: config validation and labels
-(:mod:`kvlab.config`), the sweep and tune spaces (:mod:`kvlab.space`), the byte accounting and
+(:mod:`kvlab.core.kv_config`), the sweep and tune spaces (:mod:`kvlab.core.space`), the byte accounting and
 the quantizer, the dashboard's tables, the launched servers' ``--kv-cache-dtype``, the
 blog-format mapping, the form, ``kvlab serve --quant`` and ``kvlab methods``.  Adding a format is
 one entry here, naming the settings it reads (plus its storage code in
 :mod:`kvlab.compress.quantization` if it is a new kind).
 
-Pure data: nothing here imports torch or :mod:`kvlab.config` (which imports this module).
+Pure data: nothing here imports torch or another kvlab package (the bottom layer, :mod:`kvlab.core`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Setting:
 SETTINGS: dict[str, Setting] = {s.field: s for s in (
     Setting("group_size", DEFAULT_GROUP_SIZE, GROUP_SIZES, prefix="g"),
     Setting("residual_length", DEFAULT_RESIDUAL_LENGTH, prefix="r", unlabelled=(0,)),
-    Setting("key_axis", KEY_AXES[0], KEY_AXES),  # never in a label (it never was)
+    Setting("key_axis", KEY_AXES[0], KEY_AXES, prefix="key-", unlabelled=(KEY_AXES[0],)),  # KIVI's axis: unsaid
 )}
 _INT_SETTINGS = tuple(SETTINGS.values())
 #: fp8 reads its block size and residual window too, but its labels never showed them (a tune left
@@ -66,7 +66,7 @@ class QuantFormat:
     """One KV-cache storage format.
 
     ``settings``: the ``KVCacheConfig`` fields its storage reads -- what a sweep or a tune varies
-    for it (:mod:`kvlab.space`), what its label shows and what ``kvlab serve`` is told; a field it
+    for it (:mod:`kvlab.core.space`), what its label shows and what ``kvlab serve`` is told; a field it
     does not read keeps its default.  ``vllm`` / ``sglang``: the engine's ``--kv-cache-dtype``
     value for this format, or None when the engine has no such cache; ``engine_notes`` then says
     what it offers instead.

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.config import ConfigError, ExperimentSpec, KVCacheConfig, SweepGrid, dump_spec, load_spec, parse_spec
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ExperimentSpec, dump_spec, parse_spec
+from kvlab.core.kv_config import KVCacheConfig, SweepGrid
+from kvlab.spec_files import load_spec
 
 TASKS = [{"name": "passkey", "context_lengths": [1024]}]
 
@@ -73,7 +76,7 @@ def test_toml_round_trip(tmp_path):
 def test_examples_parse():
     from pathlib import Path
 
-    for path in sorted(Path(__file__).parent.parent.joinpath("examples").glob("*.toml")):
+    for path in sorted(Path(__file__).resolve().parents[2].joinpath("examples").glob("*.toml")):
         spec, _ = load_spec(path)
         assert isinstance(spec, ExperimentSpec) and spec.all_configs()
 

@@ -1,7 +1,7 @@
 """The space of KV-cache configs that a ``[sweep]`` expands and a ``[tune]`` searches: one walker for both.
 
 A point of the space is a format, the values of the settings that format reads (its
-``settings`` in :data:`kvlab.compress.formats.FORMATS`: a format that does not read a setting
+``settings`` in :data:`kvlab.core.formats.FORMATS`: a format that does not read a setting
 is never given one), an eviction method and, with a method, a budget.  :class:`ConfigSpace`
 lists the points (:meth:`~ConfigSpace.points`), counts them arithmetically
 (:meth:`~ConfigSpace.size`: validation bounds a space without building it), and proposes them
@@ -9,7 +9,7 @@ to an Optuna study (:meth:`~ConfigSpace.initial_design`, :meth:`~ConfigSpace.sug
 sweep and a tune of the same values hold the same configs.
 
 A point is a dict of ``KVCacheConfig`` fields; the fields it leaves out keep their defaults (the
-baseline is ``{}``).  Pure data: nothing here imports torch, optuna or :mod:`kvlab.config`
+baseline is ``{}``).  Pure data: nothing here imports torch, optuna or :mod:`kvlab.core.kv_config`
 (which builds spaces from its specs).
 """
 
@@ -21,8 +21,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvlab.compress.formats import FORMATS, QUANT_ALIASES
-from kvlab.compress.methods import METHOD_ALIASES
+from kvlab.core.formats import FORMATS, QUANT_ALIASES
+from kvlab.core.methods import METHOD_ALIASES
 
 #: Every alias of a format or a method -> its canonical name.
 ALIASES: dict[str, str] = QUANT_ALIASES | METHOD_ALIASES

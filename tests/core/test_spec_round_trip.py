@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from kvlab.config import parse_spec, spec_to_dict
+from kvlab.core.experiment_spec import parse_spec, spec_to_dict
+from kvlab.core.tasks import DEFAULT_NUM_ITEMS, TaskSpec
 from kvlab.dashboard import page_table
 from kvlab.store import Store
 from kvlab.tasks import generate_items, planned_items
-from kvlab.tasks.spec import DEFAULT_NUM_ITEMS, TaskSpec
 from tests.tasks.test_tasks import WS
 from tests.waiting import SAFETY_S
 
 ROWS = 25  # above every default count (DEFAULT_NUM_ITEMS is 10)
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 def write_rows(path: Path, rows: int = ROWS) -> Path:

@@ -1,36 +1,23 @@
-"""Experiment configuration: pydantic models, sweep expansion and TOML in/out.
+"""The experiment spec: model, backend, tasks, configs, margins; validated, and in and out of dicts and TOML.
 
-Terms (see DESIGN.md): ``ratio`` in an eviction config is kvpress's
-``compression_ratio`` -- the *fraction of context tokens removed*.  The
-*compression ratio* reported in results is ``baseline bytes / physical bytes``
-(``kvlab.compress.accounting``).  The two are never mixed.
+Validation here tells what the spec alone tells, the same on every host (a stored spec parses the
+same everywhere); what this host's files tell (a local model's context, a jsonl file's rows) is
+checked by :mod:`kvlab.spec_files` before anything is stored.
 """
 
 from __future__ import annotations
 
-import tomllib
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvlab.backends import BACKEND_NAMES, BACKENDS
-from kvlab.compress.formats import (
-    DEFAULT_GROUP_SIZE,
-    DEFAULT_RESIDUAL_LENGTH,
-    FORMATS,
-    GROUP_SIZES,
-    KEY_AXES,
-    MAX_RESIDUAL_LENGTH,
-    QUANT_NAMES,
-)
-from kvlab.compress.methods import BUDGET_BOUNDS, BUDGETS, METHOD_NAMES, METHODS, PARAMS, methods_with
-from kvlab.errors import ConfigError
-from kvlab.experiments.decision import DEFAULT_MAX_KL, Margins
-from kvlab.limits import (
+from kvlab.core.backends import BACKEND_NAMES, BACKENDS
+from kvlab.core.errors import ConfigError
+from kvlab.core.kv_config import BASELINE, KVCacheConfig, SweepGrid
+from kvlab.core.limits import (
     CONFIGS,
     ITEM_EVALS,
     ITEMS,
@@ -41,186 +28,17 @@ from kvlab.limits import (
     FieldProblem,
     check_text,
 )
-from kvlab.models.registry import context_limit
-from kvlab.secrets import URL_USERINFO, url_credentials
-from kvlab.space import ConfigSpace, canonical_name, canonical_names
-from kvlab.tasks import TASKS as TASK_REGISTRY, planned_items
-from kvlab.tasks.jsonl import check_task_files
-from kvlab.tasks.spec import MAX_PATH_CHARS, TaskSpec
-from kvlab.tune.spec import TuneSpec, backend_space
+from kvlab.core.margins import DEFAULT_MAX_KL, Margins
+from kvlab.core.model_registry import context_limit
+from kvlab.core.tasks import MAX_PATH_CHARS, TaskSpec
+from kvlab.core.tasks import TASKS as TASK_REGISTRY
+from kvlab.core.tune_spec import TuneSpec, backend_space
+from kvlab.core.urls import URL_USERINFO, url_credentials
 
-QuantDtype = Literal[QUANT_NAMES]  # type: ignore[valid-type]  # the format registry's names
-EvictionMethod = Literal[METHOD_NAMES]  # type: ignore[valid-type]  # "none" + the method registry's names
-GroupSize = Literal[GROUP_SIZES]  # type: ignore[valid-type]
-KeyAxis = Literal[KEY_AXES]  # type: ignore[valid-type]
-ResidualLength = Annotated[int, Field(ge=0, le=MAX_RESIDUAL_LENGTH)]
 BackendKind = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # the backend registry's names
-
-QUANT_DTYPES: tuple[str, ...] = QUANT_NAMES
-EVICTION_METHODS: tuple[str, ...] = METHOD_NAMES
 
 #: A spec is a few KB; anything near this is not a spec (and would be read whole into memory).
 MAX_SPEC_BYTES = 1 << 20
-
-Fraction = Annotated[float, Field(gt=BUDGET_BOUNDS[0], lt=BUDGET_BOUNDS[1])]
-
-
-def _param(name: str) -> Any:
-    param = PARAMS[name]
-    return Annotated[int, Field(ge=param.low, le=param.high)]
-
-
-class KVCacheConfig(BaseModel):
-    """One KV-cache configuration: quantization of what is kept, after optional token eviction.
-
-    Quantization (``quant``): integer codes of ``int8/int4/int2`` are packed into bytes with a
-    scale and zero point per group (KIVI: keys grouped per channel along ``group_size`` tokens,
-    values per token along ``group_size`` channels), the last ``residual_length`` tokens stay
-    16-bit.  ``fp8_*`` stores one byte per element with a scale per head and block of
-    ``group_size`` tokens, and keeps the residual too.  The settings a format reads are its
-    registry entry's ``settings`` (:mod:`kvlab.compress.formats`); the others are left unused.
-
-    Eviction (``evict``): a kvpress scorer ranks context tokens per head; exactly one budget of
-    the budget registry (:data:`kvlab.compress.methods.BUDGETS`) is given: ``ratio`` (fraction
-    removed, kvpress's ``compression_ratio``), ``keep_fraction`` (top-k: fraction kept) or
-    ``threshold`` (evict tokens whose normalised score falls below this quantile of all scores of
-    the model, so layers may keep different counts).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    name: str = ""
-    quant: QuantDtype = "none"
-    group_size: GroupSize = DEFAULT_GROUP_SIZE
-    residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
-    key_axis: KeyAxis = KEY_AXES[0]
-    evict: EvictionMethod = "none"
-    # The budget registry's kinds (kvlab.compress.methods.BUDGETS), one field each:
-    ratio: Fraction | None = None
-    keep_fraction: Fraction | None = None
-    threshold: Fraction | None = None
-    query_aware: bool = False
-    window_size: _param("window_size") = PARAMS["window_size"].default  # type: ignore[valid-type]
-    n_sink: _param("n_sink") = PARAMS["n_sink"].default  # type: ignore[valid-type]
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, name: str) -> str:
-        return check_text(name)
-
-    @field_validator("quant", "evict", mode="before")
-    @classmethod
-    def _canonical_name(cls, value: Any) -> Any:
-        return canonical_name(value)
-
-    @model_validator(mode="after")
-    def _check_budget(self) -> KVCacheConfig:
-        budgets = self.budgets_given
-        if self.evict == "none":
-            if budgets:
-                raise ValueError(
-                    f"{', '.join(budgets)} given but evict = 'none'; choose an eviction method "
-                    f"({', '.join(EVICTION_METHODS[1:])}) or drop the budget"
-                )
-            if self.query_aware:
-                raise ValueError("query_aware = true needs an eviction method (evict)")
-        else:
-            accepted = METHODS[self.evict].budgets
-            if len(budgets) != 1:
-                raise ValueError(
-                    f"evict = '{self.evict}' needs exactly one budget: "
-                    f"{'; '.join(f'{b} ({BUDGETS[b].help})' for b in accepted)}; got {', '.join(budgets) or 'none'}"
-                )
-            budget = next(iter(budgets))
-            if budget not in accepted:
-                raise ValueError(
-                    f"{budget} works with {', '.join(methods_with(budget))}, not '{self.evict}' "
-                    f"(its budgets: {', '.join(accepted)})"
-                )
-        return self
-
-    @property
-    def budgets_given(self) -> dict[str, float]:
-        """The budget fields that are set, by kind (validation allows one, and only with a method)."""
-        return {name: value for name in BUDGETS if (value := getattr(self, name)) is not None}
-
-    @property
-    def is_baseline(self) -> bool:
-        return self.quant == "none" and self.evict == "none"
-
-    @property
-    def removed_fraction(self) -> float | None:
-        """Fraction of context tokens to remove per head, or None (none / threshold: decided by scores)."""
-        if self.ratio is not None:
-            return self.ratio
-        if self.keep_fraction is not None:
-            return 1.0 - self.keep_fraction
-        return None
-
-    @property
-    def label(self) -> str:
-        """The config's name, or a readable one derived from its settings."""
-        return self.name or describe(self)
-
-
-def describe(config: KVCacheConfig) -> str:
-    """A short, unique-enough label such as ``int4/g64/r64+snapkv:r0.75``: the format with the settings
-    its registry entry labels, the method with its budget (the budget registry's prefix)."""
-    parts = []
-    if config.quant != "none":
-        settings = FORMATS[config.quant].settings
-        parts.append(config.quant + "".join(s.label(getattr(config, s.field)) for s in settings))
-    if config.evict != "none":
-        budget = "".join(f"{BUDGETS[name].label}{value:g}" for name, value in config.budgets_given.items())
-        parts.append(f"{config.evict}:{budget}" + ("/qa" if config.query_aware else ""))
-    return "+".join(parts) or "baseline"
-
-
-BASELINE = KVCacheConfig(name="baseline")
-
-
-class SweepGrid(BaseModel):
-    """A grid over quantization x eviction method x ratio, expanded into configs (:meth:`space`).
-
-    Each list holds at least one value and none twice, so the grid's points are distinct and
-    :meth:`size` counts them without expanding it.  ``group_size`` and ``residual_length`` go to
-    the formats that read them (the format registry's ``settings``).
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    quant: list[QuantDtype] = Field(default=["none"], min_length=1)
-    evict: list[EvictionMethod] = Field(default=["none"], min_length=1)
-    ratios: list[Fraction] = Field(default=[0.5], min_length=1)
-    group_size: GroupSize = DEFAULT_GROUP_SIZE
-    residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
-    query_aware: bool = False
-
-    @field_validator("quant", "evict", mode="before")
-    @classmethod
-    def _canonical_names(cls, value: Any) -> Any:
-        return canonical_names(value)
-
-    @field_validator("quant", "evict", "ratios")
-    @classmethod
-    def _distinct(cls, values: list[Any]) -> list[Any]:
-        twice = [str(value) for value, count in Counter(values).items() if count > 1]
-        if twice:
-            raise ValueError(f"lists {', '.join(twice)} twice: give each value once")
-        return values
-
-    def space(self) -> ConfigSpace:
-        """The grid as a config space: ``ratios`` are the budget kind ``ratio``; the baseline is one of its points."""
-        return ConfigSpace(quant=tuple(self.quant), evict=tuple(self.evict), budget="ratio", budgets=tuple(self.ratios),
-                           settings={"group_size": (self.group_size,), "residual_length": (self.residual_length,)},
-                           query_aware=self.query_aware, with_baseline=True)
-
-    def size(self) -> int:
-        """Configs :meth:`expand` makes, counted (a method ``none`` takes no ratio)."""
-        return self.space().size()
-
-    def expand(self) -> list[KVCacheConfig]:
-        return [KVCacheConfig(**point) for point in self.space().points()]
 
 
 class ServerOptions(BaseModel):
@@ -410,7 +228,7 @@ def known_items(task: TaskSpec) -> int | None:
 
 
 def check_item_evals(spec: ExperimentSpec, items_of: Callable[[TaskSpec], int | None]) -> None:
-    """Refuse more item evaluations (items x configs) than :data:`kvlab.limits.ITEM_EVALS` allows;
+    """Refuse more item evaluations (items x configs) than :data:`kvlab.core.limits.ITEM_EVALS` allows;
     ``items_of`` counts a task's items (None: unknown, left out).  Validation counts what the spec
     says (:func:`known_items`); the submit path counts jsonl files too (``kvlab.tasks.planned_items``)."""
     items = sum(n for n in map(items_of, spec.tasks) if n is not None)
@@ -439,21 +257,10 @@ def check_context_lengths(spec: ExperimentSpec, model_limit: int | None) -> None
                                    f"use shorter context lengths{remedy}")
 
 
-def check_on_this_host(spec: ExperimentSpec) -> None:
-    """What validation cannot tell from the spec alone, checked before anything is stored or loaded
-    (:func:`load_spec`, and the submit path of every front end): context lengths against a local
-    model directory's limit (validation knows the registry's), and the item evaluations with each
-    jsonl file's records counted."""
-    try:
-        check_context_lengths(spec, context_limit(spec.model, read_files=True))
-        check_item_evals(spec, planned_items)
-    except FieldProblem as problem:
-        raise ConfigError(f"{problem.path}: {problem}") from None
-
 
 def format_validation_error(error: ValidationError) -> str:
     """One line per problem, each naming the field path, e.g. ``configs.2.quant: Input should be ...``
-    (a whole-spec check names its field with :class:`kvlab.limits.FieldProblem`)."""
+    (a whole-spec check names its field with :class:`kvlab.core.limits.FieldProblem`)."""
     lines = []
     for problem in error.errors():
         path = ".".join(str(p) for p in problem["loc"])
@@ -502,25 +309,6 @@ def parse_spec(data: dict[str, Any]) -> ExperimentSpec:
         raise ConfigError(format_validation_error(error)) from None
 
 
-def parse_spec_toml(text: str, source: str = "spec") -> tuple[ExperimentSpec, list[str]]:
-    """A spec from TOML text (native or seed-blog shaped) and any warnings.  Every error message
-    starts with ``source`` (the file's name) and names the line and column or the field."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{source}: not valid TOML: {error}") from None
-    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
-        raise ConfigError(f"{source}: not valid TOML: arrays or tables nested too deeply") from None
-    from kvlab.seed_format import is_seed_style, translate_seed_spec
-
-    try:
-        if is_seed_style(data):
-            data, warnings = translate_seed_spec(data)
-            return parse_spec(data), warnings
-        return parse_spec(data), []
-    except ConfigError as error:
-        raise ConfigError(f"{source}: {error}") from None
-
 
 def spec_text(data: bytes, source: str) -> str:
     """The text of a spec file's bytes (UTF-8, with or without a byte-order mark), at most 1 MiB."""
@@ -532,34 +320,6 @@ def spec_text(data: bytes, source: str) -> str:
         raise ConfigError(f"{source}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}); "
                           "save the spec as UTF-8") from None
 
-
-def load_spec(path: str | Path) -> tuple[ExperimentSpec, list[str]]:
-    """Read a TOML spec file (native or seed-blog shaped) and return it with any warnings; jsonl
-    task files are validated too, and their paths made absolute (:func:`check_task_files`), and
-    what this host's files tell checked (:func:`check_on_this_host`)."""
-    path = Path(path)
-    try:
-        if path.is_dir():
-            raise ConfigError(f"{path}: is a directory; give a spec TOML file (examples/ has some)")
-        if path.exists() and not path.is_file():
-            raise ConfigError(f"{path}: not a regular file; give a spec TOML file")
-        size = path.stat().st_size
-        if size > MAX_SPEC_BYTES:  # before reading: the path may name a huge file
-            raise ConfigError(f"{path}: {size:,} bytes; a spec file is at most {MAX_SPEC_BYTES:,} bytes")
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: spec file not found") from None
-    except PermissionError:
-        raise ConfigError(f"{path}: not readable by this user (permission denied)") from None
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot be read ({error.strerror or error})") from None
-    spec, warnings = parse_spec_toml(spec_text(data, str(path)), str(path))
-    spec = check_task_files(spec)  # a bad task file is refused before any model loads
-    try:
-        check_on_this_host(spec)
-    except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
-    return spec, warnings
 
 
 def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:

@@ -5,8 +5,8 @@ The space is a grid -- formats x group sizes x residual lengths x eviction metho
 step, so that "one grid step" and the equivalent full grid are well defined).  A candidate has a
 group size and a residual length only with a format that reads them (the format registry's
 ``settings``), and a budget only with an eviction method: the space is conditional.
-:meth:`TuneSpec.space` is that :class:`kvlab.space.ConfigSpace`, which also counts it
-arithmetically: validation never builds the grid (:data:`kvlab.limits.TUNE_POINTS` bounds it).
+:meth:`TuneSpec.space` is that :class:`kvlab.core.space.ConfigSpace`, which also counts it
+arithmetically: validation never builds the grid (:data:`kvlab.core.limits.TUNE_POINTS` bounds it).
 
 Pure data and validation: nothing here imports torch or optuna (``kvlab show`` reads specs).
 """
@@ -18,8 +18,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvlab.backends import BACKENDS
-from kvlab.compress.formats import (
+from kvlab.core.backends import BACKENDS
+from kvlab.core.formats import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_RESIDUAL_LENGTH,
     FORMATS,
@@ -27,9 +27,9 @@ from kvlab.compress.formats import (
     MAX_RESIDUAL_LENGTH,
     QUANT_NAMES,
 )
-from kvlab.compress.methods import BUDGETS, COUNT_BUDGETS, METHOD_NAMES, METHODS
-from kvlab.limits import TUNE_POINTS
-from kvlab.space import ConfigSpace, canonical_names
+from kvlab.core.limits import TUNE_POINTS
+from kvlab.core.methods import BUDGETS, COUNT_BUDGETS, METHOD_NAMES, METHODS
+from kvlab.core.space import ConfigSpace, canonical_names
 
 QuantName = Literal[QUANT_NAMES]  # type: ignore[valid-type]
 MethodName = Literal[METHOD_NAMES]  # type: ignore[valid-type]
@@ -173,3 +173,28 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
     narrowed = tune.model_copy(update={"quant": formats, "evict": ["none"], "group_sizes": [DEFAULT_GROUP_SIZE],
                                        "residual_lengths": [DEFAULT_RESIDUAL_LENGTH], "query_aware": False})
     return narrowed, notes
+
+
+def rungs(n_items: int, min_items: int, eta: int) -> list[int]:
+    """Item counts of the rungs, ascending: ``n_items``, divided by ``eta`` while above ``min_items``,
+    the smallest being ``min_items``; a rung under 1.5x the one below it is dropped (it would
+    decide nothing new)."""
+    floor = min(min_items, n_items)
+    sizes = [n_items]
+    while sizes[-1] > floor:
+        sizes.append(max(math.ceil(sizes[-1] / eta), floor))
+    sizes.reverse()
+    kept = [sizes[0]]
+    for size in sizes[1:]:
+        if size >= 1.5 * kept[-1] or size == n_items:
+            if size == n_items and len(kept) > 1 and size < 1.5 * kept[-1]:
+                kept.pop()
+            kept.append(size)
+    return kept
+
+
+def grid_size(tune: TuneSpec, backend_kind: str, n_items: int) -> tuple[int, int]:
+    """(points, item evaluations) of the full grid equivalent to ``tune`` on ``backend_kind``: every
+    candidate and the baseline on every one of ``n_items`` items."""
+    points = grid_points(backend_space(tune, backend_kind)[0])
+    return points, (points + 1) * n_items

@@ -1,4 +1,4 @@
-"""Errors shared by modules that cannot import each other (``kvlab.config`` imports ``kvlab.tasks``)."""
+"""The errors of a spec that cannot run, raised wherever it is checked (validation, this host, a worker)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The config space of sweeps and tunes (kvlab.space), the formats' settings and the budget registry.
+"""The config space of sweeps and tunes (kvlab.core.space), the formats' settings and the budget registry.
 
 A space's count, its points, its proposals and its initial design must agree; what each format
 declares it reads must be what the byte accounting reads; and the budget kinds are spelled once.
@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 
 from kvlab.compress.accounting import analytic_layer_bytes
-from kvlab.compress.formats import FORMATS, GROUP_SIZES, KEY_AXES, SETTINGS
-from kvlab.compress.methods import BUDGETS, COUNT_BUDGETS, METHODS, methods_with
-from kvlab.config import KVCacheConfig, SweepGrid, describe, parse_spec_toml
-from kvlab.space import BUDGET_PARAM, ConfigSpace, canonical_name
-from kvlab.tune.spec import TuneSpec, backend_space
+from kvlab.core.formats import FORMATS, GROUP_SIZES, KEY_AXES, SETTINGS
+from kvlab.core.kv_config import KVCacheConfig, SweepGrid, describe
+from kvlab.core.methods import BUDGETS, COUNT_BUDGETS, METHODS, methods_with
+from kvlab.core.space import BUDGET_PARAM, ConfigSpace, canonical_name
+from kvlab.core.tune_spec import TuneSpec, backend_space
+from kvlab.spec_files import parse_spec_toml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SWEEPS = [
     {"quant": ["int8"]},
@@ -132,9 +133,16 @@ def test_suggestions_and_the_initial_design_are_points(space):
 @pytest.mark.parametrize("space", SPEC_SPACES)
 def test_labels_tell_the_points_apart(space):
     """A tune takes a proposal with a label it has seen for a repeat: every point of a sweep or a tune needs
-    its own label (a label shows no key_axis, which neither varies)."""
+    its own label."""
     labels = [c.label for c in configs(space.points())]
     assert len(labels) == len(set(labels))
+
+
+def test_configs_that_differ_only_in_the_key_axis_have_their_own_labels():
+    """KIVI's per-channel keys are the default and go unsaid; per-token keys are said."""
+    channel, token = KVCacheConfig(quant="int4"), KVCacheConfig(quant="int4", key_axis="token")
+    assert (channel.label, token.label) == ("int4/g64/r64", "int4/g64/r64/key-token")
+    assert KVCacheConfig(quant="fp8_e4m3", key_axis="token").label == "fp8_e4m3"  # fp8 reads no key axis
 
 
 def test_a_format_takes_the_settings_it_reads_and_keeps_the_defaults_of_the_others():
@@ -242,10 +250,11 @@ def _budget_lists(source: str) -> list[int]:
 
 
 def test_the_budget_registry_is_the_only_list_of_budget_kinds():
-    registry = ROOT / "kvlab" / "compress" / "methods.py"
+    registry = ROOT / "kvlab" / "core" / "methods.py"
+    assert registry.is_file()
     spelled = {f"{path.relative_to(ROOT)}:{line}" for path in sorted((ROOT / "kvlab").rglob("*.py"))
                if path != registry for line in _budget_lists(path.read_text(encoding="utf-8"))}
-    assert not spelled, f"budget kinds listed by hand (read kvlab.compress.methods.BUDGETS): {sorted(spelled)}"
+    assert not spelled, f"budget kinds listed by hand (read kvlab.core.methods.BUDGETS): {sorted(spelled)}"
     # the check finds the spellings it replaced, and leaves one kind named on its own alone
     assert _budget_lists('FLAGS = ("quant", "ratio", "keep_fraction")\nfor b in ["ratio", "threshold"]: pass') == [1, 2]
     assert _budget_lists('LABELS = {"ratio": "ratio (removed)", "keep_fraction": "keep fraction"}') == [1]

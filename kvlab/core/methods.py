@@ -9,7 +9,7 @@ from it.  Adding a method is one entry in :data:`METHODS` plus its line in
 ``tests/compress/test_every_method_on_passkey.py``.
 
 Presses are named, not imported: this module stays free of torch so that validating a spec is
-instant, and :mod:`kvlab.config` can import it without a cycle.
+instant and the bottom layer (:mod:`kvlab.core`) imports nothing above it.
 """
 
 from __future__ import annotations

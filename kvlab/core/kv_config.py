@@ -1,0 +1,197 @@
+"""One KV-cache configuration (:class:`KVCacheConfig`) and the sweep grid that expands into many.
+
+Terms (see DESIGN.md): ``ratio`` in an eviction config is kvpress's ``compression_ratio`` -- the
+*fraction of context tokens removed*.  The *compression ratio* reported in results is
+``baseline bytes / physical bytes`` (``kvlab.compress.accounting``).  The two are never mixed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kvlab.core.formats import (
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_RESIDUAL_LENGTH,
+    FORMATS,
+    GROUP_SIZES,
+    KEY_AXES,
+    MAX_RESIDUAL_LENGTH,
+    QUANT_NAMES,
+)
+from kvlab.core.limits import check_text
+from kvlab.core.methods import BUDGET_BOUNDS, BUDGETS, METHOD_NAMES, METHODS, PARAMS, methods_with
+from kvlab.core.space import ConfigSpace, canonical_name, canonical_names
+
+QuantDtype = Literal[QUANT_NAMES]  # type: ignore[valid-type]  # the format registry's names
+EvictionMethod = Literal[METHOD_NAMES]  # type: ignore[valid-type]  # "none" + the method registry's names
+GroupSize = Literal[GROUP_SIZES]  # type: ignore[valid-type]
+KeyAxis = Literal[KEY_AXES]  # type: ignore[valid-type]
+ResidualLength = Annotated[int, Field(ge=0, le=MAX_RESIDUAL_LENGTH)]
+
+QUANT_DTYPES: tuple[str, ...] = QUANT_NAMES
+EVICTION_METHODS: tuple[str, ...] = METHOD_NAMES
+
+Fraction = Annotated[float, Field(gt=BUDGET_BOUNDS[0], lt=BUDGET_BOUNDS[1])]
+
+
+def _param(name: str) -> Any:
+    param = PARAMS[name]
+    return Annotated[int, Field(ge=param.low, le=param.high)]
+
+
+class KVCacheConfig(BaseModel):
+    """One KV-cache configuration: quantization of what is kept, after optional token eviction.
+
+    Quantization (``quant``): integer codes of ``int8/int4/int2`` are packed into bytes with a
+    scale and zero point per group (KIVI: keys grouped per channel along ``group_size`` tokens,
+    values per token along ``group_size`` channels), the last ``residual_length`` tokens stay
+    16-bit.  ``fp8_*`` stores one byte per element with a scale per head and block of
+    ``group_size`` tokens, and keeps the residual too.  The settings a format reads are its
+    registry entry's ``settings`` (:mod:`kvlab.core.formats`); the others are left unused.
+
+    Eviction (``evict``): a kvpress scorer ranks context tokens per head; exactly one budget of
+    the budget registry (:data:`kvlab.core.methods.BUDGETS`) is given: ``ratio`` (fraction
+    removed, kvpress's ``compression_ratio``), ``keep_fraction`` (top-k: fraction kept) or
+    ``threshold`` (evict tokens whose normalised score falls below this quantile of all scores of
+    the model, so layers may keep different counts).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: str = ""
+    quant: QuantDtype = "none"
+    group_size: GroupSize = DEFAULT_GROUP_SIZE
+    residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
+    key_axis: KeyAxis = KEY_AXES[0]
+    evict: EvictionMethod = "none"
+    # The budget registry's kinds (kvlab.core.methods.BUDGETS), one field each:
+    ratio: Fraction | None = None
+    keep_fraction: Fraction | None = None
+    threshold: Fraction | None = None
+    query_aware: bool = False
+    window_size: _param("window_size") = PARAMS["window_size"].default  # type: ignore[valid-type]
+    n_sink: _param("n_sink") = PARAMS["n_sink"].default  # type: ignore[valid-type]
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        return check_text(name)
+
+    @field_validator("quant", "evict", mode="before")
+    @classmethod
+    def _canonical_name(cls, value: Any) -> Any:
+        return canonical_name(value)
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> KVCacheConfig:
+        budgets = self.budgets_given
+        if self.evict == "none":
+            if budgets:
+                raise ValueError(
+                    f"{', '.join(budgets)} given but evict = 'none'; choose an eviction method "
+                    f"({', '.join(EVICTION_METHODS[1:])}) or drop the budget"
+                )
+            if self.query_aware:
+                raise ValueError("query_aware = true needs an eviction method (evict)")
+        else:
+            accepted = METHODS[self.evict].budgets
+            if len(budgets) != 1:
+                raise ValueError(
+                    f"evict = '{self.evict}' needs exactly one budget: "
+                    f"{'; '.join(f'{b} ({BUDGETS[b].help})' for b in accepted)}; got {', '.join(budgets) or 'none'}"
+                )
+            budget = next(iter(budgets))
+            if budget not in accepted:
+                raise ValueError(
+                    f"{budget} works with {', '.join(methods_with(budget))}, not '{self.evict}' "
+                    f"(its budgets: {', '.join(accepted)})"
+                )
+        return self
+
+    @property
+    def budgets_given(self) -> dict[str, float]:
+        """The budget fields that are set, by kind (validation allows one, and only with a method)."""
+        return {name: value for name in BUDGETS if (value := getattr(self, name)) is not None}
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.quant == "none" and self.evict == "none"
+
+    @property
+    def removed_fraction(self) -> float | None:
+        """Fraction of context tokens to remove per head, or None (none / threshold: decided by scores)."""
+        if self.ratio is not None:
+            return self.ratio
+        if self.keep_fraction is not None:
+            return 1.0 - self.keep_fraction
+        return None
+
+    @property
+    def label(self) -> str:
+        """The config's name, or a readable one derived from its settings."""
+        return self.name or describe(self)
+
+
+def describe(config: KVCacheConfig) -> str:
+    """A short, unique-enough label such as ``int4/g64/r64+snapkv:r0.75``: the format with the settings
+    its registry entry labels, the method with its budget (the budget registry's prefix)."""
+    parts = []
+    if config.quant != "none":
+        settings = FORMATS[config.quant].settings
+        parts.append(config.quant + "".join(s.label(getattr(config, s.field)) for s in settings))
+    if config.evict != "none":
+        budget = "".join(f"{BUDGETS[name].label}{value:g}" for name, value in config.budgets_given.items())
+        parts.append(f"{config.evict}:{budget}" + ("/qa" if config.query_aware else ""))
+    return "+".join(parts) or "baseline"
+
+
+BASELINE = KVCacheConfig(name="baseline")
+
+
+class SweepGrid(BaseModel):
+    """A grid over quantization x eviction method x ratio, expanded into configs (:meth:`space`).
+
+    Each list holds at least one value and none twice, so the grid's points are distinct and
+    :meth:`size` counts them without expanding it.  ``group_size`` and ``residual_length`` go to
+    the formats that read them (the format registry's ``settings``).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    quant: list[QuantDtype] = Field(default=["none"], min_length=1)
+    evict: list[EvictionMethod] = Field(default=["none"], min_length=1)
+    ratios: list[Fraction] = Field(default=[0.5], min_length=1)
+    group_size: GroupSize = DEFAULT_GROUP_SIZE
+    residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
+    query_aware: bool = False
+
+    @field_validator("quant", "evict", mode="before")
+    @classmethod
+    def _canonical_names(cls, value: Any) -> Any:
+        return canonical_names(value)
+
+    @field_validator("quant", "evict", "ratios")
+    @classmethod
+    def _distinct(cls, values: list[Any]) -> list[Any]:
+        twice = [str(value) for value, count in Counter(values).items() if count > 1]
+        if twice:
+            raise ValueError(f"lists {', '.join(twice)} twice: give each value once")
+        return values
+
+    def space(self) -> ConfigSpace:
+        """The grid as a config space: ``ratios`` are the budget kind ``ratio``; the baseline is one of its points."""
+        return ConfigSpace(quant=tuple(self.quant), evict=tuple(self.evict), budget="ratio", budgets=tuple(self.ratios),
+                           settings={"group_size": (self.group_size,), "residual_length": (self.residual_length,)},
+                           query_aware=self.query_aware, with_baseline=True)
+
+    def size(self) -> int:
+        """Configs :meth:`expand` makes, counted (a method ``none`` takes no ratio)."""
+        return self.space().size()
+
+    def expand(self) -> list[KVCacheConfig]:
+        return [KVCacheConfig(**point) for point in self.space().points()]
+
+
