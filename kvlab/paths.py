@@ -1,8 +1,8 @@
 """Every path and folder kvlab uses, in one place.
 
 Two roots: the checkout (``REPO_ROOT``: the default store, migrations, data files and examples
-live in it) and ``$KVLAB_HOME`` (default ``~/.cache/kvlab``: models and logs, shared by every
-checkout of one user).  Every log -- workers', detached tunes', Ray drivers', launched servers'
+live in it) and ``$KVLAB_HOME`` (default ``~/.cache/kvlab``: models, logs and the servers' venvs,
+shared by every checkout of one user).  Every log -- workers', detached tunes', Ray drivers', launched servers'
 and the error logs of the CLI, the dashboard and ``kvlab serve`` -- goes under :func:`log_dir`.
 
 Pure paths: nothing here creates a folder; the caller that writes does.
@@ -40,6 +40,12 @@ def data_dir() -> Path:
     (it need not exist yet)."""
     text = os.environ.get(DATA_DIR_VAR, "").strip()
     return (Path(text).expanduser() if text else DEFAULT_DATA_DIR).resolve()
+
+
+def engine_venv(kind: str) -> Path:
+    """The venv where ``scripts/install_{kind}.sh`` installs a server kvlab launches (``vllm``): its own,
+    since the engine pins its own torch and transformers."""
+    return kvlab_home() / "engines" / kind
 
 
 def log_dir() -> Path:

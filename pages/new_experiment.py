@@ -188,13 +188,21 @@ def backend_options(backend: str) -> None:
             model_col.text_input("Served model name", key=P + "backend.model_id",
                                  help="Blank: the model above. The model must be loadable on the host that runs "
                                       "the workers (a Hugging Face id or local path).")
-            python_col.text_input("Python with the engine installed", key=P + "backend.server.python",
-                                  help=f"kvlab starts `python -m ...` with it (pip install 'kvlab[{backend}]')")
-            fraction_col, length_col, prefix_col = st.columns(3)
+            python_col.text_input(
+                "Python with the engine installed", key=P + "backend.server.python",
+                help=f"kvlab starts `python -m ...` with it. Blank: the venv scripts/install_{backend}.sh made, "
+                     "else `python`" if backend == "vllm" else
+                     f"kvlab starts `python -m ...` with it (pip install 'kvlab[{backend}]' on a CUDA host)")
+            fraction_col, pool_col, length_col, prefix_col = st.columns(4)
             fraction_col.number_input(
                 "GPU memory fraction (0: engine default)", min_value=0.0, max_value=1.0, step=0.05,
                 key=P + "backend.server.memory_fraction",
                 help="--gpu-memory-utilization" if backend == "vllm" else "--mem-fraction-static")
+            pool_col.number_input(
+                "KV pool GiB (0: default)", min_value=0.0, max_value=4096.0, step=0.5,
+                key=P + "backend.server.kv_cache_gib", disabled=backend != "vllm",
+                help="--kv-cache-memory-bytes (vLLM; instead of the fraction). Default: 1 GiB on vLLM's CPU build, "
+                     "whose default fraction of host memory fails at start-up; the engine's sizing on a GPU")
             length_col.number_input("Max model length (0: engine default)", min_value=0, step=1024,
                                     key=P + "backend.server.max_model_len",
                                     help="--max-model-len" if backend == "vllm" else "--context-length")

@@ -64,14 +64,6 @@ class Report:
         return 1 if failed else 0
 
 
-def server_env(model: str) -> dict[str, str]:
-    """Extra environment for the servers: offline when the model is a local path, no usage reports."""
-    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    if Path(model).exists():
-        env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return env
-
-
 def check_environment(report: Report) -> None:
     facts = [f"python {sys.version.split()[0]} ({sys.executable})"]
     for package in KINDS:
@@ -120,10 +112,10 @@ def check_server(report: Report, kind: str, args: argparse.Namespace, nvml: Any,
 
     from kvlab.core.experiment_spec import ServerOptions
     from kvlab.core.kv_config import KVCacheConfig
+    from kvlab.engines.launched import read_pool
     from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
     from kvlab.engines.prometheus import parse_metrics, server_kv_snapshot
-    from kvlab.engines.server_flags import health_path, server_command
-    from kvlab.engines.server_logs import parse_kv_pool
+    from kvlab.engines.server_flags import Installed, health_path, server_command, server_env
 
     port = free_port()
     root = f"http://127.0.0.1:{port}"
@@ -132,7 +124,8 @@ def check_server(report: Report, kind: str, args: argparse.Namespace, nvml: Any,
     command = server_command(kind, args.model, KVCacheConfig(name="fp8_e4m3", quant="fp8_e4m3"), options,
                              port, SERVED_NAME, seed=0)
     print(f"$ {shlex.join(command)}", flush=True)
-    server = ManagedServer(command, root + health_path(kind), out_dir / f"{kind}.log", env=server_env(args.model),
+    env = server_env(Installed(sys.executable), local_model=Path(args.model).exists())
+    server = ManagedServer(command, root + health_path(kind), out_dir / f"{kind}.log", env=env,
                            startup_timeout_s=args.startup_timeout)
     started = time.monotonic()
     try:
@@ -144,13 +137,13 @@ def check_server(report: Report, kind: str, args: argparse.Namespace, nvml: Any,
             return
         report.add(f"{kind} start", "OK", f"healthy after {time.monotonic() - started:.0f} s; log {server.log_path}")
 
-        pool = parse_kv_pool(kind, server.log_text())
+        pool, where = read_pool(kind, root, server.log_text())  # /metrics (vLLM's cache_config_info), else the log
         if pool is None:
-            report.add(f"{kind} kv pool", "FAIL", "no KV pool line in the start-up log")
+            report.add(f"{kind} kv pool", "FAIL", "no KV pool on /metrics or in the start-up log")
         else:
             size = "bytes unknown" if pool.bytes is None else (
                 f"{pool.bytes / GIB:.2f} GiB, {pool.bytes_per_token:,.0f} B/token")
-            report.add(f"{kind} kv pool", "OK", f"{pool.tokens:,} tokens, {size} <- {pool.source_line}")
+            report.add(f"{kind} kv pool", "OK", f"{pool.tokens:,} tokens, {size} <- {where}: {pool.source_line}")
         if nvml is not None:
             report.run(f"{kind} nvml", lambda: report.add(
                 f"{kind} nvml", "OK", f"{nvml.read()['gpu_memory_used_bytes'] / GIB:.1f} GiB used with the server up"))
@@ -211,7 +204,7 @@ def check_sweep(report: Report, args: argparse.Namespace, out_dir: Path) -> None
     result_path = out_dir / "sweep.json"
     command = [sys.executable, "-m", "kvlab.cli", "run", str(spec_path), "--json", str(result_path), "--quiet"]
     print(f"$ {shlex.join(command)}", flush=True)
-    env = {**os.environ, **server_env(args.model),
+    env = {**os.environ,  # the servers kvlab launches get their own environment (server_flags.server_env)
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     try:
         done = subprocess.run(command, check=False, capture_output=True, text=True, env=env, cwd=ROOT,

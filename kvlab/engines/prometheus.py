@@ -57,10 +57,40 @@ _NAMES = {
 _KVLAB_BYTES = "kvlab:kv_cache_bytes"
 
 
+_SGLANG_POOL_GIB = "sglang:kv_cache_memory_usage_gb"
+# vllm/v1/metrics/loggers.py PrometheusStatLogger: an info gauge whose labels are the CacheConfig's
+# fields, among them kv_cache_size_tokens (what the pool holds), num_gpu_blocks x block_size (the same,
+# in blocks), cache_dtype and kv_cache_memory_bytes ("None" when vLLM sized the pool itself).
+_VLLM_CACHE_INFO = "vllm:cache_config_info"
+
+
 def _check_kind(kind: str) -> None:
     if kind != "kvlab":
         check_kind(kind)
-_SGLANG_POOL_GIB = "sglang:kv_cache_memory_usage_gb"
+
+
+def _whole(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() and int(text) > 0 else None
+
+
+def cache_config_pool(text: str) -> KVPool | None:
+    """vLLM's KV pool as its ``/metrics`` states it (``vllm:cache_config_info``); None when the text has no
+    such gauge.  ``bytes`` is None when vLLM sized the pool itself (its log then says the size)."""
+    try:
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples
+                   if s.name == _VLLM_CACHE_INFO]
+    except ValueError:
+        return None
+    for sample in samples:
+        labels = sample.labels
+        blocks, block_size = _whole(labels.get("num_gpu_blocks")), _whole(labels.get("block_size"))
+        tokens = _whole(labels.get("kv_cache_size_tokens")) or (blocks * block_size if blocks and block_size else None)
+        if tokens:
+            size = _whole(labels.get("kv_cache_memory_bytes"))
+            keys = ("cache_dtype", "kv_cache_size_tokens", "num_gpu_blocks", "block_size", "kv_cache_memory_bytes")
+            said = ", ".join(f"{key}={labels[key]}" for key in keys if key in labels)
+            return KVPool(tokens, size, f"{_VLLM_CACHE_INFO}{{{said}}}")
+    return None
 
 
 def parse_metrics(text: str) -> dict[str, float]:

