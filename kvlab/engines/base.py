@@ -54,7 +54,7 @@ class Engine(ABC):
 
     name: str
     one_config_per_pass: bool = False
-    launches_servers: bool = False  # True: a batch's end stops the server it started (it holds a GPU)
+    launches_servers: bool = False  # True: an idle worker stops the server it started (it holds a GPU)
     phase: Phase = "idle"
     current_config: str | None = None
 

@@ -154,6 +154,7 @@ class Worker:
         trials = self.store.claim_trials(self.worker_id, self.settings.max_trials, self.experiment_id,
                                          exclude=self._backing_off())
         if not trials:
+            self._release_servers()
             return False
         self._run_batch(trials)
         if self._failures_in_a_row >= self.settings.max_failures:
@@ -182,7 +183,9 @@ class Worker:
         self._engines = {}
 
     def _release_servers(self) -> None:
-        """A vLLM/SGLang server kvlab launched holds a GPU: stop it when its batch ends."""
+        """A vLLM/SGLang server kvlab launched holds a GPU: stop it once this worker has nothing to claim.
+        Not at the end of each batch: the next batch of the same experiment (a tune's promoted candidate,
+        the rest of a sweep) may need the very server that is up, and a start takes a minute or more."""
         if any(engine.launches_servers for engine in self._engines.values()):
             self._close_engines()
 
@@ -241,8 +244,6 @@ class Worker:
                 sampler.stop()
             if broken:
                 self._close_engines()
-            else:
-                self._release_servers()
 
     def _evaluate(self, spec: ExperimentSpec, engine: Engine, trials: list[TrialRecord],
                   heartbeat: _Heartbeat, finished: set[int]) -> None:

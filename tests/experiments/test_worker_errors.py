@@ -166,3 +166,28 @@ def test_deleted_and_cancelled_experiments_are_dropped_and_the_next_one_runs(sto
     assert store.get_experiment(cancelled).status == "cancelled"
     assert {t.status for t in store.trials(cancelled)} == {"cancelled"}
     assert store.get_experiment(survivor).status == "done" and len(store.item_results(survivor)) == 2
+
+
+class _LaunchingServers(_Faulty):
+    """The real engine, posing as one that launches a server (vLLM, SGLang): records when it is closed
+    (its server stopped) against the results stored so far."""
+
+    launches_servers = True
+
+    def __init__(self, engine, store, experiment_id):
+        super().__init__(engine, {})
+        self._store, self._experiment_id = store, experiment_id
+        self.closed_after: list[int] = []
+
+    def close(self):
+        self.closed_after.append(len(self._store.item_results(self._experiment_id)))
+
+
+@pytest.mark.model
+def test_a_launched_server_outlives_its_batch_and_stops_when_the_worker_is_idle(store, engine):
+    """A server start takes a minute: the next batch of the same experiment keeps the one that is up."""
+    experiment_id = store.create_experiment(parse_spec(SMALL), {})
+    serving = _LaunchingServers(engine, store, experiment_id)
+    Worker(store, WorkerSettings(**FAST, max_trials=1), engine_factory=lambda spec: serving).run()
+    assert [t.status for t in store.trials(experiment_id)] == ["done", "done"]  # two batches of one trial
+    assert serving.closed_after[0] == 2  # not after the first batch: once nothing was left to claim
