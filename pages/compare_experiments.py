@@ -1,15 +1,17 @@
 """Compare: several experiments' tradeoff curves overlaid, and a parallel-coordinates view of the
 knobs (KV bits, evicted fraction) against the outcomes (ratio achieved, accuracy) with their table.
-The two are sections picked with a selector bound to the URL (``tab``): only the picked one is drawn
-(the parallel coordinates need plotly.js' full bundle, which the tradeoffs do not)."""
+The third section pairs two experiments of the same spec on two engines config by config (the table of
+``kvlab compare``).  The sections are picked with a selector bound to the URL (``tab``): only the picked
+one is drawn (the parallel coordinates need plotly.js' full bundle, which the tradeoffs do not)."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from kvlab.dashboard import charts, page_table, views
+from kvlab.experiments.engine_agreement import engine_agreement
 from kvlab.store import ExperimentNotFoundError
-from pages.common import chart, empty_state, experiment_label, get_store, share_box, summaries_of
+from pages.common import chart, empty_state, experiment_label, get_store, results_of, share_box, summaries_of
 
 st.title("Compare experiments")
 store = get_store()
@@ -61,6 +63,17 @@ if section == views.COMPARE_SECTIONS[0]:
     curves = {experiment_label(records[i]): [s for s in rows if views.trial_key(i, s.config_name) not in hidden]
               for i, rows in summaries.items()}
     chart(charts.compare_figure(curves, axis), "compare", "kvlab-compare")
+elif section == views.COMPARE_SECTIONS[2]:
+    if len(chosen) != 2:
+        st.info("Pick exactly two experiments: the same spec on two engines (say `kvlab run SPEC` and `kvlab run "
+                "SPEC --backend embedded`). The table pairs their configs by name and their items by id.")
+    elif rows := engine_agreement(results_of(records[chosen[0]])[0], results_of(records[chosen[1]])[0]):
+        a, b = (f"#{i}" for i in chosen)
+        st.dataframe(views.engine_rows(rows, a, b), hide_index=True)
+        st.caption("same outcome: items with equal scores; same text: the answer up to the item's stop sequence; "
+                   "KV B/token: measured from tensors, or ≈ as a server states its pool")
+    else:
+        st.info("These two experiments share no config and item without an error.")
 elif rows := views.compare_rows(summaries, [k for k in trial_keys if k not in hidden]):
     chart(charts.parallel_figure(rows), "parallel", "kvlab-parameters")
     st.dataframe([{"experiment": r.experiment_id, "config": r.config_name, "KV bits": r.quant_bits,

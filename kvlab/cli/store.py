@@ -120,6 +120,33 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """The same spec on two engines, config by config (:mod:`kvlab.experiments.engine_agreement`)."""
+    from kvlab.experiments.engine_agreement import engine_agreement
+
+    store = _store()
+    a, b = store.get_experiment(args.a), store.get_experiment(args.b)
+    rows = engine_agreement(store.item_results(args.a), store.item_results(args.b))
+    if not rows:
+        print(f"experiments {args.a} and {args.b} share no config and item without an error: nothing to compare")
+        return 0
+    print(f"A = experiment {a.id} '{shown(a.name)}' ({shown(a.backend_kind)}), "
+          f"B = experiment {b.id} '{shown(b.name)}' ({shown(b.backend_kind)})")
+    print(f"{'config':24} {'items':>5}  {'acc A':>6} {'acc B':>6}  {'same outcome':>12}  {'same text':>9}  "
+          f"{'KV B/token A':>12}  {'KV B/token B':>12}")
+
+    def number(value: float | None, estimated: bool = False, form: str = ",.0f") -> str:
+        return "-" if value is None else ("≈" if estimated else "") + format(value, form)
+
+    for row in rows:
+        print(f"{shown(row.config_name)[:24]:24} {row.items:>5}  {number(row.accuracy_a, form='.2f'):>6} "
+              f"{number(row.accuracy_b, form='.2f'):>6}  {number(row.same_outcome, form='.0%'):>12}  "
+              f"{number(row.same_text, form='.0%'):>9}  {number(row.kv_bytes_a, row.estimated_a):>12}  "
+              f"{number(row.kv_bytes_b, row.estimated_b):>12}")
+    print("≈: estimated from a server's pool (bytes per token x prompt tokens); otherwise measured from tensors")
+    return 0
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     count = _store().cancel_experiment(args.id)
     print(f"experiment {args.id}: {count} trial(s) cancelled")
@@ -199,6 +226,11 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
     add_margin_options(show, "the experiment's")
     show.add_argument("--events", type=non_negative_int, default=10, help="how many recent events to print (0: none)")
     show.set_defaults(func=cmd_show)
+    compare = sub.add_parser("compare", help="the same spec on two engines: per config, both accuracies, how often "
+                                             "outcomes and texts agree, both KV bytes")
+    compare.add_argument("a", type=positive_int, help="an experiment id (say, on the embedded engine)")
+    compare.add_argument("b", type=positive_int, help="another (say, the same spec on vLLM)")
+    compare.set_defaults(func=cmd_compare)
     cancel = sub.add_parser("cancel", help="cancel an experiment's queued and running trials")
     cancel.add_argument("id", type=positive_int)
     cancel.set_defaults(func=cmd_cancel)

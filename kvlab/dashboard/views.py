@@ -19,6 +19,7 @@ from kvlab.core.formats import FORMATS
 from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
 from kvlab.experiments.analysis import ConfigSummary, Decision
+from kvlab.experiments.engine_agreement import EngineAgreement
 from kvlab.experiments.nodes import node_of
 from kvlab.store.records import ExperimentRecord, TrialRecord
 
@@ -40,7 +41,7 @@ SECTIONS = ("Tradeoff", "Latency", "Breakdown", "Needles", "Failed items", "Prog
 LIVE_SECTION = "Progress"
 #: The compare page's sections: the overlaid tradeoffs (the default), the knobs and outcomes (parallel
 #: coordinates and their table).
-COMPARE_SECTIONS = ("Tradeoffs", "Parameters")
+COMPARE_SECTIONS = ("Tradeoffs", "Parameters", "Engines")
 
 
 def experiment_sections(ended: bool) -> list[str]:
@@ -370,6 +371,22 @@ class CompareRow:
 
 
 QUANT_BITS = {name: float(f.bits) for name, f in FORMATS.items()}
+
+
+def engine_rows(rows: Sequence[EngineAgreement], a: str, b: str) -> list[dict[str, Any]]:
+    """The cross-engine table of two experiments (``a`` and ``b`` name them), as the page shows it."""
+    def per_token(value: float | None, estimated: bool) -> str:
+        return "-" if value is None else ("≈" if estimated else "") + f"{value:,.0f}"
+
+    def share(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0%}"
+
+    return [{"config": row.config_name, "items": row.items,
+             f"accuracy {a}": None if row.accuracy_a is None else round(row.accuracy_a, 3),
+             f"accuracy {b}": None if row.accuracy_b is None else round(row.accuracy_b, 3),
+             "same outcome": share(row.same_outcome), "same text": share(row.same_text),
+             f"KV B/token {a}": per_token(row.kv_bytes_a, row.estimated_a),
+             f"KV B/token {b}": per_token(row.kv_bytes_b, row.estimated_b)} for row in rows]
 
 
 def compare_rows(summaries_by_experiment: Mapping[int, Sequence[ConfigSummary]],

@@ -88,12 +88,16 @@ def missing_baseline(spec: ExperimentSpec) -> list[str]:
 
 
 def score(item: TaskItem, result: ItemResult) -> ItemResult:
-    """The item's score, and (in ``extra["shortcuts"]``) what the task's shortcuts would score."""
+    """The item's score, and (in ``extra["shortcuts"]``) what the task's shortcuts would score; the
+    item's stop sequences in ``extra["stop"]`` (a server leaves them out of its text, the embedded
+    engine keeps the one it stopped at: :mod:`kvlab.experiments.engine_agreement` compares the two)."""
     if item.kind == "generate" and result.error is None:
         result.score = score_item(item, result.generated)
     shortcuts = shortcut_scores(item)
     if shortcuts:
         result.extra = {**result.extra, "shortcuts": shortcuts}
+    if item.stop:
+        result.extra = {**result.extra, "stop": list(item.stop)}
     return result
 
 

@@ -475,6 +475,19 @@ def test_compare_page(filled):
     assert "Pick one or more experiments" in texts(at.info)
 
 
+def test_compare_page_pairs_two_engines_runs_config_by_config(filled):
+    """The running experiment has half the done one's items: the table pairs the items both have."""
+    _, done_id, running_id = filled
+    at = open_page(COMPARE, ids=[str(done_id), str(running_id)], tab="Engines")
+    assert_clean(at)
+    table = at.dataframe[0].value
+    assert list(table["config"]) == ["baseline", "int4", "int2", "snapkv-50"] and set(table["items"]) == {4}
+    assert set(table["same outcome"]) == set(table["same text"]) == {"100%"}  # the same synthetic answers
+    assert {f"accuracy #{done_id}", f"KV B/token #{running_id}"} <= set(table.columns)
+    at = open_page(COMPARE, ids=[str(done_id)], tab="Engines")
+    assert "Pick exactly two experiments" in texts(at.info)
+
+
 def test_new_experiment_form_survives_a_visit_elsewhere(store):
     at = open_page(NEW)
     at.text_input(key="f:name").set_value("keep-me").run()

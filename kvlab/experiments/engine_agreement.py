@@ -1,0 +1,79 @@
+"""Cross-engine agreement: the same spec run on two engines (say the embedded one and vLLM), config by config.
+
+Two engines given the same greedy requests need not answer alike: their kernels, their dtypes (vLLM's
+CPU build computes in bfloat16, the embedded engine in float32) and their formats differ (an fp8
+cache is per-tensor scaled in vLLM, per block of tokens with a 16-bit residual window in kvlab).  For
+each config both experiments ran (matched by name), this pairs their results item by item (task,
+item id) and says how often the outcomes agree (same score), how often the generated text is the
+same, and what each engine's cache costs per context token: measured bytes on the embedded engine, a
+server's pool estimate on vLLM.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvlab.core.results import ItemResult
+
+
+@dataclass(frozen=True)
+class EngineAgreement:
+    """One config on two engines, over the items both ran without an error."""
+
+    config_name: str
+    items: int
+    accuracy_a: float | None
+    accuracy_b: float | None
+    same_outcome: float | None  # fraction of items with equal scores
+    same_text: float | None  # fraction of items with the same answer text (:func:`answer_text`)
+    kv_bytes_a: float | None  # bytes per context token, over the items
+    kv_bytes_b: float | None
+    estimated_a: bool
+    estimated_b: bool
+
+
+def answer_text(result: ItemResult) -> str:
+    """The generated text as an OpenAI server returns it: cut before the first of the item's stop
+    sequences (the embedded engine keeps the one it stopped at), whitespace at the ends aside."""
+    text = result.generated
+    for stop in result.extra.get("stop", ()):
+        text = text.split(stop, 1)[0]
+    return text.strip()
+
+
+def _per_token(result: ItemResult) -> float | None:
+    """KV bytes per context token: the engines count a prompt's tokens alike, but the embedded engine
+    measures the context's cache and a server's estimate covers the whole prompt."""
+    tokens = result.context_tokens
+    return result.physical_kv_bytes / tokens if result.physical_kv_bytes is not None and tokens else None
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def engine_agreement(results_a: Sequence[ItemResult], results_b: Sequence[ItemResult]) -> list[EngineAgreement]:
+    """Per config both result sets hold (in ``results_a``'s order), the agreement of their items."""
+    def keyed(results: Sequence[ItemResult]) -> dict[tuple[str, str, str], ItemResult]:
+        return {(r.config_name, r.task, r.item_id): r for r in results if r.error is None}
+
+    a, b = keyed(results_a), keyed(results_b)
+    rows = []
+    for name in dict.fromkeys(r.config_name for r in results_a):
+        pairs = [(a[key], b[key]) for key in a if key[0] == name and key in b]
+        if not pairs:
+            continue
+        scored = [(x.score, y.score) for x, y in pairs if x.score is not None and y.score is not None]
+        rows.append(EngineAgreement(
+            config_name=name, items=len(pairs),
+            accuracy_a=_mean([x for x, _ in scored]), accuracy_b=_mean([y for _, y in scored]),
+            same_outcome=statistics.fmean(x == y for x, y in scored) if scored else None,
+            same_text=statistics.fmean(answer_text(x) == answer_text(y) for x, y in pairs),
+            kv_bytes_a=_mean([_per_token(x) for x, _ in pairs]),
+            kv_bytes_b=_mean([_per_token(y) for _, y in pairs]),
+            estimated_a=any(x.kv_bytes_estimated for x, _ in pairs),
+            estimated_b=any(y.kv_bytes_estimated for _, y in pairs)))
+    return rows

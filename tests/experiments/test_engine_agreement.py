@@ -1,0 +1,51 @@
+"""Cross-engine agreement (kvlab.experiments.engine_agreement): pairs, the stop sequence, bytes per context token."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from kvlab.experiments.engine_agreement import answer_text, engine_agreement
+from tests.dashboard_data import item_result
+
+STOP = {"stop": [".", "\n"]}
+
+
+def embedded(config: str, item: int):
+    """As the embedded engine stores it: the stop sequence it stopped at is in the text."""
+    return replace(item_result(config, item, 512, 0.5), extra=dict(STOP))
+
+
+def served(config: str, item: int, bytes_per_token: float):
+    """As a server answers: the text ends before the stop sequence; bytes are the pool's estimate."""
+    result = embedded(config, item)
+    return replace(result, generated=result.generated.rstrip("."), kv_bytes_estimated=True,
+                   context_tokens=result.prompt_tokens, physical_kv_bytes=round(bytes_per_token * result.prompt_tokens))
+
+
+def test_the_answer_text_is_cut_at_the_first_stop_sequence():
+    assert answer_text(replace(embedded("baseline", 0), generated=" 12345.\nmore")) == "12345"
+    assert answer_text(replace(embedded("baseline", 0), extra={})) == "12345."  # no stop recorded: as generated
+
+
+def test_two_engines_config_by_config():
+    a = [embedded(config, item) for config in ("baseline", "int2") for item in range(4)]
+    b = [served("baseline", item, 23_046) for item in range(4)]
+    b += [replace(served("int2", item, 11_523), generated=" 12345", score=1.0) for item in range(3)]  # 3 of 4 items
+    rows = {row.config_name: row for row in engine_agreement(a, b)}
+    assert list(rows) == ["baseline", "int2"]
+    base, int2 = rows["baseline"], rows["int2"]
+    assert (base.items, base.same_outcome, base.same_text) == (4, 1.0, 1.0)  # "12345." and "12345" are one answer
+    assert base.kv_bytes_a == pytest.approx(a[0].physical_kv_bytes / a[0].context_tokens)  # per context token
+    assert base.kv_bytes_b == pytest.approx(23_046)
+    assert (base.estimated_a, base.estimated_b) == (False, True)
+    # int2 gets items 0 and 1 wrong on the embedded engine (PROFILE), all of them right here
+    assert int2.items == 3 and int2.accuracy_a == pytest.approx(1 / 3) and int2.accuracy_b == 1.0
+    assert int2.same_outcome == pytest.approx(1 / 3) and int2.same_text == pytest.approx(1 / 3)
+
+
+def test_results_with_an_error_or_only_on_one_side_are_left_out():
+    a = [embedded("baseline", 0), replace(embedded("int4", 0), error="boom")]
+    b = [served("baseline", 1, 23_046), served("int4", 0, 11_523)]
+    assert engine_agreement(a, b) == []
