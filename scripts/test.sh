@@ -21,5 +21,9 @@ if ! command -v chromium >/dev/null 2>&1; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
     || { echo "test.sh: could not install chromium (apt-get install chromium)" >&2; exit 1; }
 fi
+# A real vLLM (its CPU build here, in its own venv): tests/engines/test_vllm_real.py runs kvlab's vLLM
+# backend against it. About 2.5 min and 2.5 GB the first time; a later run finds it installed.
+step "a real vLLM (scripts/install_vllm.sh)"
+bash scripts/install_vllm.sh
 step "the tests"
 python -m pytest -q "$@"
