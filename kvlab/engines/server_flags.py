@@ -207,9 +207,10 @@ def server_command(
 
 def server_env(installed: Installed, local_model: bool) -> dict[str, str]:
     """The environment a launched server gets beside this process's: no usage reports (this host may
-    reach no network); vLLM's CPU build runs its OpenMP threads unpinned (``VLLM_CPU_OMP_THREADS_BIND=nobind``: pinning to cores other processes use stalls
-    both) and as many as this worker's share of the cores; a model kvlab resolved to a local directory
-    needs no hub (``HF_HUB_OFFLINE``, so nothing waits on an unreachable one)."""
+    reach no network); vLLM's CPU build runs its OpenMP threads unpinned
+    (``VLLM_CPU_OMP_THREADS_BIND=nobind``: pinning to cores other processes use stalls both) and as
+    many as this worker's share of the cores; a model kvlab resolved to a local directory needs no
+    hub (``HF_HUB_OFFLINE``, so nothing waits on an unreachable one)."""
     env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"} | ({"HF_HUB_OFFLINE": "1"} if local_model else {})
     if installed.cpu_build:
         env |= {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(installed.threads)}

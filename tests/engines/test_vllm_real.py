@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.kv_config import KVCacheConfig
@@ -34,26 +35,19 @@ pytestmark = pytest.mark.model
 
 DTYPES = ["fp8_e4m3", "fp8_e5m2"]  # and the baseline ("auto": the model's bfloat16 on the CPU build)
 SMOLLM2 = Geometry(layers=30, kv_heads=3, head_dim=64)
-SPEC = f"""
-name = "vllm-real"
-model = "smollm2-135m"
 
-[backend]
-kind = "vllm"
 
-[backend.server]
-startup_timeout_s = {SAFETY_S}
+def spec_toml(name: str, num_items: int, depths: list[float], **rest: object) -> str:
+    """A spec of passkey items at 512 tokens on a vLLM that kvlab launches (and waits for, however busy the host)."""
+    return tomli_w.dumps({
+        "name": name, "model": "smollm2-135m", **rest,
+        "backend": {"kind": "vllm", "server": {"startup_timeout_s": SAFETY_S}},
+        "tasks": [{"name": "passkey", "context_lengths": [512], "depths": depths, "num_items": num_items,
+                   "max_new_tokens": 8}],
+    })
 
-[[tasks]]
-name = "passkey"
-context_lengths = [512]
-depths = [0.25, 0.75]
-num_items = 4
-max_new_tokens = 8
 
-[sweep]
-quant = {DTYPES}
-"""
+SPEC = spec_toml("vllm-real", 4, [0.25, 0.75], sweep={"quant": DTYPES})
 KEY = "kvlab-test-key-0123456789"
 
 
@@ -105,6 +99,8 @@ def test_every_config_shows_the_pool_bytes_of_its_own_server(runs):
 def test_the_server_metrics_reach_the_telemetry(runs):
     server = [s for s in runs["telemetry"] if s.source == "server"]
     assert server, "no /metrics sample was stored"
+    # vllm:kv_cache_usage_perc x the pool's bytes, on every sample that reached a server
+    assert any(s.kv_bytes is not None for s in server)
     assert {s.trial_id for s in server} <= {t.id for t in runs["trials"]} | {None}
 
 
@@ -150,32 +146,10 @@ def test_doctor_passes_a_live_vllm_and_names_a_wrong_key(keyed_server):
     assert "not-the-key-at-all" not in wrong.to_text()
 
 
-TUNE = f"""
-name = "vllm-tune"
-model = "smollm2-135m"
-# 8 items cannot certify a 5-point margin (that takes about 96 with vLLM, which measures no fidelity):
-# this checks the search and the flag it ends in, not the power of its decision
-max_drop = 0.5
-
-[backend]
-kind = "vllm"
-
-[backend.server]
-startup_timeout_s = {SAFETY_S}
-
-[[tasks]]
-name = "passkey"
-context_lengths = [512]
-depths = [0.5]
-num_items = 8
-max_new_tokens = 8
-
-[tune]
-quant = ["none", "int4", {", ".join(f'"{d}"' for d in DTYPES)}]
-min_items = 8
-candidates_per_round = 2
-max_trials = 2
-"""
+# 8 items cannot certify a 5-point margin (that takes about 96 with vLLM, which measures no fidelity): the
+# tune's test checks the search and the flag it ends in, not the power of its decision (max_drop 0.5)
+TUNE = spec_toml("vllm-tune", 8, [0.5], max_drop=0.5,
+                 tune={"quant": ["none", "int4", *DTYPES], "min_items": 8, "candidates_per_round": 2, "max_trials": 2})
 
 
 def test_a_tune_on_vllm_searches_its_kv_dtypes_and_ends_in_the_exact_flag(vllm_python, tmp_path):
