@@ -19,7 +19,7 @@ from kvlab.core.experiment_spec import ExperimentSpec, dump_spec, spec_text
 from kvlab.core.formats import DEFAULT_GROUP_SIZE, DEFAULT_RESIDUAL_LENGTH, GROUP_SIZES, MAX_RESIDUAL_LENGTH
 from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES
 from kvlab.core.methods import BUDGETS
-from kvlab.core.tasks import DEFAULT_NUM_ITEMS, TASKS
+from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, DEFAULT_NUM_ITEMS, TASKS
 from kvlab.dashboard import estimate, executor_form, page_table, views
 from kvlab.dashboard.launch import Refused, launch_sweep
 from kvlab.dashboard.spec_form import (
@@ -337,6 +337,12 @@ for index in range(st.session_state["form_n_tasks"]):
             slot(t + "num_pairs")
         if TASKS[task_name].reads_file:
             jsonl_field(index)
+        if "scorer" in TASKS[task_name].fields:
+            st.selectbox("Answer scorer", ["", *ANSWER_SCORERS], key=P + t + "scorer",
+                         format_func=lambda name: name or f"{DEFAULT_ANSWER_SCORER} (the default)",
+                         help="How each row's answer is scored, unless the row names its own `scorer`: "
+                              + "; ".join(f"{s.name}: {s.help}" for s in ANSWER_SCORERS.values()))
+            slot(t + "scorer")
         slot(t + "path")
         slot(f"tasks.{index}")
         if st.session_state["form_n_tasks"] > 1:

@@ -22,6 +22,49 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 #: What an item asks of the model: generate an answer, or give its likelihood to a continuation.
 ItemKind = Literal["generate", "perplexity"]
 
+
+@dataclass(frozen=True)
+class AnswerScorer:
+    """How a user's answer is scored (the ``scorer`` of a jsonl task or of one of its rows): ``function``
+    names ``(item, generated) -> float`` in [0, 1] as ``"module:function"``; ``help`` says the rule."""
+
+    name: str
+    function: str
+    help: str
+
+
+#: The answer formats of a user's JSONL file.  "Normalised": lowercased, punctuation to spaces,
+#: whitespace collapsed.  A completion model writes on after its answer, so the rules that compare
+#: whole texts look at the output's first line.
+ANSWER_SCORERS: dict[str, AnswerScorer] = {s.name: s for s in (
+    AnswerScorer("prefix", "kvlab.tasks.scoring:answer_prefix",
+                 "the normalised output starts with the normalised answer (at a word boundary); the default"),
+    AnswerScorer("contains", "kvlab.tasks.scoring:answer_contained",
+                 "the normalised answer appears in the normalised output, at word boundaries"),
+    AnswerScorer("exact", "kvlab.tasks.scoring:answer_exact",
+                 "the output's first line, normalised, equals the normalised answer"),
+    AnswerScorer("numeric", "kvlab.tasks.scoring:answer_numeric",
+                 "the output's first number equals the answer within a relative tolerance (a row's "
+                 "`tolerance`, default 1e-6)"),
+    AnswerScorer("regex", "kvlab.tasks.scoring:answer_regex",
+                 "the answer is a regular expression that the output matches (Python re.search)"),
+    AnswerScorer("choice", "kvlab.tasks.scoring:answer_choice",
+                 "the output's first choice letter (B, (B), B., 'Answer: B') is the answer's letter"),
+    AnswerScorer("boxed", "kvlab.tasks.scoring:answer_boxed",
+                 "the output's last \\boxed{...} (nested braces kept) equals the answer, normalised or as a number; "
+                 "no box scores 0 (the MATH500/AIME convention)"),
+    AnswerScorer("f1", "kvlab.tasks.scoring:answer_f1",
+                 "token F1 of the output's first line against the answer, both normalised (SQuAD's)"),
+)}
+DEFAULT_ANSWER_SCORER = "prefix"
+
+
+def check_answer_scorer(name: str) -> str:
+    """``name`` if it is a registered answer scorer, else a ValueError listing them."""
+    if name not in ANSWER_SCORERS:
+        raise ValueError(f"unknown scorer {name!r}; known: {', '.join(ANSWER_SCORERS)}")
+    return name
+
 MIN_CONTEXT_LENGTH = 128
 MAX_CONTEXT_LENGTH = 131072
 MAX_PATH_CHARS = 4096
@@ -35,7 +78,8 @@ class TaskSpec(BaseModel):
     ``name`` is one of the task registry's (:data:`TASKS`), checked against
     it when validated.  Fields that a task does not use are ignored by it (``num_pairs`` for
     passkey, ...), except ``path``, which only a task that reads a file (``jsonl``) accepts, so
-    that a typo in the task name cannot silently turn a user's file into a synthetic task.
+    that a typo in the task name cannot silently turn a user's file into a synthetic task, and
+    ``scorer``, which only a task scored by :data:`ANSWER_SCORERS` accepts.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -75,6 +119,11 @@ class TaskSpec(BaseModel):
     max_new_tokens: int | None = Field(
         default=None, ge=1, le=4096, description="Generation budget; default depends on the task."
     )
+    scorer: str | None = Field(
+        default=None,
+        description=f"jsonl: how answers are scored, one of {', '.join(ANSWER_SCORERS)}; a row's own `scorer` "
+        f"key wins; unset: {DEFAULT_ANSWER_SCORER}.",
+        json_schema_extra=lambda schema: schema.update(enum=list(ANSWER_SCORERS)))
 
     @property
     def items_per_length(self) -> int:
@@ -115,6 +164,11 @@ class TaskSpec(BaseModel):
             raise ValueError(f"depths must be distinct, got {depths}")
         return depths
 
+    @field_validator("scorer")
+    @classmethod
+    def _check_scorer(cls, scorer: str | None) -> str | None:
+        return None if scorer is None else check_answer_scorer(scorer)
+
     @field_validator("path")
     @classmethod
     def _check_path_text(cls, path: str | None) -> str | None:
@@ -137,6 +191,10 @@ class TaskSpec(BaseModel):
                 f"path: only the {' or '.join(readers)} task reads a file; remove `path` or set name = "
                 f"{' or '.join(map(repr, readers))} (got name = {self.name!r})"
             )
+        if self.scorer is not None and "scorer" not in TASKS[self.name].fields:
+            scored = [name for name, task in TASKS.items() if "scorer" in task.fields]
+            raise ValueError(f"scorer: only the {' or '.join(scored)} task takes a scorer (the {self.name} task "
+                             "scores its own answers); remove it")
         return self
 
 
@@ -218,8 +276,8 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     Task("perplexity", "kvlab.tasks.perplexity:generate", scorer=None, kind="perplexity",
          fields=frozenset({"context_lengths", "num_items", "continuation_tokens"}),
          chance_floor="none (not a 0-1 score)"),
-    Task("jsonl", "kvlab.tasks.jsonl:generate", scorer="kvlab.tasks.scoring:answer_prefix",
-         fields=frozenset({"path", "num_items", "max_new_tokens"}), chance_floor="depends on the file",
+    Task("jsonl", "kvlab.tasks.jsonl:generate", scorer="kvlab.tasks.scoring:user_answer",
+         fields=frozenset({"path", "num_items", "max_new_tokens", "scorer"}), chance_floor="depends on the file",
          count_items="kvlab.tasks.jsonl:planned_items"),
 )}
 

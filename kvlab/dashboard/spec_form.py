@@ -111,6 +111,7 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
             prefix + "max_new_tokens": int(task.get("max_new_tokens") or 0),
             prefix + "num_pairs": int(task.get("num_pairs", 4)),
             prefix + "path": task.get("path") or "",
+            prefix + "scorer": task.get("scorer") or "",
         }
     sweep = _SWEEP_DEFAULTS | (data.get("sweep") or {})
     values |= {
@@ -236,6 +237,8 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
         task["max_new_tokens"] = max_new or None
         path = str(values.get(prefix + "path") or "").strip()
         task["path"] = path or None
+        reads_scorer = task["name"] in TASKS and "scorer" in TASKS[task["name"]].fields
+        task["scorer"] = (str(values.get(prefix + "scorer") or "") or None) if reads_scorer else None
         if path and task["name"] in TASKS and TASKS[task["name"]].reads_file:  # only files under the data directory: this is a web page
             try:
                 task["path"] = checked_data_file(path)

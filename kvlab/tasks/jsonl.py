@@ -1,9 +1,11 @@
 """User-supplied items from a JSONL file.
 
 One JSON object per line: ``context``, ``question``, ``answer`` (non-empty strings)
-and optionally ``id`` (string or integer, unique; default ``line<N>``). Other keys
-are kept in ``metadata``. Blank lines are skipped. ``context_lengths`` and ``depths``
-do not apply; the measured prompt length is recorded as ``context_length``.
+and optionally ``id`` (string or integer, unique; default ``line<N>``), ``scorer`` (one of
+:data:`kvlab.core.tasks.ANSWER_SCORERS`; default the task's ``scorer``, else ``prefix``) and, for the
+``numeric`` scorer, ``tolerance`` (relative, default 1e-6). Other keys are kept in ``metadata``.
+Blank lines are skipped. ``context_lengths`` and ``depths`` do not apply; the measured prompt
+length is recorded as ``context_length``.
 Prompts are ``context + question`` verbatim, so put the separator (e.g. a leading
 newline) and the answer prefix in ``question`` yourself.
 
@@ -19,6 +21,7 @@ import functools
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,10 +29,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from kvlab.core.errors import ConfigError, HostLacksError
-from kvlab.core.tasks import TaskSpec
+from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, TaskSpec
 from kvlab.tasks.haystack import Tokenizer, count_tokens
 from kvlab.tasks.items import TaskItem
-from kvlab.tasks.scoring import normalize
+from kvlab.tasks.scoring import choice_letter, normalize, parse_number
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ExperimentSpec
@@ -180,7 +183,7 @@ def _lines(handle: BinaryIO, label: str, limits: Limits) -> Iterator[tuple[int, 
             yield number, text
 
 
-def _check_record(record: Any, where: str) -> None:
+def _check_record(record: Any, where: str, scorer: str) -> None:
     if not isinstance(record, dict):
         raise JsonlTaskError(f"{where}: expected a JSON object, got {_json_type(record)}")
     missing = [key for key in REQUIRED_KEYS if key not in record]
@@ -197,6 +200,7 @@ def _check_record(record: Any, where: str) -> None:
             raise JsonlTaskError(f"{where}: {key!r} contains a NUL character (\\u0000)")
     if not normalize(record["answer"]):
         raise JsonlTaskError(f"{where}: 'answer' has no letters or digits to match")
+    _check_scoring(record, where, scorer)
     item_id = record.get("id")
     if item_id is not None:
         if isinstance(item_id, bool) or not isinstance(item_id, str | int):
@@ -209,18 +213,40 @@ def _check_record(record: Any, where: str) -> None:
         raise JsonlTaskError(f"{where}: contains an invalid \\u escape (a lone surrogate)") from None
 
 
+def _check_scoring(record: dict[str, Any], where: str, task_scorer: str) -> None:
+    """A row's scorer (its own, else the task's ``task_scorer``) must be known and able to read its answer."""
+    scorer = record.get("scorer", task_scorer)
+    if not isinstance(scorer, str) or scorer not in ANSWER_SCORERS:
+        raise JsonlTaskError(f"{where}: unknown scorer {scorer!r}; known: {', '.join(ANSWER_SCORERS)}")
+    answer = record["answer"]
+    if scorer == "numeric" and parse_number(answer.strip()) is None:
+        raise JsonlTaskError(f"{where}: scorer 'numeric' needs a number as the answer, got {answer[:40]!r}")
+    if scorer == "choice" and choice_letter(answer) != answer.strip().strip("()").upper():
+        raise JsonlTaskError(f"{where}: scorer 'choice' needs one letter A-J as the answer, got {answer[:40]!r}")
+    if scorer == "regex":
+        try:
+            re.compile(answer)
+        except re.error as error:
+            raise JsonlTaskError(f"{where}: the answer is not a regular expression ({error})") from None
+    tolerance = record.get("tolerance")
+    if tolerance is not None and (scorer != "numeric" or isinstance(tolerance, bool)
+                                  or not isinstance(tolerance, int | float) or not 0 <= tolerance < math.inf):
+        raise JsonlTaskError(f"{where}: 'tolerance' is for the numeric scorer, a number >= 0; got {tolerance!r}"
+                             + ("" if scorer == "numeric" else f" with scorer {scorer!r}"))
+
+
 def _json_type(value: Any) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "true/false", int: "a number",
              float: "a number", type(None): "null"}
     return names.get(type(value), type(value).__name__)
 
 
-def iter_records(path: str | Path, label: str | None = None,
-                 limits: Limits | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_records(path: str | Path, label: str | None = None, limits: Limits | None = None,
+                 scorer: str = DEFAULT_ANSWER_SCORER) -> Iterator[tuple[int, dict[str, Any]]]:
     """Validated ``(line number, object)`` pairs in file order, ``id`` filled in and made a string.
 
     Raises :class:`JsonlTaskError` at the first problem; ``label`` names the file in messages
-    (default: ``path`` itself).
+    (default: ``path`` itself); ``scorer`` is the task's, which scores the rows without their own.
     """
     path = Path(path)
     label = show_path(label if label is not None else path)
@@ -237,7 +263,7 @@ def iter_records(path: str | Path, label: str | None = None,
                 raise JsonlTaskError(f"{where}: not valid JSON ({error})") from None
             except RecursionError:
                 raise JsonlTaskError(f"{where}: not valid JSON (nested too deeply)") from None
-            _check_record(record, where)
+            _check_record(record, where, scorer)
             item_id = str(record.get("id", f"line{number}"))
             if item_id in seen_ids:
                 raise JsonlTaskError(f"{where}: duplicate id {item_id!r} (first on line {seen_ids[item_id]})")
@@ -249,9 +275,10 @@ def iter_records(path: str | Path, label: str | None = None,
         raise JsonlTaskError(f"{label}: no items (only blank lines); give one JSON object per line")
 
 
-def validate_file(path: str | Path, label: str | None = None, limits: Limits | None = None) -> int:
+def validate_file(path: str | Path, label: str | None = None, limits: Limits | None = None,
+                  scorer: str = DEFAULT_ANSWER_SCORER) -> int:
     """Check the whole file without keeping its items; return how many it has."""
-    return sum(1 for _ in iter_records(path, label, limits))
+    return sum(1 for _ in iter_records(path, label, limits, scorer))
 
 
 def planned_items(spec: TaskSpec) -> int | None:
@@ -260,16 +287,16 @@ def planned_items(spec: TaskSpec) -> int | None:
     assert spec.path is not None  # TaskSpec guarantees it for jsonl
     try:
         status = os.stat(spec.path)
-        records = _count_records(spec.path, status.st_mtime_ns, status.st_size)
+        records = _count_records(spec.path, status.st_mtime_ns, status.st_size, spec.scorer or DEFAULT_ANSWER_SCORER)
     except (OSError, JsonlTaskError):
         return None
     return records if spec.num_items is None else min(records, spec.num_items)
 
 
 @functools.lru_cache(maxsize=64)
-def _count_records(path: str, mtime_ns: int, size: int) -> int:
+def _count_records(path: str, mtime_ns: int, size: int, scorer: str) -> int:
     """Records of a jsonl file, cached per version of it (the dashboard asks on every rerun)."""
-    return validate_file(path)
+    return validate_file(path, scorer=scorer)
 
 
 def check_task_files(spec: ExperimentSpec) -> ExperimentSpec:
@@ -280,7 +307,7 @@ def check_task_files(spec: ExperimentSpec) -> ExperimentSpec:
     for index, task in enumerate(spec.tasks):
         if task.path:  # only a task that reads a file has a path (TaskSpec refuses it on the others)
             try:
-                validate_file(task.path)
+                validate_file(task.path, scorer=task.scorer or DEFAULT_ANSWER_SCORER)
             except JsonlTaskError as error:
                 raise type(error)(f"tasks.{index}.path: {error}") from None
             task = task.model_copy(update={"path": str(Path(task.path).absolute())})
@@ -297,14 +324,15 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     assert spec.path is not None  # TaskSpec guarantees it for jsonl
     cap = spec.num_items
     items = []
-    for number, record in iter_records(spec.path):
+    for number, record in iter_records(spec.path, scorer=spec.scorer or DEFAULT_ANSWER_SCORER):
         if cap is not None and len(items) >= cap:
             continue  # keep reading: a bad line further on still makes the file bad
-        items.append(_item(number, record, tokenizer, spec.max_new_tokens))
+        items.append(_item(number, record, tokenizer, spec.max_new_tokens, spec.scorer or DEFAULT_ANSWER_SCORER))
     return items
 
 
-def _item(number: int, record: dict[str, Any], tokenizer: Tokenizer, max_new_tokens: int | None) -> TaskItem:
+def _item(number: int, record: dict[str, Any], tokenizer: Tokenizer, max_new_tokens: int | None,
+          scorer: str) -> TaskItem:
     context, question = record["context"], record["question"]
     prompt_tokens = count_tokens(tokenizer, context) + count_tokens(tokenizer, question)
     extra = {k: v for k, v in record.items() if k not in (*REQUIRED_KEYS, "id")}
@@ -317,6 +345,6 @@ def _item(number: int, record: dict[str, Any], tokenizer: Tokenizer, max_new_tok
         context_length=prompt_tokens,
         depth=None,
         max_new_tokens=max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-        metadata={**extra, "prompt_tokens": prompt_tokens, "line": number},
+        metadata={"scorer": scorer, **extra, "prompt_tokens": prompt_tokens, "line": number},  # a row's own wins
     )
 

@@ -48,11 +48,11 @@ def every_field_set(jsonl: Path) -> dict[str, Any]:
                     "max_concurrency": 2, "max_retries": 1, "request_timeout_s": 30.0,
                     "server": {"python": "/usr/bin/python3", "host": "127.0.0.2", "port": 8123,
                                "memory_fraction": 0.5, "max_model_len": 2048, "prefix_cache": False,
-                               "startup_timeout_s": 60.0, "extra_args": ["--x"]}},
+                               "enforce_eager": False, "startup_timeout_s": 60.0, "extra_args": ["--x"]}},
         "tasks": [
             {"name": "multikey", "context_lengths": [512, 1024], "depths": [0.25, 0.75], "num_items": 3,
              "num_pairs": 6, "num_chains": 2, "num_hops": 3, "continuation_tokens": 32, "max_new_tokens": 12},
-            {"name": "jsonl", "path": str(jsonl), "num_items": 20},
+            {"name": "jsonl", "path": str(jsonl), "num_items": 20, "scorer": "contains"},
             {"name": "jsonl", "path": str(jsonl)},  # unset: the whole file
         ],
         "configs": [{"name": "kv4", "quant": "int4", "group_size": 64, "residual_length": 16, "key_axis": "token"},
