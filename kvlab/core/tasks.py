@@ -111,6 +111,10 @@ class TaskSpec(BaseModel):
     continuation_tokens: int = Field(
         default=64, ge=8, le=8192, description="perplexity: held-out continuation length in tokens."
     )
+    passage_words: int = Field(
+        default=48, ge=8, le=2000, multiple_of=2,
+        description="recall: words of the passage to reproduce (adjective-noun pairs; the first two pairs are "
+        "given). The answer's generation budget grows with it.")
     path: str | None = Field(
         default=None,
         description="jsonl: path of the JSONL file (required); relative paths are relative to the current "
@@ -273,6 +277,10 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          fields=_GENERATED | {"num_chains", "num_hops"},
          chance_floor="2/(num_chains+1) F1 (every variable of the context)",
          shortcuts="kvlab.tasks.variable_tracking:shortcut_scores"),
+    Task("recall", "kvlab.tasks.recall:generate", scorer="kvlab.tasks.recall:score",
+         fields=_GENERATED | {"depths", "passage_words"},
+         chance_floor="about 15% at 48 words (a list of the vocabulary in its own order, in pairs as the passage)",
+         shortcuts="kvlab.tasks.recall:shortcut_scores"),
     Task("perplexity", "kvlab.tasks.perplexity:generate", scorer=None, kind="perplexity",
          fields=frozenset({"context_lengths", "num_items", "continuation_tokens"}),
          chance_floor="none (not a 0-1 score)"),

@@ -64,7 +64,7 @@ def echo(monkeypatch) -> Task:
 
 
 def test_the_spec_schema_lists_the_registry():
-    assert tuple(TASKS) == ("passkey", "multikey", "variable_tracking", "perplexity", "jsonl")
+    assert tuple(TASKS) == ("passkey", "multikey", "variable_tracking", "recall", "perplexity", "jsonl")
     assert TaskSpec.model_json_schema()["properties"]["name"]["enum"] == list(TASKS)
 
 
@@ -98,7 +98,7 @@ def test_every_entry_names_functions_that_exist():
 def test_an_unknown_name_is_one_line_naming_every_registered_task(echo):
     with pytest.raises(ConfigError) as refused:
         parse_spec({"name": "e", "tasks": [{"name": "passkey"}, {"name": "echoo"}], "configs": [{"name": "int4", "quant": "int4"}]})
-    assert str(refused.value) == ("tasks.1.name: unknown task 'echoo'; known: passkey, multikey, variable_tracking, "
+    assert str(refused.value) == ("tasks.1.name: unknown task 'echoo'; known: passkey, multikey, variable_tracking, recall, "
                                   "perplexity, jsonl, echo")
 
 
