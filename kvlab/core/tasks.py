@@ -59,11 +59,12 @@ ANSWER_SCORERS: dict[str, AnswerScorer] = {s.name: s for s in (
 DEFAULT_ANSWER_SCORER = "prefix"
 
 
-def check_answer_scorer(name: str) -> str:
+def check_answer_scorer(name: object) -> str:
     """``name`` if it is a registered answer scorer, else a ValueError listing them."""
-    if name not in ANSWER_SCORERS:
+    if not isinstance(name, str) or name not in ANSWER_SCORERS:
         raise ValueError(f"unknown scorer {name!r}; known: {', '.join(ANSWER_SCORERS)}")
     return name
+
 
 MIN_CONTEXT_LENGTH = 128
 MAX_CONTEXT_LENGTH = 131072

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from kvlab.core.errors import ConfigError, HostLacksError
-from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, TaskSpec
+from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, TaskSpec, check_answer_scorer
 from kvlab.tasks.haystack import Tokenizer, count_tokens
 from kvlab.tasks.items import TaskItem
 from kvlab.tasks.scoring import choice_letter, normalize, parse_number
@@ -215,9 +215,10 @@ def _check_record(record: Any, where: str, scorer: str) -> None:
 
 def _check_scoring(record: dict[str, Any], where: str, task_scorer: str) -> None:
     """A row's scorer (its own, else the task's ``task_scorer``) must be known and able to read its answer."""
-    scorer = record.get("scorer", task_scorer)
-    if not isinstance(scorer, str) or scorer not in ANSWER_SCORERS:
-        raise JsonlTaskError(f"{where}: unknown scorer {scorer!r}; known: {', '.join(ANSWER_SCORERS)}")
+    try:
+        scorer = check_answer_scorer(record.get("scorer", task_scorer))
+    except ValueError as error:
+        raise JsonlTaskError(f"{where}: {error}") from None
     answer = record["answer"]
     if scorer == "numeric" and parse_number(answer.strip()) is None:
         raise JsonlTaskError(f"{where}: scorer 'numeric' needs a number as the answer, got {answer[:40]!r}")

@@ -14,6 +14,7 @@ from kvlab.core.tasks import ANSWER_SCORERS, TaskSpec
 from kvlab.tasks import JsonlTaskError, generate_items, score_item
 from kvlab.tasks.items import TaskItem
 from kvlab.tasks.jsonl import validate_file
+from kvlab.tasks.registry import resolve
 from kvlab.tasks.scoring import last_boxed
 from tests.tasks.test_tasks import WS
 
@@ -51,6 +52,10 @@ def item(answer: str, scorer: str, **metadata) -> TaskItem:
 ])
 def test_each_scorer_on_hand_written_outputs(scorer, answer, output, score):
     assert score_item(item(answer, scorer), output) == score
+
+
+def test_every_scorer_names_a_function_that_exists():
+    assert all(callable(resolve(scorer.function)) for scorer in ANSWER_SCORERS.values())
 
 
 def test_numeric_tolerance_is_the_rows():
