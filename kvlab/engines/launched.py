@@ -130,7 +130,8 @@ class LaunchedServerEngine(Engine):
                        if self.name == "vllm" else f"on a CUDA host run `pip install 'kvlab[{self.name}]'`")
             raise HostLacksError(f"{self.name} is not installed for {python!r}: {install}, "
                                  f"or set backend.server.python to an interpreter that has {self.name}")
-        threads = int(os.environ.get("OMP_NUM_THREADS") or available_cores())
+        omp = os.environ.get("OMP_NUM_THREADS", "").strip()  # OpenMP also takes lists ("4,2"): then the cores
+        threads = int(omp) if omp.isdigit() and int(omp) > 0 else available_cores()
         return Installed(python, cpu_build=answer.stdout.strip() == "cpu", threads=threads)
 
     @cached_property

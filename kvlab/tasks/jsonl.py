@@ -222,7 +222,7 @@ def _check_scoring(record: dict[str, Any], where: str, task_scorer: str) -> None
     answer = record["answer"]
     if scorer == "numeric" and parse_number(answer.strip()) is None:
         raise JsonlTaskError(f"{where}: scorer 'numeric' needs a number as the answer, got {answer[:40]!r}")
-    if scorer == "choice" and choice_letter(answer) != answer.strip().strip("()").upper():
+    if scorer == "choice" and choice_letter(answer.upper()) != answer.strip().strip("()").upper():
         raise JsonlTaskError(f"{where}: scorer 'choice' needs one letter A-J as the answer, got {answer[:40]!r}")
     if scorer == "regex":
         try:

@@ -76,7 +76,7 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 def test_rows_name_their_own_scorers_over_the_tasks(tmp_path):
     rows = write_rows(tmp_path / "rows.jsonl", [
         {"context": "Sum: 2 and 3.", "question": "\nTotal:", "answer": "5", "scorer": "numeric"},
-        {"context": "Pick.", "question": "\nChoice:", "answer": "C", "scorer": "choice"},
+        {"context": "Pick.", "question": "\nChoice:", "answer": "c", "scorer": "choice"},  # any case
         {"context": "Math.", "question": "\nSolve:", "answer": "\\frac{1}{2}", "scorer": "boxed"},
         {"context": "City.", "question": "\nIt is", "answer": "Paris"},  # the task's scorer
     ])
