@@ -37,15 +37,24 @@ class CompressedLayer(CacheLayerMixin):
         self.config = config
         self.compute_dtype = keys.dtype
         self.head_dim = keys.shape[-1]
-        self.key_blocks: list[QuantizedBlock] = []
-        self.value_blocks: list[QuantizedBlock] = []
-        quantized, _ = split_tokens(config, keys.shape[-2])
-        self._append_blocks(keys[:, :, :quantized], values[:, :, :quantized])
-        self.key_tail = keys[:, :, quantized:].to(STORAGE_DTYPE)
-        self.value_tail = values[:, :, quantized:].to(STORAGE_DTYPE)
+        self._store(keys, values)
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
         self.peak_bytes = self.physical_bytes
+
+    def _store(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold ``keys``/``values``: all but the residual tail quantized into codes."""
+        self.key_blocks: list[QuantizedBlock] = []
+        self.value_blocks: list[QuantizedBlock] = []
+        quantized, _ = split_tokens(self.config, keys.shape[-2])
+        self._append_blocks(keys[:, :, :quantized], values[:, :, :quantized])
+        self.key_tail = keys[:, :, quantized:].to(STORAGE_DTYPE)
+        self.value_tail = values[:, :, quantized:].to(STORAGE_DTYPE)
+
+    def replace_tokens(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold these tokens instead (decode-time eviction): stored as a new layer would store them
+        (codes quantized again from their dequantized values); the peak so far is kept."""
+        self._store(keys, values)
 
     def _append_blocks(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         if keys.shape[-2] == 0:
@@ -68,7 +77,7 @@ class CompressedLayer(CacheLayerMixin):
         self.value_tail = torch.cat([self.value_tail, value_states.to(STORAGE_DTYPE)], dim=-2)
         self.peak_bytes = max(self.peak_bytes, self.physical_bytes)  # the tail is largest just before a flush
         self._flush()
-        return self._materialize()
+        return self.materialize()
 
     def tokens_before_flush(self) -> int | None:
         """How many tokens may be appended at once and be attended as if appended one at a time: as
@@ -93,7 +102,8 @@ class CompressedLayer(CacheLayerMixin):
         self.key_tail = self.key_tail[:, :, n_flush:].contiguous()
         self.value_tail = self.value_tail[:, :, n_flush:].contiguous()
 
-    def _materialize(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def materialize(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values attention sees, at the compute dtype."""
         keys = [dequantize(b, self.compute_dtype) for b in self.key_blocks] + [self.key_tail.to(self.compute_dtype)]
         values = [dequantize(b, self.compute_dtype) for b in self.value_blocks] + \
             [self.value_tail.to(self.compute_dtype)]

@@ -43,8 +43,9 @@ class ScorerKey:
 
 
 def scorer_key(config: KVCacheConfig) -> ScorerKey | None:
-    """The prefill scorer a config needs; None for no eviction and for positional methods."""
-    if config.evict == "none" or (name := METHODS[config.evict].scorer_method) is None:
+    """The prefill scorer a config needs; None for no eviction of the prompt (none, or a method that
+    compresses during generation only) and for positional methods."""
+    if not config.budgets_given or (name := METHODS[config.evict].scorer_method) is None:
         return None
     method = METHODS[name]
     params = tuple((field, getattr(config, field)) for field in method.params)
@@ -175,7 +176,9 @@ def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None]
     """
     kept: list[torch.Tensor | None] = [None] * len(layer_keys)
     active = [i for i, skip in enumerate(skip_layers) if not skip]
-    if config.evict == "none" or evictable == 0:  # nothing may be evicted (e.g. a one-token served prompt)
+    if not config.budgets_given or evictable == 0:
+        # no prompt budget (no method, or one that compresses during generation only), or nothing
+        # that may be evicted (e.g. a one-token served prompt)
         return kept
     protected = layer_keys[active[0]].shape[-2] - evictable
     if config.threshold is not None:

@@ -22,7 +22,15 @@ from kvlab.core.formats import (
     QUANT_NAMES,
 )
 from kvlab.core.limits import check_text
-from kvlab.core.methods import BUDGET_BOUNDS, BUDGETS, METHOD_NAMES, METHODS, PARAMS, methods_with
+from kvlab.core.methods import (
+    BUDGET_BOUNDS,
+    BUDGETS,
+    METHOD_NAMES,
+    METHODS,
+    PARAMS,
+    methods_that_decode,
+    methods_with,
+)
 from kvlab.core.space import ConfigSpace, canonical_name, canonical_names
 
 QuantDtype = Literal[QUANT_NAMES]  # type: ignore[valid-type]  # the format registry's names
@@ -35,6 +43,43 @@ QUANT_DTYPES: tuple[str, ...] = QUANT_NAMES
 EVICTION_METHODS: tuple[str, ...] = METHOD_NAMES
 
 Fraction = Annotated[float, Field(gt=BUDGET_BOUNDS[0], lt=BUDGET_BOUNDS[1])]
+
+#: kvpress's default ``hidden_states_buffer_size``.
+DEFAULT_DECODE_BUFFER = 256
+#: Bound on a decode policy's counts (an interval, a target, a buffer), far above any context here.
+MAX_DECODE_TOKENS = 1 << 20
+
+
+class DecodePolicy(BaseModel):
+    """Compression during generation, as kvpress's ``DecodingPress`` does it: every ``interval``
+    forward passes after the prompt (the question's pass counts as one, each generated token as one),
+    every full-attention layer's whole cache is scored by the config's eviction method from a buffer
+    of the last ``buffer`` passes' hidden states, and cut back to ``target_tokens`` tokens, or to
+    ``1 - ratio`` of all tokens seen so far (``CompressionRatioDecodingPress``).  Exactly one of
+    ``target_tokens`` and ``ratio``.  Which methods may score during decoding is their registry
+    entry's ``decodes``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    interval: Annotated[int, Field(ge=1, le=MAX_DECODE_TOKENS)]
+    target_tokens: Annotated[int, Field(ge=1, le=MAX_DECODE_TOKENS)] | None = None
+    ratio: Fraction | None = None
+    buffer: Annotated[int, Field(ge=0, le=MAX_DECODE_TOKENS)] = DEFAULT_DECODE_BUFFER
+
+    @model_validator(mode="after")
+    def _one_target(self) -> DecodePolicy:
+        if (self.target_tokens is None) == (self.ratio is None):
+            raise ValueError("a decode policy needs exactly one of target_tokens (tokens kept after each "
+                             "compression) and ratio (fraction of all tokens seen so far removed)")
+        return self
+
+    @property
+    def label(self) -> str:
+        """``dec64:t256`` (every 64 passes, back to 256 tokens) or ``dec64:r0.5``; ``/b128`` for a buffer
+        other than the default."""
+        target = f"t{self.target_tokens}" if self.target_tokens is not None else f"r{self.ratio:g}"
+        return f"dec{self.interval}:{target}" + (f"/b{self.buffer}" if self.buffer != DEFAULT_DECODE_BUFFER else "")
 
 
 def _param(name: str) -> Any:
@@ -52,11 +97,13 @@ class KVCacheConfig(BaseModel):
     ``group_size`` tokens, and keeps the residual too.  The settings a format reads are its
     registry entry's ``settings`` (:mod:`kvlab.core.formats`); the others are left unused.
 
-    Eviction (``evict``): a kvpress scorer ranks context tokens per head; exactly one budget of
-    the budget registry (:data:`kvlab.core.methods.BUDGETS`) is given: ``ratio`` (fraction
+    Eviction (``evict``): a kvpress scorer ranks context tokens per head; one budget of the
+    budget registry (:data:`kvlab.core.methods.BUDGETS`) is given: ``ratio`` (fraction
     removed, kvpress's ``compression_ratio``), ``keep_fraction`` (top-k: fraction kept) or
     ``threshold`` (evict tokens whose normalised score falls below this quantile of all scores of
-    the model, so layers may keep different counts).
+    the model, so layers may keep different counts).  With a ``decode`` policy the same method
+    also compresses during generation (:class:`DecodePolicy`); the prompt's budget is then
+    optional (no budget: the prompt is kept whole, as kvpress's ``DecodingPress`` alone does).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -74,6 +121,7 @@ class KVCacheConfig(BaseModel):
     query_aware: bool = False
     window_size: _param("window_size") = PARAMS["window_size"].default  # type: ignore[valid-type]
     n_sink: _param("n_sink") = PARAMS["n_sink"].default  # type: ignore[valid-type]
+    decode: DecodePolicy | None = None  # compression during generation, scored by ``evict``
 
     @field_validator("name")
     @classmethod
@@ -96,8 +144,15 @@ class KVCacheConfig(BaseModel):
                 )
             if self.query_aware:
                 raise ValueError("query_aware = true needs an eviction method (evict)")
+            if self.decode is not None:
+                raise ValueError(f"decode ({self.decode.label}) needs an eviction method (evict) to score the "
+                                 f"cache during generation: one of {', '.join(methods_that_decode())}")
         else:
             accepted = METHODS[self.evict].budgets
+            if self.decode is not None:
+                self._check_decode(self.decode)
+            if self.decode is not None and not budgets:
+                return self  # compression during generation only
             if len(budgets) != 1:
                 raise ValueError(
                     f"evict = '{self.evict}' needs exactly one budget: "
@@ -110,6 +165,17 @@ class KVCacheConfig(BaseModel):
                     f"(its budgets: {', '.join(accepted)})"
                 )
         return self
+
+    def _check_decode(self, decode: DecodePolicy) -> None:
+        method = METHODS[self.evict]
+        if not method.decodes:
+            raise ValueError(f"evict = '{self.evict}' cannot score during generation ({method.decode_refusal}); "
+                             f"decode policies work with {', '.join(methods_that_decode())}")
+        if "window_size" in method.params and min(decode.interval, decode.buffer) <= self.window_size:
+            raise ValueError(
+                f"evict = '{self.evict}' scores from its last window_size = {self.window_size} hidden states, so "
+                f"decode needs interval and buffer above it (interval = {decode.interval}, buffer = {decode.buffer})"
+            )
 
     @property
     def budgets_given(self) -> dict[str, float]:
@@ -144,7 +210,9 @@ def describe(config: KVCacheConfig) -> str:
         parts.append(config.quant + "".join(s.label(getattr(config, s.field)) for s in settings))
     if config.evict != "none":
         budget = "".join(f"{BUDGETS[name].label}{value:g}" for name, value in config.budgets_given.items())
-        parts.append(f"{config.evict}:{budget}" + ("/qa" if config.query_aware else ""))
+        method = f"{config.evict}:{budget}" if budget else config.evict
+        decode = f"/{config.decode.label}" if config.decode is not None else ""
+        parts.append(method + ("/qa" if config.query_aware else "") + decode)
     return "+".join(parts) or "baseline"
 
 

@@ -83,7 +83,8 @@ class Method:
     budget while scoring, so each budget needs its own scorer and a threshold has no meaning.
     ``wraps``: the method whose press this press takes as its ``press`` argument.
     ``query_driven``: its scores come from query states, so a query-aware config (the question
-    in the prefill) steers them.
+    in the prefill) steers them.  ``decode_refusal``: why the method cannot score the cache during
+    generation (a decode policy, kvpress's ``DecodingPress``); empty where it can.
     """
 
     name: str
@@ -102,6 +103,11 @@ class Method:
     wraps: str | None = None
     aliases: tuple[str, ...] = ()
     checked_on_default_model: bool = False  # covered by tests/compress/test_every_method_on_passkey.py
+    decode_refusal: str = ""
+
+    @property
+    def decodes(self) -> bool:
+        return not self.decode_refusal
 
     @property
     def scorer_method(self) -> str | None:
@@ -119,7 +125,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("knorm", "KnormPress", "low key norm = important", "arXiv:2406.11430", checked_on_default_model=True),
     Method("observed_attention", "ObservedAttentionPress", "H2O: accumulated observed attention",
            "arXiv:2306.14048", needs_attention_weights=True, query_driven=True, aliases=("h2o",),
-           checked_on_default_model=True),
+           checked_on_default_model=True, decode_refusal="it sums the prefill's full attention matrix, which a "
+           "decoding step does not compute"),
     Method("expected_attention", "ExpectedAttentionPress", "expected attention of future queries", "kvpress",
            params={"n_sink": "n_sink"}, query_driven=True, aliases=("expected",), checked_on_default_model=True),
     Method("random", "RandomPress", "random eviction: a floor to compare against", "-", seeded=True,
@@ -128,7 +135,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            checked_on_default_model=True),
     Method("pyramidkv", "PyramidKVPress", "SnapKV scores, budgets shrinking with depth", "arXiv:2406.02069",
            budgets=COUNT_BUDGETS, params={"window_size": "window_size"}, scorer="snapkv", layer_budgets=True,
-           query_driven=True, checked_on_default_model=True),
+           query_driven=True, checked_on_default_model=True,
+           decode_refusal="its budgets are per layer, a decode policy keeps one token count"),
     Method("cur", "CURPress", "CurDKV: local leverage of keys x values", "arXiv:2509.15038",
            params={"n_sink": "num_sinks"}, checked_on_default_model=True),
     Method("lagkv", "LagKVPress", "LagKV: spread of keys/values relative to the next partition",
@@ -139,12 +147,13 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "arXiv:2507.08143", query_driven=True, checked_on_default_model=True),
     Method("compactor", "CompactorPress", "Compactor: leverage blended with non-causal attention",
            "arXiv:2507.08143", budgets=COUNT_BUDGETS, budget_dependent=True, global_rng=True, query_driven=True,
-           checked_on_default_model=True),
+           checked_on_default_model=True, decode_refusal="its scores depend on the budget it is given"),
     Method("cap", "CapPress", "CAPKV: query-anchored capacity leverage of values", "arXiv:2604.25975",
            params={"n_sink": "n_sink"}, query_driven=True, checked_on_default_model=True),
     Method("criticalkv", "CriticalKVPress", "CriticalKV: SnapKV rescaled by |W_o v| in two stages",
            "arXiv:2502.03805", budgets=COUNT_BUDGETS, params={"window_size": "window_size"}, wraps="snapkv",
-           budget_dependent=True, query_driven=True, checked_on_default_model=True),
+           budget_dependent=True, query_driven=True, checked_on_default_model=True,
+           decode_refusal="its scores depend on the budget it is given"),
 )}
 
 #: ScorerPress subclasses of the pinned kvpress that kvlab does not offer, and why.
@@ -160,6 +169,11 @@ REFUSED: dict[str, str] = {
 METHOD_NAMES: tuple[str, ...] = ("none", *METHODS)
 #: Every alias -> its canonical method name.
 METHOD_ALIASES: dict[str, str] = {alias: m.name for m in METHODS.values() for alias in m.aliases}
+
+
+def methods_that_decode() -> tuple[str, ...]:
+    """Methods that may score the cache during generation (a decode policy)."""
+    return tuple(name for name, m in METHODS.items() if m.decodes)
 
 
 def methods_with(budget: Budget) -> tuple[str, ...]:

@@ -72,6 +72,53 @@ class KVMeasurement:
                 "kv_bytes_estimated": self.estimated, "extra": {"kv_bytes_source": self.source}}
 
 
+#: Most points of a cache's trace over a generation kept in a result (first, last and peak always).
+TRACE_POINTS = 64
+
+
+@dataclass(frozen=True)
+class GenerationKV:
+    """The cache over one generation, measured after each forward pass: ``tokens`` seen so far
+    (prompt and fed answer tokens, evicted ones included) against its ``bytes``, thinned to at most
+    :data:`TRACE_POINTS` points.  ``final_baseline_bytes``: the denominator of :attr:`final_ratio`,
+    the uncompressed 16-bit cache of the same ``final_tokens`` tokens.  ``bytes_per_token``: the final
+    cache over the tokens it has seen (an uncompressed cache: its bytes per token at 16-bit)."""
+
+    tokens: tuple[int, ...]
+    bytes: tuple[int, ...]
+    final_tokens: int
+    final_bytes: int
+    final_baseline_bytes: int
+    peak_bytes: int
+    bytes_per_token: float
+
+    @property
+    def final_ratio(self) -> float:
+        return self.final_baseline_bytes / self.final_bytes if self.final_bytes else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tokens": list(self.tokens), "bytes": list(self.bytes),
+                "final_ratio": self.final_ratio}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenerationKV:
+        return cls(tuple(data["tokens"]), tuple(data["bytes"]), int(data["final_tokens"]), int(data["final_bytes"]),
+                   int(data["final_baseline_bytes"]), int(data["peak_bytes"]), float(data["bytes_per_token"]))
+
+    @classmethod
+    def from_trace(cls, trace: list[tuple[int, int]], baseline_bytes: int) -> GenerationKV:
+        """``trace``: (tokens seen, bytes) after each pass; ``baseline_bytes``: the uncompressed cache
+        of the last point's tokens."""
+        if not trace:
+            raise ValueError("a generation's trace needs at least the prompt's pass")
+        peak = max(range(len(trace)), key=lambda i: trace[i][1])
+        step = max(1, -(-len(trace) // TRACE_POINTS))
+        kept = sorted({*range(0, len(trace), step), peak, len(trace) - 1})
+        last_tokens, last_bytes = trace[-1]
+        return cls(tuple(trace[i][0] for i in kept), tuple(trace[i][1] for i in kept), last_tokens, last_bytes,
+                   baseline_bytes, trace[peak][1], last_bytes / last_tokens if last_tokens else 0.0)
+
+
 #: What a config was teacher-forced on (:attr:`Fidelity.teacher`).
 TEACHER_BASELINE_OUTPUT = "the baseline's greedy output"
 TEACHER_CONTINUATION = "the reference continuation"

@@ -25,6 +25,7 @@ and is charged at what it costs alone, measured once per batch on one member run
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from transformers.cache_utils import Cache
 
 from kvlab.compress.accounting import CacheGeometry, baseline_kv_bytes
 from kvlab.compress.cache import KVLabCache
+from kvlab.compress.decoding import DecodeCompressor
 from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_CONTINUATION, Fidelity
 from kvlab.engines.attention import MemberStates
 
@@ -186,6 +188,8 @@ class MemberOutcome:
     (for the configs of later sub-batches)."""
 
     generated: list[int] = field(default_factory=list)
+    #: The cache over the generation: (tokens seen, measured bytes) after each forward pass
+    kv_trace: list[tuple[int, int]] = field(default_factory=list)
     nll: float | None = None
     first_s: float = 0.0
     decode_s: float = 0.0
@@ -243,10 +247,21 @@ class _ChargedForward:
 
 def decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: list[int], position: int,
                  targets: list[int] | None, max_new_tokens: int, stop: Sequence[str], stop_ids: set[int],
-                 decode: Callable[[list[int]], str], reference: Reference | int | None = None) -> list[MemberOutcome]:
+                 decode: Callable[[list[int]], str], reference: Reference | int | None = None,
+                 compressor: DecodeCompressor | None = None) -> list[MemberOutcome]:
     """Feed ``suffix`` (at ``position``) to every member, then score ``targets`` (perplexity) or
     decode greedily until each member finishes; the caches are updated in place.  ``reference``:
-    measure every other member's fidelity against that member (its index) or that earlier run."""
+    measure every other member's fidelity against that member (its index) or that earlier run.
+    ``compressor``: the decode-time policies of the caches it tracks, applied during every pass."""
+    with compressor.attached() if compressor is not None else contextlib.nullcontext():
+        return _decode_batch(model, caches, suffix, position, targets, max_new_tokens, stop, stop_ids, decode,
+                             reference, compressor)
+
+
+def _decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: list[int], position: int,
+                  targets: list[int] | None, max_new_tokens: int, stop: Sequence[str], stop_ids: set[int],
+                  decode: Callable[[list[int]], str], reference: Reference | int | None,
+                  compressor: DecodeCompressor | None) -> list[MemberOutcome]:
     device = next(model.parameters()).device
     count = len(caches)
     outcomes = [MemberOutcome() for _ in caches]
@@ -258,15 +273,16 @@ def decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: l
     positions = torch.arange(position, position + len(suffix), device=device).unsqueeze(0).expand(count, -1)
     first = _ChargedForward(model, 0 if targets is not None else 1, device)
     logits, charged = first(caches, ids, positions)
-    for outcome, seconds in zip(outcomes, charged, strict=True):
+    position += len(suffix)
+    for outcome, seconds, cache in zip(outcomes, charged, caches, strict=True):
         outcome.first_s = seconds
+        outcome.kv_trace.append((position, cache.physical_bytes))
     if targets is not None:
         _score_targets(logits, targets, outcomes, traces, ref, own)
         return _finish(outcomes, traces, ref, own)
     step = _ChargedForward(model, 1, device)
     active = list(range(count))
     twins: list[_Twin] = []
-    position += len(suffix)
     at = 0  # the index of the token being produced
     while True:
         last = logits[:, -1]
@@ -286,7 +302,10 @@ def decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: l
                 trace.add(kls[rows[member]], next_id == ref.top1[at])
                 if next_id != ref.tokens[at]:
                     trace.diverged = True  # its cache so far is the teacher-forced one: keep a copy
-                    twins.append(_Twin(member, copy.deepcopy(caches[member]), at, position))
+                    twin = _Twin(member, copy.deepcopy(caches[member]), at, position)
+                    if compressor is not None:
+                        compressor.fork(caches[member], twin.cache)
+                    twins.append(twin)
             if not done:
                 still.append((member, next_id))
         if not still:
@@ -295,25 +314,29 @@ def decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: l
         ids = torch.tensor([[next_id] for _, next_id in still], device=device)
         positions = torch.full((len(active), 1), position, device=device)
         logits, charged = step([caches[m] for m in active], ids, positions)
+        position += 1
         for member, seconds in zip(active, charged, strict=True):
             outcomes[member].decode_s += seconds
-        position += 1
+            outcomes[member].kv_trace.append((position, caches[member].physical_bytes))
         at += 1
     for twin in twins:
-        _teacher_force(model, twin, ref, traces[twin.member], device)
+        _teacher_force(model, twin, ref, traces[twin.member], device, compressor)
     return _finish(outcomes, traces, ref, own)
 
 
 def _teacher_force(model: torch.nn.Module, twin: _Twin, ref: _ReferenceRun, trace: _Trace,
-                   device: torch.device) -> None:
+                   device: torch.device, compressor: DecodeCompressor | None) -> None:
     """The rest of a diverged member's fidelity: its cache copy fed the reference's tokens after the
     divergence, each position compared with the reference's.  In as few forward passes as give the
     attention a token-by-token decode would: a chunk ends where a quantized layer moves its
-    full-precision tail into codes (after that, later tokens see codes, earlier ones did not)."""
+    full-precision tail into codes (after that, later tokens see codes, earlier ones did not), and
+    where a decode policy compresses the cache."""
     fed = ref.tokens[twin.at:len(ref.tokens) - 1]
     done = 0
     while done < len(fed):
-        chunk = fed[done:done + (twin.cache.tokens_before_flush() or len(fed))]
+        limits = [n for n in (twin.cache.tokens_before_flush(),
+                              compressor.steps_left(twin.cache) if compressor is not None else None) if n is not None]
+        chunk = fed[done:done + min(limits, default=len(fed))]
         start = twin.position + done
         positions = torch.arange(start, start + len(chunk), device=device).unsqueeze(0)
         logits = model(input_ids=torch.tensor([chunk], device=device), past_key_values=twin.cache,

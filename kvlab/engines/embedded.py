@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Any
@@ -26,6 +27,7 @@ from transformers import DynamicCache
 
 from kvlab.compress.accounting import CacheGeometry, analytic_kv_bytes, baseline_kv_bytes, check_fits
 from kvlab.compress.cache import KVLabCache, build_compressed_cache
+from kvlab.compress.decoding import DecodeCompressor
 from kvlab.compress.eviction import (
     CollectedScores,
     attention_modules,
@@ -37,7 +39,7 @@ from kvlab.compress.eviction import (
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
-from kvlab.core.results import MEASURED_EMBEDDED, ItemResult, KVMeasurement
+from kvlab.core.results import MEASURED_EMBEDDED, GenerationKV, ItemResult, KVMeasurement
 from kvlab.engines import attention
 from kvlab.engines.base import Engine
 from kvlab.engines.batched_decode import (
@@ -294,8 +296,18 @@ class EmbeddedEngine(Engine):
         self.phase = "decode"
         self.current_config, self._live_cache = (configs[0].label, caches[0]) if len(configs) == 1 else (None, caches)
         outcomes = decode_batch(self.model, caches, suffix, len(prefix), targets, item.max_new_tokens, item.stop,
-                                self.stop_ids, self.tokenizer.decode, reference=reference)
+                                self.stop_ids, self.tokenizer.decode, reference=reference,
+                                compressor=self._compressor(configs, caches))
         return list(zip(compressed, outcomes, strict=True))
+
+    def _compressor(self, configs: Sequence[KVCacheConfig], caches: Sequence[KVLabCache]) -> DecodeCompressor | None:
+        """The decode-time policies of those configs that have one, tracking their caches (None: no policy)."""
+        if all(config.decode is None for config in configs):
+            return None
+        compressor = DecodeCompressor(self.model, self.modules, self.geometry.sliding_layers, self.seed)
+        for config, cache in zip(configs, caches, strict=True):
+            compressor.track(cache, config)
+        return compressor
 
     def _result(self, item: TaskItem, config: KVCacheConfig, prefill: _Prefill, compressed: _Compressed,
                 outcome: MemberOutcome, targets: list[int] | None, prompt_tokens: int) -> ItemResult:
@@ -304,6 +316,9 @@ class EmbeddedEngine(Engine):
         kv_fields = compressed.measured().result_fields()
         if outcome.fidelity is not None:
             kv_fields["extra"] = {**kv_fields["extra"], "fidelity": outcome.fidelity.to_dict()}
+        if targets is None:
+            kv_fields["extra"]["generation_kv"] = GenerationKV.from_trace(
+                outcome.kv_trace, baseline_kv_bytes(self.geometry, outcome.kv_trace[-1][0])).to_dict()
         return ItemResult(
             item_id=item.item_id, task=item.task, config_name=config.label,
             config=config.model_dump(mode="json"), seed=self.seed, context_length=item.context_length,
@@ -358,11 +373,13 @@ class EmbeddedEngine(Engine):
             del prefill
             self.phase, self._live_cache = "decode", compressed.cache
             yield ServedPrefix(compressed=compressed, prefill_s=prefill_s)
-            positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=self.device).unsqueeze(0)
-            out = self.model(input_ids=torch.tensor([suffix], device=self.device), past_key_values=compressed.cache,
-                             position_ids=positions, logits_to_keep=1)
-            yield from self._greedy(compressed.cache, out.logits[0, -1], len(prefix) + len(suffix),
-                                    max_new_tokens, stop)
+            compressor = self._compressor([config], [compressed.cache])
+            with compressor.attached() if compressor is not None else nullcontext():
+                positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=self.device).unsqueeze(0)
+                out = self.model(input_ids=torch.tensor([suffix], device=self.device),
+                                 past_key_values=compressed.cache, position_ids=positions, logits_to_keep=1)
+                yield from self._greedy(compressed.cache, out.logits[0, -1], len(prefix) + len(suffix),
+                                        max_new_tokens, stop)
         finally:
             self.phase, self.current_config, self._live_cache = "idle", None, None
 
