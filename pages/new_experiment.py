@@ -382,6 +382,19 @@ else:
                                                      help=BUDGETS[budget].help)
                for budget in BUDGETS},
             "query_aware": st.column_config.CheckboxColumn(CONFIG_LABELS["query_aware"], default=False),
+            "decode_interval": st.column_config.NumberColumn(
+                CONFIG_LABELS["decode_interval"], min_value=1, step=1,
+                help="compress during generation too (kvpress's DecodingPress): every this many forward passes, "
+                     "the evict method scores the whole cache; with it, the prompt budget is optional"),
+            "decode_target_tokens": st.column_config.NumberColumn(
+                CONFIG_LABELS["decode_target_tokens"], min_value=1, step=1,
+                help="... and cuts it back to this many tokens (or give a ratio)"),
+            "decode_ratio": st.column_config.NumberColumn(
+                CONFIG_LABELS["decode_ratio"], min_value=BUDGET_RANGE[0], max_value=BUDGET_RANGE[1],
+                step=BUDGET_STEP, help="... or removes this fraction of all tokens seen so far"),
+            "decode_buffer": st.column_config.NumberColumn(
+                CONFIG_LABELS["decode_buffer"], min_value=0, step=1,
+                help="hidden states of the last passes the scorer reads (default 256)"),
         })
     slot("configs")
 

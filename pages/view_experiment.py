@@ -141,6 +141,8 @@ def figure(kind: str, view: View, option: str = "", title: str = "", metric: str
         return charts.needle_heatmap(results, option)
     if kind == "item":
         return charts.item_kl_figure(results, option)
+    if kind == "generation":
+        return charts.generation_figure(results)
     raise ValueError(f"no chart {kind!r}")
 
 
@@ -289,6 +291,15 @@ elif section == "Latency":
 elif section == "Breakdown":
     for dimension in ("task", "context length"):
         chart(figure("breakdown", view, dimension), f"breakdown-{dimension}", f"{stem}-by-{slug(dimension)}")
+elif section == "Generation":
+    if charts.has_generation_trace(shown_results(view)[0]):
+        st.caption("The KV cache measured after every forward pass of each answer (its tensors' bytes). A config "
+                   "with a decode policy is cut back while it generates; the others grow by each token they keep. "
+                   f"The summary's bytes are {analysed(view)[0][0].memory_basis}.")
+        chart(figure("generation", view), "generation-chart", f"{stem}-generation")
+    else:
+        st.info("No cache over the generation: these results come from an engine that does not measure its "
+                "cache while it generates (only the embedded engine does), or they scored fed text (perplexity).")
 elif section == "Needles":
     needles = charts.needle_configs(shown_results(view)[0])
     if needles:
@@ -329,6 +340,8 @@ def _report(experiment: ExperimentRecord, view: View) -> str:
     figures |= {"Latency": charts.latency_figure(summaries),
                 "Accuracy by context length": charts.breakdown_figure(
                     breakdown(results, length_group, baseline, view.margins), "context length")}
+    if any((r.config or {}).get("decode") for r in results):
+        figures["KV cache over the generation"] = charts.generation_figure(results)
     figures |= {f"Needles: {name}": charts.needle_heatmap(results, name) for name in charts.needle_configs(results)}
     best = decided.sweet_spot
     meta = {"experiment": experiment.id, "status": experiment.status, "model": experiment.model,

@@ -170,8 +170,11 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         checked = "checked on the default model" if m.checked_on_default_model else "NOT checked on the default model"
         params = f"; params {', '.join(m.params)}" if m.params else ""
         aliases = f"; also: {', '.join(m.aliases)}" if m.aliases else ""
+        decodes = "scores during generation" if m.decodes else f"not during generation: {m.decode_refusal}"
         print(f"  {m.name:20} {m.description} ({m.paper})  [{', '.join(m.budgets)}; kvpress {m.press}{params}"
-              f"{aliases}; {checked}]")
+              f"{aliases}; {checked}; {decodes}]")
+    print("compression during generation (decode = {interval, target_tokens | ratio, buffer}): kvpress's "
+          "DecodingPress, scored by the config's evict method; its prompt budget is then optional")
     print("kvpress scorer presses not offered:")
     for press, reason in REFUSED.items():
         print(f"  {press}: {reason}")

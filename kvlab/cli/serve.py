@@ -5,16 +5,24 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from kvlab.cli.options import float_between, int_between, positive_int
 from kvlab.core.errors import ConfigError
 from kvlab.core.formats import SETTINGS
-from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig
+from kvlab.core.kv_config import EVICTION_METHODS, MAX_DECODE_TOKENS, QUANT_DTYPES, KVCacheConfig
 from kvlab.core.methods import BUDGETS, PARAMS, BudgetKind
 
 #: The KVCacheConfig fields kvlab serve takes as options: the format, its settings, the method, its
 #: budget and its parameters (each from its registry).
 KV_FLAGS = ("quant", *SETTINGS, "evict", *BUDGETS, *PARAMS)
+#: ``--decode-<field>``: the fields of a decode policy (compression during generation, by --evict's method).
+DECODE_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "interval": (int_between(1, MAX_DECODE_TOKENS), "compress the cache during generation every N passes"),
+    "target_tokens": (int_between(1, MAX_DECODE_TOKENS), "... back to this many tokens"),
+    "ratio": (float_between(0.0, 1.0, inclusive_low=False), "... or removing this fraction of all tokens seen"),
+    "buffer": (int_between(0, MAX_DECODE_TOKENS), "hidden states of recent passes the scorer reads (default 256)"),
+}
 
 
 def _budget(kind: BudgetKind) -> Callable[[str], float]:
@@ -53,6 +61,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     for name, param in PARAMS.items():
         kv.add_argument(f"--{name.replace('_', '-')}", type=int_between(param.low, param.high),
                         help=f"{param.help} (default {param.default})")
+    for name, (kind, help_text) in DECODE_FLAGS.items():
+        kv.add_argument(f"--decode-{name.replace('_', '-')}", dest=f"decode_{name}", type=kind, help=help_text)
     serve.set_defaults(func=cmd_serve)
 
 
@@ -61,6 +71,9 @@ def kv_config_from_args(args: argparse.Namespace) -> KVCacheConfig:
     question), so it is marked so."""
     values = {name: getattr(args, name) for name in KV_FLAGS if getattr(args, name) is not None}
     values["query_aware"] = values.get("evict", "none") != "none"
+    decode = {name: value for name in DECODE_FLAGS if (value := getattr(args, f"decode_{name}")) is not None}
+    if decode:
+        values["decode"] = decode
     try:
         return KVCacheConfig(**values)
     except ValueError as error:

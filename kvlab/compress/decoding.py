@@ -30,7 +30,7 @@ from kvpress.utils import compute_n_kept
 from torch import nn
 
 from kvlab.compress.cache import CompressedLayer, KVLabCache
-from kvlab.compress.eviction import gather_tokens, make_press
+from kvlab.compress.eviction import gather_tokens, make_press, share_rotary_embedding
 from kvlab.core.kv_config import DecodePolicy, KVCacheConfig
 from kvlab.core.methods import METHODS
 
@@ -99,6 +99,7 @@ class DecodeCompressor:
 
     @contextmanager
     def attached(self) -> Iterator[DecodeCompressor]:
+        share_rotary_embedding(self.model)
         handles = [module.register_forward_hook(self._hook, with_kwargs=True)
                    for module, skip in zip(self.modules, self.skip_layers, strict=True) if not skip]
         try:

@@ -77,9 +77,19 @@ def _config_press(config: KVCacheConfig, removed: float) -> ScorerPress:
     return make_press(method, {f: getattr(config, f) for f in method.params} | {"removed": removed}, seed=0)
 
 
+def _decoder(model: nn.Module) -> nn.Module:
+    return model.model.language_model if hasattr(model.model, "language_model") else model.model
+
+
 def attention_modules(model: nn.Module) -> list[nn.Module]:
-    base = model.model.language_model if hasattr(model.model, "language_model") else model.model
-    return [layer.self_attn for layer in base.layers]
+    return [layer.self_attn for layer in _decoder(model).layers]
+
+
+def share_rotary_embedding(model: nn.Module) -> None:
+    """Give each attention module the model's rotary embedding, which some scorers read
+    (ExpectedAttention), as kvpress's press context does."""
+    for module in attention_modules(model):
+        module.rotary_emb = _decoder(model).rotary_emb
 
 
 @dataclass
@@ -105,7 +115,6 @@ def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
     collected = CollectedScores({k: [None] * len(modules) for k in keys}, {k: 0.0 for k in keys})
     scores = collected.scores
     scorers = {k: make_scorer(k, seed) for k in keys}
-    base = model.model.language_model if hasattr(model.model, "language_model") else model.model
     for scorer in scorers.values():
         scorer.post_init_from_model(model)
     want_weights = any(k.method in NEEDS_ATTENTION_WEIGHTS for k in keys)
@@ -132,11 +141,11 @@ def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
         module.kvlab_weights_s = 0.0
 
     handles = []
+    share_rotary_embedding(model)
     try:
         for module, skip in zip(modules, skip_layers, strict=True):
             if skip or not keys:
                 continue
-            module.rotary_emb = base.rotary_emb  # as kvpress's press context does
             module.kvlab_return_weights = want_weights
             module.kvlab_weights_s = 0.0
             handles.append(module.register_forward_hook(hook, with_kwargs=True))

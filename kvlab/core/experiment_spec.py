@@ -220,6 +220,12 @@ class ExperimentSpec(BaseModel):
         duplicates = sorted(label for label, count in labels.items() if count > 1)
         if duplicates:
             raise ValueError(f"duplicate config names {duplicates}: give each [[configs]] entry a distinct name")
+        decoding = [c.label for c in configs if c.decode is not None]
+        fed = [index for index, task in enumerate(self.tasks) if TASK_REGISTRY[task.name].kind == "perplexity"]
+        if decoding and fed:
+            raise FieldProblem(f"tasks.{fed[0]}.name", f"{decoding[0]} compresses during generation, and the "
+                               f"{self.tasks[fed[0]].name} task generates nothing (its continuation is fed and "
+                               "scored at once): run decode policies on a task that generates its answer")
         check_item_evals(self, known_items)
         return self
 

@@ -20,7 +20,8 @@ class KVMeasurement:
     Bytes are of the cache holding the ``context_tokens`` prefix right after compression
     (``physical_bytes`` measured from the tensors, ``analytic_bytes`` from the layout formula,
     ``baseline_bytes`` the same tokens uncompressed at 16-bit); ``peak_bytes`` is the largest
-    size while the rest of the prompt and the answer were decoded.  ``None`` where the engine
+    size while the rest of the prompt and the answer were decoded, ``final_bytes`` its size at the
+    end.  ``None`` where the engine
     cannot know (an endpoint that does not report its cache): never a guess.  ``estimated``: the
     bytes are derived (a server's pool bytes per token times the tokens), not summed from tensors;
     ``source`` says where they came from, in words a report can show.
@@ -35,6 +36,7 @@ class KVMeasurement:
     physical_bytes: int | None = None
     analytic_bytes: int | None = None
     peak_bytes: int | None = None
+    final_bytes: int | None = None  # the cache once the answer was decoded (a decode policy cuts it)
     estimated: bool = False
     source: str = NOT_REPORTED
 
@@ -57,7 +59,7 @@ class KVMeasurement:
             return cls(context_tokens=int(data["context_tokens"]), kept_tokens=data.get("kept_tokens"),
                        kept_fraction=data.get("kept_fraction"), baseline_bytes=data.get("baseline_bytes"),
                        physical_bytes=data.get("physical_bytes"), analytic_bytes=data.get("analytic_bytes"),
-                       peak_bytes=data.get("peak_bytes"), estimated=bool(data.get("estimated", False)),
+                       peak_bytes=data.get("peak_bytes"), final_bytes=data.get("final_bytes"), estimated=bool(data.get("estimated", False)),
                        source=str(data.get("source") or default_source))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"not a KV-cache measurement ({type(error).__name__}: {error}): {data!r:.200}") from None

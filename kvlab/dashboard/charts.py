@@ -217,6 +217,39 @@ def breakdown_figure(groups: Mapping[Any, Sequence[ConfigSummary]], dimension: s
     return fig
 
 
+#: Generated tokens pooled into one point of :func:`generation_figure` (traces are thinned per item).
+GENERATION_BIN = 8
+
+
+def has_generation_trace(results: Sequence[ItemResult]) -> bool:
+    """Whether any result measured its cache over a generation (the embedded engine's answers)."""
+    return any("generation_kv" in (r.extra or {}) for r in results)
+
+
+def generation_figure(results: Sequence[ItemResult]) -> go.Figure:
+    """The measured KV cache (MiB) against tokens generated, per config: the mean over items within bins
+    of :data:`GENERATION_BIN` tokens; a config compressing during generation saws down at each cut."""
+    points: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        trace = (r.extra or {}).get("generation_kv")
+        if trace and r.error is None:
+            start = trace["tokens"][0]
+            for tokens, size in zip(trace["tokens"], trace["bytes"], strict=True):
+                points[r.config_name][(tokens - start) // GENERATION_BIN * GENERATION_BIN].append(size)
+    fig = go.Figure()
+    for index, (name, bins) in enumerate(points.items()):
+        xs = sorted(bins)
+        fig.add_trace(go.Scatter(
+            name=plotly_text(name), x=xs, y=[statistics.fmean(bins[x]) / 2**20 for x in xs], mode="lines",
+            line={"color": _PALETTE[index % len(_PALETTE)]},
+            hovertemplate="%{fullData.name}<br>%{x} tokens generated<br>%{y:.2f} MiB<extra></extra>"))
+    fig.update_layout(title="KV cache over the generation (measured, mean over items)",
+                      xaxis_title="tokens generated (after the prompt's pass)", yaxis_title="KV cache (MiB)",
+                      **_LAYOUT)
+    fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
 def needle_configs(results: Sequence[ItemResult]) -> list[str]:
     """Configs with scored needle items (passkey, multikey) at known depths."""
     return list(dict.fromkeys(r.config_name for r in results if _is_needle(r)))

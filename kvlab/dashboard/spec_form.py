@@ -17,7 +17,7 @@ from typing import Any
 from kvlab.core.backends import BACKENDS, SERVER_KINDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
-from kvlab.core.kv_config import KVCacheConfig, SweepGrid
+from kvlab.core.kv_config import DecodePolicy, KVCacheConfig, SweepGrid
 from kvlab.core.margins import Margins
 from kvlab.core.methods import BUDGET_BOUNDS, BUDGETS
 from kvlab.core.tasks import TASKS
@@ -28,8 +28,10 @@ from kvlab.secrets import DEFAULT_KEY_VAR
 from kvlab.tasks.data_dir import checked_data_file
 
 #: Columns of the configs table, in the order shown; other KVCacheConfig fields are kept as they are.
-CONFIG_COLUMNS = ("name", "quant", "group_size", "residual_length", "evict", *BUDGETS, "query_aware")
-_CONFIG_DEFAULTS = KVCacheConfig().model_dump(mode="json")
+#: The decode policy's fields (a nested table in a spec) as ``decode_<field>`` columns.
+DECODE_COLUMNS = tuple(f"decode_{name}" for name in DecodePolicy.model_fields)
+CONFIG_COLUMNS = ("name", "quant", "group_size", "residual_length", "evict", *BUDGETS, "query_aware", *DECODE_COLUMNS)
+_CONFIG_DEFAULTS = {k: v for k, v in KVCacheConfig().model_dump(mode="json").items() if k != "decode"}
 #: The grid's defaults are the model's; quant and evict suggest a small grid instead of the model's
 #: ["none"] (a grid of the baseline alone shows nothing).
 _SWEEP_DEFAULTS = SweepGrid().model_dump(mode="json") | {"quant": ["none", "int4", "int2"],
@@ -52,7 +54,9 @@ TUNE_COUNTS = ("max_trials", "max_item_evals")  # whole numbers; the others are 
 TUNE_BUDGETS = ("max_trials", "max_minutes", "max_item_evals")  # the search stops at the first one reached
 #: The configs table's column labels (the page's column_config); its messages name the row and the column.
 CONFIG_LABELS = {"group_size": "group size", "residual_length": "residual (tokens)",
-                 **{kind.name: kind.title for kind in BUDGETS.values()}, "query_aware": "query-aware"}
+                 **{kind.name: kind.title for kind in BUDGETS.values()}, "query_aware": "query-aware",
+                 "decode_interval": "decode: every (passes)", "decode_target_tokens": "decode: to (tokens)",
+                 "decode_ratio": "decode: ratio (removed)", "decode_buffer": "decode: buffer (passes)"}
 #: Fields the form shows as a table, one row per entry: a message about an entry says its row (from 1) and column.
 TABLES = {"configs": CONFIG_LABELS}
 
@@ -124,7 +128,7 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
         "sweep.query_aware": bool(sweep["query_aware"]),
     }
     values |= tune_values(data.get("tune"))
-    configs = [_CONFIG_DEFAULTS | {"name": ""} | c for c in data.get("configs", [])]
+    configs = [_CONFIG_DEFAULTS | {"name": ""} | _flat_decode(c) for c in data.get("configs", [])]
     return SpecForm(values=values, n_tasks=len(tasks), configs=configs, base=data)
 
 
@@ -310,16 +314,27 @@ def backend_refusals(spec: ExperimentSpec) -> list[str]:
     return problems
 
 
+def _flat_decode(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config dict with its decode policy as the table's ``decode_<field>`` columns."""
+    flat = {k: v for k, v in config.items() if k != "decode"}
+    return flat | {f"decode_{k}": v for k, v in (config.get("decode") or {}).items()}
+
+
 def _config_row(row: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A configs-table row as a KVCacheConfig dict: blanks dropped; None for an empty row."""
-    clean = {k: v for k, v in row.items() if not _blank(v)}
+    """A configs-table row as a KVCacheConfig dict: blanks dropped, the ``decode_<field>`` columns
+    nested as its decode policy; None for an empty row."""
+    clean = {k: v for k, v in row.items() if not _blank(v) and k != "decode"}
     if not any(k in clean for k in ("name", "quant", "evict")):
         return None
-    for key in ("group_size", "residual_length", "window_size", "n_sink"):
+    for key in ("group_size", "residual_length", "window_size", "n_sink", "decode_interval",
+                "decode_target_tokens", "decode_buffer"):
         if key in clean:
             clean[key] = int(clean[key])
     if "query_aware" in clean:
         clean["query_aware"] = bool(clean["query_aware"])
+    decode = {column.removeprefix("decode_"): clean.pop(column) for column in DECODE_COLUMNS if column in clean}
+    if decode:
+        clean["decode"] = decode
     return clean
 
 
@@ -362,6 +377,8 @@ def _where(owner: str, inner: str) -> str:
         return inner
     if owner in TABLES:
         column, _, deeper = rest.partition(".")
+        if column == "decode" and deeper:  # the nested policy's fields are columns of their own
+            column, _, deeper = f"decode_{deeper}".partition(".")
         label = TABLES[owner].get(column, column) + (f".{deeper}" if deeper else "")
         return f"row {int(head) + 1}" + (f": {label}" if label else "")
     return f"value {int(head) + 1}" + (f".{rest}" if rest else "")

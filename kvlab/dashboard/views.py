@@ -37,7 +37,7 @@ X_AXES = ("bytes", "ratio")
 Y_METRICS = {"accuracy": "accuracy", "KL": "mean KL", "agreement": "top-1 agreement"}
 
 #: The experiment page's sections (its ``tab`` query parameter), and the one that leads while it runs.
-SECTIONS = ("Tradeoff", "Latency", "Breakdown", "Needles", "Failed items", "Progress", "Spec & environment", "Export")
+SECTIONS = ("Tradeoff", "Latency", "Breakdown", "Generation", "Needles", "Failed items", "Progress", "Spec & environment", "Export")
 LIVE_SECTION = "Progress"
 #: The compare page's sections: the overlaid tradeoffs (the default), the knobs and outcomes (parallel
 #: coordinates and their table).

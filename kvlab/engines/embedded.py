@@ -72,8 +72,8 @@ class _Compressed:
     kv: KVMeasurement
 
     def measured(self) -> KVMeasurement:
-        """The measurement with the cache's peak size so far."""
-        return replace(self.kv, peak_bytes=self.cache.peak_bytes)
+        """The measurement with the cache's peak size so far and its size now."""
+        return replace(self.kv, peak_bytes=self.cache.peak_bytes, final_bytes=self.cache.physical_bytes)
 
 
 @dataclass

@@ -25,6 +25,11 @@ from kvlab.experiments.decision import ALPHA_ONE_SIDED, PairedScores, holm, item
 from kvlab.experiments.fidelity import FidelitySummary
 from kvlab.experiments.verdict import UNMEASURED, TaskVerdict, judge_tasks
 
+#: What a summary's bytes are of (:func:`memory_basis`), in words a report shows.
+MEMORY_AFTER_PROMPT = "the cache after the prompt was compressed"
+MEMORY_REQUEST_PEAK = ("each config's peak over prompt and answer, against the uncompressed cache of the same "
+                       "tokens (a config compresses during generation)")
+
 Z95 = 1.959963984540054
 
 
@@ -101,6 +106,7 @@ class ConfigSummary:
     max_kl: float = 0.0
     min_agreement: float = 0.0
     kv_bytes_estimated: bool = False  # a server's estimate (pool bytes per token x tokens), not measured
+    memory_basis: str = MEMORY_AFTER_PROMPT  # what the bytes above are of (:func:`memory_basis`)
     # fidelity against the baseline (None: not measured, or the baseline itself), items as the unit
     fidelity_items: int | None = None
     mean_kl: float | None = None
@@ -144,6 +150,19 @@ class ConfigSummary:
         return data
 
 
+def memory_basis(results: Sequence[ItemResult]) -> str:
+    """What an experiment's configs are compared on: the cache right after the prompt was compressed,
+    or -- once any config compresses during generation (a decode policy) -- every config's peak over
+    the whole request, against the uncompressed cache of the same tokens (prompt and answer)."""
+    return MEMORY_REQUEST_PEAK if any((r.config or {}).get("decode") for r in results) else MEMORY_AFTER_PROMPT
+
+
+def _request_bytes(row: ItemResult) -> tuple[int | None, int | None]:
+    """(uncompressed bytes of every token the request saw, the cache's measured peak)."""
+    generation = (row.extra or {}).get("generation_kv")
+    return (generation["final_baseline_bytes"] if generation else None), row.peak_kv_bytes
+
+
 def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
               margins: Margins = Margins(), untested: int = 0) -> list[ConfigSummary]:
     """One summary per config, in first-seen order; the baseline pairing is by ``(item_id, task)``.
@@ -156,6 +175,7 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
     for result in results:
         by_config[result.config_name].append(result)
     baseline_scores = {(r.item_id, r.task): r.score for r in by_config.get(baseline_name, []) if r.score is not None}
+    basis = memory_basis(results)
     summaries = []
     for name, rows in by_config.items():
         ok = [r for r in rows if r.error is None]
@@ -178,7 +198,12 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
             values = [v for r in rows if (v := getattr(r, attr)) is not None]
             return statistics.fmean(values) if values else math.nan
 
-        baseline_bytes, physical_bytes = mean("baseline_kv_bytes"), mean("physical_kv_bytes")
+        if basis == MEMORY_REQUEST_PEAK:
+            pairs = [b for r in ok if None not in (b := _request_bytes(r))]
+            baseline_bytes = statistics.fmean(b for b, _ in pairs) if pairs else math.nan
+            physical_bytes = statistics.fmean(p for _, p in pairs) if pairs else math.nan
+        else:
+            baseline_bytes, physical_bytes = mean("baseline_kv_bytes"), mean("physical_kv_bytes")
         summaries.append(ConfigSummary(
             config_name=name, config=rows[0].config, n_items=len(rows), n_scored=len(scores),
             accuracy=accuracy, ci_low=low, ci_high=high, test=test, p_value=p_value,
@@ -189,7 +214,7 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
             kept_fraction=mean("kept_fraction"), ttft_s=_median(r.ttft_s for r in ok),
             tpot_s=_median(r.tpot_s for r in ok), perplexity=perplexity, errors=len(rows) - len(ok),
             max_drop=max_drop, max_kl=margins.max_kl, min_agreement=margins.min_agreement,
-            kv_bytes_estimated=any(r.kv_bytes_estimated for r in ok),
+            kv_bytes_estimated=any(r.kv_bytes_estimated for r in ok), memory_basis=basis,
             **_paired_fields(pair, max_drop), **_fidelity_fields([f for r in ok if (f := r.fidelity) is not None]),
         ))
     _adjust(summaries, untested)

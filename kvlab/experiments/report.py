@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
-from kvlab.core.results import ItemResult
+from kvlab.core.results import GenerationKV, ItemResult
 from kvlab.experiments.analysis import ConfigSummary, Decision, breakdown, decide, length_group, natural_key
 
 MIB = 1024 * 1024
@@ -92,6 +93,26 @@ def floor_table(results: Sequence[ItemResult], baseline_name: str) -> str:
     return _table(["task", "baseline", "chance floor", "shortcuts on these items"], rows)
 
 
+def generation_table(results: Sequence[ItemResult]) -> str:
+    """Once a config compresses during generation, every config's cache at the end of the answer, its
+    peak between passes, the final ratio and bytes per token seen, means over items ("" otherwise)."""
+    if not any((r.config or {}).get("decode") for r in results):
+        return ""
+    rows = []
+    for name in dict.fromkeys(r.config_name for r in results):
+        traces = [GenerationKV.from_dict(g) for r in results
+                  if r.config_name == name and r.error is None and (g := (r.extra or {}).get("generation_kv"))]
+        if traces:
+            fmean = statistics.fmean
+            rows.append([name, f"{fmean(t.final_tokens for t in traces):.0f}",
+                         _fmt(fmean(t.final_bytes for t in traces), ".2f", 1 / MIB),
+                         _fmt(fmean(t.peak_bytes for t in traces), ".2f", 1 / MIB),
+                         _fmt(fmean(t.final_ratio for t in traces), ".2f") + "x",
+                         f"{fmean(t.bytes_per_token for t in traces):,.0f}"])
+    headers = ["config", "tokens seen", "final MiB", "peak MiB", "final ratio", "bytes/token"]
+    return _table(headers, rows) if rows else ""
+
+
 def decision_text(decision: Decision) -> str:
     """The sweet spot (or why there is none) and the rule that chose it."""
     spot = decision.sweet_spot
@@ -122,9 +143,13 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
                   "log) times the prompt tokens"]
     parts += ["", "diff vs base: paired accuracy difference (config - baseline) on the same items, 95% interval "
               "(Newcombe), pooled over tasks (a summary: the decision is per task); accept: acceptable on every task by "
-              "the rule above; KV MiB: measured bytes of the compressed "
-              "context cache; ratio = 16-bit baseline / measured; kept = fraction of context tokens kept; "
+              f"the rule above; KV MiB: measured bytes of {summaries[0].memory_basis if summaries else ''}; "
+              "ratio = 16-bit baseline / measured; kept = fraction of context tokens kept; "
               "p: exact McNemar vs baseline on the same items"]
+    generation = generation_table(results)
+    if generation:
+        parts += ["", "the cache over the generation (mean over items; ratio: the uncompressed cache of the same "
+                  "tokens / the final cache):", generation]
     if any(s.mean_kl is not None for s in summaries):
         parts.append("mean KL: KL(baseline || config) in nats per token, teacher-forced on the baseline's output, "
                      "mean over items with a 95% t interval (the item is the unit); p99 KL: over every token; agree: "

@@ -42,6 +42,9 @@ def serve_command(model: str, config: KVCacheConfig) -> str:
         for name, param in PARAMS.items():
             if getattr(config, name) != param.default:
                 argv += [_flag(name), str(getattr(config, name))]
+    if config.decode is not None:
+        for name, value in config.decode.model_dump(exclude_defaults=True, exclude_none=True).items():
+            argv += [_flag(f"decode_{name}"), f"{value:g}"]
     return shlex.join(argv)
 
 

@@ -71,7 +71,8 @@ CONFIGS = {
     "knorm": KVCacheConfig(evict="knorm", decode={"interval": 48, "target_tokens": 300}),
     "snapkv": KVCacheConfig(evict="snapkv", decode={"interval": 96, "target_tokens": 350, "buffer": 128}),
     "knorm_ratio": KVCacheConfig(evict="knorm", decode={"interval": 40, "ratio": 0.4}),
-    "prefill_and_decode": KVCacheConfig(evict="streaming_llm", ratio=0.5, decode={"interval": 32, "target_tokens": 200}),
+    "prefill_and_decode": KVCacheConfig(evict="streaming_llm", ratio=0.5,
+                                        decode={"interval": 32, "target_tokens": 200}),
 }
 
 
@@ -115,3 +116,21 @@ def test_a_batch_of_policies_decodes_as_each_alone(smollm, engine, recall_item):
         batched = together[result.config_name]
         assert batched.generated == result.generated, result.config_name
         assert batched.extra["generation_kv"]["bytes"] == result.extra["generation_kv"]["bytes"]
+
+
+def test_every_method_that_decodes_cuts_the_cache_during_generation(engine):
+    """Each method the registry lets score during generation does, on a 256-token prompt cut back to 100
+    tokens after 65 passes (kvpress refuses the others' scores in a decoding step: leverage, ...)."""
+    from dataclasses import replace
+
+    from kvlab.core.methods import methods_that_decode
+
+    item = generate_items(TaskSpec(name="recall", context_lengths=[256], num_items=1), engine.tokenizer, seed=3)[0]
+    item = replace(item, max_new_tokens=80, stop=())
+    configs = [KVCacheConfig(evict=m, decode={"interval": 65, "target_tokens": 100}) for m in methods_that_decode()]
+    per_token = baseline_kv_bytes(engine.geometry, 1)
+    for result in engine.evaluate(item, configs):
+        trace = result.extra["generation_kv"]
+        assert result.output_tokens == 80
+        # cut to 100 tokens at the 65th pass, then 15 more passes
+        assert trace["final_bytes"] == (100 + 15) * per_token, result.config_name
