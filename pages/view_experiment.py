@@ -19,7 +19,7 @@ from kvlab.core.margins import Margins
 from kvlab.core.tasks import TASKS
 from kvlab.dashboard import charts, page_table, views
 from kvlab.dashboard.chart_export import report_html
-from kvlab.experiments.analysis import breakdown, length_group
+from kvlab.experiments.analysis import breakdown, length_group, question_rank
 from kvlab.experiments.export import experiment_document, results_csv
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord
 from kvlab.store.records import TelemetrySample
@@ -135,8 +135,9 @@ def figure(kind: str, view: View, option: str = "", title: str = "", metric: str
     if kind == "latency":
         return charts.latency_figure(summaries)
     if kind == "breakdown":
-        key = (lambda r: r.task) if option == "task" else length_group
-        return charts.breakdown_figure(breakdown(results, key, baseline, view.margins), option)
+        key = {"task": lambda r: r.task, "context length": length_group, "question rank": question_rank}[option]
+        grouped = [r for r in results if key(r) is not None]  # question rank: the items that shared a context
+        return charts.breakdown_figure(breakdown(grouped, key, baseline, view.margins), option)
     if kind == "needle":
         return charts.needle_heatmap(results, option)
     if kind == "item":
@@ -289,8 +290,12 @@ if section == "Tradeoff":
 elif section == "Latency":
     chart(figure("latency", view), "latency", f"{stem}-latency")
 elif section == "Breakdown":
-    for dimension in ("task", "context length"):
+    shared = any(question_rank(r) is not None for r in shown_results(view)[0])
+    for dimension in ("task", "context length", *(("question rank",) if shared else ())):
         chart(figure("breakdown", view, dimension), f"breakdown-{dimension}", f"{stem}-by-{slug(dimension)}")
+    if shared:
+        st.caption("Question rank: the questions that shared one context, in the order asked; the context was "
+                   "prefilled and compressed once, before any of them, and charged to the first.")
 elif section == "Generation":
     if charts.has_generation_trace(shown_results(view)[0]):
         st.caption("The KV cache measured after every forward pass of each answer (its tensors' bytes). A config "

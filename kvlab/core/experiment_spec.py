@@ -220,6 +220,13 @@ class ExperimentSpec(BaseModel):
         duplicates = sorted(label for label, count in labels.items() if count > 1)
         if duplicates:
             raise ValueError(f"duplicate config names {duplicates}: give each [[configs]] entry a distinct name")
+        aware = [c.label for c in configs if c.query_aware]
+        shared = [index for index, task in enumerate(self.tasks) if task.questions_per_context > 1]
+        if aware and shared:
+            raise FieldProblem(f"tasks.{shared[0]}.questions_per_context",
+                               f"{aware[0]} is query-aware (the question in its prefill), and a context shared by "
+                               "several questions is compressed once, before any of them: drop query_aware or ask "
+                               "one question per context")
         decoding = [c.label for c in configs if c.decode is not None]
         fed = [index for index, task in enumerate(self.tasks) if TASK_REGISTRY[task.name].kind == "perplexity"]
         if decoding and fed:
@@ -251,7 +258,9 @@ class ExperimentSpec(BaseModel):
 
 def known_items(task: TaskSpec) -> int | None:
     """Items ``task`` generates, as far as the spec alone tells: a jsonl file's count needs the file."""
-    return None if TASK_REGISTRY[task.name].reads_file else task.items_per_length * len(task.context_lengths)
+    if TASK_REGISTRY[task.name].reads_file:
+        return None
+    return task.items_per_length * len(task.context_lengths) * task.questions_per_context
 
 
 def check_item_evals(spec: ExperimentSpec, items_of: Callable[[TaskSpec], int | None]) -> None:

@@ -116,6 +116,15 @@ class TaskSpec(BaseModel):
         default=48, ge=8, le=2000, multiple_of=2,
         description="recall: words of the passage to reproduce (adjective-noun pairs; the first two pairs are "
         "given). The answer's generation budget grows with it.")
+    questions_per_context: int = Field(
+        default=1, ge=1, le=64,
+        description="multikey: questions asked of each context (different keys), jsonl: most rows sharing a "
+        "`context_id`; above 1 the context is prefilled and compressed once, query-agnostically, and every "
+        "question answered from that same cache (num_items counts contexts).")
+    multi_turn: bool = Field(
+        default=False,
+        description="With questions_per_context above 1: each question follows the previous answer in one "
+        "conversation (else each starts from the compressed context).")
     path: str | None = Field(
         default=None,
         description="jsonl: path of the JSONL file (required); relative paths are relative to the current "
@@ -196,6 +205,16 @@ class TaskSpec(BaseModel):
                 f"path: only the {' or '.join(readers)} task reads a file; remove `path` or set name = "
                 f"{' or '.join(map(repr, readers))} (got name = {self.name!r})"
             )
+        shares = "questions_per_context" in TASKS[self.name].fields
+        if (self.questions_per_context > 1 or self.multi_turn) and not shares:
+            sharing = [name for name, task in TASKS.items() if "questions_per_context" in task.fields]
+            raise ValueError(f"questions_per_context: the {self.name} task asks one question of each context; "
+                             f"several questions of one context are asked by {' and '.join(sharing)}")
+        if self.multi_turn and self.questions_per_context == 1:
+            raise ValueError("multi_turn: a conversation needs questions_per_context above 1")
+        if self.name == "multikey" and self.questions_per_context > self.num_pairs:
+            raise ValueError(f"questions_per_context: {self.questions_per_context} questions need as many keys; "
+                             f"num_pairs = {self.num_pairs}")
         if self.scorer is not None and "scorer" not in TASKS[self.name].fields:
             scored = [name for name, task in TASKS.items() if "scorer" in task.fields]
             raise ValueError(f"scorer: only the {' or '.join(scored)} task takes a scorer (the {self.name} task "
@@ -272,7 +291,7 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     Task("passkey", "kvlab.tasks.passkey:generate", scorer=_FIRST_NUMBER, fields=_GENERATED | {"depths"},
          chance_floor="about 0 (a random 5-digit key)"),
     Task("multikey", "kvlab.tasks.multikey:generate", scorer=_FIRST_NUMBER,
-         fields=_GENERATED | {"depths", "num_pairs"}, chance_floor="1/num_pairs (any one number of the context)",
+         fields=_GENERATED | {"depths", "num_pairs", "questions_per_context", "multi_turn"}, chance_floor="1/num_pairs (any one number of the context)",
          shortcuts="kvlab.tasks.multikey:shortcut_scores"),
     Task("variable_tracking", "kvlab.tasks.variable_tracking:generate", scorer="kvlab.tasks.scoring:variable_names",
          fields=_GENERATED | {"num_chains", "num_hops"},
@@ -286,7 +305,8 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          fields=frozenset({"context_lengths", "num_items", "continuation_tokens"}),
          chance_floor="none (not a 0-1 score)"),
     Task("jsonl", "kvlab.tasks.jsonl:generate", scorer="kvlab.tasks.scoring:user_answer",
-         fields=frozenset({"path", "num_items", "max_new_tokens", "scorer"}), chance_floor="depends on the file",
+         fields=frozenset({"path", "num_items", "max_new_tokens", "scorer", "questions_per_context", "multi_turn"}),
+         chance_floor="depends on the file",
          count_items="kvlab.tasks.jsonl:planned_items"),
 )}
 

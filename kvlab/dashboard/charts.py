@@ -199,7 +199,8 @@ def latency_figure(summaries: Sequence[ConfigSummary]) -> go.Figure:
 
 def breakdown_figure(groups: Mapping[Any, Sequence[ConfigSummary]], dimension: str) -> go.Figure:
     """Accuracy per config, grouped by ``dimension`` (``task`` or ``context length``)."""
-    labels = [f"{g} tokens" if dimension == "context length" else plotly_text(str(g)) for g in groups]
+    labels = [f"{g} tokens" if dimension == "context length" else f"question {g + 1}" if dimension == "question rank"
+              else plotly_text(str(g)) for g in groups]
     names = list(dict.fromkeys(s.config_name for summaries in groups.values() for s in summaries))
     fig = go.Figure()
     for name in names:

@@ -14,8 +14,9 @@ head) at its cost for one member alone, plus the member's own cache and attentio
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from itertools import groupby
@@ -180,6 +181,22 @@ class EmbeddedEngine(Engine):
             return context + len(self._encode(item.continuation, special=False))
         return context + len(self._encode(item.question, special=False)) + item.max_new_tokens
 
+    def evaluate_many(self, work: Iterable[tuple[TaskItem, Sequence[KVCacheConfig]]]
+                      ) -> Iterator[tuple[TaskItem, ItemResult]]:
+        """Items one after the other, except those that share a context (``context_id``): each such
+        context is prefilled and compressed once and all its questions answered from that cache
+        (:meth:`evaluate_shared`), when its first question comes up."""
+        work = list(work)
+        shared: dict[str, list[tuple[TaskItem, Sequence[KVCacheConfig]]]] = {}
+        for item, configs in work:
+            if item.context_id is not None:
+                shared.setdefault(item.context_id, []).append((item, configs))
+        for item, configs in work:
+            if item.context_id is None:
+                yield from ((item, result) for result in self.evaluate(item, configs))
+            elif (group := shared.pop(item.context_id, None)) is not None:
+                yield from self.evaluate_shared(group)
+
     # -- one item ---------------------------------------------------------------------------
 
     def _encode(self, text: str, special: bool) -> list[int]:
@@ -238,6 +255,98 @@ class EmbeddedEngine(Engine):
             if start == 0 and measure:
                 reference = decoded[0][1].reference
         self.phase, self.current_config, self._live_cache = "idle", None, None
+
+    # -- one context, several questions -----------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate_shared(self, work: Sequence[tuple[TaskItem, Sequence[KVCacheConfig]]]
+                        ) -> Iterator[tuple[TaskItem, ItemResult]]:
+        """Questions of one context: the context is prefilled once and compressed once per config,
+        before any question is seen (query-agnostic), then each question is answered from that cache.
+        Independent questions each start from a copy of the compressed context (the configs decoded
+        as one batch, measured against the baseline); ``multi_turn`` ones follow the previous answer
+        in one conversation, each config alone (its history is its own, so no fidelity).  The prefill
+        and each config's scorer and compression are charged to the first question
+        (``extra["shared_context"]``)."""
+        items = sorted((item for item, _ in work), key=lambda item: item.question_rank)
+        pending = {item.item_id: {c.label for c in configs} for item, configs in work}
+        configs = list({c.label: c for _, cs in work for c in cs}.values())
+        if any(c.query_aware for c in configs):
+            raise ConfigError(f"context {items[0].context_id}: query-aware configs cannot share a context "
+                              "compressed before its questions")
+        context = self._encode(items[0].context, special=True)
+        questions = [self._encode(item.question, special=False) for item in items]
+        self.current_config = None
+        prefill = self._prefill(context, {scorer_key(c) for c in configs})
+        baseline = next((c for c in configs if c.is_baseline), None)
+        multi_turn = items[0].multi_turn
+        measure = self.fidelity and not multi_turn and any(not c.is_baseline for c in configs)
+        group = [baseline or BASELINE, *(c for c in configs if c is not baseline)] if measure else configs
+        reported = set(range(len(group))) - ({0} if measure and baseline is None else set())
+        answers = [len(q) + i.max_new_tokens for q, i in zip(questions, items, strict=True)]
+        longest = len(context) + (sum(answers) if multi_turn else max(answers))
+        per_member = member_bytes(self.geometry, longest, 1, self.model.config.vocab_size, self.model.dtype.itemsize)
+        # each member holds its compressed context and, while a question is decoded, a copy of it
+        limit = self.max_batch or batch_limit(3 * per_member, available_bytes(self.device))
+        references: dict[int, Reference] = {}
+        for start in range(0, len(group), limit):
+            batch = group[start:start + limit]
+            compressed = []
+            for config in batch:
+                self.current_config = config.label
+                compressed.append(self._compress(config, prefill.scores_for(config), prefill.keys, prefill.values,
+                                                 len(context), len(context)))
+            decoded = (self._conversation(items, questions, batch, compressed, len(context)) if multi_turn
+                       else self._questions(items, questions, batch, compressed, len(context), references,
+                                            first=start == 0 and measure))
+            for rank, item in enumerate(items):
+                for index, (config, (kv, outcome)) in enumerate(zip(batch, decoded[rank], strict=True), start):
+                    if index not in reported or config.label not in pending[item.item_id]:
+                        continue
+                    result = self._result(item, config, prefill, kv, outcome, None,
+                                          len(context) + len(questions[rank]), charged=rank == 0)
+                    result.extra["shared_context"] = {
+                        "context_id": item.context_id, "rank": item.question_rank, "questions": len(items),
+                        "multi_turn": multi_turn, "prefill_charged": rank == 0}
+                    yield item, result
+        self.phase, self.current_config, self._live_cache = "idle", None, None
+
+    def _questions(self, items: Sequence[TaskItem], questions: list[list[int]], batch: list[KVCacheConfig],
+                   compressed: list[_Compressed], position: int, references: dict[int, Reference],
+                   first: bool) -> list[list[tuple[_Compressed, MemberOutcome]]]:
+        """Each question from its own copy of every config's compressed context, the batch decoding it
+        together (``first``: the batch holds the baseline, every later batch's reference)."""
+        decoded = []
+        for rank, (item, question) in enumerate(zip(items, questions, strict=True)):
+            copies = [replace(c, cache=copy.deepcopy(c.cache)) for c in compressed]
+            caches = [c.cache for c in copies]
+            self.phase, self._live_cache = "decode", caches
+            reference: Reference | int | None = 0 if first else references.get(rank)
+            outcomes = decode_batch(self.model, caches, question, position, None, item.max_new_tokens, item.stop,
+                                    self.stop_ids, self.tokenizer.decode, reference=reference,
+                                    compressor=self._compressor(batch, caches))
+            if first:
+                references[rank] = outcomes[0].reference
+            decoded.append(list(zip(copies, outcomes, strict=True)))
+        return decoded
+
+    def _conversation(self, items: Sequence[TaskItem], questions: list[list[int]], batch: list[KVCacheConfig],
+                      compressed: list[_Compressed], position: int) -> list[list[tuple[_Compressed, MemberOutcome]]]:
+        """The questions as one conversation per config, each after that config's own previous answer
+        (its last token, unless an end token, is fed with the next question)."""
+        decoded: list[list[tuple[_Compressed, MemberOutcome]]] = [[] for _ in items]
+        for config, held in zip(batch, compressed, strict=True):
+            self.current_config, self._live_cache, self.phase = config.label, held.cache, "decode"
+            compressor = self._compressor([config], [held.cache])
+            at, carried = position, []
+            for rank, (item, question) in enumerate(zip(items, questions, strict=True)):
+                suffix = carried + question
+                outcome = decode_batch(self.model, [held.cache], suffix, at, None, item.max_new_tokens, item.stop,
+                                       self.stop_ids, self.tokenizer.decode, compressor=compressor)[0]
+                at += len(suffix) + len(outcome.generated) - 1  # the last generated token is not in the cache yet
+                carried = [] if outcome.generated[-1] in self.stop_ids else outcome.generated[-1:]
+                decoded[rank].append((held, outcome))
+        return decoded
 
     def _prefill(self, prefix: list[int], scorers: set[Any]) -> _Prefill:
         """Run the prefix once while every eviction scorer in ``scorers`` records its scores.  An
@@ -310,8 +419,12 @@ class EmbeddedEngine(Engine):
         return compressor
 
     def _result(self, item: TaskItem, config: KVCacheConfig, prefill: _Prefill, compressed: _Compressed,
-                outcome: MemberOutcome, targets: list[int] | None, prompt_tokens: int) -> ItemResult:
-        prefill_s, scorer_s = prefill.prefill_s, prefill.scorer_s(config)
+                outcome: MemberOutcome, targets: list[int] | None, prompt_tokens: int,
+                charged: bool = True) -> ItemResult:
+        """``charged``: the prefill, the scorer and the compression are this item's (not a later question's
+        of a shared context: they were charged to its first)."""
+        prefill_s, scorer_s = (prefill.prefill_s, prefill.scorer_s(config)) if charged else (0.0, 0.0)
+        compress_s = compressed.compress_s if charged else 0.0
         generated_ids = outcome.generated
         kv_fields = compressed.measured().result_fields()
         if outcome.fidelity is not None:
@@ -325,9 +438,9 @@ class EmbeddedEngine(Engine):
             depth=item.depth, prompt_tokens=prompt_tokens, **kv_fields,
             generated=self.tokenizer.decode(generated_ids, skip_special_tokens=True), answer=item.answer,
             output_tokens=len(generated_ids),
-            ttft_s=prefill_s + scorer_s + compressed.compress_s + outcome.first_s,
+            ttft_s=prefill_s + scorer_s + compress_s + outcome.first_s,
             tpot_s=outcome.decode_s / (len(generated_ids) - 1) if len(generated_ids) > 1 else None,
-            prefill_s=prefill_s, compress_s=compressed.compress_s, decode_s=outcome.decode_s, score_s=scorer_s,
+            prefill_s=prefill_s, compress_s=compress_s, decode_s=outcome.decode_s, score_s=scorer_s,
             first_token_s=outcome.first_s,
             peak_memory_bytes=self._peak_memory(), nll=outcome.nll,
             nll_tokens=len(targets) if targets is not None else None,

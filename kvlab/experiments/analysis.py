@@ -290,6 +290,12 @@ def breakdown(results: Sequence[ItemResult], by: Callable[[ItemResult], Any],
             for group, rows in sorted(groups.items(), key=lambda g: natural_key(g[0]))}
 
 
+def question_rank(result: ItemResult) -> int | None:
+    """A shared context's question rank (0: the first question asked of it); None for an item alone."""
+    shared = (result.extra or {}).get("shared_context")
+    return shared["rank"] if shared else None
+
+
 #: What a Pareto front can trade bytes against: the summary field, and whether higher is better.
 FRONT_METRICS = {"accuracy": ("accuracy", True), "KL": ("mean_kl", False), "agreement": ("agreement", True)}
 

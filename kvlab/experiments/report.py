@@ -7,7 +7,15 @@ import statistics
 from collections.abc import Sequence
 
 from kvlab.core.results import GenerationKV, ItemResult
-from kvlab.experiments.analysis import ConfigSummary, Decision, breakdown, decide, length_group, natural_key
+from kvlab.experiments.analysis import (
+    ConfigSummary,
+    Decision,
+    breakdown,
+    decide,
+    length_group,
+    natural_key,
+    question_rank,
+)
 
 MIB = 1024 * 1024
 
@@ -69,6 +77,20 @@ def length_table(results: Sequence[ItemResult], baseline_name: str) -> str:
     cells = {(k, s.config_name): s.accuracy for k in keys for s in groups[k]}
     rows = [[name] + [_fmt(cells.get((k, name)), ".2f") for k in keys] for name in names]
     return _table(headers, rows)
+
+
+def rank_table(results: Sequence[ItemResult], baseline_name: str) -> str:
+    """Accuracy and median TTFT per config (rows) and question rank (columns) of the questions that
+    shared a context ("" when none did): rank 0 carries the prefill and the compression."""
+    shared = [r for r in results if question_rank(r) is not None]
+    if not shared:
+        return ""
+    groups = breakdown(shared, question_rank, baseline_name)
+    names = list(dict.fromkeys(r.config_name for r in shared))
+    cells = {(rank, s.config_name): s for rank in groups for s in groups[rank]}
+    rows = [[name] + [f"{_fmt(s.accuracy, '.2f')} / {_fmt(s.ttft_s, '.0f', 1000)} ms" if (s := cells.get((rank, name)))
+                      else "-" for rank in groups] for name in names]
+    return _table(["config"] + [f"question {rank + 1}" for rank in groups], rows)
 
 
 def floor_table(results: Sequence[ItemResult], baseline_name: str) -> str:
@@ -146,6 +168,12 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
               f"the rule above; KV MiB: measured bytes of {summaries[0].memory_basis if summaries else ''}; "
               "ratio = 16-bit baseline / measured; kept = fraction of context tokens kept; "
               "p: exact McNemar vs baseline on the same items"]
+    ranks = rank_table(results, baseline_name)
+    if ranks:
+        parts += ["", "questions sharing one context (accuracy / median TTFT): the context is prefilled and "
+                  "compressed once, charged to question 1; each later question starts from "
+                  + ("the previous answer" if any((r.extra or {}).get("shared_context", {}).get("multi_turn")
+                                                  for r in results) else "the compressed context"), ranks]
     generation = generation_table(results)
     if generation:
         parts += ["", "the cache over the generation (mean over items; ratio: the uncompressed cache of the same "

@@ -35,6 +35,12 @@ class TaskItem:
     kind: ItemKind = "generate"
     continuation: str = ""
     stop: tuple[str, ...] = ()  # generation ends once the output contains one of these (as servers' `stop`)
+    #: Items with one ``context_id`` share their context: an engine that can prefills and compresses it once
+    #: and answers their questions in ``question_rank`` order from that cache (``multi_turn``: in one
+    #: conversation, each question after the previous answer).
+    context_id: str | None = None
+    question_rank: int = 0
+    multi_turn: bool = False
     metadata: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @property

@@ -3,7 +3,9 @@
 One JSON object per line: ``context``, ``question``, ``answer`` (non-empty strings)
 and optionally ``id`` (string or integer, unique; default ``line<N>``), ``scorer`` (one of
 :data:`kvlab.core.tasks.ANSWER_SCORERS`; default the task's ``scorer``, else ``prefix``) and, for the
-``numeric`` scorer, ``tolerance`` (relative, default 1e-6). Other keys are kept in ``metadata``.
+``numeric`` scorer, ``tolerance`` (relative, default 1e-6) and ``context_id`` (rows that share one
+share their context when the task asks ``questions_per_context`` above 1). Other keys are kept in
+``metadata``.
 Blank lines are skipped. ``context_lengths`` and ``depths`` do not apply; the measured prompt
 length is recorded as ``context_length``.
 Prompts are ``context + question`` verbatim, so put the separator (e.g. a leading
@@ -201,6 +203,11 @@ def _check_record(record: Any, where: str, scorer: str) -> None:
     if not normalize(record["answer"]):
         raise JsonlTaskError(f"{where}: 'answer' has no letters or digits to match")
     _check_scoring(record, where, scorer)
+    context_id = record.get("context_id")
+    if context_id is not None and (isinstance(context_id, bool) or not isinstance(context_id, str | int)
+                                   or not 0 < len(str(context_id)) <= MAX_ID_CHARS):
+        raise JsonlTaskError(f"{where}: 'context_id' must be a string or an integer of 1..{MAX_ID_CHARS} "
+                             f"characters, got {_json_type(context_id)}")
     item_id = record.get("id")
     if item_id is not None:
         if isinstance(item_id, bool) or not isinstance(item_id, str | int):
@@ -308,7 +315,9 @@ def check_task_files(spec: ExperimentSpec) -> ExperimentSpec:
     for index, task in enumerate(spec.tasks):
         if task.path:  # only a task that reads a file has a path (TaskSpec refuses it on the others)
             try:
-                validate_file(task.path, scorer=task.scorer or DEFAULT_ANSWER_SCORER)
+                shared = SharedContexts(show_path(task.path), task.questions_per_context)
+                for number, record in iter_records(task.path, scorer=task.scorer or DEFAULT_ANSWER_SCORER):
+                    shared.rank(number, record)
             except JsonlTaskError as error:
                 raise type(error)(f"tasks.{index}.path: {error}") from None
             task = task.model_copy(update={"path": str(Path(task.path).absolute())})
@@ -316,24 +325,55 @@ def check_task_files(spec: ExperimentSpec) -> ExperimentSpec:
     return spec.model_copy(update={"tasks": tasks})
 
 
+class SharedContexts:
+    """Rows that share a ``context_id`` (with ``questions_per_context`` above 1): each such row's rank
+    among its context's rows, in file order; refuses a context whose rows differ in their context
+    text or outnumber ``questions_per_context``."""
+
+    def __init__(self, label: str, questions_per_context: int):
+        self.label, self.most = label, questions_per_context
+        self._rows: dict[str, tuple[int, str, int]] = {}  # context id -> (first line, its context, rows)
+
+    def rank(self, number: int, record: dict[str, Any]) -> tuple[str | None, int]:
+        """``(context id, question rank)`` of the row on line ``number``; ``(None, 0)`` when it shares none."""
+        if self.most == 1 or record.get("context_id") is None:
+            return None, 0
+        key = str(record["context_id"])
+        first, context, rows = self._rows.get(key, (number, record["context"], 0))
+        where = f"{self.label}:{number}"
+        if context != record["context"]:
+            raise JsonlTaskError(f"{where}: context_id {key!r} has another context than on line {first}: rows "
+                                 "that share a context_id must repeat its context exactly")
+        if rows >= self.most:
+            raise JsonlTaskError(f"{where}: context_id {key!r} has more than questions_per_context = {self.most} "
+                                 f"rows (from line {first}); raise questions_per_context or give the rows "
+                                 "another context_id")
+        self._rows[key] = (first, context, rows + 1)
+        return key, rows
+
+
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """Items in file order; at most ``num_items`` when it is given (not None). The whole file is
-    validated either way.
+    validated either way.  With ``questions_per_context`` above 1, rows that share a ``context_id``
+    share their context (:class:`SharedContexts`).
 
     ``seed`` is unused: the file fixes the items.
     """
     assert spec.path is not None  # TaskSpec guarantees it for jsonl
     cap = spec.num_items
     items = []
+    shared = SharedContexts(show_path(spec.path), spec.questions_per_context)
     for number, record in iter_records(spec.path, scorer=spec.scorer or DEFAULT_ANSWER_SCORER):
+        context_id, rank = shared.rank(number, record)
         if cap is not None and len(items) >= cap:
             continue  # keep reading: a bad line further on still makes the file bad
-        items.append(_item(number, record, tokenizer, spec.max_new_tokens, spec.scorer or DEFAULT_ANSWER_SCORER))
+        items.append(_item(number, record, tokenizer, spec.max_new_tokens, spec.scorer or DEFAULT_ANSWER_SCORER,
+                           context_id, rank, spec.multi_turn))
     return items
 
 
 def _item(number: int, record: dict[str, Any], tokenizer: Tokenizer, max_new_tokens: int | None,
-          scorer: str) -> TaskItem:
+          scorer: str, context_id: str | None = None, rank: int = 0, multi_turn: bool = False) -> TaskItem:
     context, question = record["context"], record["question"]
     prompt_tokens = count_tokens(tokenizer, context) + count_tokens(tokenizer, question)
     extra = {k: v for k, v in record.items() if k not in (*REQUIRED_KEYS, "id")}
@@ -347,5 +387,6 @@ def _item(number: int, record: dict[str, Any], tokenizer: Tokenizer, max_new_tok
         depth=None,
         max_new_tokens=max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
         metadata={"scorer": scorer, **extra, "prompt_tokens": prompt_tokens, "line": number},  # a row's own wins
+        context_id=None if context_id is None else f"jsonl/{context_id}", question_rank=rank, multi_turn=multi_turn,
     )
 

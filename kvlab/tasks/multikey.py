@@ -152,8 +152,14 @@ def shortcut_scores(item: TaskItem) -> dict[str, float]:
 
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
-    """``num_items`` items per context length; the queried pair's depth is round-robin."""
+    """``num_items`` contexts per context length; the queried pair's depth is round-robin.
+
+    With ``questions_per_context = k`` each context is asked about k of its keys, one item each
+    (``<context id>/q<rank>``, sharing the ``context_id``): the first key at the slot's depth, as
+    with one question, the others wherever they were drawn (``metadata["key_depth"]``; their item's
+    ``depth`` is None, so the depth heatmap keeps to the spec's depths)."""
     items = []
+    asked = spec.questions_per_context
     for slot in item_slots("multikey", spec.context_lengths, spec.items_per_length, seed, spec.depths):
         rng, depth = slot.rng, slot.depth
         pairs = rng.sample(range(len(ADJECTIVES) * len(NOUNS)), spec.num_pairs)
@@ -163,17 +169,23 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
         before = sorted(rng.uniform(0.0, depth) for _ in range(rank))
         after = sorted(rng.uniform(depth, 1.0) for _ in range(spec.num_pairs - 1 - rank))
         order = [*keys[1 : rank + 1], keys[0], *keys[rank + 1 :]]
+        depths = dict(zip(order, [*before, depth, *after], strict=True))
         by_key = dict(zip(keys, values, strict=True))
         # In this order, with depths that never decrease: needles at one break keep it.
-        needles = [Needle(needle_text(k, by_key[k]), d) for k, d in zip(order, [*before, depth, *after], strict=True)]
-        question = question_text(keys[0])
-        prompt = haystack_prompt(slot, tokenizer, PREFIX, question, needles)
-        target_depth = token_depth(tokenizer, prompt.fitted.context, needle_text(keys[0], values[0]))
-        items.append(TaskItem(
-            task="multikey", item_id=slot.item_id, context=prompt.fitted.context, question=question,
-            answer=values[0], context_length=slot.length, depth=depth,
-            max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, stop=ANSWER_STOP,
-            metadata=prompt.metadata(needle_token_depth=target_depth, key=keys[0], num_pairs=spec.num_pairs,
-                                     target_rank=rank, numbers_in_order=[by_key[k] for k in order]),
-        ))
+        needles = [Needle(needle_text(k, by_key[k]), depths[k]) for k in order]
+        prompt = haystack_prompt(slot, tokenizer, PREFIX, question_text(keys[0]), needles)
+        numbers = [by_key[k] for k in order]
+        for question_rank, key in enumerate(keys[:asked]):
+            target_depth = token_depth(tokenizer, prompt.fitted.context, needle_text(key, by_key[key]))
+            items.append(TaskItem(
+                task="multikey", item_id=slot.item_id if asked == 1 else f"{slot.item_id}/q{question_rank}",
+                context=prompt.fitted.context, question=question_text(key), answer=by_key[key],
+                context_length=slot.length, depth=depth if question_rank == 0 else None,
+                max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, stop=ANSWER_STOP,
+                context_id=slot.item_id if asked > 1 else None, question_rank=question_rank,
+                multi_turn=spec.multi_turn,
+                metadata=prompt.metadata(needle_token_depth=target_depth, key=key, num_pairs=spec.num_pairs,
+                                         target_rank=order.index(key), numbers_in_order=numbers,
+                                         **({"key_depth": depths[key]} if asked > 1 else {})),
+            ))
     return items
