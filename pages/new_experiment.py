@@ -418,6 +418,9 @@ else:
             slot("sweep.residual_length")
         aware_col.checkbox("Query-aware eviction", key=P + "sweep.query_aware",
                            help="The question is in SnapKV's observation window and never evicted.")
+        if decode := (st.session_state["form_base"].get("sweep") or {}).get("decode"):
+            st.caption("Decode policies from the spec, each tried with every ratio of a method that scores during "
+                       f"generation (kept as they are; edit them in the TOML): {decode}")
     slot("sweep")
 
 values = {k.removeprefix(P): v for k, v in st.session_state.items() if isinstance(k, str) and k.startswith(P)}

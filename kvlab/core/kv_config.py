@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvlab.core.formats import (
     DEFAULT_GROUP_SIZE,
@@ -219,6 +219,28 @@ def describe(config: KVCacheConfig) -> str:
 BASELINE = KVCacheConfig(name="baseline")
 
 
+def decode_options(policies: list[DecodePolicy]) -> tuple[dict[str, Any] | None, ...]:
+    """A space's decode axis: no policy, then each of ``policies`` (distinct) as a config's ``decode`` dict."""
+    if len(set(policies)) != len(policies):
+        raise ValueError("decode lists a policy twice: give each once")
+    return (None, *(p.model_dump(exclude_defaults=True, exclude_none=True) for p in policies))
+
+
+def check_decode_grid(methods: list[str], policies: list[DecodePolicy]) -> None:
+    """Each policy must suit each method of a grid that scores during generation (SnapKV's window)."""
+    decode_options(policies)
+    if policies and not any(m != "none" and METHODS[m].decodes for m in methods):
+        raise ValueError(f"decode policies need a method that scores during generation in evict: one of "
+                         f"{', '.join(methods_that_decode())}")
+    for method in (m for m in methods if m != "none" and METHODS[m].decodes):
+        for policy in policies:
+            try:
+                KVCacheConfig(evict=method, decode=policy)
+            except ValidationError as error:  # what a config of the grid would raise
+                message = error.errors()[0]["msg"].removeprefix("Value error, ")
+                raise ValueError(f"decode {policy.label} with {method}: {message}") from None
+
+
 class SweepGrid(BaseModel):
     """A grid over quantization x eviction method x ratio, expanded into configs (:meth:`space`).
 
@@ -235,11 +257,19 @@ class SweepGrid(BaseModel):
     group_size: GroupSize = DEFAULT_GROUP_SIZE
     residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
     query_aware: bool = False
+    #: Decode policies each ratio of a method that scores during generation is also run with
+    #: (``kvlab methods`` lists those methods; the others run without).
+    decode: list[DecodePolicy] = Field(default=[])
 
     @field_validator("quant", "evict", mode="before")
     @classmethod
     def _canonical_names(cls, value: Any) -> Any:
         return canonical_names(value)
+
+    @model_validator(mode="after")
+    def _check_decode(self) -> SweepGrid:
+        check_decode_grid(self.evict, self.decode)
+        return self
 
     @field_validator("quant", "evict", "ratios")
     @classmethod
@@ -253,7 +283,7 @@ class SweepGrid(BaseModel):
         """The grid as a config space: ``ratios`` are the budget kind ``ratio``; the baseline is one of its points."""
         return ConfigSpace(quant=tuple(self.quant), evict=tuple(self.evict), budget="ratio", budgets=tuple(self.ratios),
                            settings={"group_size": (self.group_size,), "residual_length": (self.residual_length,)},
-                           query_aware=self.query_aware, with_baseline=True)
+                           query_aware=self.query_aware, with_baseline=True, decode=decode_options(self.decode))
 
     def size(self) -> int:
         """Configs :meth:`expand` makes, counted (a method ``none`` takes no ratio)."""

@@ -16,21 +16,30 @@ baseline is ``{}``).  Pure data: nothing here imports torch, optuna or :mod:`kvl
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvlab.core.formats import FORMATS, QUANT_ALIASES
-from kvlab.core.methods import METHOD_ALIASES
+from kvlab.core.methods import METHOD_ALIASES, METHODS
 
 #: Every alias of a format or a method -> its canonical name.
 ALIASES: dict[str, str] = QUANT_ALIASES | METHOD_ALIASES
 #: The Optuna parameter that holds a proposal's budget; the other parameters are "quant", "evict"
 #: and the settings' field names ("group_size", "residual_length"), which stored studies depend on.
 BUDGET_PARAM = "budget"
+#: The Optuna parameter that holds a proposal's decode policy (:func:`decode_key`), asked only of a
+#: method that scores during generation when the space offers policies.
+DECODE_PARAM = "decode"
 
 Point = dict[str, Any]
+
+
+def decode_key(decode: Point | None) -> str:
+    """A decode policy as an Optuna categorical value: ``"none"`` or its fields as sorted JSON."""
+    return "none" if decode is None else json.dumps(decode, sort_keys=True)
 
 
 def canonical_name(value: Any) -> Any:
@@ -76,6 +85,9 @@ class ConfigSpace:
     budget_step: float | None = None
     query_aware: bool = False
     with_baseline: bool = True
+    #: Decode policies (``KVCacheConfig.decode`` dicts; None: none) each budget of a method that scores
+    #: during generation is tried with; the other methods keep none.
+    decode: tuple[Point | None, ...] = (None,)
 
     def varied(self, quant: str) -> list[str]:
         """The settings the space varies for format ``quant``: those it reads that the space offers."""
@@ -84,14 +96,16 @@ class ConfigSpace:
     def size(self) -> int:
         """How many configs :meth:`points` lists, counted without listing them."""
         formats = sum(math.prod(len(self.settings[name]) for name in self.varied(quant)) for quant in self.quant)
-        evictions = ("none" in self.evict) + sum(method != "none" for method in self.evict) * len(self.budgets)
+        evictions = ("none" in self.evict) + sum(len(self.budgets) * len(self._decodes(method))
+                                                  for method in self.evict if method != "none")
         baseline_left_out = not self.with_baseline and "none" in self.quant and "none" in self.evict
         return formats * evictions - baseline_left_out
 
     def points(self) -> Iterator[Point]:
         """Every config of the space, format by method, then by setting and budget."""
         for quant, method in itertools.product(self.quant, self.evict):
-            evictions = [{}] if method == "none" else [self._eviction(method, value) for value in self.budgets]
+            evictions = [{}] if method == "none" else [self._eviction(method, value, decode)
+                                                       for value in self.budgets for decode in self._decodes(method)]
             for fmt in self._formats(quant):
                 for eviction in evictions:
                     if fmt or eviction or self.with_baseline:
@@ -127,8 +141,13 @@ class ConfigSpace:
             point[name] = trial.suggest_categorical(name, self.settings[name])
         method = trial.suggest_categorical("evict", self.evict)
         if method != "none":
-            point |= self._eviction(method, self._suggest_budget(trial))
+            decodes = {decode_key(d): d for d in self._decodes(method)}
+            decode = decodes[trial.suggest_categorical(DECODE_PARAM, list(decodes))] if len(decodes) > 1 else None
+            point |= self._eviction(method, self._suggest_budget(trial), decode)
         return point
+
+    def _decodes(self, method: str) -> tuple[Point | None, ...]:
+        return self.decode if METHODS[method].decodes else (None,)
 
     def _formats(self, quant: str) -> list[Point]:
         names = self.varied(quant)
@@ -136,8 +155,9 @@ class ConfigSpace:
         return [head | dict(zip(names, values, strict=True))
                 for values in itertools.product(*(self.settings[name] for name in names))]
 
-    def _eviction(self, method: str, value: float) -> Point:
-        return {"evict": method, self.budget: value} | ({"query_aware": True} if self.query_aware else {})
+    def _eviction(self, method: str, value: float, decode: Point | None = None) -> Point:
+        return ({"evict": method, self.budget: value} | ({"query_aware": True} if self.query_aware else {})
+                | ({"decode": dict(decode)} if decode is not None else {}))
 
     def _suggest_budget(self, trial: Trial) -> float:
         if len(self.budgets) == 1:

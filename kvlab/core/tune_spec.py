@@ -27,6 +27,7 @@ from kvlab.core.formats import (
     MAX_RESIDUAL_LENGTH,
     QUANT_NAMES,
 )
+from kvlab.core.kv_config import DecodePolicy, check_decode_grid, decode_options
 from kvlab.core.limits import TUNE_POINTS
 from kvlab.core.methods import BUDGETS, COUNT_BUDGETS, METHOD_NAMES, METHODS
 from kvlab.core.space import ConfigSpace, canonical_names
@@ -67,6 +68,8 @@ class TuneSpec(BaseModel):
     budget_range: tuple[float, float] = (0.25, 0.875)
     budget_step: Annotated[float, Field(ge=MIN_BUDGET_STEP, lt=1)] = 0.125
     query_aware: bool = False
+    #: Decode policies a method that scores during generation may also get (a dimension of the search)
+    decode: list[DecodePolicy] = Field(default=[])
     sampler: Sampler = "tpe"
     candidates_per_round: Annotated[int, Field(ge=1, le=64)] = 4
     min_items: Annotated[int, Field(ge=2, le=10_000)] = 4
@@ -97,6 +100,7 @@ class TuneSpec(BaseModel):
                                  f"(it takes {', '.join(METHODS[method].budgets)})")
         if self.query_aware and self.evict == ["none"]:
             raise ValueError("query_aware = true needs an eviction method in evict")
+        check_decode_grid(self.evict, self.decode)
         for name, values in (("quant", self.quant), ("evict", self.evict), ("group_sizes", self.group_sizes),
                              ("residual_lengths", self.residual_lengths)):
             if len(set(values)) != len(values):
@@ -124,7 +128,7 @@ class TuneSpec(BaseModel):
                            budgets=tuple(self.budgets()), budget_step=self.budget_step,
                            settings={"group_size": tuple(self.group_sizes),
                                      "residual_length": tuple(self.residual_lengths)},
-                           query_aware=self.query_aware, with_baseline=False)
+                           query_aware=self.query_aware, with_baseline=False, decode=decode_options(self.decode))
 
 
 def _shown(values: list[object]) -> str:

@@ -276,6 +276,8 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
             "residual_length": int(values.get("sweep.residual_length", _SWEEP_DEFAULTS["residual_length"])),
             "query_aware": bool(values.get("sweep.query_aware", _SWEEP_DEFAULTS["query_aware"])),
         }
+        if decode := (base.get("sweep") or {}).get("decode"):  # no widget: carried from the spec, shown
+            data["sweep"]["decode"] = decode
         for key in ("quant", "evict"):
             if not data["sweep"][key]:
                 errors.setdefault(f"sweep.{key}", []).append("pick at least one")

@@ -137,3 +137,41 @@ def test_the_form_edits_a_decode_policy_as_columns_and_places_its_errors():
     # a bad value of one field lands on its column
     rows = [dict(form.configs[0], decode_interval=0), form.configs[1]]
     assert any(message.startswith("row 1: decode: every (passes)") for message in table_errors(rows))
+
+
+def test_a_sweep_grid_and_a_tune_space_offer_decode_policies():
+    import optuna
+
+    from kvlab.core.kv_config import SweepGrid
+    from kvlab.core.tune_spec import TuneSpec, candidate_grid
+
+    policy = {"interval": 32, "target_tokens": 256}
+    grid = SweepGrid(quant=["none", "int4"], evict=["none", "knorm", "h2o"], ratios=[0.5], decode=[policy])
+    labels = [c.label for c in grid.expand()]
+    assert grid.size() == len(labels) == 8
+    assert "knorm:r0.5/dec32:t256" in labels and "int4/g64/r64+knorm:r0.5/dec32:t256" in labels
+    assert not any("observed_attention" in label and "dec" in label for label in labels)  # H2O cannot
+    with pytest.raises(ValidationError, match="need a method that scores during generation"):
+        SweepGrid(evict=["h2o"], decode=[policy])
+    with pytest.raises(ValidationError, match="decode dec32:t256 with snapkv: .*interval and buffer above it"):
+        SweepGrid(evict=["snapkv"], decode=[policy])
+    with pytest.raises(ValidationError, match="lists a policy twice"):
+        SweepGrid(evict=["knorm"], decode=[policy, policy])
+    tune = TuneSpec(quant=["none"], evict=["none", "knorm"], budget_range=(0.25, 0.5), decode=[policy])
+    points = candidate_grid(tune)
+    assert len(points) == tune.space().size() == 2 * 3
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    proposed = [KVCacheConfig(**tune.space().suggest(study.ask())) for _ in range(40)]
+    assert {c.decode is not None for c in proposed if c.evict == "knorm"} == {True, False}
+    spec = ExperimentSpec(name="x", tasks=[{"name": "recall"}], sweep=grid)
+    assert parse_spec(tomllib.loads(dump_spec(spec))).sweep == grid
+
+
+def test_the_form_keeps_a_sweeps_decode_policies():
+    from kvlab.core.kv_config import SweepGrid
+    from kvlab.dashboard.spec_form import build_spec, form_from_spec
+
+    grid = SweepGrid(evict=["none", "knorm"], decode=[{"interval": 32, "target_tokens": 256}])
+    spec = ExperimentSpec(name="x", tasks=[{"name": "recall"}], sweep=grid)
+    form = form_from_spec(spec)
+    assert build_spec(form.values, form.n_tasks, form.configs, form.base).spec.sweep == grid
