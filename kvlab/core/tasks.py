@@ -243,7 +243,8 @@ class Task:
     reads (the form shows only these; ``path`` marks a task whose items come from the user's
     file).  ``chance_floor``: what answering without doing the task scores (the task module's
     docstring says why); ``shortcuts`` names ``(item) -> {shortcut: score}``, which measures the
-    known ways of doing so on each item.  ``count_items`` names ``(spec) -> int | None``, how many
+    known ways of doing so on each item.  ``fidelity_only``: its generated answers have no reference,
+    so no score; its configs are judged by fidelity to the baseline alone.  ``count_items`` names ``(spec) -> int | None``, how many
     items ``spec`` makes counted without a tokenizer (None when that cannot be told here); unset:
     ``num_items`` per context length.  Every reference is ``"module:function"``.
     """
@@ -256,13 +257,15 @@ class Task:
     kind: ItemKind = "generate"
     shortcuts: str | None = None
     count_items: str | None = None
+    fidelity_only: bool = False  # generated answers with no reference: judged by fidelity to the baseline
 
     def __post_init__(self) -> None:
         unknown = sorted(self.fields - SPEC_FIELDS)
         if unknown:
             raise ValueError(f"task {self.name!r}: {unknown} are not TaskSpec fields")
-        if (self.scorer is None) != (self.kind == "perplexity"):
-            raise ValueError(f"task {self.name!r}: perplexity items, and only they, have no scorer")
+        if (self.scorer is None) != (self.kind == "perplexity" or self.fidelity_only):
+            raise ValueError(f"task {self.name!r}: perplexity items and fidelity-only tasks, and only they, "
+                             "have no scorer")
         refs = [ref for ref in (self.generate, self.scorer, self.shortcuts, self.count_items) if ref is not None]
         if malformed := [ref for ref in refs if ref.count(":") != 1]:
             raise ValueError(f"task {self.name!r}: {malformed} are not 'module:function' references")
@@ -301,6 +304,8 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          fields=_GENERATED | {"depths", "passage_words"},
          chance_floor="about 15% at 48 words (a list of the vocabulary in its own order, in pairs as the passage)",
          shortcuts="kvlab.tasks.recall:shortcut_scores"),
+    Task("story", "kvlab.tasks.story:generate", scorer=None, fidelity_only=True, fields=_GENERATED,
+         chance_floor="none: no score, judged by fidelity to the baseline's continuation"),
     Task("perplexity", "kvlab.tasks.perplexity:generate", scorer=None, kind="perplexity",
          fields=frozenset({"context_lengths", "num_items", "continuation_tokens"}),
          chance_floor="none (not a 0-1 score)"),

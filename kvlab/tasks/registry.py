@@ -38,14 +38,17 @@ def planned_items(spec: TaskSpec) -> int | None:
     return resolve(counter)(spec)
 
 
-def score_item(item: TaskItem, generated: str) -> float:
-    """Score ``generated`` (the model's output after the prompt) against ``item``."""
+def score_item(item: TaskItem, generated: str) -> float | None:
+    """Score ``generated`` (the model's output after the prompt) against ``item``; None for a task
+    judged by fidelity alone (no reference answer)."""
     if item.kind == "perplexity":
         raise ValueError(
             f"{item.item_id}: perplexity items are not scored from generated text; "
             "use the continuation NLL the engine reports"
         )
     task = TASKS.get(item.task)
+    if task is not None and task.fidelity_only:
+        return None
     if task is None or task.scorer is None:
         raise ValueError(f"{item.item_id}: no scorer for task {item.task!r}")
     return resolve(task.scorer)(item, generated)

@@ -64,7 +64,7 @@ def echo(monkeypatch) -> Task:
 
 
 def test_the_spec_schema_lists_the_registry():
-    assert tuple(TASKS) == ("passkey", "multikey", "variable_tracking", "recall", "perplexity", "jsonl")
+    assert tuple(TASKS) == ("passkey", "multikey", "variable_tracking", "recall", "story", "perplexity", "jsonl")
     assert TaskSpec.model_json_schema()["properties"]["name"]["enum"] == list(TASKS)
 
 
@@ -81,9 +81,9 @@ def test_every_generated_task_makes_items_of_its_kind_and_counts_them(name):
 def test_an_entry_that_contradicts_itself_is_refused_at_once():
     with pytest.raises(ValueError, match=r"task 'x': \['num_pair'\] are not TaskSpec fields"):
         Task("x", ECHO.generate, scorer=ECHO.scorer, chance_floor="0", fields=frozenset({"num_pair"}))
-    with pytest.raises(ValueError, match="perplexity items, and only they, have no scorer"):
+    with pytest.raises(ValueError, match="perplexity items and fidelity-only tasks, and only they, have no scorer"):
         Task("x", ECHO.generate, scorer=None, chance_floor="0", fields=frozenset())
-    with pytest.raises(ValueError, match="perplexity items, and only they, have no scorer"):
+    with pytest.raises(ValueError, match="perplexity items and fidelity-only tasks, and only they, have no scorer"):
         Task("x", ECHO.generate, scorer=ECHO.scorer, chance_floor="0", fields=frozenset(), kind="perplexity")
     with pytest.raises(ValueError, match=r"task 'x': \['echo_items'\] are not 'module:function' references"):
         Task("x", "echo_items", scorer=ECHO.scorer, chance_floor="0", fields=frozenset())
@@ -99,7 +99,7 @@ def test_an_unknown_name_is_one_line_naming_every_registered_task(echo):
     with pytest.raises(ConfigError) as refused:
         parse_spec({"name": "e", "tasks": [{"name": "passkey"}, {"name": "echoo"}], "configs": [{"name": "int4", "quant": "int4"}]})
     assert str(refused.value) == ("tasks.1.name: unknown task 'echoo'; known: passkey, multikey, variable_tracking, recall, "
-                                  "perplexity, jsonl, echo")
+                                  "story, perplexity, jsonl, echo")
 
 
 def test_only_a_task_that_reads_a_file_takes_a_path(echo):
