@@ -298,9 +298,11 @@ elif section == "Breakdown":
                    "prefilled and compressed once, before any of them, and charged to the first.")
 elif section == "Generation":
     if charts.has_generation_trace(shown_results(view)[0]):
+        summaries = analysed(view)[0]
+        basis = f" The summary's bytes are {summaries[0].memory_basis}." if summaries else ""
         st.caption("The KV cache measured after every forward pass of each answer (its tensors' bytes). A config "
-                   "with a decode policy is cut back while it generates; the others grow by each token they keep. "
-                   f"The summary's bytes are {analysed(view)[0][0].memory_basis}.")
+                   "with a decode policy is cut back while it generates; the others grow by each token they keep."
+                   + basis)
         chart(figure("generation", view), "generation-chart", f"{stem}-generation")
     else:
         st.info("No cache over the generation: these results come from an engine that does not measure its "

@@ -164,7 +164,14 @@ class EmbeddedEngine(Engine):
     def check_items(self, items: Sequence[TaskItem]) -> None:
         """Every task kind runs here, within the model's context (``kvlab serve`` refuses the same)."""
         limit = self.max_context
-        too_long = [(item, needed) for item in items if limit and (needed := self._tokens_needed(item)) > limit]
+        conversations: dict[str, int] = {}  # a multi-turn context: every question and answer so far
+        for item in items:
+            if item.multi_turn and item.context_id is not None:
+                conversations[item.context_id] = (conversations.get(item.context_id) or len(
+                    self._encode(item.context, special=True))) + self._tokens_needed(item, with_context=False)
+        too_long = [(item, needed) for item in items if limit and (needed := (
+            conversations[item.context_id] if item.multi_turn and item.context_id is not None
+            else self._tokens_needed(item))) > limit]
         if too_long:
             item, needed = too_long[0]
             more = f" (and {len(too_long) - 1} more items)" if len(too_long) > 1 else ""
@@ -174,9 +181,9 @@ class EmbeddedEngine(Engine):
                 "with a longer context"
             )
 
-    def _tokens_needed(self, item: TaskItem) -> int:
+    def _tokens_needed(self, item: TaskItem, with_context: bool = True) -> int:
         """Positions :meth:`evaluate` uses: the prompt as it encodes it, plus the tokens it may generate."""
-        context = len(self._encode(item.context, special=True))
+        context = len(self._encode(item.context, special=True)) if with_context else 0
         if item.kind == "perplexity":
             return context + len(self._encode(item.continuation, special=False))
         return context + len(self._encode(item.question, special=False)) + item.max_new_tokens

@@ -274,8 +274,9 @@ def test_a_finished_experiment_opens_on_its_result_and_draws_only_that(filled):
     assert {"PNG", "SVG", "PDF", "HTML"} <= {b.proto.label for b in at.get("download_button")}
 
 
-@pytest.mark.parametrize(("section", "charts"), [("Progress", 1), ("Latency", 1), ("Breakdown", 2), ("Needles", 1),
-                                                 ("Failed items", 0), ("Spec & environment", 0), ("Export", 0)])
+@pytest.mark.parametrize(("section", "charts"), [("Progress", 1), ("Latency", 1), ("Breakdown", 2), ("Generation", 0),
+                                                 ("Needles", 1), ("Failed items", 0), ("Spec & environment", 0),
+                                                 ("Export", 0)])
 def test_each_section_draws_its_own_content(filled, section, charts):
     _, done_id, _ = filled
     at = open_page(VIEW, id=str(done_id), tab=section)
@@ -505,3 +506,39 @@ def test_the_dashboard_runs_without_a_file_watcher():
 
     config = tomllib.loads((Path(APP).parent / ".streamlit" / "config.toml").read_text())
     assert config["server"]["fileWatcherType"] == "none" and config["server"]["runOnSave"] is False
+
+
+def _generation_experiment(store) -> int:
+    """A finished experiment of the baseline and a decode policy on multikey, two questions per
+    context, with the cache measured over each answer, as the embedded engine stores it."""
+    from kvlab.core.experiment_spec import parse_spec
+    from kvlab.core.results import GenerationKV
+    from tests.store.test_store import make_result
+
+    spec = parse_spec({"name": "decoding", "tasks": [{"name": "multikey", "questions_per_context": 2, "num_items": 2}],
+                       "configs": [{"evict": "knorm", "decode": {"interval": 8, "target_tokens": 100}}]})
+    experiment_id = store.create_experiment(spec, {"versions": {"kvlab": "test"}})
+    for trial in store.claim_trials("test-host:w0", max_trials=2, experiment_id=experiment_id):
+        cut = trial.config_name != "baseline"
+        for item in range(4):
+            trace = [(1000 + t, (100 + t % 8 if cut else 1000 + t) * 23_040) for t in range(40)]
+            store.add_item_result(trial.id, make_result(
+                f"multikey/i{item // 2}/q{item % 2}", trial.config_name, task="multikey", config=trial.config,
+                score=float(item % 2 == 0 or not cut), peak_kv_bytes=max(b for _, b in trace),
+                extra={"generation_kv": GenerationKV.from_trace(trace, 1039 * 23_040).to_dict(),
+                       "shared_context": {"context_id": f"multikey/i{item // 2}", "rank": item % 2, "questions": 2,
+                                          "multi_turn": False, "prefill_charged": item % 2 == 0}}))
+        store.finish_trial(trial.id, "done", worker_id="test-host:w0")
+    return experiment_id
+
+
+def test_the_cache_over_the_generation_and_accuracy_per_question_are_drawn(store):
+    experiment_id = _generation_experiment(store)
+    at = open_page(VIEW, id=str(experiment_id), tab="Generation")
+    assert_clean(at)
+    assert plotly_charts(at) == 1
+    assert "peak over prompt and answer" in texts(at.caption)
+    at = open_page(VIEW, id=str(experiment_id), tab="Breakdown")
+    assert_clean(at)
+    assert plotly_charts(at) == 3  # by task, by context length, by question rank
+    assert "Question rank" in texts(at.caption)

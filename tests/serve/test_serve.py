@@ -86,6 +86,21 @@ def test_a_request_may_carry_its_own_kv_cache_config(client):
     assert kv["physical_bytes"] < kv["baseline_bytes"] / 2
 
 
+def test_a_request_may_compress_its_cache_while_it_generates(client):
+    """A decode policy in the request: the cache is cut back during the answer, and the response's
+    block says its size at the end beside its peak and its size after the prompt."""
+    prompt = "Anne walked along the shore and thought of the letter. " * 12 + "\nShe wrote:"
+    policy = {"evict": "streaming_llm", "decode": {"interval": 16, "target_tokens": 64}}
+    response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=48, temperature=0,
+                                         extra_body={"kv_cache": policy})
+    kv = response.model_extra["kv_cache"]
+    assert kv["config"] == "streaming_llm/dec16:t64" and response.usage.completion_tokens == 48
+    per_token = kv["baseline_bytes"] / kv["context_tokens"]
+    assert kv["physical_bytes"] == kv["baseline_bytes"]  # no prompt budget: the prompt is kept whole
+    # cut to 64 tokens every 16 passes: at most 64 + 16 tokens at the end, far below the prompt
+    assert kv["final_bytes"] <= (64 + 16) * per_token < kv["physical_bytes"] <= kv["peak_bytes"]
+
+
 @pytest.mark.parametrize("api_key", [None, "wrong-key", f" {API_KEY}x"])
 def test_requests_without_the_right_key_are_refused(kvlab_server, api_key):
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
