@@ -240,7 +240,7 @@ def test_jsonl_missing_file(tmp_path):
         (
             {"name": "needle"},
             r"name\n\s+Value error, unknown task 'needle'; known: passkey, multikey, variable_tracking, recall, "
-            r"perplexity, jsonl",
+            r"story, perplexity, jsonl",
         ),
         (
             {"name": "passkey", "context_lengths": [64]},
