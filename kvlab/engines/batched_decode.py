@@ -325,7 +325,7 @@ def _decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: 
 
 
 def _teacher_force(model: torch.nn.Module, twin: _Twin, ref: _ReferenceRun, trace: _Trace,
-                   device: torch.device, compressor: DecodeCompressor | None) -> None:
+                   device: torch.device, compressor: DecodeCompressor | None = None) -> None:
     """The rest of a diverged member's fidelity: its cache copy fed the reference's tokens after the
     divergence, each position compared with the reference's.  In as few forward passes as give the
     attention a token-by-token decode would: a chunk ends where a quantized layer moves its
