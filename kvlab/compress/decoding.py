@@ -42,11 +42,11 @@ class _Tracked:
     ``count_tokens``: a pass of n tokens counts n steps (a teacher-forced copy fed a chunk at once
     in place of n one-token passes)."""
 
+    cache: KVLabCache  # held, so that its id cannot be another cache's while it is tracked
     policy: DecodePolicy
     press: ScorerPress
     buffers: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     steps: dict[int, int] = field(default_factory=dict)
-    compressions: int = 0
     count_tokens: bool = False
 
     def target(self, position: int) -> int:
@@ -79,12 +79,12 @@ class DecodeCompressor:
         if config.decode is not None:
             press = decode_press(config, self.seed)
             press.post_init_from_model(self.model)
-            self._tracked[id(cache)] = _Tracked(config.decode, press)
+            self._tracked[id(cache)] = _Tracked(cache, config.decode, press)
 
     def fork(self, cache: KVLabCache, twin: KVLabCache) -> None:
         """Track ``twin`` (a deep copy of ``cache``) from ``cache``'s state on, counting tokens."""
         if (state := self._tracked.get(id(cache))) is not None:
-            self._tracked[id(twin)] = _twin_state(state)
+            self._tracked[id(twin)] = _twin_state(state, twin)
 
     def steps_left(self, cache: KVLabCache) -> int | None:
         """Tokens ``cache`` may be fed before its next compression (None: it has no policy)."""
@@ -92,10 +92,6 @@ class DecodeCompressor:
         if state is None:
             return None
         return max(1, state.policy.interval - max(state.steps.values(), default=0))
-
-    def compressions(self, cache: KVLabCache) -> int:
-        state = self._tracked.get(id(cache))
-        return state.compressions if state is not None else 0
 
     @contextmanager
     def attached(self) -> Iterator[DecodeCompressor]:
@@ -140,14 +136,8 @@ class DecodeCompressor:
             self._compress(module, state, cache.layers[layer], torch.cat(buffer, dim=1), target, row, kwargs)
             state.steps[layer] = 0
             buffer.clear()
-            if layer == self._last_layer:
-                state.compressions += 1
         size = state.policy.buffer
         state.buffers[layer] = buffer[-size:] if size > 0 else []
-
-    @property
-    def _last_layer(self) -> int:
-        return max(i for i, skip in enumerate(self.skip_layers) if not skip)
 
     def _compress(self, module: nn.Module, state: _Tracked, layer: CompressedLayer, hidden: torch.Tensor,
                   target: int, row: int, kwargs: dict) -> None:
@@ -165,9 +155,10 @@ class DecodeCompressor:
         layer.replace_tokens(gather_tokens(keys, kept), gather_tokens(values, kept))
 
 
-def _twin_state(state: _Tracked) -> _Tracked:
-    """A copy of ``state`` for a teacher-forced twin: same buffers and counts, counting tokens."""
+def _twin_state(state: _Tracked, cache: KVLabCache) -> _Tracked:
+    """A copy of ``state`` for ``cache``, a teacher-forced twin: same buffers and counts, counting tokens."""
     twin = copy.copy(state)
+    twin.cache = cache
     twin.buffers = {layer: list(entries) for layer, entries in state.buffers.items()}
     twin.steps = dict(state.steps)
     twin.count_tokens = True

@@ -71,9 +71,12 @@ class _Compressed:
     cache: KVLabCache
     compress_s: float
     kv: KVMeasurement
+    taken: KVMeasurement | None = None  # :meth:`measured` as it was at one point (a turn of a conversation)
 
     def measured(self) -> KVMeasurement:
         """The measurement with the cache's peak size so far and its size now."""
+        if self.taken is not None:
+            return self.taken
         return replace(self.kv, peak_bytes=self.cache.peak_bytes, final_bytes=self.cache.physical_bytes)
 
 
@@ -352,7 +355,7 @@ class EmbeddedEngine(Engine):
                                        self.stop_ids, self.tokenizer.decode, compressor=compressor)[0]
                 at += len(suffix) + len(outcome.generated) - 1  # the last generated token is not in the cache yet
                 carried = [] if outcome.generated[-1] in self.stop_ids else outcome.generated[-1:]
-                decoded[rank].append((held, outcome))
+                decoded[rank].append((replace(held, taken=held.measured()), outcome))  # the cache after this turn
         return decoded
 
     def _prefill(self, prefix: list[int], scorers: set[Any]) -> _Prefill:
