@@ -57,9 +57,10 @@ def every_field_set(jsonl: Path) -> dict[str, Any]:
         ],
         "configs": [{"name": "kv4", "quant": "int4", "group_size": 64, "residual_length": 16, "key_axis": "token"},
                     {"name": "snap", "evict": "snapkv", "keep_fraction": 0.4, "query_aware": True,
-                     "window_size": 16, "n_sink": 2}],
+                     "window_size": 16, "n_sink": 2},
+                    {"name": "dec", "evict": "knorm", "decode": {"interval": 40, "ratio": 0.3, "buffer": 64}}],
         "sweep": {"quant": ["int8", "none"], "evict": ["streaming_llm"], "ratios": [0.25, 0.5], "group_size": 128,
-                  "residual_length": 0, "query_aware": False},
+                  "residual_length": 0, "query_aware": False, "decode": [{"interval": 16, "target_tokens": 128}]},
     }
 
 
@@ -96,6 +97,17 @@ def test_every_spec_field_survives_the_store_and_the_run_is_unchanged(db_url, tm
             assert len(items) == planned_items(task_before)
     jsonl_counts = [planned_items(t) for t in stored.tasks if t.name == "jsonl"]
     assert jsonl_counts == ([20, ROWS] if shape == "every field set" else [ROWS])
+
+
+def test_a_shared_context_survives_the_store(db_url):
+    """The fields a query-aware config excludes (so not in the spec above): questions per context, a conversation."""
+    spec = parse_spec({"name": "shared", "tasks": [{"name": "multikey", "questions_per_context": 3,
+                                                    "multi_turn": True, "num_items": 2}],
+                       "configs": [{"evict": "knorm", "ratio": 0.5}]})
+    with Store(db_url) as store:
+        stored = parse_spec(store.get_experiment(store.create_experiment(spec, {})).spec)
+    assert_every_field_equal(spec, stored)
+    assert len(generate_items(stored.tasks[0], WS, stored.seed)) == planned_items(stored.tasks[0]) == 6
 
 
 def test_unset_counts_stay_unset_through_json():
