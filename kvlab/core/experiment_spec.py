@@ -220,6 +220,12 @@ class ExperimentSpec(BaseModel):
         duplicates = sorted(label for label, count in labels.items() if count > 1)
         if duplicates:
             raise ValueError(f"duplicate config names {duplicates}: give each [[configs]] entry a distinct name")
+        conversations = [index for index, task in enumerate(self.tasks) if task.multi_turn]
+        if conversations and self.backend.kind != "embedded":
+            raise FieldProblem(f"tasks.{conversations[0]}.multi_turn",
+                               f"a conversation (each question after the previous answer) runs on the embedded "
+                               f"engine; a {self.backend.kind} backend would answer each question apart: use "
+                               "backend kind 'embedded' or leave multi_turn off")
         aware = [c.label for c in configs if c.query_aware]
         shared = [index for index, task in enumerate(self.tasks) if task.questions_per_context > 1]
         if aware and shared:

@@ -43,6 +43,10 @@ def test_a_spec_refuses_shared_contexts_it_cannot_honour():
         TaskSpec(name="multikey", questions_per_context=5, num_pairs=4)
     with pytest.raises(ValidationError, match="needs questions_per_context above 1"):
         TaskSpec(name="multikey", multi_turn=True)
+    with pytest.raises(ValidationError, match="a conversation .* runs on the embedded engine"):
+        ExperimentSpec(name="x", tasks=[{"name": "multikey", "questions_per_context": 2, "multi_turn": True}],
+                       backend={"kind": "openai_compat", "base_url": "http://127.0.0.1:8000/v1", "model_id": "m"},
+                       configs=[KVCacheConfig()])
     with pytest.raises(ValidationError, match="compressed once, before any of them"):
         ExperimentSpec(name="x", tasks=[{"name": "multikey", "questions_per_context": 2}],
                        configs=[KVCacheConfig(evict="snapkv", ratio=0.5, query_aware=True)])
