@@ -380,7 +380,11 @@ else:
             **{budget: st.column_config.NumberColumn(CONFIG_LABELS[budget], min_value=BUDGET_RANGE[0],
                                                      max_value=BUDGET_RANGE[1], step=BUDGET_STEP,
                                                      help=BUDGETS[budget].help)
-               for budget in BUDGETS},
+               for budget in BUDGETS if not BUDGETS[budget].integer},
+            **{budget: st.column_config.NumberColumn(CONFIG_LABELS[budget], min_value=1,
+                                                     max_value=int(BUDGETS[budget].high) - 1, step=1,
+                                                     help=BUDGETS[budget].help)
+               for budget in BUDGETS if BUDGETS[budget].integer},
             "query_aware": st.column_config.CheckboxColumn(CONFIG_LABELS["query_aware"], default=False),
             "decode_interval": st.column_config.NumberColumn(
                 CONFIG_LABELS["decode_interval"], min_value=1, step=1,

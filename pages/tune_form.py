@@ -15,7 +15,7 @@ import streamlit as st
 
 from kvlab.core.experiment_spec import ExperimentSpec, dump_spec
 from kvlab.core.formats import FORMATS, GROUP_SIZES
-from kvlab.core.methods import BUDGETS, COUNT_BUDGETS, METHODS
+from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS, METHODS
 from kvlab.dashboard import estimate, views
 from kvlab.dashboard.launch import Refused, launch_tune
 from kvlab.dashboard.spec_form import TUNE_LABELS
@@ -52,7 +52,7 @@ def fields(prefix: str, slot: Callable[[str], None]) -> None:
         st.multiselect("Eviction methods", ["none", *METHODS], key=prefix + "tune.evict")
         slot("tune.evict")
     with budget_col:
-        budget = st.selectbox("Budget", list(COUNT_BUDGETS), key=prefix + "tune.budget")
+        budget = st.selectbox("Budget", list(FRACTION_COUNT_BUDGETS), key=prefix + "tune.budget")
     low_col.number_input("from", min_value=0.01, max_value=0.99, step=0.05, format="%.3f",
                          key=prefix + "tune.budget_low", help=BUDGETS[budget].help if budget in BUDGETS else None)
     high_col.number_input("to", min_value=0.01, max_value=0.99, step=0.05, format="%.3f",

@@ -26,7 +26,10 @@ DECODE_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
 
 
 def _budget(kind: BudgetKind) -> Callable[[str], float]:
-    """A parser of budget ``kind``: a number strictly between the registry's bounds."""
+    """A parser of budget ``kind``: a number strictly between the registry's bounds (a whole one for a count)."""
+    if kind.integer:
+        return int_between(int(kind.low) + 1, int(kind.high) - 1)
+
     def parse(text: str) -> float:
         value = float_between(kind.low, kind.high, inclusive_low=False)(text)
         if value >= kind.high:
@@ -57,7 +60,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                         choices=setting.choices or None)
     kv.add_argument("--evict", choices=EVICTION_METHODS, default="none", help="see `kvlab methods`")
     for kind in BUDGETS.values():
-        kv.add_argument(f"--{kind.name.replace('_', '-')}", type=_budget(kind), metavar="FRACTION", help=kind.help)
+        kv.add_argument(f"--{kind.name.replace('_', '-')}", type=_budget(kind),
+                        metavar="TOKENS" if kind.integer else "FRACTION", help=kind.help)
     for name, param in PARAMS.items():
         kv.add_argument(f"--{name.replace('_', '-')}", type=int_between(param.low, param.high),
                         help=f"{param.help} (default {param.default})")

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from kvpress import DecodingPress, ScorerPress
+from kvpress import ScorerPress
 from kvpress.utils import compute_n_kept
 from torch import nn
 
 from kvlab.compress.cache import CompressedLayer, KVLabCache
-from kvlab.compress.eviction import gather_tokens, make_press, share_rotary_embedding
+from kvlab.compress.eviction import gather_tokens, make_press, ratio_keeping, share_rotary_embedding
 from kvlab.core.kv_config import DecodePolicy, KVCacheConfig
 from kvlab.core.methods import METHODS
 
@@ -147,8 +147,8 @@ class DecodeCompressor:
         cos, sin = kwargs["position_embeddings"]
         scored = {**kwargs, "hidden_states": hidden, "position_embeddings": (cos[row:row + 1], sin[row:row + 1])}
         # as DecodingPress.compress: the base press gets the ratio that keeps exactly ``target`` tokens
-        # (StreamingLLM's scores read it); kvpress's own search, which never reads its instance
-        ratio = DecodingPress._find_target_compression_ratio(None, keys.shape[-2], target)  # type: ignore[arg-type]
+        # (StreamingLLM's scores read it)
+        ratio = ratio_keeping(keys.shape[-2], target)
         state.press.compression_ratio = ratio
         scores = state.press.score(module, hidden, keys, values, None, scored)
         kept = scores.topk(compute_n_kept(keys.shape[-2], ratio), dim=-1).indices.sort(dim=-1).values

@@ -4,7 +4,8 @@ kvpress presses score and drop tokens inside a forward hook, one press per prefi
 sweeps many budgets over the same prefill, so it calls each press's own ``score`` in a hook
 (exactly the arguments kvpress passes), keeps the scores, and applies each config's budget
 afterwards: ``ratio``/``keep_fraction`` keep the top tokens per head (kvpress's
-``ScorerPress.compress``), ``threshold`` keeps tokens above a global score quantile.
+``ScorerPress.compress``), ``keep_tokens`` a count of them, ``threshold`` keeps tokens above a
+global score quantile.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from kvpress import ScorerPress
+from kvpress import DecodingPress, ScorerPress
 from kvpress.utils import compute_n_kept
 from torch import nn
 
@@ -157,6 +158,12 @@ def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
             module.kvlab_return_weights = False
 
 
+def ratio_keeping(length: int, count: int) -> float:
+    """The compression ratio that keeps exactly ``count`` of ``length`` tokens through kvpress's rounding:
+    kvpress's own search (``DecodingPress._find_target_compression_ratio``, which never reads its instance)."""
+    return DecodingPress._find_target_compression_ratio(None, length, count)  # type: ignore[arg-type]
+
+
 def _protect(scores: torch.Tensor, evictable: int) -> torch.Tensor:
     """Scores with positions from ``evictable`` on (the question, in query-aware mode) always kept."""
     if evictable >= scores.shape[-1]:
@@ -199,6 +206,10 @@ def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None]
             kept[i] = _top_indices(_protect(layer_scores[i], evictable), n_kept + protected)
         return kept
     removed = config.removed_fraction
+    count = None
+    if config.keep_tokens is not None:  # a count: the protected tokens among it, never no context token
+        count = max(1, min(evictable, config.keep_tokens - protected))
+        removed = ratio_keeping(evictable, count)  # positional scores and per-layer budgets read a ratio
     method = METHODS[config.evict]
     press = _config_press(config, removed) if method.scorer is None or method.layer_budgets else None
     for i in active:
@@ -210,7 +221,7 @@ def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None]
         if method.layer_budgets:
             n_kept = press.get_layer_budget(modules[i], evictable)
         else:
-            n_kept = compute_n_kept(evictable, removed)
+            n_kept = count if count is not None else compute_n_kept(evictable, removed)
         kept[i] = _top_indices(_protect(scores, evictable), min(n_kept, evictable) + protected)
     return kept
 

@@ -25,6 +25,7 @@ from kvlab.core.limits import check_text
 from kvlab.core.methods import (
     BUDGET_BOUNDS,
     BUDGETS,
+    MAX_KEEP_TOKENS,
     METHOD_NAMES,
     METHODS,
     PARAMS,
@@ -99,9 +100,10 @@ class KVCacheConfig(BaseModel):
 
     Eviction (``evict``): a kvpress scorer ranks context tokens per head; one budget of the
     budget registry (:data:`kvlab.core.methods.BUDGETS`) is given: ``ratio`` (fraction
-    removed, kvpress's ``compression_ratio``), ``keep_fraction`` (top-k: fraction kept) or
+    removed, kvpress's ``compression_ratio``), ``keep_fraction`` (top-k: fraction kept),
     ``threshold`` (evict tokens whose normalised score falls below this quantile of all scores of
-    the model, so layers may keep different counts).  With a ``decode`` policy the same method
+    the model, so layers may keep different counts) or ``keep_tokens`` (a count per head and layer,
+    whatever the context's length).  With a ``decode`` policy the same method
     also compresses during generation (:class:`DecodePolicy`); the prompt's budget is then
     optional (no budget: the prompt is kept whole, as kvpress's ``DecodingPress`` alone does).
     """
@@ -118,6 +120,7 @@ class KVCacheConfig(BaseModel):
     ratio: Fraction | None = None
     keep_fraction: Fraction | None = None
     threshold: Fraction | None = None
+    keep_tokens: Annotated[int, Field(ge=1, lt=MAX_KEEP_TOKENS)] | None = None
     query_aware: bool = False
     window_size: _param("window_size") = PARAMS["window_size"].default  # type: ignore[valid-type]
     n_sink: _param("n_sink") = PARAMS["n_sink"].default  # type: ignore[valid-type]

@@ -38,10 +38,13 @@ class BudgetKind:
     high: float
     fixes_count: bool  # it fixes how many tokens a head keeps (a threshold lets the scores decide)
     blog_keys: tuple[str, ...] = ()  # [kv_cache] keys of blog-style specs that translate to this budget
+    integer: bool = False  # a count of tokens, not a fraction of the context
 
 
 #: Fraction budgets lie strictly between these bounds (both excluded).
 BUDGET_BOUNDS = (0.0, 1.0)
+#: A token-count budget lies strictly below this (far above any context here).
+MAX_KEEP_TOKENS = 1 << 20
 
 BUDGETS: dict[str, BudgetKind] = {b.name: b for b in (
     BudgetKind("ratio", "fraction of context tokens removed (kvpress's compression_ratio)", "ratio (removed)",
@@ -50,11 +53,16 @@ BUDGETS: dict[str, BudgetKind] = {b.name: b for b in (
                fixes_count=True, blog_keys=("sparse_top_k", "compression_ratio")),
     BudgetKind("threshold", "evict tokens whose normalised score is below this quantile of all the model's scores",
                "threshold (quantile)", "q", *BUDGET_BOUNDS, fixes_count=False, blog_keys=("eviction_threshold",)),
+    BudgetKind("keep_tokens", "context tokens kept per head and layer, a count (attention sinks, the observation "
+               "window and a query-aware question among them; never fewer than one context token)",
+               "keep (tokens)", "n", 0, MAX_KEEP_TOKENS, fixes_count=True, integer=True),
 )}
 
 ALL_BUDGETS: tuple[Budget, ...] = tuple(BUDGETS)
 #: Budgets that fix how many tokens a head keeps (a threshold lets the scores decide).
 COUNT_BUDGETS: tuple[Budget, ...] = tuple(b.name for b in BUDGETS.values() if b.fixes_count)
+#: Of those, the fractions of the context (what a [tune] searches, and what a budget-dependent scorer reads).
+FRACTION_COUNT_BUDGETS: tuple[Budget, ...] = tuple(b for b in COUNT_BUDGETS if not BUDGETS[b].integer)
 
 
 @dataclass(frozen=True)
@@ -148,12 +156,13 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "arXiv:2507.08143", query_driven=True, checked_on_default_model=True,
            decode_refusal="kvpress scores it in the prefill only (its score refuses a decoding step)"),
     Method("compactor", "CompactorPress", "Compactor: leverage blended with non-causal attention",
-           "arXiv:2507.08143", budgets=COUNT_BUDGETS, budget_dependent=True, global_rng=True, query_driven=True,
+           "arXiv:2507.08143", budgets=FRACTION_COUNT_BUDGETS, budget_dependent=True, global_rng=True,
+           query_driven=True,
            checked_on_default_model=True, decode_refusal="its scores depend on the budget it is given"),
     Method("cap", "CapPress", "CAPKV: query-anchored capacity leverage of values", "arXiv:2604.25975",
            params={"n_sink": "n_sink"}, query_driven=True, checked_on_default_model=True),
     Method("criticalkv", "CriticalKVPress", "CriticalKV: SnapKV rescaled by |W_o v| in two stages",
-           "arXiv:2502.03805", budgets=COUNT_BUDGETS, params={"window_size": "window_size"}, wraps="snapkv",
+           "arXiv:2502.03805", budgets=FRACTION_COUNT_BUDGETS, params={"window_size": "window_size"}, wraps="snapkv",
            budget_dependent=True, query_driven=True, checked_on_default_model=True,
            decode_refusal="its scores depend on the budget it is given"),
 )}

@@ -29,7 +29,7 @@ from kvlab.core.formats import (
 )
 from kvlab.core.kv_config import DecodePolicy, check_decode_grid, decode_options
 from kvlab.core.limits import TUNE_POINTS
-from kvlab.core.methods import BUDGETS, COUNT_BUDGETS, METHOD_NAMES, METHODS
+from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS, METHOD_NAMES, METHODS
 from kvlab.core.space import ConfigSpace, canonical_names
 
 QuantName = Literal[QUANT_NAMES]  # type: ignore[valid-type]
@@ -64,7 +64,7 @@ class TuneSpec(BaseModel):
     residual_lengths: list[Annotated[int, Field(ge=0, le=MAX_RESIDUAL_LENGTH)]] = Field(
         default_factory=lambda: [DEFAULT_RESIDUAL_LENGTH], min_length=1)
     evict: list[MethodName] = Field(default_factory=lambda: ["none"], min_length=1)
-    budget: Literal[COUNT_BUDGETS] = "ratio"  # type: ignore[valid-type]
+    budget: Literal[FRACTION_COUNT_BUDGETS] = "ratio"  # type: ignore[valid-type]
     budget_range: tuple[float, float] = (0.25, 0.875)
     budget_step: Annotated[float, Field(ge=MIN_BUDGET_STEP, lt=1)] = 0.125
     query_aware: bool = False

@@ -328,8 +328,9 @@ def _config_row(row: Mapping[str, Any]) -> dict[str, Any] | None:
     clean = {k: v for k, v in row.items() if not _blank(v) and k != "decode"}
     if not any(k in clean for k in ("name", "quant", "evict")):
         return None
+    integers = [kind.name for kind in BUDGETS.values() if kind.integer]
     for key in ("group_size", "residual_length", "window_size", "n_sink", "decode_interval",
-                "decode_target_tokens", "decode_buffer"):
+                "decode_target_tokens", "decode_buffer", *integers):
         if key in clean:
             clean[key] = int(clean[key])
     if "query_aware" in clean:

@@ -42,9 +42,11 @@ def test_each_method_names_a_real_press_and_real_arguments(name):
     arguments = inspect.signature(press).parameters
     assert set(method.params.values()) <= set(arguments) or method.wraps, name
     assert set(method.params) <= set(PARAMS) and set(method.params) <= set(KVCacheConfig.model_fields)
-    assert method.budgets and set(method.budgets) <= {"ratio", "keep_fraction", "threshold"}
+    assert method.budgets and set(method.budgets) <= {"ratio", "keep_fraction", "threshold", "keep_tokens"}
     if method.budget_dependent or method.scorer is None or method.layer_budgets:
         assert "threshold" not in method.budgets  # a threshold needs scores that ignore the budget
+    if method.budget_dependent:
+        assert "keep_tokens" not in method.budgets  # its scores read a fraction of the context
 
 
 def test_method_parameters_build_the_press_kvlab_asks_for():

@@ -16,7 +16,7 @@ import pytest
 from kvlab.compress.accounting import analytic_layer_bytes
 from kvlab.core.formats import FORMATS, GROUP_SIZES, KEY_AXES, SETTINGS
 from kvlab.core.kv_config import KVCacheConfig, SweepGrid, describe
-from kvlab.core.methods import BUDGETS, COUNT_BUDGETS, METHODS, methods_with
+from kvlab.core.methods import BUDGETS, COUNT_BUDGETS, FRACTION_COUNT_BUDGETS, METHODS, methods_with
 from kvlab.core.space import BUDGET_PARAM, ConfigSpace, canonical_name
 from kvlab.core.tune_spec import TuneSpec, backend_space
 from kvlab.spec_files import parse_spec_toml
@@ -44,7 +44,7 @@ TUNES = [
 
 def random_tune(rng: random.Random) -> TuneSpec:
     """A valid tune space of random formats, settings, methods and budgets."""
-    budget = rng.choice(COUNT_BUDGETS)
+    budget = rng.choice(FRACTION_COUNT_BUDGETS)  # a tune searches fractions of the context
     quant = rng.sample(list(FORMATS), rng.randint(1, 4))
     evict = rng.sample(["none", *methods_with(budget)], rng.randint(1, 3))
     if quant == ["none"] and evict == ["none"]:
@@ -212,12 +212,13 @@ def test_each_budget_kind_is_a_config_field_with_its_bounds():
     for kind in BUDGETS.values():
         field = KVCacheConfig.model_fields[kind.name]
         assert field.default is None
-        inside = (kind.low + kind.high) / 2
+        inside = (kind.low + kind.high) // 2 if kind.integer else (kind.low + kind.high) / 2
         assert getattr(KVCacheConfig(evict="knorm", **{kind.name: inside}), kind.name) == inside
         for edge in (kind.low, kind.high):
             with pytest.raises(ValueError):
                 KVCacheConfig(evict="knorm", **{kind.name: edge})
-        assert KVCacheConfig(evict="knorm", **{kind.name: 0.5}).label == f"knorm:{kind.label}0.5"
+        value = 64 if kind.integer else 0.5
+        assert KVCacheConfig(evict="knorm", **{kind.name: value}).label == f"knorm:{kind.label}{value:g}"
     assert set(COUNT_BUDGETS) == {k.name for k in BUDGETS.values() if k.fixes_count}
     assert all(set(m.budgets) <= set(BUDGETS) for m in METHODS.values())
 
