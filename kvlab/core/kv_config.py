@@ -212,7 +212,8 @@ def describe(config: KVCacheConfig) -> str:
         settings = FORMATS[config.quant].settings
         parts.append(config.quant + "".join(s.label(getattr(config, s.field)) for s in settings))
     if config.evict != "none":
-        budget = "".join(f"{BUDGETS[name].label}{value:g}" for name, value in config.budgets_given.items())
+        budget = "".join(f"{BUDGETS[name].label}{value if BUDGETS[name].integer else format(value, 'g')}"
+                         for name, value in config.budgets_given.items())
         method = f"{config.evict}:{budget}" if budget else config.evict
         decode = f"/{config.decode.label}" if config.decode is not None else ""
         parts.append(method + ("/qa" if config.query_aware else "") + decode)

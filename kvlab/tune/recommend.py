@@ -38,14 +38,19 @@ def serve_command(model: str, config: KVCacheConfig) -> str:
     if config.evict != "none":
         argv += ["--evict", config.evict]
         for budget, value in config.budgets_given.items():
-            argv += [_flag(budget), f"{value:g}"]
+            argv += [_flag(budget), _number(value)]
         for name, param in PARAMS.items():
             if getattr(config, name) != param.default:
                 argv += [_flag(name), str(getattr(config, name))]
     if config.decode is not None:
         for name, value in config.decode.model_dump(exclude_defaults=True, exclude_none=True).items():
-            argv += [_flag(f"decode_{name}"), f"{value:g}"]
+            argv += [_flag(f"decode_{name}"), _number(value)]
     return shlex.join(argv)
+
+
+def _number(value: float) -> str:
+    """A whole number as it is (``:g`` would write 1234567 as 1.23457e+06), a fraction shortest."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def _flag(field: str) -> str:

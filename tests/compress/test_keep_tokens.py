@@ -37,9 +37,12 @@ def test_the_cli_the_tune_and_the_form_take_a_count():
     from kvlab.dashboard.spec_form import _config_row
     from kvlab.tune.recommend import serve_command
 
-    config = KVCacheConfig(evict="snapkv", keep_tokens=256, query_aware=True)
-    argv = serve_command("smollm2-135m", config).split()[1:]
-    assert "--keep-tokens" in argv and kv_config_from_args(build_parser().parse_args(argv)) == config
+    for config in (KVCacheConfig(evict="snapkv", keep_tokens=256, query_aware=True),
+                   KVCacheConfig(evict="knorm", keep_tokens=1_034_567, query_aware=True,
+                                 decode={"interval": 1_048_000, "target_tokens": 1_000_001})):
+        argv = serve_command("smollm2-135m", config).split()[1:]
+        assert "--keep-tokens" in argv and kv_config_from_args(build_parser().parse_args(argv)) == config
+    assert KVCacheConfig(evict="knorm", keep_tokens=1_034_567).label == "knorm:n1034567"  # never 1.03457e+06
     for bad in ("0", "2.5"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "--keep-tokens", bad])
