@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,7 +62,7 @@ def split_tokens(config: KVCacheConfig, tokens: int) -> tuple[int, int]:
     The last ``residual_length`` tokens stay 16-bit, plus whatever does not fill a whole
     block (KIVI's residual); everything before is quantized.
     """
-    if config.quant == "none" or tokens <= config.residual_length:
+    if not config.quantizes or tokens <= config.residual_length:
         return 0, tokens
     block = flush_block(config)
     tail = config.residual_length + (tokens - config.residual_length) % block
@@ -69,33 +70,54 @@ def split_tokens(config: KVCacheConfig, tokens: int) -> tuple[int, int]:
 
 
 def value_group_size(config: KVCacheConfig, head_dim: int) -> int:
-    """Channels per value group: ``group_size``, capped at the head dimension."""
+    """Channels per integer value group: ``group_size``, capped at the head dimension."""
     return min(config.group_size, head_dim)
 
 
-def check_fits(config: KVCacheConfig, head_dim: int) -> str | None:
-    """Why ``config`` cannot quantize heads of ``head_dim`` channels, or None if it can."""
-    if config.quant in INT_BITS and head_dim % value_group_size(config, head_dim):
+def value_group(config: KVCacheConfig, head_dim: int) -> int:
+    """The group of the values' format: fp8 scales blocks of ``group_size`` tokens, integer codes groups of
+    channels (:func:`value_group_size`)."""
+    return config.group_size if config.value_format in FP8_MAX else value_group_size(config, head_dim)
+
+
+def key_group(config: KVCacheConfig, head_dim: int) -> int:
+    """The group of the keys' format: fp8 and per-channel integer keys group ``group_size`` tokens, per-token
+    integer keys group channels as values do."""
+    if config.quant in FP8_MAX or config.key_axis == "channel":
+        return config.group_size
+    return value_group_size(config, head_dim)
+
+
+def check_fits(config: KVCacheConfig, geometry: CacheGeometry) -> str | None:
+    """Why ``config`` cannot be stored in ``geometry``'s layers, or None if it can."""
+    head_dim = geometry.head_dim
+    if {config.quant, config.value_format} & set(INT_BITS) and head_dim % value_group_size(config, head_dim):
         return (f"group_size {config.group_size} does not divide head_dim {head_dim} "
                 f"(values are grouped along the head dimension); choose a group size that divides {head_dim}")
+    if config.skip_layers is not None:
+        return config.skip_layers.check(geometry.num_layers)
     return None
 
 
-def quantized_bytes(config: KVCacheConfig, heads: int, head_dim: int, tokens: int) -> int:
-    """Bytes of ``tokens`` quantized tokens for K and V of one layer (codes + scales)."""
-    if tokens == 0 or config.quant == "none":
-        return 0
+def _stream_bytes(config: KVCacheConfig, fmt: str, groups: int, heads: int, head_dim: int, tokens: int) -> int:
+    """Bytes of ``tokens`` tokens of K or V of one layer stored in ``fmt``, with ``groups`` integer scale groups."""
     elements = heads * tokens * head_dim
-    if config.quant in FP8_MAX:
-        blocks = tokens // flush_block(config)
-        return 2 * (elements + blocks * heads * FP8_SCALE_BYTES)
-    bits = INT_BITS[config.quant]
-    codes = elements * bits // 8
+    if fmt == "none":
+        return elements * STORAGE_BYTES_PER_ELEMENT
+    if fmt in FP8_MAX:
+        return elements + (tokens // flush_block(config)) * heads * FP8_SCALE_BYTES
+    return elements * INT_BITS[fmt] // 8 + 2 * SCALE_BYTES * groups  # codes, a scale and a zero point per group
+
+
+def quantized_bytes(config: KVCacheConfig, heads: int, head_dim: int, tokens: int) -> int:
+    """Bytes of ``tokens`` quantized tokens for K and V of one layer (codes + scales), each in its format."""
+    if tokens == 0 or not config.quantizes:
+        return 0
     per_token_groups = heads * tokens * (head_dim // value_group_size(config, head_dim))
     per_channel_groups = heads * (tokens // config.group_size) * head_dim
     key_groups = per_channel_groups if config.key_axis == "channel" else per_token_groups
-    scales = 2 * SCALE_BYTES * (key_groups + per_token_groups)  # scale + zero point per group
-    return 2 * codes + scales
+    return (_stream_bytes(config, config.quant, key_groups, heads, head_dim, tokens)
+            + _stream_bytes(config, config.value_format, per_token_groups, heads, head_dim, tokens))
 
 
 def analytic_layer_bytes(config: KVCacheConfig, heads: int, head_dim: int, tokens: int,
@@ -111,16 +133,49 @@ def analytic_layer_bytes(config: KVCacheConfig, heads: int, head_dim: int, token
     return quantized_bytes(config, heads, head_dim, quantized) + 2 * heads * full * head_dim * STORAGE_BYTES_PER_ELEMENT
 
 
-def analytic_kv_bytes(config: KVCacheConfig, geometry: CacheGeometry, kept_tokens: list[int]) -> int:
-    """Analytic bytes of a whole cache, given the tokens each layer keeps."""
-    return sum(
-        analytic_layer_bytes(config, geometry.num_kv_heads, geometry.head_dim, tokens, window)
-        for tokens, window in zip(kept_tokens, geometry.layer_windows, strict=True)
-    )
+def analytic_kv_bytes(config: KVCacheConfig, geometry: CacheGeometry,
+                      kept_tokens: Sequence[int | Sequence[int]]) -> int:
+    """Analytic bytes of a whole cache, given the tokens each layer keeps: one count for all its heads,
+    or one per head (a head-wise budget: each head is laid out on its own).  Each layer in its own
+    config (:meth:`KVCacheConfig.for_layer`: a skipped layer is 16-bit)."""
+    total = 0
+    for index, (tokens, window) in enumerate(zip(kept_tokens, geometry.layer_windows, strict=True)):
+        layer = config.for_layer(index, geometry.num_layers)
+        if isinstance(tokens, int):
+            total += analytic_layer_bytes(layer, geometry.num_kv_heads, geometry.head_dim, tokens, window)
+        else:
+            total += sum(analytic_layer_bytes(layer, 1, geometry.head_dim, n, window) for n in tokens)
+    return total
 
 
 def bytes_per_element(config: KVCacheConfig, head_dim: int = 128) -> float:
     """Average stored bytes per K/V element of the quantized part (codes + scales), ignoring the residual."""
     tokens = 1024 * config.group_size
-    return quantized_bytes(config, 1, head_dim, tokens) / (2 * tokens * head_dim) if config.quant != "none" \
+    return quantized_bytes(config, 1, head_dim, tokens) / (2 * tokens * head_dim) if config.quantizes \
         else float(STORAGE_BYTES_PER_ELEMENT)
+
+
+def budget_ratio(config: KVCacheConfig, context_tokens: float) -> float | None:
+    """The compression ratio a config's settings alone suggest on a context of ``context_tokens`` tokens: the share
+    of the context its budget keeps times its formats' bytes per element (codes and scales) over 16-bit.  None
+    where scores decide the count (a threshold, a decode policy).  What it leaves out -- residual windows, the
+    question's tokens, 16-bit layers, sliding-window layers -- is why a measured ratio falls short of it."""
+    if config.threshold is not None or config.decode is not None or context_tokens <= 0:
+        return None
+    if config.keep_tokens is not None:
+        kept = min(1.0, config.keep_tokens / context_tokens)
+    else:
+        kept = 1.0 - (config.removed_fraction or 0.0)
+    return BASELINE_BYTES_PER_ELEMENT / (kept * bytes_per_element(config))
+
+
+def shortfall_causes(config: KVCacheConfig) -> list[str]:
+    """What in ``config`` keeps more bytes than its budget and formats suggest (:func:`budget_ratio`)."""
+    causes = []
+    if config.quantizes and config.residual_length:
+        causes.append(f"its 16-bit residual window ({config.residual_length} tokens and a partial block per layer)")
+    if config.skip_layers is not None:
+        causes.append(f"its 16-bit layers ({config.skip_layers.label})")
+    if config.query_aware:
+        causes.append("the question's tokens, always kept")
+    return causes or ["the model's uncompressed layers (sliding windows) or a short context"]

@@ -4,7 +4,8 @@ Each full-attention layer keeps only the tokens eviction kept; of those, all but
 16-bit residual tail are quantized into packed codes (:mod:`kvlab.compress.quantization`).
 Attention gets floats rebuilt on the fly.  New tokens are appended to the tail and moved
 into codes a block at a time (KIVI).  Sliding-window layers (Gemma 3) keep their window
-at 16-bit, uncompressed, as kvpress does.
+at 16-bit, uncompressed, as kvpress does.  Under a head-wise budget (AdaKV) each KV head of a
+layer keeps its own number of tokens and holds those alone (:class:`HeadwiseLayer`).
 
 ``physical_bytes`` sums ``nbytes`` of every tensor held: this is the measured size.
 """
@@ -16,8 +17,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
-from kvlab.compress.accounting import STORAGE_BYTES_PER_ELEMENT, flush_block, split_tokens, value_group_size
-from kvlab.compress.quantization import FP8_DTYPES, QuantizedBlock, dequantize, quantize
+from kvlab.compress.accounting import STORAGE_BYTES_PER_ELEMENT, flush_block, key_group, split_tokens, value_group
+from kvlab.compress.quantization import QuantizedBlock, dequantize, quantize
 from kvlab.core.kv_config import KVCacheConfig
 
 STORAGE_DTYPE = torch.float16 if STORAGE_BYTES_PER_ELEMENT == 2 else torch.float32
@@ -27,10 +28,23 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-class CompressedLayer(CacheLayerMixin):
-    """One full-attention layer: quantized blocks of K and V plus a 16-bit tail."""
+class _FullAttentionLayer(CacheLayerMixin):
+    """A full-attention layer built from a filled prefill cache (never lazily), of no fixed size."""
 
     is_sliding = False
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Never lazy: a compressed layer is built from a filled prefill cache."""
+
+    def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
+        return self.get_seq_length() + cache_position.shape[0], 0
+
+    def get_max_cache_shape(self) -> int:
+        return -1
+
+
+class CompressedLayer(_FullAttentionLayer):
+    """One full-attention layer: quantized blocks of K and V plus a 16-bit tail."""
 
     def __init__(self, config: KVCacheConfig, keys: torch.Tensor, values: torch.Tensor):
         super().__init__()
@@ -60,22 +74,15 @@ class CompressedLayer(CacheLayerMixin):
         if keys.shape[-2] == 0:
             return
         cfg = self.config
-        if cfg.quant in FP8_DTYPES:  # one scale per head and block of group_size tokens
-            key_group = value_group = cfg.group_size
-        else:
-            value_group = value_group_size(cfg, self.head_dim)
-            key_group = cfg.group_size if cfg.key_axis == "channel" else value_group
-        self.key_blocks.append(quantize(keys, cfg.quant, cfg.key_axis, key_group))
-        self.value_blocks.append(quantize(values, cfg.quant, "token", value_group))
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Never lazy: a compressed layer is built from a filled prefill cache."""
+        self.key_blocks.append(quantize(keys, cfg.quant, cfg.key_axis, key_group(cfg, self.head_dim)))
+        self.value_blocks.append(quantize(values, cfg.value_format, "token", value_group(cfg, self.head_dim)))
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
                cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         self.key_tail = torch.cat([self.key_tail, key_states.to(STORAGE_DTYPE)], dim=-2)
         self.value_tail = torch.cat([self.value_tail, value_states.to(STORAGE_DTYPE)], dim=-2)
-        self.peak_bytes = max(self.peak_bytes, self.physical_bytes)  # the tail is largest just before a flush
+        self.bytes_before_flush = self.physical_bytes  # the tail is largest just before a flush
+        self.peak_bytes = max(self.peak_bytes, self.bytes_before_flush)
         self._flush()
         return self.materialize()
 
@@ -83,14 +90,14 @@ class CompressedLayer(CacheLayerMixin):
         """How many tokens may be appended at once and be attended as if appended one at a time: as
         many as leave the tail short of a flush (which, appended at once, every one of them would see);
         the token that flushes goes alone, as it does in a decode (None: this layer never flushes)."""
-        if self.config.quant == "none":
+        if not self.config.quantizes:
             return None
         return max(1, self.config.residual_length + flush_block(self.config) - self.key_tail.shape[-2] - 1)
 
     def _flush(self) -> None:
         """Move whole blocks from the tail into codes once the tail exceeds the residual window."""
         cfg = self.config
-        if cfg.quant == "none":
+        if not cfg.quantizes:
             return
         block = flush_block(cfg)
         excess = self.key_tail.shape[-2] - cfg.residual_length
@@ -112,16 +119,65 @@ class CompressedLayer(CacheLayerMixin):
     def get_seq_length(self) -> int:
         return sum(b.tokens for b in self.key_blocks) + self.key_tail.shape[-2]
 
-    def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
-        return self.get_seq_length() + cache_position.shape[0], 0
-
-    def get_max_cache_shape(self) -> int:
-        return -1
+    def kept_per_head(self) -> tuple[int, ...]:
+        return (self.get_seq_length(),) * self.key_tail.shape[1]
 
     @property
     def physical_bytes(self) -> int:
         return sum(b.nbytes for b in self.key_blocks + self.value_blocks) + \
             _nbytes(self.key_tail) + _nbytes(self.value_tail)
+
+
+#: The attribute of the keys a :class:`HeadwiseLayer` returns: per KV head, how many leading
+#: positions are padding (``kvlab.engines.attention`` masks them).
+HEAD_PADDING = "kvlab_head_padding"
+
+
+def _left_padded(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``[B, 1, n_h, D]`` per head, zero-padded on the left to the longest and stacked on the head axis."""
+    longest = max(part.shape[-2] for part in parts)
+    return torch.cat([torch.nn.functional.pad(part, (0, 0, longest - part.shape[-2], 0)) for part in parts], dim=1)
+
+
+class HeadwiseLayer(_FullAttentionLayer):
+    """A full-attention layer whose KV heads keep different numbers of tokens (a head-wise budget).
+
+    Each head is its own :class:`CompressedLayer` holding only its kept entries, so the measured
+    bytes are theirs (kvpress's head-wise presses keep the full tensors and mask evicted keys with
+    fake ones).  Attention sees the heads left-padded to the longest, new tokens last in every head,
+    with the padding's length per head on the keys (:data:`HEAD_PADDING`), which attention masks.
+    """
+
+    def __init__(self, config: KVCacheConfig, keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...]):
+        super().__init__()
+        self.heads = [CompressedLayer(config, k, v) for k, v in zip(keys, values, strict=True)]
+        self.dtype, self.device = keys[0].dtype, keys[0].device
+        self.is_initialized = True
+        self.peak_bytes = self.physical_bytes
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
+               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [head.update(key_states[:, index:index + 1], value_states[:, index:index + 1])
+                 for index, head in enumerate(self.heads)]
+        self.peak_bytes = max(self.peak_bytes, sum(head.bytes_before_flush for head in self.heads))
+        keys = _left_padded([k for k, _ in parts])
+        setattr(keys, HEAD_PADDING, torch.tensor([keys.shape[-2] - k.shape[-2] for k, _ in parts]))
+        return keys, _left_padded([v for _, v in parts])
+
+    def tokens_before_flush(self) -> int | None:
+        limits = [n for head in self.heads if (n := head.tokens_before_flush()) is not None]
+        return min(limits, default=None)
+
+    def kept_per_head(self) -> tuple[int, ...]:
+        return tuple(head.get_seq_length() for head in self.heads)
+
+    def get_seq_length(self) -> int:
+        """The longest head's length: the key length attention sees before the new tokens."""
+        return max(self.kept_per_head())
+
+    @property
+    def physical_bytes(self) -> int:
+        return sum(head.physical_bytes for head in self.heads)
 
 
 class SlidingLayer16(DynamicSlidingWindowLayer):
@@ -146,6 +202,9 @@ class SlidingLayer16(DynamicSlidingWindowLayer):
         self.peak_bytes = max(self.peak_bytes, self.physical_bytes)
         return full_keys, full_values
 
+    def kept_per_head(self) -> tuple[int, ...]:
+        return (self.keys.shape[-2],) * self.keys.shape[1]
+
     @property
     def physical_bytes(self) -> int:
         return _nbytes(self.keys) + _nbytes(self.values)
@@ -169,23 +228,27 @@ class KVLabCache(Cache):
 
     def tokens_before_flush(self) -> int | None:
         """The fewest of any layer (:meth:`CompressedLayer.tokens_before_flush`); None when none flushes."""
-        limits = [n for layer in self.layers if isinstance(layer, CompressedLayer)
+        limits = [n for layer in self.layers if isinstance(layer, _FullAttentionLayer)
                   and (n := layer.tokens_before_flush()) is not None]
         return min(limits, default=None)
 
-    def kept_tokens(self) -> list[int]:
-        """Tokens each layer holds (a sliding layer: at most its window - 1)."""
-        return [layer.keys.shape[-2] if isinstance(layer, SlidingLayer16) else layer.get_seq_length()
-                for layer in self.layers]
+    def kept_per_head(self) -> list[tuple[int, ...]]:
+        """Tokens each KV head of each layer holds (a sliding layer: at most its window - 1)."""
+        return [layer.kept_per_head() for layer in self.layers]
 
 
-def build_compressed_cache(config: KVCacheConfig, layer_kv: list[tuple[torch.Tensor, torch.Tensor]],
+def build_compressed_cache(config: KVCacheConfig,
+                           layer_kv: list[tuple[torch.Tensor | tuple[torch.Tensor, ...], ...]],
                            layer_windows: tuple[int | None, ...], seen_tokens: int) -> KVLabCache:
-    """Build a cache from per-layer (already evicted) K/V; the inputs are not modified."""
+    """Build a cache from per-layer (already evicted) K/V, per head where a head-wise budget gave each
+    head its own tokens, each layer in its config's format for it; the inputs are not modified."""
     layers: list[CacheLayerMixin] = []
-    for (keys, values), window in zip(layer_kv, layer_windows, strict=True):
+    for index, ((keys, values), window) in enumerate(zip(layer_kv, layer_windows, strict=True)):
+        layer_config = config.for_layer(index, len(layer_kv))  # a skipped layer is stored 16-bit
         if window is not None:
             layers.append(SlidingLayer16(window, keys, values, seen_tokens))
+        elif isinstance(keys, tuple):
+            layers.append(HeadwiseLayer(layer_config, keys, values))
         else:
-            layers.append(CompressedLayer(config, keys, values))
+            layers.append(CompressedLayer(layer_config, keys, values))
     return KVLabCache(layers)

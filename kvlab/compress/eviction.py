@@ -5,7 +5,8 @@ sweeps many budgets over the same prefill, so it calls each press's own ``score`
 (exactly the arguments kvpress passes), keeps the scores, and applies each config's budget
 afterwards: ``ratio``/``keep_fraction`` keep the top tokens per head (kvpress's
 ``ScorerPress.compress``), ``keep_tokens`` a count of them, ``threshold`` keeps tokens above a
-global score quantile.
+global score quantile.  A head-wise budget (AdaKV, CriticalAdaKV) runs kvpress's own head-wise
+press on the kept scores and reads the entries it would mask: each head keeps the others.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ from kvpress.utils import compute_n_kept
 from torch import nn
 
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.core.methods import METHODS, Method
+from kvlab.core.methods import HEAD_BUDGETS, METHODS, UNIFORM_HEADS, Method
+
+#: Per layer, the kept token indices: ``[B, kv_heads, k]`` (every head keeps k), one ``[1, 1, k_h]``
+#: per head (a head-wise budget), or None (everything kept).
+Kept = torch.Tensor | tuple[torch.Tensor, ...] | None
 
 #: Methods that need the full attention matrix of the prefill (computed eagerly).
 NEEDS_ATTENTION_WEIGHTS = frozenset(name for name, m in METHODS.items() if m.needs_attention_weights)
@@ -31,7 +36,11 @@ NEEDS_ATTENTION_WEIGHTS = frozenset(name for name, m in METHODS.items() if m.nee
 
 def press_class(method: Method) -> type[ScorerPress]:
     """The kvpress press class a registry entry names."""
-    return getattr(importlib.import_module("kvpress"), method.press)
+    return _kvpress_class(method.press)
+
+
+def _kvpress_class(name: str) -> type:
+    return getattr(importlib.import_module("kvpress"), name)
 
 
 @dataclass(frozen=True)
@@ -183,14 +192,53 @@ def _standardized(scores: torch.Tensor, evictable: int) -> torch.Tensor:
     return (part - part.mean()) / part.std().clamp(min=1e-12)
 
 
+class _GivenScores(ScorerPress):
+    """A scorer that returns scores kvlab computed during the prefill, so that a head-wise press of
+    kvpress shares out the same scores a uniform budget reads."""
+
+    def __init__(self, scores: torch.Tensor):
+        super().__init__()
+        self.scores = scores
+
+    def score(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.scores.clone()  # kvpress's head-wise presses write into the scores they are given
+
+
+def headwise_tokens(config: KVCacheConfig, module: nn.Module, scores: torch.Tensor, keys: torch.Tensor,
+                    values: torch.Tensor, n_kept: int, protected: int) -> tuple[torch.Tensor, ...]:
+    """Each head's kept indices ``[1, 1, k_h]``, in position order, under ``config``'s head-wise budget.
+
+    kvpress's own press (``AdaKVPress`` or ``CriticalAdaKVPress`` around the given ``scores`` of the
+    evictable tokens) picks the ``heads x (evictable - n_kept)`` entries it would mask in attention;
+    a head keeps the rest, then the ``protected`` tokens that follow (a query-aware question).
+    """
+    batch, heads, evictable = scores.shape
+    if batch != 1:
+        raise ValueError(f"a head-wise budget is applied to one sequence at a time, got a batch of {batch}")
+    keep = torch.ones(heads, evictable, dtype=torch.bool, device=scores.device)
+    if n_kept < evictable:
+        press = _kvpress_class(HEAD_BUDGETS[config.heads].press)(press=_GivenScores(scores),
+                                                                  alpha_safeguard=config.alpha_safeguard)
+        press.compression_ratio = ratio_keeping(evictable, n_kept)
+        try:
+            press.compress(module, None, keys, values, None, {})
+            _, head_index, token_index = module.masked_key_indices
+        finally:
+            module.masked_key_indices = None
+        keep[head_index, token_index] = False
+    tail = torch.arange(evictable, evictable + protected, device=scores.device)
+    return tuple(torch.cat([row.nonzero().flatten(), tail]).view(1, 1, -1) for row in keep)
+
+
 def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None], layer_keys: list[torch.Tensor],
-                  modules: list[nn.Module], evictable: int, skip_layers: tuple[bool, ...]) -> list[torch.Tensor | None]:
-    """Per layer, the kept token indices ``[B, kv_heads, k]`` (None: keep everything).
+                  layer_values: list[torch.Tensor], modules: list[nn.Module], evictable: int,
+                  skip_layers: tuple[bool, ...]) -> list[Kept]:
+    """Per layer, the kept token indices (:data:`Kept`).
 
     ``evictable`` is how many leading tokens may be evicted (the context); later tokens are
-    always kept.  Budgets count evictable tokens only.
+    always kept.  Budgets count evictable tokens only.  A head-wise budget's count is the heads' mean.
     """
-    kept: list[torch.Tensor | None] = [None] * len(layer_keys)
+    kept: list[Kept] = [None] * len(layer_keys)
     active = [i for i, skip in enumerate(skip_layers) if not skip]
     if not config.budgets_given or evictable == 0:
         # no prompt budget (no method, or one that compresses during generation only), or nothing
@@ -222,12 +270,19 @@ def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None]
             n_kept = press.get_layer_budget(modules[i], evictable)
         else:
             n_kept = count if count is not None else compute_n_kept(evictable, removed)
-        kept[i] = _top_indices(_protect(scores, evictable), min(n_kept, evictable) + protected)
+        if config.heads != UNIFORM_HEADS:
+            kept[i] = headwise_tokens(config, modules[i], scores[..., :evictable], layer_keys[i][:, :, :evictable],
+                                      layer_values[i][:, :, :evictable], min(n_kept, evictable), protected)
+        else:
+            kept[i] = _top_indices(_protect(scores, evictable), min(n_kept, evictable) + protected)
     return kept
 
 
-def gather_tokens(tensor: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
-    """``tensor[b, h, indices[b, h], :]``; a new tensor, the input is not modified."""
+def gather_tokens(tensor: torch.Tensor, indices: Kept) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """``tensor[b, h, indices[b, h], :]`` (per head: one ``[B, 1, k_h, D]`` each); new tensors, the
+    input is not modified."""
     if indices is None:
         return tensor
+    if isinstance(indices, tuple):
+        return tuple(gather_tokens(tensor[:, head:head + 1], index) for head, index in enumerate(indices))
     return tensor.gather(2, indices.unsqueeze(-1).expand(-1, -1, -1, tensor.shape[-1]))

@@ -65,9 +65,12 @@ def quantize(x: torch.Tensor, fmt: str, axis: Axis, group: int) -> QuantizedBloc
     Integer formats are asymmetric min-max per group: ``axis="channel"`` groups ``group``
     consecutive tokens of one channel (KIVI keys; T must be a multiple of ``group``),
     ``axis="token"`` groups ``group`` consecutive channels of one token (KIVI values).
-    fp8 scales each head and run of ``group`` tokens by its absolute maximum.
+    fp8 scales each head and run of ``group`` tokens by its absolute maximum.  ``"none"`` holds
+    ``x`` at 16-bit (the unquantized half of a config whose keys and values differ: K8V16).
     """
     batch, heads, tokens, head_dim = x.shape
+    if fmt == "none":
+        return QuantizedBlock(x.to(torch.float16), x.new_empty(0), None, fmt, axis, group, tokens, head_dim)
     xf = x.float()
     if fmt in FP8_DTYPES:
         fmax = FP8_MAX[fmt]
@@ -91,6 +94,8 @@ def quantize(x: torch.Tensor, fmt: str, axis: Axis, group: int) -> QuantizedBloc
 
 def dequantize(block: QuantizedBlock, dtype: torch.dtype) -> torch.Tensor:
     """Rebuild ``[B, H, T, D]`` floats from a block."""
+    if block.fmt == "none":
+        return block.codes.to(dtype)
     if block.fmt in FP8_DTYPES:
         batch, heads, tokens, head_dim = block.codes.shape
         grouped = block.codes.float().reshape(batch, heads, tokens // block.group, block.group, head_dim)

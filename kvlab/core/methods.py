@@ -92,7 +92,8 @@ class Method:
     ``wraps``: the method whose press this press takes as its ``press`` argument.
     ``query_driven``: its scores come from query states, so a query-aware config (the question
     in the prefill) steers them.  ``decode_refusal``: why the method cannot score the cache during
-    generation (a decode policy, kvpress's ``DecodingPress``); empty where it can.
+    generation (a decode policy, kvpress's ``DecodingPress``); empty where it can.  ``heads_refusal``:
+    why its scores cannot be shared out across heads (:data:`HEAD_BUDGETS`); empty where they can.
     """
 
     name: str
@@ -112,10 +113,15 @@ class Method:
     aliases: tuple[str, ...] = ()
     checked_on_default_model: bool = False  # covered by tests/compress/test_every_method_on_passkey.py
     decode_refusal: str = ""
+    heads_refusal: str = ""
 
     @property
     def decodes(self) -> bool:
         return not self.decode_refusal
+
+    @property
+    def headwise(self) -> bool:
+        return not self.heads_refusal
 
     @property
     def scorer_method(self) -> str | None:
@@ -125,16 +131,18 @@ class Method:
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("streaming_llm", "StreamingLLMPress", "attention sinks + recent window", "arXiv:2309.17453",
            budgets=COUNT_BUDGETS, params={"n_sink": "n_sink"}, scorer=None, aliases=("streamingllm", "streaming"),
-           checked_on_default_model=True),
+           checked_on_default_model=True, heads_refusal="its scores are positions, the same for every head"),
     Method("snapkv", "SnapKVPress", "attention of the last window of queries", "arXiv:2404.14469",
            params={"window_size": "window_size"}, query_driven=True, checked_on_default_model=True),
     Method("tova", "TOVAPress", "attention of the last token", "arXiv:2401.06104", query_driven=True,
-           checked_on_default_model=True),
+           checked_on_default_model=True, heads_refusal="its scores are averaged over heads, the same for every "
+           "head"),
     Method("knorm", "KnormPress", "low key norm = important", "arXiv:2406.11430", checked_on_default_model=True),
     Method("observed_attention", "ObservedAttentionPress", "H2O: accumulated observed attention",
            "arXiv:2306.14048", needs_attention_weights=True, query_driven=True, aliases=("h2o",),
            checked_on_default_model=True, decode_refusal="it sums the prefill's full attention matrix, which a "
-           "decoding step does not compute"),
+           "decoding step does not compute", heads_refusal="kvpress's head-wise presses refuse it (they need "
+           "attention that is not eager, it needs the attention matrix)"),
     Method("expected_attention", "ExpectedAttentionPress", "expected attention of future queries", "kvpress",
            params={"n_sink": "n_sink"}, query_driven=True, aliases=("expected",), checked_on_default_model=True),
     Method("random", "RandomPress", "random eviction: a floor to compare against", "-", seeded=True,
@@ -144,7 +152,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("pyramidkv", "PyramidKVPress", "SnapKV scores, budgets shrinking with depth", "arXiv:2406.02069",
            budgets=COUNT_BUDGETS, params={"window_size": "window_size"}, scorer="snapkv", layer_budgets=True,
            query_driven=True, checked_on_default_model=True,
-           decode_refusal="its budgets are per layer, a decode policy keeps one token count"),
+           decode_refusal="its budgets are per layer, a decode policy keeps one token count",
+           heads_refusal="its budgets are per layer; adakv shares a layer's budget out across heads"),
     Method("cur", "CURPress", "CurDKV: local leverage of keys x values", "arXiv:2509.15038",
            params={"n_sink": "num_sinks"}, checked_on_default_model=True),
     Method("lagkv", "LagKVPress", "LagKV: spread of keys/values relative to the next partition",
@@ -158,14 +167,48 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("compactor", "CompactorPress", "Compactor: leverage blended with non-causal attention",
            "arXiv:2507.08143", budgets=FRACTION_COUNT_BUDGETS, budget_dependent=True, global_rng=True,
            query_driven=True,
-           checked_on_default_model=True, decode_refusal="its scores depend on the budget it is given"),
+           checked_on_default_model=True, decode_refusal="its scores depend on the budget it is given",
+           heads_refusal="its scores depend on the budget it is given"),
     Method("cap", "CapPress", "CAPKV: query-anchored capacity leverage of values", "arXiv:2604.25975",
            params={"n_sink": "n_sink"}, query_driven=True, checked_on_default_model=True),
     Method("criticalkv", "CriticalKVPress", "CriticalKV: SnapKV rescaled by |W_o v| in two stages",
            "arXiv:2502.03805", budgets=FRACTION_COUNT_BUDGETS, params={"window_size": "window_size"}, wraps="snapkv",
            budget_dependent=True, query_driven=True, checked_on_default_model=True,
-           decode_refusal="its scores depend on the budget it is given"),
+           decode_refusal="its scores depend on the budget it is given",
+           heads_refusal="its scores depend on the budget it is given; critical_adakv is its head-wise form "
+           "(heads = 'critical_adakv' with evict = 'snapkv')"),
 )}
+
+@dataclass(frozen=True)
+class HeadBudget:
+    """How a layer's budget is shared out across its KV heads: one entry per kvpress head-wise press.
+
+    ``press`` wraps the config's scorer (kvpress's ``AdaKVPress(press=...)``); ``uniform`` (None)
+    keeps the same count in every head.  Head-wise caches hold each head's kept entries only
+    (:class:`kvlab.compress.cache.HeadwiseLayer`), where kvpress keeps the full tensors and masks
+    the evicted keys.
+    """
+
+    name: str
+    press: str | None
+    description: str
+    paper: str
+    label: str  # describe()'s suffix: snapkv:r0.5/ada
+
+
+UNIFORM_HEADS = "uniform"
+HEAD_BUDGETS: dict[str, HeadBudget] = {h.name: h for h in (
+    HeadBudget(UNIFORM_HEADS, None, "every head of a layer keeps the same number of tokens", "-", ""),
+    HeadBudget("adakv", "AdaKVPress", "AdaKV: a layer's budget goes to the best-scored tokens of all its heads, "
+               "each head keeping at least alpha_safeguard of an equal share", "arXiv:2407.11550", "ada"),
+    HeadBudget("critical_adakv", "CriticalAdaKVPress", "CriticalAdaKV: AdaKV's shares, then CriticalKV's two "
+               "stages (|W_o v| rescaling) within each head", "arXiv:2502.03805", "cada"),
+)}
+HEAD_BUDGET_NAMES: tuple[str, ...] = tuple(HEAD_BUDGETS)
+#: Budget kinds a head-wise share accepts (a threshold already lets the scores decide every count).
+HEADWISE_BUDGETS: tuple[Budget, ...] = COUNT_BUDGETS
+#: kvpress's default ``alpha_safeguard``.
+DEFAULT_ALPHA_SAFEGUARD = 0.2
 
 #: ScorerPress subclasses of the pinned kvpress that kvlab does not offer, and why.
 REFUSED: dict[str, str] = {
@@ -185,6 +228,11 @@ METHOD_ALIASES: dict[str, str] = {alias: m.name for m in METHODS.values() for al
 def methods_that_decode() -> tuple[str, ...]:
     """Methods that may score the cache during generation (a decode policy)."""
     return tuple(name for name, m in METHODS.items() if m.decodes)
+
+
+def methods_headwise() -> tuple[str, ...]:
+    """Methods whose scores a head-wise budget (:data:`HEAD_BUDGETS`) may share out across heads."""
+    return tuple(name for name, m in METHODS.items() if m.headwise)
 
 
 def methods_with(budget: Budget) -> tuple[str, ...]:

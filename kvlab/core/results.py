@@ -74,6 +74,23 @@ class KVMeasurement:
                 "kv_bytes_estimated": self.estimated, "extra": {"kv_bytes_source": self.source}}
 
 
+@dataclass(frozen=True)
+class CacheLayout:
+    """Where a compressed prompt cache's memory is, right after compression: the tokens each KV head of
+    each layer holds (``kept[layer][head]``: a head-wise budget gives heads different counts) and each
+    layer's measured bytes.  Stored in a result's ``extra["cache_layout"]`` (the embedded engine only)."""
+
+    kept: tuple[tuple[int, ...], ...]
+    bytes: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kept": [list(heads) for heads in self.kept], "bytes": list(self.bytes)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CacheLayout:
+        return cls(tuple(tuple(int(n) for n in heads) for heads in data["kept"]), tuple(int(b) for b in data["bytes"]))
+
+
 #: Most points of a cache's trace over a generation kept in a result (first, last and peak always).
 TRACE_POINTS = 64
 

@@ -13,6 +13,9 @@ statistic H2O (kvpress's ObservedAttentionPress: ``attentions.sum(2)``) uses, co
 of queries at a time instead of materializing a q x k matrix per head (at 2K tokens that
 matrix made the prefill 2-3x slower on CPU).
 
+A head-wise layer (:class:`kvlab.compress.cache.HeadwiseLayer`) returns its heads left-padded to
+the longest, with each head's padding on the keys; each query head masks its KV head's padding.
+
 Batched decoding (:mod:`kvlab.engines.batched_decode`) passes one ``(keys, values)`` per member of
 the batch, as :class:`MemberStates`: each member's query rows attend to its own cache alone.
 """
@@ -28,6 +31,8 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from kvlab.compress.cache import HEAD_PADDING
 
 ATTN_IMPLEMENTATION = "kvlab"
 
@@ -68,8 +73,12 @@ def kvlab_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
         # H2O's statistic is its scorer's cost, not the prefill's (kvlab.compress.eviction reads this)
         module.kvlab_weights_s = getattr(module, "kvlab_weights_s", 0.0) + time.perf_counter() - start
     mask = None if q_len in (1, kv_len) else _lower_right_causal(q_len, kv_len, query.device)
+    if (padding := getattr(key, HEAD_PADDING, None)) is not None:
+        unpadded = torch.arange(kv_len, device=query.device) >= padding.to(query.device).unsqueeze(-1)
+        heads = unpadded.repeat_interleave(query.shape[1] // key.shape[1], dim=0)[None, :, None, :]
+        mask = heads if mask is None else heads & mask
     output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
-                                            is_causal=q_len == kv_len and q_len > 1,
+                                            is_causal=mask is None and q_len == kv_len and q_len > 1,
                                             enable_gqa=query.shape[1] != key.shape[1])
     return output.transpose(1, 2).contiguous(), weights
 

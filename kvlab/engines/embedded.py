@@ -40,7 +40,7 @@ from kvlab.compress.eviction import (
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
-from kvlab.core.results import MEASURED_EMBEDDED, GenerationKV, ItemResult, KVMeasurement
+from kvlab.core.results import MEASURED_EMBEDDED, CacheLayout, GenerationKV, ItemResult, KVMeasurement
 from kvlab.engines import attention
 from kvlab.engines.base import Engine
 from kvlab.engines.batched_decode import (
@@ -71,6 +71,7 @@ class _Compressed:
     cache: KVLabCache
     compress_s: float
     kv: KVMeasurement
+    layout: CacheLayout
     taken: KVMeasurement | None = None  # :meth:`measured` as it was at one point (a turn of a conversation)
 
     def measured(self) -> KVMeasurement:
@@ -160,7 +161,7 @@ class EmbeddedEngine(Engine):
                 "on this model, or a model without sliding windows such as smollm2-135m"
             )
         for config in configs:
-            problem = check_fits(config, self.geometry.head_dim)
+            problem = check_fits(config, self.geometry)
             if problem:
                 raise ConfigError(f"{config.label}: {problem}")
 
@@ -381,21 +382,24 @@ class EmbeddedEngine(Engine):
         """Evict and quantize the prefill cache for one config (the prefill tensors are left as they are)."""
         self.phase = "compress"
         start = time.perf_counter()
-        kept = select_tokens(config, layer_scores, layer_keys, self.modules, evictable, self.geometry.sliding_layers)
+        kept = select_tokens(config, layer_scores, layer_keys, layer_values, self.modules, evictable,
+                             self.geometry.sliding_layers)
         layer_kv = [(gather_tokens(k, idx), gather_tokens(v, idx))
                     for k, v, idx in zip(layer_keys, layer_values, kept, strict=True)]
         cache = build_compressed_cache(config, layer_kv, self.geometry.layer_windows, seen_tokens=prefix_len)
         del layer_kv
         compress_s = time.perf_counter() - start
-        kept_tokens = cache.kept_tokens()
-        full_layers = [n for n, sliding in zip(kept_tokens, self.geometry.sliding_layers, strict=True) if not sliding]
+        kept_per_head = cache.kept_per_head()
+        full_layers = [sum(heads) / len(heads) for heads, sliding
+                       in zip(kept_per_head, self.geometry.sliding_layers, strict=True) if not sliding]
         kept_mean = sum(full_layers) / len(full_layers)
         protected = prefix_len - evictable
-        return _Compressed(cache=cache, compress_s=compress_s, kv=KVMeasurement(
+        layout = CacheLayout(tuple(kept_per_head), tuple(layer.physical_bytes for layer in cache.layers))
+        return _Compressed(cache=cache, compress_s=compress_s, layout=layout, kv=KVMeasurement(
             context_tokens=prefix_len, kept_tokens=kept_mean,
             kept_fraction=(kept_mean - protected) / evictable if evictable else 1.0,
             baseline_bytes=baseline_kv_bytes(self.geometry, prefix_len), physical_bytes=cache.physical_bytes,
-            analytic_bytes=analytic_kv_bytes(config, self.geometry, kept_tokens), source=MEASURED_EMBEDDED,
+            analytic_bytes=analytic_kv_bytes(config, self.geometry, kept_per_head), source=MEASURED_EMBEDDED,
         ))
 
     def _decode(self, item: TaskItem, configs: list[KVCacheConfig], prefill: _Prefill, prefix: list[int],
@@ -439,6 +443,7 @@ class EmbeddedEngine(Engine):
         kv_fields = compressed.measured().result_fields()
         if outcome.fidelity is not None:
             kv_fields["extra"] = {**kv_fields["extra"], "fidelity": outcome.fidelity.to_dict()}
+        kv_fields["extra"]["cache_layout"] = compressed.layout.to_dict()
         if targets is None:
             kv_fields["extra"]["generation_kv"] = GenerationKV.from_trace(
                 outcome.kv_trace, baseline_kv_bytes(self.geometry, outcome.kv_trace[-1][0])).to_dict()

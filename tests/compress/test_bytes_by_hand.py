@@ -47,6 +47,19 @@ EXPECTED = {
     # Layer 124,416; x 30
     "int4+knorm-50": (KVCacheConfig(quant="int4", group_size=64, residual_length=64, evict="knorm", ratio=0.5),
                       3_732_480),
+    # K int8 / V int4, g64 r64: 512 quantized, 88 in the tail.  K: codes 3*512*64 = 98,304 + 1,536 channel
+    # groups x 4 = 6,144; V: codes 3*512*64 / 2 = 49,152 + 1,536 token groups x 4 = 6,144; tail 67,584.
+    # Layer 227,328; x 30
+    "k:int8/v:int4": (KVCacheConfig(quant="int8", value_quant="int4"), 6_819_840),
+    # K int4 / V 16-bit: K 49,152 + 6,144; V 3*512*64 x 2 = 196,608 (no groups); tail 67,584.  Layer 319,488
+    "k:int4/v:none": (KVCacheConfig(quant="int4", value_quant="none"), 9_584_640),
+    # int4 g64 r64 with the first and last 2 layers 16-bit: 26 x 178,176 + 4 x 460,800
+    "int4/16b:f2l2": (KVCacheConfig(quant="int4", skip_layers={"first": 2, "last": 2}), 6_475_776),
+    # int4 + knorm-50 with layers 0 and 5 16-bit: 2 x 230,400 + 28 x 124,416
+    "int4+knorm-50/16b:0,5": (KVCacheConfig(quant="int4", evict="knorm", ratio=0.5, skip_layers={"layers": [0, 5]}),
+                              3_944_448),
+    # AdaKV: 300 tokens per head on average, so 900 entries a layer, 16-bit: as knorm-50 however they are shared
+    "knorm:n300/ada": (KVCacheConfig(evict="knorm", keep_tokens=300, heads="adakv"), 6_912_000),
 }
 
 

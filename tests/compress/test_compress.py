@@ -76,8 +76,8 @@ def test_baseline_is_16bit_and_sliding_layers_capped():
     assert baseline_kv_bytes(geometry, 10) == 2 * 2 * 8 * 2 * (10 + 4 + 10)
     cache = build_compressed_cache(KVCacheConfig(), [(torch.randn(1, 2, n, 8),) * 2 for n in (10, 3, 10)],
                                    geometry.layer_windows, seen_tokens=10)
-    assert cache.physical_bytes == analytic_kv_bytes(KVCacheConfig(), geometry, cache.kept_tokens())
-    assert cache.kept_tokens() == [10, 3, 10]
+    assert cache.physical_bytes == analytic_kv_bytes(KVCacheConfig(), geometry, cache.kept_per_head())
+    assert cache.kept_per_head() == [(10, 10), (3, 3), (10, 10)]
 
 
 def test_uncompressed_cache_ratio_is_one():
@@ -87,9 +87,18 @@ def test_uncompressed_cache_ratio_is_one():
     assert cache.physical_bytes == baseline_kv_bytes(geometry, 50)
 
 
-def test_group_must_divide_head_dim():
+def test_group_must_divide_head_dim_and_skipped_layers_must_exist():
     from kvlab.compress.accounting import check_fits
 
-    assert check_fits(KVCacheConfig(quant="int4", group_size=128), 64) is None  # capped at the head dim
-    assert "does not divide head_dim 80" in check_fits(KVCacheConfig(quant="int4", group_size=32), 80)
-    assert check_fits(KVCacheConfig(quant="fp8_e4m3", group_size=32), 80) is None
+    def geometry(head_dim: int) -> CacheGeometry:
+        return CacheGeometry(num_layers=4, num_kv_heads=2, head_dim=head_dim, layer_windows=(None,) * 4)
+
+    assert check_fits(KVCacheConfig(quant="int4", group_size=128), geometry(64)) is None  # capped at the head dim
+    assert "does not divide head_dim 80" in check_fits(KVCacheConfig(quant="int4", group_size=32), geometry(80))
+    assert check_fits(KVCacheConfig(quant="fp8_e4m3", group_size=32), geometry(80)) is None
+    # values in an integer format are grouped along the head dimension, whatever the keys' format
+    assert "does not divide" in check_fits(KVCacheConfig(quant="fp8_e4m3", value_quant="int4", group_size=32),
+                                           geometry(80))
+    assert check_fits(KVCacheConfig(quant="int4", skip_layers={"layers": [3]}), geometry(64)) is None
+    assert "names layer 4, but the model has 4" in check_fits(
+        KVCacheConfig(quant="int4", skip_layers={"layers": [4]}), geometry(64))

@@ -11,25 +11,15 @@ uncompressed cache of the same tokens.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kvlab.compress.accounting import baseline_kv_bytes
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tasks import TaskSpec
 from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.tasks import generate_items
+from tests.compress.reference import kvpress_answer
 
 pytestmark = pytest.mark.model
-
-
-@pytest.fixture(scope="module")
-def kvpress_pipeline():
-    from kvpress import KVPressTextGenerationPipeline
-
-    from kvlab.models import DEFAULT_MODEL, load_model
-
-    fresh = load_model(DEFAULT_MODEL)  # a second instance: kvlab's engine never sees it
-    return KVPressTextGenerationPipeline(model=fresh.model, tokenizer=fresh.tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +27,6 @@ def recall_item(engine):
     item = generate_items(TaskSpec(name="recall", context_lengths=[512], num_items=1), engine.tokenizer, seed=3)[0]
     assert item.max_new_tokens >= 100  # long enough for several compressions below
     return item
-
-
-def _theirs(pipeline, engine, item, press, max_new_tokens: int) -> str:
-    context = torch.tensor([engine.tokenizer(item.context)["input_ids"]])
-    question = torch.tensor([engine.tokenizer(item.question, add_special_tokens=False)["input_ids"]])
-    with torch.no_grad():
-        return pipeline._forward({"context_ids": context, "questions_ids": [question]},
-                                 max_new_tokens=max_new_tokens, press=press)[0]
 
 
 def _kvpress_press(config: KVCacheConfig):
@@ -80,7 +62,8 @@ CONFIGS = {
 def test_generated_text_matches_kvpress_decoding_press(engine, kvpress_pipeline, recall_item, name):
     config = CONFIGS[name]
     ours = next(iter(engine.evaluate(recall_item, [config])))
-    theirs = _theirs(kvpress_pipeline, engine, recall_item, _kvpress_press(config), ours.output_tokens)
+    theirs = kvpress_answer(kvpress_pipeline, engine.tokenizer, recall_item, _kvpress_press(config),
+                            ours.output_tokens)
     assert ours.output_tokens > config.decode.interval  # the cache was cut during the answer
     assert ours.generated == theirs, name
 

@@ -10,26 +10,15 @@ or token selection drifts.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tasks import TaskSpec
 from kvlab.tasks import generate_items
+from tests.compress.reference import kvpress_answer
 
 pytestmark = pytest.mark.model
 
 PRESSES = ["snapkv", "streaming_llm", "knorm"]
-
-
-@pytest.fixture(scope="module")
-def kvpress_pipeline():
-    from kvpress import KVPressTextGenerationPipeline
-
-    from kvlab.models import DEFAULT_MODEL, load_model
-
-    fresh = load_model(DEFAULT_MODEL)  # a second instance: kvlab's engine never sees it
-    assert fresh.model.config._attn_implementation == "sdpa"
-    return KVPressTextGenerationPipeline(model=fresh.model, tokenizer=fresh.tokenizer)
 
 
 def _press(method: str, ratio: float):
@@ -46,10 +35,6 @@ def test_generated_text_matches_kvpress(engine, kvpress_pipeline, method):
     config = KVCacheConfig(evict=method, ratio=0.5)
     for item in items:
         ours = next(iter(engine.evaluate(item, [config])))
-        context = torch.tensor([engine.tokenizer(item.context)["input_ids"]])
-        question = torch.tensor([engine.tokenizer(item.question, add_special_tokens=False)["input_ids"]])
-        with torch.no_grad():
-            theirs = kvpress_pipeline._forward({"context_ids": context, "questions_ids": [question]},
-                                               max_new_tokens=ours.output_tokens, press=_press(method, 0.5))
-        assert ours.generated == theirs[0], (item.item_id, method)
+        theirs = kvpress_answer(kvpress_pipeline, engine.tokenizer, item, _press(method, 0.5), ours.output_tokens)
+        assert ours.generated == theirs, (item.item_id, method)
         assert ours.kept_fraction == pytest.approx(0.5, abs=0.01)

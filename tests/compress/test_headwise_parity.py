@@ -1,0 +1,102 @@
+"""Head-wise budgets (AdaKV, CriticalAdaKV) against kvpress's own presses, on a freshly loaded model.
+
+kvpress keeps every head's full keys and values and masks the entries a head-wise press evicts
+with fake keys (its attention patch); kvlab keeps each head's kept entries only
+(:class:`kvlab.compress.cache.HeadwiseLayer`) and masks nothing but padding.  On the same token
+ids the generated text must be identical, while kvlab's measured bytes are the kept entries' and
+kvpress's cache still holds every token of the context.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kvpress.utils import compute_n_kept
+from transformers import DynamicCache
+
+from kvlab.compress.accounting import BASELINE_BYTES_PER_ELEMENT, baseline_kv_bytes
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.tasks import TaskSpec
+from kvlab.tasks import generate_items
+from tests.compress.reference import kvpress_answer
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def items(engine):
+    passkeys = generate_items(TaskSpec(name="passkey", context_lengths=[1024], num_items=2), engine.tokenizer, seed=0)
+    recall = generate_items(TaskSpec(name="recall", context_lengths=[512], num_items=1), engine.tokenizer, seed=3)
+    return passkeys + recall
+
+
+def _kvpress_press(config: KVCacheConfig):
+    import kvpress
+
+    from kvlab.compress.eviction import press_class
+    from kvlab.core.methods import HEAD_BUDGETS, METHODS
+
+    scorer = press_class(METHODS[config.evict])()
+    wrapper = getattr(kvpress, HEAD_BUDGETS[config.heads].press)
+    press = wrapper(press=scorer, alpha_safeguard=config.alpha_safeguard)
+    press.compression_ratio = config.ratio
+    return press
+
+
+CONFIGS = {
+    "adakv_snapkv": KVCacheConfig(evict="snapkv", ratio=0.75, heads="adakv"),
+    "critical_adakv_snapkv": KVCacheConfig(evict="snapkv", ratio=0.75, heads="critical_adakv"),
+    "adakv_knorm": KVCacheConfig(evict="knorm", ratio=0.5, heads="adakv"),
+    "adakv_keydiff_safeguard": KVCacheConfig(evict="keydiff", ratio=0.6, heads="adakv", alpha_safeguard=0.5),
+    "critical_adakv_expected": KVCacheConfig(evict="expected_attention", ratio=0.7, heads="critical_adakv"),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_text_matches_kvpress_while_only_kept_entries_are_held(engine, kvpress_pipeline, items, name):
+    config = CONFIGS[name]
+    per_entry = 2 * engine.geometry.head_dim * BASELINE_BYTES_PER_ELEMENT  # K and V of one token in one head
+    ragged = False
+    for item in items:
+        ours = next(iter(engine.evaluate(item, [config])))
+        their_cache = DynamicCache()  # kvpress's: every token of the context, evicted ones masked
+        theirs = kvpress_answer(kvpress_pipeline, engine.tokenizer, item, _kvpress_press(config), ours.output_tokens,
+                                cache=their_cache)
+        assert ours.generated == theirs, (name, item.item_id)
+        kept = ours.extra["cache_layout"]["kept"]
+        ragged |= any(len(set(heads)) > 1 for heads in kept)
+        # kvlab holds the kept entries, 16-bit: its bytes by hand, per layer and in all
+        assert ours.extra["cache_layout"]["bytes"] == [sum(heads) * per_entry for heads in kept]
+        assert ours.physical_kv_bytes == sum(map(sum, kept)) * per_entry == ours.analytic_kv_bytes
+        # each layer keeps the heads' mean budget in all; kvpress's cache still holds the whole context
+        n_kept = compute_n_kept(ours.context_tokens, config.ratio)
+        assert all(sum(heads) == n_kept * len(heads) for heads in kept)
+        assert their_cache.get_seq_length() == ours.context_tokens
+        assert ours.physical_kv_bytes < 0.55 * baseline_kv_bytes(engine.geometry, ours.context_tokens)
+    assert ragged, f"{name}: every head kept the same count on every layer: not head-wise"
+
+
+def test_headwise_bytes_fall_with_the_budget_and_the_safeguard_holds(engine, items):
+    item = items[0]
+    configs = [KVCacheConfig(evict="snapkv", keep_tokens=n, heads="adakv", quant=quant)
+               for n in (400, 200, 100) for quant in ("none", "int4")]
+    results = list(engine.evaluate(item, configs))
+    for quant in ("none", "int4"):
+        sizes = [r.physical_kv_bytes for r in results if r.config["quant"] == quant]
+        assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
+    for result in results:
+        assert result.physical_kv_bytes == result.analytic_kv_bytes  # per head laid out on its own
+        n = result.config["keep_tokens"]
+        for heads in result.extra["cache_layout"]["kept"]:
+            assert min(heads) >= int(n * 0.2)  # kvpress's default alpha_safeguard of an equal share
+            assert sum(heads) == n * len(heads)
+
+
+def test_a_query_aware_headwise_config_keeps_the_question_in_every_head(engine, items):
+    item = items[0]
+    plain, aware = engine.evaluate(item, [KVCacheConfig(evict="knorm", keep_tokens=64, heads="adakv"),
+                                          KVCacheConfig(evict="knorm", keep_tokens=64, heads="adakv",
+                                                        query_aware=True)])
+    question = aware.context_tokens - plain.context_tokens
+    assert question > 0
+    for heads in aware.extra["cache_layout"]["kept"]:
+        assert min(heads) >= question + 1 and sum(heads) == 64 * len(heads)
