@@ -18,7 +18,7 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, dump_spec, spec_text
 from kvlab.core.formats import DEFAULT_GROUP_SIZE, DEFAULT_RESIDUAL_LENGTH, GROUP_SIZES, MAX_RESIDUAL_LENGTH
 from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES
-from kvlab.core.methods import BUDGETS
+from kvlab.core.methods import BUDGETS, DEFAULT_ALPHA_SAFEGUARD, HEAD_BUDGETS, UNIFORM_HEADS
 from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, DEFAULT_NUM_ITEMS, TASKS
 from kvlab.dashboard import estimate, executor_form, page_table, views
 from kvlab.dashboard.launch import Refused, launch_sweep
@@ -27,7 +27,9 @@ from kvlab.dashboard.spec_form import (
     BUDGET_STEP,
     CONFIG_COLUMNS,
     CONFIG_LABELS,
+    HEADS_HELP,
     MODES,
+    VALUE_QUANT_HELP,
     SpecForm,
     assign_errors,
     build_spec,
@@ -362,14 +364,28 @@ else:
     st.caption("The baseline (no quantization, no eviction) always runs first. Eviction needs exactly one budget: "
                + "; ".join(f"**{kind.title}** = {kind.help}" for kind in BUDGETS.values())
                + ". Quantization stores what is kept.")
+    table = pd.DataFrame(st.session_state["form_configs"], columns=list(dict.fromkeys(
+        [*CONFIG_COLUMNS, *(k for row in st.session_state["form_configs"] for k in row)])))
     edited = st.data_editor(
-        pd.DataFrame(st.session_state["form_configs"], columns=list(dict.fromkeys(
-            [*CONFIG_COLUMNS, *(k for row in st.session_state["form_configs"] for k in row)]))),
+        table.astype({"skipped_layers": "string"}),  # a text column: an empty one would be read as numbers
         key=f"configs_editor_{st.session_state['form_version']}", num_rows="dynamic", hide_index=True,
         column_order=CONFIG_COLUMNS, width="stretch",
         column_config={
             "name": st.column_config.TextColumn("name", help="optional; derived from the settings if blank"),
-            "quant": st.column_config.SelectboxColumn("quant", options=list(QUANT_DTYPES), default="none"),
+            "quant": st.column_config.SelectboxColumn("quant", options=list(QUANT_DTYPES), default="none",
+                                                      help="the keys' and values' format (the keys' alone when "
+                                                           "value quant is set)"),
+            "value_quant": st.column_config.SelectboxColumn(
+                CONFIG_LABELS["value_quant"], options=list(QUANT_DTYPES),
+                help="store values in another format than keys, e.g. keys int8 and values int4 (KIVI: keys need "
+                     "more care); blank: as quant"),
+            "skipped_first": st.column_config.NumberColumn(CONFIG_LABELS["skipped_first"], min_value=0, step=1,
+                                                        help="keep the first N layers' cache 16-bit"),
+            "skipped_last": st.column_config.NumberColumn(CONFIG_LABELS["skipped_last"], min_value=0, step=1,
+                                                       help="keep the last N layers' cache 16-bit"),
+            "skipped_layers": st.column_config.TextColumn(
+                CONFIG_LABELS["skipped_layers"], help="comma-separated layer indices kept 16-bit (vLLM's "
+                                                   "--kv-cache-dtype-skip-layers), e.g. 0, 5"),
             "group_size": st.column_config.SelectboxColumn(CONFIG_LABELS["group_size"], options=list(GROUP_SIZES),
                                                            default=DEFAULT_GROUP_SIZE),
             "residual_length": st.column_config.NumberColumn(CONFIG_LABELS["residual_length"], min_value=0,
@@ -385,6 +401,12 @@ else:
                                                      max_value=int(BUDGETS[budget].high) - 1, step=1,
                                                      help=BUDGETS[budget].help)
                for budget in BUDGETS if BUDGETS[budget].integer},
+            "heads": st.column_config.SelectboxColumn(CONFIG_LABELS["heads"], options=list(HEAD_BUDGETS),
+                                                      default=UNIFORM_HEADS, help=HEADS_HELP),
+            "alpha_safeguard": st.column_config.NumberColumn(
+                CONFIG_LABELS["alpha_safeguard"], min_value=0.0, max_value=1.0, step=0.05,
+                default=DEFAULT_ALPHA_SAFEGUARD, help="with a head-wise budget: the least share of an equal split "
+                                                      "each head keeps (kvpress's alpha_safeguard)"),
             "query_aware": st.column_config.CheckboxColumn(CONFIG_LABELS["query_aware"], default=False),
             "decode_interval": st.column_config.NumberColumn(
                 CONFIG_LABELS["decode_interval"], min_value=1, step=1,
@@ -422,9 +444,20 @@ else:
             slot("sweep.residual_length")
         aware_col.checkbox("Query-aware eviction", key=P + "sweep.query_aware",
                            help="The question is in SnapKV's observation window and never evicted.")
-        if decode := (st.session_state["form_base"].get("sweep") or {}).get("decode"):
+        with aware_col:
+            st.multiselect("Head budgets", list(HEAD_BUDGETS), key=P + "sweep.heads", help=HEADS_HELP)
+            slot("sweep.heads")
+        with group_col:
+            st.multiselect("Value formats (also)", list(QUANT_DTYPES), key=P + "sweep.value_quant",
+                           help=VALUE_QUANT_HELP)
+            slot("sweep.value_quant")
+        carried = st.session_state["form_base"].get("sweep") or {}
+        if decode := carried.get("decode"):
             st.caption("Decode policies from the spec, each tried with every ratio of a method that scores during "
                        f"generation (kept as they are; edit them in the TOML): {decode}")
+        if skipped := carried.get("skip_layers"):
+            st.caption("16-bit layer patterns from the spec, each tried with every quantizing config (kept as they "
+                       f"are; edit them in the TOML): {skipped}")
     slot("sweep")
 
 values = {k.removeprefix(P): v for k, v in st.session_state.items() if isinstance(k, str) and k.startswith(P)}

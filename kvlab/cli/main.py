@@ -153,7 +153,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 def _cmd_methods(args: argparse.Namespace) -> int:
     """Every registered format and method, read from the registries (nothing imported heavily)."""
     from kvlab.core.formats import FORMATS
-    from kvlab.core.methods import BUDGETS, METHODS, PARAMS, REFUSED
+    from kvlab.core.methods import BUDGETS, HEAD_BUDGETS, METHODS, PARAMS, REFUSED
 
     print("quantization (quant): format, bits, stored as, scale groups, vLLM / SGLang --kv-cache-dtype")
     for f in FORMATS.values():
@@ -171,8 +171,13 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         params = f"; params {', '.join(m.params)}" if m.params else ""
         aliases = f"; also: {', '.join(m.aliases)}" if m.aliases else ""
         decodes = "scores during generation" if m.decodes else f"not during generation: {m.decode_refusal}"
+        heads = "head-wise budgets" if m.headwise else f"no head-wise budget: {m.heads_refusal}"
         print(f"  {m.name:20} {m.description} ({m.paper})  [{', '.join(m.budgets)}; kvpress {m.press}{params}"
-              f"{aliases}; {checked}; {decodes}]")
+              f"{aliases}; {checked}; {decodes}; {heads}]")
+    print("head budgets (heads; alpha_safeguard = 0.2, the least share of an equal split a head keeps):")
+    for h in HEAD_BUDGETS.values():
+        press = f"kvpress {h.press}, " if h.press else ""
+        print(f"  {h.name:20} {h.description} ({press}{h.paper})")
     print("compression during generation (decode = {interval, target_tokens | ratio, buffer}): kvpress's "
           "DecodingPress, scored by the config's evict method; its prompt budget is then optional")
     print("kvpress scorer presses not offered:")

@@ -10,12 +10,12 @@ from typing import Any
 from kvlab.cli.options import float_between, int_between, positive_int
 from kvlab.core.errors import ConfigError
 from kvlab.core.formats import SETTINGS
-from kvlab.core.kv_config import EVICTION_METHODS, MAX_DECODE_TOKENS, QUANT_DTYPES, KVCacheConfig
-from kvlab.core.methods import BUDGETS, PARAMS, BudgetKind
+from kvlab.core.kv_config import EVICTION_METHODS, MAX_DECODE_TOKENS, MAX_LAYERS, QUANT_DTYPES, KVCacheConfig
+from kvlab.core.methods import BUDGETS, HEAD_BUDGET_NAMES, PARAMS, BudgetKind
 
 #: The KVCacheConfig fields kvlab serve takes as options: the format, its settings, the method, its
-#: budget and its parameters (each from its registry).
-KV_FLAGS = ("quant", *SETTINGS, "evict", *BUDGETS, *PARAMS)
+#: budget, its parameters (each from its registry) and how the budget is shared out across heads.
+KV_FLAGS = ("quant", "value_quant", *SETTINGS, "evict", *BUDGETS, *PARAMS, "heads", "alpha_safeguard")
 #: ``--decode-<field>``: the fields of a decode policy (compression during generation, by --evict's method).
 DECODE_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
     "interval": (int_between(1, MAX_DECODE_TOKENS), "compress the cache during generation every N passes"),
@@ -54,7 +54,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-body-mb", type=float_between(0.0, 1024.0, inclusive_low=False), default=4.0,
                        help="refuse request bodies larger than this many MiB with a 413 (default: 4)")
     kv = serve.add_argument_group("KV cache (every request's default; a request may send its own `kv_cache`)")
-    kv.add_argument("--quant", choices=QUANT_DTYPES, default="none")
+    kv.add_argument("--quant", choices=QUANT_DTYPES, default="none",
+                    help="the keys' and values' format (the keys' alone with --value-quant)")
+    kv.add_argument("--value-quant", choices=QUANT_DTYPES, help="the values' format where it differs from the keys'")
+    kv.add_argument("--skip-first", type=int_between(0, MAX_LAYERS), help="keep the first N layers 16-bit")
+    kv.add_argument("--skip-last", type=int_between(0, MAX_LAYERS), help="keep the last N layers 16-bit")
+    kv.add_argument("--skip-layers", type=int_between(0, MAX_LAYERS - 1), nargs="+", metavar="INDEX",
+                    help="keep these layers 16-bit (vLLM's --kv-cache-dtype-skip-layers)")
     for setting in SETTINGS.values():  # used by the formats that read them (`kvlab methods`)
         kv.add_argument(f"--{setting.field.replace('_', '-')}", type=type(setting.default),
                         choices=setting.choices or None)
@@ -65,6 +71,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     for name, param in PARAMS.items():
         kv.add_argument(f"--{name.replace('_', '-')}", type=int_between(param.low, param.high),
                         help=f"{param.help} (default {param.default})")
+    kv.add_argument("--heads", choices=HEAD_BUDGET_NAMES,
+                    help="share each layer's budget out across its KV heads (adakv, critical_adakv; default uniform)")
+    kv.add_argument("--alpha-safeguard", type=float_between(0.0, 1.0),
+                    help="with --heads: each head keeps at least this share of an equal split (default 0.2)")
     for name, (kind, help_text) in DECODE_FLAGS.items():
         kv.add_argument(f"--decode-{name.replace('_', '-')}", dest=f"decode_{name}", type=kind, help=help_text)
     serve.set_defaults(func=cmd_serve)
@@ -78,6 +88,10 @@ def kv_config_from_args(args: argparse.Namespace) -> KVCacheConfig:
     decode = {name: value for name in DECODE_FLAGS if (value := getattr(args, f"decode_{name}")) is not None}
     if decode:
         values["decode"] = decode
+    skip = {name: value for name, value in (("first", args.skip_first), ("last", args.skip_last),
+                                            ("layers", args.skip_layers)) if value}
+    if skip:
+        values["skip_layers"] = skip
     try:
         return KVCacheConfig(**values)
     except ValueError as error:

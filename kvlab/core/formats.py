@@ -135,6 +135,17 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
                 _FP8_SETTINGS, fp8_max=57344.0, blog_names=("fp8_e5m2",), vllm="fp8_e5m2", sglang="fp8_e5m2"),
 )}
 
+def format_settings(*names: str) -> tuple[Setting, ...]:
+    """The settings formats ``names`` read together (a config's key and value formats), in registry order;
+    where an integer format and fp8 both read one, the integer format's label (it always shows it)."""
+    merged: dict[str, Setting] = {}
+    for name in names:
+        for setting in FORMATS[name].settings:
+            if setting.field not in merged or FORMATS[name].kind == "int":
+                merged[setting.field] = setting
+    return tuple(merged[field] for field in SETTINGS if field in merged)
+
+
 QUANT_NAMES: tuple[str, ...] = tuple(FORMATS)
 #: Every alias -> its canonical format name.
 QUANT_ALIASES: dict[str, str] = {alias: f.name for f in FORMATS.values() for alias in f.aliases}

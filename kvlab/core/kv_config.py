@@ -15,20 +15,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvlab.core.formats import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_RESIDUAL_LENGTH,
-    FORMATS,
     GROUP_SIZES,
     KEY_AXES,
     MAX_RESIDUAL_LENGTH,
     QUANT_NAMES,
+    Setting,
+    format_settings,
 )
 from kvlab.core.limits import check_text
 from kvlab.core.methods import (
     BUDGET_BOUNDS,
     BUDGETS,
+    DEFAULT_ALPHA_SAFEGUARD,
+    HEAD_BUDGET_NAMES,
+    HEAD_BUDGETS,
+    HEADWISE_BUDGETS,
     MAX_KEEP_TOKENS,
     METHOD_NAMES,
     METHODS,
     PARAMS,
+    UNIFORM_HEADS,
+    methods_headwise,
     methods_that_decode,
     methods_with,
 )
@@ -38,6 +45,7 @@ QuantDtype = Literal[QUANT_NAMES]  # type: ignore[valid-type]  # the format regi
 EvictionMethod = Literal[METHOD_NAMES]  # type: ignore[valid-type]  # "none" + the method registry's names
 GroupSize = Literal[GROUP_SIZES]  # type: ignore[valid-type]
 KeyAxis = Literal[KEY_AXES]  # type: ignore[valid-type]
+HeadBudgetName = Literal[HEAD_BUDGET_NAMES]  # type: ignore[valid-type]  # the head-budget registry's names
 ResidualLength = Annotated[int, Field(ge=0, le=MAX_RESIDUAL_LENGTH)]
 
 QUANT_DTYPES: tuple[str, ...] = QUANT_NAMES
@@ -47,6 +55,8 @@ Fraction = Annotated[float, Field(gt=BUDGET_BOUNDS[0], lt=BUDGET_BOUNDS[1])]
 
 #: kvpress's default ``hidden_states_buffer_size``.
 DEFAULT_DECODE_BUFFER = 256
+#: Bound on a layer index or count (far above any model here).
+MAX_LAYERS = 1024
 #: Bound on a decode policy's counts (an interval, a target, a buffer), far above any context here.
 MAX_DECODE_TOKENS = 1 << 20
 
@@ -83,6 +93,44 @@ class DecodePolicy(BaseModel):
         return f"dec{self.interval}:{target}" + (f"/b{self.buffer}" if self.buffer != DEFAULT_DECODE_BUFFER else "")
 
 
+class SkipLayers(BaseModel):
+    """Layers whose cache stays 16-bit under a config's quantization (vLLM's ``--kv-cache-dtype-skip-layers``):
+    the ``first`` and ``last`` k layers and any listed by index.  Eviction still applies to them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    first: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = 0
+    last: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = 0
+    layers: tuple[Annotated[int, Field(ge=0, lt=MAX_LAYERS)], ...] = ()
+
+    @model_validator(mode="after")
+    def _some(self) -> SkipLayers:
+        if not (self.first or self.last or self.layers):
+            raise ValueError("skip_layers names no layer: give first, last (counts) or layers (indices)")
+        if len(set(self.layers)) != len(self.layers):
+            raise ValueError("skip_layers.layers lists a layer twice")
+        return self
+
+    def indices(self, num_layers: int) -> frozenset[int]:
+        """The skipped layers of a model of ``num_layers`` layers."""
+        return frozenset(range(min(self.first, num_layers))) | frozenset(
+            range(max(num_layers - self.last, 0), num_layers)) | frozenset(self.layers)
+
+    def check(self, num_layers: int) -> str | None:
+        """Why this cannot apply to a model of ``num_layers`` layers, or None."""
+        beyond = sorted(i for i in self.layers if i >= num_layers)
+        if beyond:
+            return f"skip_layers.layers names layer {beyond[0]}, but the model has {num_layers} (0..{num_layers - 1})"
+        return None
+
+    @property
+    def label(self) -> str:
+        """``16b:f2l2`` (the first and last 2 layers) or ``16b:0,5``, both when both are given."""
+        ends = (f"f{self.first}" if self.first else "") + (f"l{self.last}" if self.last else "")
+        listed = ",".join(map(str, sorted(self.layers)))
+        return "16b:" + "+".join(part for part in (ends, listed) if part)
+
+
 def _param(name: str) -> Any:
     param = PARAMS[name]
     return Annotated[int, Field(ge=param.low, le=param.high)]
@@ -106,12 +154,17 @@ class KVCacheConfig(BaseModel):
     whatever the context's length).  With a ``decode`` policy the same method
     also compresses during generation (:class:`DecodePolicy`); the prompt's budget is then
     optional (no budget: the prompt is kept whole, as kvpress's ``DecodingPress`` alone does).
+    ``heads`` shares each layer's budget out across its KV heads (the head-budget registry,
+    :data:`kvlab.core.methods.HEAD_BUDGETS`: AdaKV, CriticalAdaKV), each head keeping at least
+    ``alpha_safeguard`` of an equal share; the budget is then the heads' mean.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = ""
     quant: QuantDtype = "none"
+    value_quant: QuantDtype | None = None  # V's format where it differs from K's (``quant``)
+    skip_layers: SkipLayers | None = None  # layers kept 16-bit under the quantization
     group_size: GroupSize = DEFAULT_GROUP_SIZE
     residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
     key_axis: KeyAxis = KEY_AXES[0]
@@ -125,16 +178,50 @@ class KVCacheConfig(BaseModel):
     window_size: _param("window_size") = PARAMS["window_size"].default  # type: ignore[valid-type]
     n_sink: _param("n_sink") = PARAMS["n_sink"].default  # type: ignore[valid-type]
     decode: DecodePolicy | None = None  # compression during generation, scored by ``evict``
+    heads: HeadBudgetName = UNIFORM_HEADS
+    alpha_safeguard: Annotated[float, Field(ge=0.0, le=1.0)] = DEFAULT_ALPHA_SAFEGUARD
 
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str) -> str:
         return check_text(name)
 
-    @field_validator("quant", "evict", mode="before")
+    @field_validator("quant", "value_quant", "evict", "heads", mode="before")
     @classmethod
     def _canonical_name(cls, value: Any) -> Any:
         return canonical_name(value)
+
+    @model_validator(mode="after")
+    def _check_formats(self) -> KVCacheConfig:
+        if self.value_quant is not None and self.value_quant == self.quant:
+            raise ValueError(f"value_quant = '{self.value_quant}' is quant's format already: give value_quant only "
+                             f"when values are stored in another format than keys")
+        if self.skip_layers is not None and not self.quantizes:
+            raise ValueError(f"skip_layers ({self.skip_layers.label}) keeps layers 16-bit under a quantization: "
+                             f"set quant (or value_quant), or drop skip_layers")
+        return self
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> KVCacheConfig:
+        if self.heads == UNIFORM_HEADS:
+            if self.alpha_safeguard != DEFAULT_ALPHA_SAFEGUARD:
+                raise ValueError(f"alpha_safeguard is read by head-wise budgets only: set heads to one of "
+                                 f"{', '.join(HEAD_BUDGET_NAMES[1:])}, or drop alpha_safeguard")
+            return self
+        method = METHODS.get(self.evict)
+        if method is None:
+            raise ValueError(f"heads = '{self.heads}' shares an eviction budget out across heads: it needs an "
+                             f"eviction method (evict), one of {', '.join(methods_headwise())}")
+        if not method.headwise:
+            raise ValueError(f"heads = '{self.heads}' cannot share out the scores of evict = '{self.evict}' "
+                             f"({method.heads_refusal}); it works with {', '.join(methods_headwise())}")
+        if self.decode is not None:
+            raise ValueError(f"heads = '{self.heads}' keeps a different count in each head; a decode policy "
+                             f"({self.decode.label}) cuts every head to one count: give one or the other")
+        if (extra := set(self.budgets_given) - set(HEADWISE_BUDGETS)) or not self.budgets_given:
+            raise ValueError(f"heads = '{self.heads}' needs one of {', '.join(HEADWISE_BUDGETS)} as the heads' "
+                             f"mean budget; got {', '.join(sorted(extra)) or 'none'}")
+        return self
 
     @model_validator(mode="after")
     def _check_budget(self) -> KVCacheConfig:
@@ -186,8 +273,29 @@ class KVCacheConfig(BaseModel):
         return {name: value for name in BUDGETS if (value := getattr(self, name)) is not None}
 
     @property
+    def value_format(self) -> str:
+        """The format values are stored in (``quant``, unless ``value_quant`` says otherwise)."""
+        return self.value_quant if self.value_quant is not None else self.quant
+
+    @property
+    def quantizes(self) -> bool:
+        """Whether keys or values (or both) are quantized."""
+        return self.quant != "none" or self.value_format != "none"
+
+    @property
+    def settings(self) -> tuple[Setting, ...]:
+        """The format settings the key and value formats read."""
+        return format_settings(self.quant, self.value_format)
+
+    @property
     def is_baseline(self) -> bool:
-        return self.quant == "none" and self.evict == "none"
+        return not self.quantizes and self.evict == "none"
+
+    def for_layer(self, index: int, num_layers: int) -> KVCacheConfig:
+        """The config layer ``index`` of ``num_layers`` is stored with: 16-bit in a skipped layer."""
+        if self.skip_layers is not None and index in self.skip_layers.indices(num_layers):
+            return self.model_copy(update={"quant": "none", "value_quant": None, "skip_layers": None})
+        return self
 
     @property
     def removed_fraction(self) -> float | None:
@@ -208,16 +316,25 @@ def describe(config: KVCacheConfig) -> str:
     """A short, unique-enough label such as ``int4/g64/r64+snapkv:r0.75``: the format with the settings
     its registry entry labels, the method with its budget (the budget registry's prefix)."""
     parts = []
-    if config.quant != "none":
-        settings = FORMATS[config.quant].settings
-        parts.append(config.quant + "".join(s.label(getattr(config, s.field)) for s in settings))
+    if config.quantizes:
+        formats = config.quant if config.value_quant is None else f"k:{config.quant}/v:{config.value_quant}"
+        skipped = f"/{config.skip_layers.label}" if config.skip_layers is not None else ""
+        parts.append(formats + "".join(s.label(getattr(config, s.field)) for s in config.settings) + skipped)
     if config.evict != "none":
         budget = "".join(f"{BUDGETS[name].label}{value if BUDGETS[name].integer else format(value, 'g')}"
                          for name, value in config.budgets_given.items())
         method = f"{config.evict}:{budget}" if budget else config.evict
         decode = f"/{config.decode.label}" if config.decode is not None else ""
-        parts.append(method + ("/qa" if config.query_aware else "") + decode)
+        parts.append(method + _heads_label(config) + ("/qa" if config.query_aware else "") + decode)
     return "+".join(parts) or "baseline"
+
+
+def _heads_label(config: KVCacheConfig) -> str:
+    """``/ada`` (AdaKV), ``/cada0.5`` (CriticalAdaKV, a safeguard other than kvpress's); empty for uniform."""
+    if config.heads == UNIFORM_HEADS:
+        return ""
+    safeguard = f"{config.alpha_safeguard:g}" if config.alpha_safeguard != DEFAULT_ALPHA_SAFEGUARD else ""
+    return f"/{HEAD_BUDGETS[config.heads].label}{safeguard}"
 
 
 BASELINE = KVCacheConfig(name="baseline")
@@ -245,6 +362,36 @@ def check_decode_grid(methods: list[str], policies: list[DecodePolicy]) -> None:
                 raise ValueError(f"decode {policy.label} with {method}: {message}") from None
 
 
+def check_heads_grid(methods: list[str], heads: list[str], budget: str) -> None:
+    """Head budgets of a grid: distinct, and each non-uniform one with a method whose scores it may share
+    out and a budget it takes."""
+    if len(set(heads)) != len(heads):
+        raise ValueError("heads lists a head budget twice: give each once")
+    if heads == [UNIFORM_HEADS]:
+        return
+    shared = [h for h in heads if h != UNIFORM_HEADS]
+    if budget not in HEADWISE_BUDGETS:
+        raise ValueError(f"heads {', '.join(shared)} need a budget of {', '.join(HEADWISE_BUDGETS)}, not {budget}")
+    if not any(m != "none" and METHODS[m].headwise for m in methods):
+        raise ValueError(f"heads {', '.join(shared)} share a method's scores out across heads: evict needs one of "
+                         f"{', '.join(methods_headwise())}")
+
+
+def check_format_grid(quant: list[str], value_quant: list[str], skip_layers: list[SkipLayers]) -> None:
+    """A grid's value formats and 16-bit layer patterns: distinct, and patterns with a format that quantizes."""
+    if len(set(value_quant)) != len(value_quant):
+        raise ValueError("value_quant lists a format twice: give each once")
+    if len(set(skip_layers)) != len(skip_layers):
+        raise ValueError("skip_layers lists a pattern twice: give each once")
+    if skip_layers and all(f == "none" for f in (*quant, *value_quant)):
+        raise ValueError("skip_layers keeps layers 16-bit under a quantization: add a format to quant or value_quant")
+
+
+def space_tables(skip_layers: list[SkipLayers]) -> tuple[dict[str, Any], ...]:
+    """16-bit layer patterns as a space's ``skip_layers`` dicts."""
+    return tuple(p.model_dump(exclude_defaults=True) for p in skip_layers)
+
+
 class SweepGrid(BaseModel):
     """A grid over quantization x eviction method x ratio, expanded into configs (:meth:`space`).
 
@@ -264,8 +411,15 @@ class SweepGrid(BaseModel):
     #: Decode policies each ratio of a method that scores during generation is also run with
     #: (``kvlab methods`` lists those methods; the others run without).
     decode: list[DecodePolicy] = Field(default=[])
+    #: Head budgets each ratio of a method whose scores may be shared out across heads is run with
+    #: (``kvlab methods`` lists them; the other methods keep uniform heads).
+    heads: list[HeadBudgetName] = Field(default=[UNIFORM_HEADS], min_length=1)
+    #: Value formats each format of ``quant`` is also run with for its values (K8V4: quant int8, value_quant int4)
+    value_quant: list[QuantDtype] = Field(default=[])
+    #: 16-bit layer patterns each quantizing config is also run with
+    skip_layers: list[SkipLayers] = Field(default=[])
 
-    @field_validator("quant", "evict", mode="before")
+    @field_validator("quant", "value_quant", "evict", "heads", mode="before")
     @classmethod
     def _canonical_names(cls, value: Any) -> Any:
         return canonical_names(value)
@@ -273,6 +427,8 @@ class SweepGrid(BaseModel):
     @model_validator(mode="after")
     def _check_decode(self) -> SweepGrid:
         check_decode_grid(self.evict, self.decode)
+        check_heads_grid(self.evict, self.heads, "ratio")
+        check_format_grid(self.quant, self.value_quant, self.skip_layers)
         return self
 
     @field_validator("quant", "evict", "ratios")
@@ -287,7 +443,9 @@ class SweepGrid(BaseModel):
         """The grid as a config space: ``ratios`` are the budget kind ``ratio``; the baseline is one of its points."""
         return ConfigSpace(quant=tuple(self.quant), evict=tuple(self.evict), budget="ratio", budgets=tuple(self.ratios),
                            settings={"group_size": (self.group_size,), "residual_length": (self.residual_length,)},
-                           query_aware=self.query_aware, with_baseline=True, decode=decode_options(self.decode))
+                           query_aware=self.query_aware, with_baseline=True, decode=decode_options(self.decode),
+                           heads=tuple(self.heads), value_quant=tuple(self.value_quant),
+                           skip_layers=space_tables(self.skip_layers))
 
     def size(self) -> int:
         """Configs :meth:`expand` makes, counted (a method ``none`` takes no ratio)."""

@@ -22,24 +22,35 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvlab.core.formats import FORMATS, QUANT_ALIASES
-from kvlab.core.methods import METHOD_ALIASES, METHODS
+from kvlab.core.formats import QUANT_ALIASES, format_settings
+from kvlab.core.methods import HEADWISE_BUDGETS, METHOD_ALIASES, METHODS, UNIFORM_HEADS
 
 #: Every alias of a format or a method -> its canonical name.
 ALIASES: dict[str, str] = QUANT_ALIASES | METHOD_ALIASES
 #: The Optuna parameter that holds a proposal's budget; the other parameters are "quant", "evict"
 #: and the settings' field names ("group_size", "residual_length"), which stored studies depend on.
 BUDGET_PARAM = "budget"
-#: The Optuna parameter that holds a proposal's decode policy (:func:`decode_key`), asked only of a
+#: The Optuna parameter that holds a proposal's decode policy (:func:`choice_key`), asked only of a
 #: method that scores during generation when the space offers policies.
 DECODE_PARAM = "decode"
+#: The Optuna parameter that holds a proposal's head budget (``KVCacheConfig.heads``), asked only of a
+#: method whose scores may be shared out across heads when the space offers more than one.
+HEADS_PARAM = "heads"
+#: The Optuna parameter of a proposal's value format, one per key format (``value_quant:int8``: the
+#: formats offered exclude the key's own, so each key format has its own choices), "same" for none.
+VALUE_PARAM = "value_quant"
+#: The Optuna parameter of a proposal's 16-bit layers (:func:`choice_key` of the pattern), asked only
+#: of a point that quantizes.
+SKIP_PARAM = "skip_layers"
+SAME_FORMAT = "same"
 
 Point = dict[str, Any]
 
 
-def decode_key(decode: Point | None) -> str:
-    """A decode policy as an Optuna categorical value: ``"none"`` or its fields as sorted JSON."""
-    return "none" if decode is None else json.dumps(decode, sort_keys=True)
+def choice_key(table: Point | None) -> str:
+    """A nested table (a decode policy, a 16-bit layer pattern) as an Optuna categorical value: ``"none"``
+    or its fields as sorted JSON."""
+    return "none" if table is None else json.dumps(table, sort_keys=True)
 
 
 def canonical_name(value: Any) -> Any:
@@ -88,15 +99,33 @@ class ConfigSpace:
     #: Decode policies (``KVCacheConfig.decode`` dicts; None: none) each budget of a method that scores
     #: during generation is tried with; the other methods keep none.
     decode: tuple[Point | None, ...] = (None,)
+    #: Head budgets (``KVCacheConfig.heads``) each budget of a method whose scores may be shared out
+    #: across heads is tried with (without a decode policy: a head-wise cache is not cut while decoding);
+    #: the other methods keep uniform heads.
+    heads: tuple[str, ...] = (UNIFORM_HEADS,)
+    #: Value formats (``KVCacheConfig.value_quant``) each format of ``quant`` is also tried with for
+    #: its values (its keys in its own format); a format is never offered as its own value format.
+    value_quant: tuple[str, ...] = ()
+    #: 16-bit layer patterns (``KVCacheConfig.skip_layers`` dicts) each point that quantizes is also tried with.
+    skip_layers: tuple[Point, ...] = ()
 
-    def varied(self, quant: str) -> list[str]:
-        """The settings the space varies for format ``quant``: those it reads that the space offers."""
-        return [s.field for s in FORMATS[quant].settings if s.field in self.settings]
+    def varied(self, quant: str, value: str | None = None) -> list[str]:
+        """The settings the space varies for keys in ``quant`` and values in ``value`` (None: the same):
+        those the formats read that the space offers."""
+        return [s.field for s in format_settings(quant, value or quant) if s.field in self.settings]
+
+    def _values(self, quant: str) -> tuple[str | None, ...]:
+        return (None, *(v for v in self.value_quant if v != quant))
+
+    def _skips(self, quant: str, value: str | None) -> tuple[Point | None, ...]:
+        quantizes = quant != "none" or (value or quant) != "none"
+        return (None, *self.skip_layers) if quantizes else (None,)
 
     def size(self) -> int:
         """How many configs :meth:`points` lists, counted without listing them."""
-        formats = sum(math.prod(len(self.settings[name]) for name in self.varied(quant)) for quant in self.quant)
-        evictions = ("none" in self.evict) + sum(len(self.budgets) * len(self._decodes(method))
+        formats = sum(math.prod(len(self.settings[name]) for name in self.varied(quant, value))
+                      * len(self._skips(quant, value)) for quant in self.quant for value in self._values(quant))
+        evictions = ("none" in self.evict) + sum(len(self.budgets) * len(self._variants(method))
                                                   for method in self.evict if method != "none")
         baseline_left_out = not self.with_baseline and "none" in self.quant and "none" in self.evict
         return formats * evictions - baseline_left_out
@@ -104,8 +133,9 @@ class ConfigSpace:
     def points(self) -> Iterator[Point]:
         """Every config of the space, format by method, then by setting and budget."""
         for quant, method in itertools.product(self.quant, self.evict):
-            evictions = [{}] if method == "none" else [self._eviction(method, value, decode)
-                                                       for value in self.budgets for decode in self._decodes(method)]
+            evictions = [{}] if method == "none" else [self._eviction(method, value, decode, heads)
+                                                       for value in self.budgets
+                                                       for decode, heads in self._variants(method)]
             for fmt in self._formats(quant):
                 for eviction in evictions:
                     if fmt or eviction or self.with_baseline:
@@ -137,27 +167,57 @@ class ConfigSpace:
         """
         quant = trial.suggest_categorical("quant", self.quant)
         point: Point = {"quant": quant} if quant != "none" else {}
-        for name in self.varied(quant):
+        values = self._values(quant)
+        value = None
+        if len(values) > 1:
+            chosen = trial.suggest_categorical(f"{VALUE_PARAM}:{quant}", [v or SAME_FORMAT for v in values])
+            value = None if chosen == SAME_FORMAT else chosen
+        point |= {"value_quant": value} if value is not None else {}
+        for name in self.varied(quant, value):
             point[name] = trial.suggest_categorical(name, self.settings[name])
+        skips = {choice_key(p): p for p in self._skips(quant, value)}
+        if len(skips) > 1 and (skip := skips[trial.suggest_categorical(SKIP_PARAM, list(skips))]) is not None:
+            point["skip_layers"] = dict(skip)
         method = trial.suggest_categorical("evict", self.evict)
         if method != "none":
-            decodes = {decode_key(d): d for d in self._decodes(method)}
+            offered = self._heads(method)
+            heads = trial.suggest_categorical(HEADS_PARAM, offered) if len(offered) > 1 else offered[0]
+            decodes = {choice_key(d): d for d in self._decodes(method)} if heads == UNIFORM_HEADS else {}
             decode = decodes[trial.suggest_categorical(DECODE_PARAM, list(decodes))] if len(decodes) > 1 else None
-            point |= self._eviction(method, self._suggest_budget(trial), decode)
+            point |= self._eviction(method, self._suggest_budget(trial), decode, heads)
         return point
 
     def _decodes(self, method: str) -> tuple[Point | None, ...]:
         return self.decode if METHODS[method].decodes else (None,)
 
-    def _formats(self, quant: str) -> list[Point]:
-        names = self.varied(quant)
-        head: Point = {"quant": quant} if quant != "none" else {}
-        return [head | dict(zip(names, values, strict=True))
-                for values in itertools.product(*(self.settings[name] for name in names))]
+    def _heads(self, method: str) -> tuple[str, ...]:
+        return self.heads if METHODS[method].headwise and self.budget in HEADWISE_BUDGETS else (UNIFORM_HEADS,)
 
-    def _eviction(self, method: str, value: float, decode: Point | None = None) -> Point:
+    def _variants(self, method: str) -> list[tuple[Point | None, str]]:
+        """A method's (decode policy, head budget) pairs: each policy with uniform heads, each head-wise
+        budget without a policy."""
+        heads = self._heads(method)
+        return [(decode, UNIFORM_HEADS) for decode in self._decodes(method) if UNIFORM_HEADS in heads] + \
+            [(None, h) for h in heads if h != UNIFORM_HEADS]
+
+    def _formats(self, quant: str) -> list[Point]:
+        """Keys in ``quant``: values in the same format or another offered, with each 16-bit layer pattern
+        offered where it quantizes, by the settings the formats read."""
+        points = []
+        for value in self._values(quant):
+            names = self.varied(quant, value)
+            head: Point = ({"quant": quant} if quant != "none" else {}) | (
+                {"value_quant": value} if value is not None else {})
+            for skip in self._skips(quant, value):
+                tail: Point = {"skip_layers": dict(skip)} if skip is not None else {}
+                points += [head | dict(zip(names, values, strict=True)) | tail
+                           for values in itertools.product(*(self.settings[name] for name in names))]
+        return points
+
+    def _eviction(self, method: str, value: float, decode: Point | None = None, heads: str = UNIFORM_HEADS) -> Point:
         return ({"evict": method, self.budget: value} | ({"query_aware": True} if self.query_aware else {})
-                | ({"decode": dict(decode)} if decode is not None else {}))
+                | ({"decode": dict(decode)} if decode is not None else {})
+                | ({"heads": heads} if heads != UNIFORM_HEADS else {}))
 
     def _suggest_budget(self, trial: Trial) -> float:
         if len(self.budgets) == 1:

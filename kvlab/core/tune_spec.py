@@ -27,9 +27,18 @@ from kvlab.core.formats import (
     MAX_RESIDUAL_LENGTH,
     QUANT_NAMES,
 )
-from kvlab.core.kv_config import DecodePolicy, check_decode_grid, decode_options
+from kvlab.core.kv_config import (
+    DecodePolicy,
+    HeadBudgetName,
+    SkipLayers,
+    check_decode_grid,
+    check_format_grid,
+    check_heads_grid,
+    decode_options,
+    space_tables,
+)
 from kvlab.core.limits import TUNE_POINTS
-from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS, METHOD_NAMES, METHODS
+from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS, METHOD_NAMES, METHODS, UNIFORM_HEADS
 from kvlab.core.space import ConfigSpace, canonical_names
 
 QuantName = Literal[QUANT_NAMES]  # type: ignore[valid-type]
@@ -70,6 +79,12 @@ class TuneSpec(BaseModel):
     query_aware: bool = False
     #: Decode policies a method that scores during generation may also get (a dimension of the search)
     decode: list[DecodePolicy] = Field(default=[])
+    #: Head budgets a method whose scores may be shared out across heads may also get (a dimension)
+    heads: list[HeadBudgetName] = Field(default=[UNIFORM_HEADS], min_length=1)
+    #: Value formats a format of ``quant`` may store its values in (K/V formats as a dimension)
+    value_quant: list[QuantName] = Field(default=[])
+    #: 16-bit layer patterns a quantizing candidate may keep (a dimension)
+    skip_layers: list[SkipLayers] = Field(default=[])
     sampler: Sampler = "tpe"
     candidates_per_round: Annotated[int, Field(ge=1, le=64)] = 4
     min_items: Annotated[int, Field(ge=2, le=10_000)] = 4
@@ -80,7 +95,7 @@ class TuneSpec(BaseModel):
     max_ttft_ms: Annotated[float, Field(gt=0)] | None = None
     max_tpot_ms: Annotated[float, Field(gt=0)] | None = None
 
-    @field_validator("quant", "evict", mode="before")
+    @field_validator("quant", "value_quant", "evict", "heads", mode="before")
     @classmethod
     def _canonical(cls, value: object) -> object:
         return canonical_names(value)
@@ -101,6 +116,8 @@ class TuneSpec(BaseModel):
         if self.query_aware and self.evict == ["none"]:
             raise ValueError("query_aware = true needs an eviction method in evict")
         check_decode_grid(self.evict, self.decode)
+        check_heads_grid(self.evict, self.heads, self.budget)
+        check_format_grid(self.quant, self.value_quant, self.skip_layers)
         for name, values in (("quant", self.quant), ("evict", self.evict), ("group_sizes", self.group_sizes),
                              ("residual_lengths", self.residual_lengths)):
             if len(set(values)) != len(values):
@@ -128,7 +145,9 @@ class TuneSpec(BaseModel):
                            budgets=tuple(self.budgets()), budget_step=self.budget_step,
                            settings={"group_size": tuple(self.group_sizes),
                                      "residual_length": tuple(self.residual_lengths)},
-                           query_aware=self.query_aware, with_baseline=False, decode=decode_options(self.decode))
+                           query_aware=self.query_aware, with_baseline=False, decode=decode_options(self.decode),
+                           heads=tuple(self.heads), value_quant=tuple(self.value_quant),
+                           skip_layers=space_tables(self.skip_layers))
 
 
 def _shown(values: list[object]) -> str:

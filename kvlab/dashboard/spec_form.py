@@ -8,6 +8,7 @@ paths) lands next to the widget it is about.  Settings the form has no widget fo
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 from kvlab.core.backends import BACKENDS, SERVER_KINDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
-from kvlab.core.kv_config import DecodePolicy, KVCacheConfig, SweepGrid
+from kvlab.core.kv_config import DecodePolicy, KVCacheConfig, SkipLayers, SweepGrid
 from kvlab.core.margins import Margins
 from kvlab.core.methods import BUDGET_BOUNDS, BUDGETS
 from kvlab.core.tasks import TASKS
@@ -28,10 +29,13 @@ from kvlab.secrets import DEFAULT_KEY_VAR
 from kvlab.tasks.data_dir import checked_data_file
 
 #: Columns of the configs table, in the order shown; other KVCacheConfig fields are kept as they are.
-#: The decode policy's fields (a nested table in a spec) as ``decode_<field>`` columns.
+#: A config's nested tables (a decode policy, the 16-bit layers) as ``<prefix>_<field>`` columns.
+NESTED_COLUMNS = {"decode": ("decode_", DecodePolicy), "skip_layers": ("skipped_", SkipLayers)}
 DECODE_COLUMNS = tuple(f"decode_{name}" for name in DecodePolicy.model_fields)
-CONFIG_COLUMNS = ("name", "quant", "group_size", "residual_length", "evict", *BUDGETS, "query_aware", *DECODE_COLUMNS)
-_CONFIG_DEFAULTS = {k: v for k, v in KVCacheConfig().model_dump(mode="json").items() if k != "decode"}
+SKIP_COLUMNS = tuple(f"skipped_{name}" for name in SkipLayers.model_fields)
+CONFIG_COLUMNS = ("name", "quant", "value_quant", "group_size", "residual_length", *SKIP_COLUMNS, "evict", *BUDGETS,
+                  "heads", "alpha_safeguard", "query_aware", *DECODE_COLUMNS)
+_CONFIG_DEFAULTS = {k: v for k, v in KVCacheConfig().model_dump(mode="json").items() if k not in NESTED_COLUMNS}
 #: The grid's defaults are the model's; quant and evict suggest a small grid instead of the model's
 #: ["none"] (a grid of the baseline alone shows nothing).
 _SWEEP_DEFAULTS = SweepGrid().model_dump(mode="json") | {"quant": ["none", "int4", "int2"],
@@ -54,9 +58,22 @@ TUNE_COUNTS = ("max_trials", "max_item_evals")  # whole numbers; the others are 
 TUNE_BUDGETS = ("max_trials", "max_minutes", "max_item_evals")  # the search stops at the first one reached
 #: The configs table's column labels (the page's column_config); its messages name the row and the column.
 CONFIG_LABELS = {"group_size": "group size", "residual_length": "residual (tokens)",
-                 **{kind.name: kind.title for kind in BUDGETS.values()}, "query_aware": "query-aware",
+                 **{kind.name: kind.title for kind in BUDGETS.values()}, "heads": "heads (budget shared by)",
+                 "alpha_safeguard": "head safeguard", "query_aware": "query-aware",
                  "decode_interval": "decode: every (passes)", "decode_target_tokens": "decode: to (tokens)",
-                 "decode_ratio": "decode: ratio (removed)", "decode_buffer": "decode: buffer (passes)"}
+                 "decode_ratio": "decode: ratio (removed)", "decode_buffer": "decode: buffer (passes)",
+                 "value_quant": "value quant (if not quant)", "skipped_first": "16-bit: first (layers)",
+                 "skipped_last": "16-bit: last (layers)", "skipped_layers": "16-bit: layers (indices)"}
+#: A grid's fields the form has no widget for: carried from the spec as they are, and shown.
+CARRIED_GRID_FIELDS = ("decode", "skip_layers")
+#: What a value format is, for the widgets that pick them.
+VALUE_QUANT_HELP = ("Each format is also run with its values stored in these formats (its keys in its own): "
+                    "quant int8 with value int4 is K8V4. KIVI's finding: keys need more care than values.")
+#: What a head budget is, for the widgets that pick one.
+HEADS_HELP = ("uniform: every head of a layer keeps the same count; adakv / critical_adakv (kvpress's AdaKVPress, "
+              "CriticalAdaKVPress): a layer's budget goes to the best-scored tokens of all its heads, each head "
+              "keeping at least alpha_safeguard of an equal share. Methods whose scores are the same in every "
+              "head (streaming_llm, tova) keep uniform heads: `kvlab methods`.")
 #: Fields the form shows as a table, one row per entry: a message about an entry says its row (from 1) and column.
 TABLES = {"configs": CONFIG_LABELS}
 
@@ -126,9 +143,11 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
         "sweep.group_size": int(sweep["group_size"]),
         "sweep.residual_length": int(sweep["residual_length"]),
         "sweep.query_aware": bool(sweep["query_aware"]),
+        "sweep.heads": list(sweep["heads"]),
+        "sweep.value_quant": list(sweep["value_quant"]),
     }
     values |= tune_values(data.get("tune"))
-    configs = [_CONFIG_DEFAULTS | {"name": ""} | _flat_decode(c) for c in data.get("configs", [])]
+    configs = [_CONFIG_DEFAULTS | {"name": ""} | _flat_nested(c) for c in data.get("configs", [])]
     return SpecForm(values=values, n_tasks=len(tasks), configs=configs, base=data)
 
 
@@ -145,6 +164,7 @@ def tune_values(tune: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"mode": MODES[1] if tune is not None else MODES[0],
             "tune.quant": list(data["quant"]), "tune.group_sizes": list(data["group_sizes"]),
             "tune.residual_lengths": _join(data["residual_lengths"]), "tune.evict": list(data["evict"]),
+            "tune.heads": list(data["heads"]), "tune.value_quant": list(data["value_quant"]),
             "tune.budget": data["budget"], "tune.budget_low": float(low), "tune.budget_high": float(high),
             "tune.budget_step": float(data["budget_step"]),
             **{f"tune.{key}": (int if key in TUNE_COUNTS else float)(data[key] or 0) for key in TUNE_OPTIONAL}}
@@ -160,10 +180,11 @@ def tune_from_values(values: Mapping[str, Any],
         tune["residual_lengths"] = parse_numbers(str(values.get("tune.residual_lengths", "")), int)
     except ValueError as error:
         errors["tune.residual_lengths"] = [str(error)]
-    for key in ("quant", "group_sizes", "evict"):
+    for key in ("quant", "group_sizes", "evict", "heads"):
         tune[key] = list(values.get(f"tune.{key}") or [])
         if not tune[key]:
             errors[f"tune.{key}"] = ["pick at least one"]
+    tune["value_quant"] = list(values.get("tune.value_quant") or [])
     tune |= {"budget": values.get("tune.budget", _TUNE_DEFAULTS["budget"]),
              "budget_range": [float(values.get("tune.budget_low", _TUNE_DEFAULTS["budget_range"][0])),
                               float(values.get("tune.budget_high", _TUNE_DEFAULTS["budget_range"][1]))],
@@ -275,9 +296,12 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
             "group_size": int(values.get("sweep.group_size", _SWEEP_DEFAULTS["group_size"])),
             "residual_length": int(values.get("sweep.residual_length", _SWEEP_DEFAULTS["residual_length"])),
             "query_aware": bool(values.get("sweep.query_aware", _SWEEP_DEFAULTS["query_aware"])),
+            "heads": list(values.get("sweep.heads") or _SWEEP_DEFAULTS["heads"]),
+            "value_quant": list(values.get("sweep.value_quant") or []),
         }
-        if decode := (base.get("sweep") or {}).get("decode"):  # no widget: carried from the spec, shown
-            data["sweep"]["decode"] = decode
+        for key in CARRIED_GRID_FIELDS:  # no widget: carried from the spec, shown
+            if carried := (base.get("sweep") or {}).get(key):
+                data["sweep"][key] = carried
         for key in ("quant", "evict"):
             if not data["sweep"][key]:
                 errors.setdefault(f"sweep.{key}", []).append("pick at least one")
@@ -316,28 +340,37 @@ def backend_refusals(spec: ExperimentSpec) -> list[str]:
     return problems
 
 
-def _flat_decode(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A config dict with its decode policy as the table's ``decode_<field>`` columns."""
-    flat = {k: v for k, v in config.items() if k != "decode"}
-    return flat | {f"decode_{k}": v for k, v in (config.get("decode") or {}).items()}
+def _flat_nested(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config dict with its nested tables as the table's ``<prefix>_<field>`` columns (a list of layer
+    indices as comma-separated text)."""
+    flat = {k: v for k, v in config.items() if k not in NESTED_COLUMNS}
+    for key, (prefix, _) in NESTED_COLUMNS.items():
+        flat |= {f"{prefix}{k}": _join(v) if isinstance(v, list | tuple) else v
+                 for k, v in (config.get(key) or {}).items()}
+    return flat
 
 
 def _config_row(row: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A configs-table row as a KVCacheConfig dict: blanks dropped, the ``decode_<field>`` columns
-    nested as its decode policy; None for an empty row."""
-    clean = {k: v for k, v in row.items() if not _blank(v) and k != "decode"}
+    """A configs-table row as a KVCacheConfig dict: blanks dropped, the ``<prefix>_<field>`` columns
+    nested as its tables; None for an empty row.  Layer indices that are not whole numbers stay text, which
+    validation refuses on their row and column."""
+    clean = {k: v for k, v in row.items() if not _blank(v) and k not in NESTED_COLUMNS}
     if not any(k in clean for k in ("name", "quant", "evict")):
         return None
     integers = [kind.name for kind in BUDGETS.values() if kind.integer]
     for key in ("group_size", "residual_length", "window_size", "n_sink", "decode_interval",
-                "decode_target_tokens", "decode_buffer", *integers):
+                "decode_target_tokens", "decode_buffer", "skipped_first", "skipped_last", *integers):
         if key in clean:
             clean[key] = int(clean[key])
+    if "skipped_layers" in clean:
+        with contextlib.suppress(ValueError):
+            clean["skipped_layers"] = parse_numbers(str(clean["skipped_layers"]), int)
     if "query_aware" in clean:
         clean["query_aware"] = bool(clean["query_aware"])
-    decode = {column.removeprefix("decode_"): clean.pop(column) for column in DECODE_COLUMNS if column in clean}
-    if decode:
-        clean["decode"] = decode
+    for key, (prefix, model) in NESTED_COLUMNS.items():
+        nested = {name: clean.pop(prefix + name) for name in model.model_fields if prefix + name in clean}
+        if nested:
+            clean[key] = nested
     return clean
 
 
@@ -380,8 +413,8 @@ def _where(owner: str, inner: str) -> str:
         return inner
     if owner in TABLES:
         column, _, deeper = rest.partition(".")
-        if column == "decode" and deeper:  # the nested policy's fields are columns of their own
-            column, _, deeper = f"decode_{deeper}".partition(".")
+        if column in NESTED_COLUMNS and deeper:  # a nested table's fields are columns of their own
+            column, _, deeper = f"{NESTED_COLUMNS[column][0]}{deeper}".partition(".")
         label = TABLES[owner].get(column, column) + (f".{deeper}" if deeper else "")
         return f"row {int(head) + 1}" + (f": {label}" if label else "")
     return f"value {int(head) + 1}" + (f".{rest}" if rest else "")

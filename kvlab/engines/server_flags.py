@@ -96,6 +96,13 @@ def check_config(kind: str, config: KVCacheConfig) -> None:
             f"config '{label}': evict = '{config.evict}' cannot run on {engine}: {_NO_EVICTION[kind]}. "
             "Run token eviction with backend kind 'embedded'."
         )
+    if config.value_quant is not None:
+        raise ConfigError(f"config '{label}': value_quant = '{config.value_quant}' cannot run on {engine}: one "
+                          f"--kv-cache-dtype stores keys and values alike. Run it with backend kind 'embedded'.")
+    if config.skip_layers is not None:
+        raise ConfigError(f"config '{label}': skip_layers ({config.skip_layers.label}) is not launched on {engine} "
+                          f"by kvlab (its pool bytes would no longer follow one --kv-cache-dtype). Run it with "
+                          f"backend kind 'embedded'; the recommendation names vLLM's --kv-cache-dtype-skip-layers.")
     if config.quant in _KV_DTYPES[kind]:
         return
     if config.quant == "fp8":  # only reachable by bypassing validation: KVCacheConfig maps fp8 -> fp8_e4m3

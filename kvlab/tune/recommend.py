@@ -15,8 +15,8 @@ import tomli_w
 
 from kvlab.core.backends import BACKENDS, SERVER_KINDS
 from kvlab.core.formats import FORMATS
-from kvlab.core.kv_config import KVCacheConfig
-from kvlab.core.methods import PARAMS
+from kvlab.core.kv_config import KVCacheConfig, SkipLayers
+from kvlab.core.methods import DEFAULT_ALPHA_SAFEGUARD, PARAMS, UNIFORM_HEADS
 from kvlab.experiments.analysis import ConfigSummary, Decision
 
 ENGINES = {kind: BACKENDS[kind].title for kind in SERVER_KINDS}
@@ -29,12 +29,16 @@ def serve_command(model: str, config: KVCacheConfig) -> str:
     they are off the default (which the server would assume).
     """
     argv = ["kvlab", "serve", "--model", model]
-    if config.quant != "none":
-        argv += ["--quant", config.quant]
-        for setting in FORMATS[config.quant].settings:
+    if config.quantizes:
+        argv += ["--quant", config.quant] + (["--value-quant", config.value_quant] if config.value_quant else [])
+        for setting in config.settings:
             value = getattr(config, setting.field)
             if setting.label(value) or value != setting.default:
                 argv += [_flag(setting.field), str(value)]
+        if (skip := config.skip_layers) is not None:
+            argv += [arg for count, flag in ((skip.first, "--skip-first"), (skip.last, "--skip-last")) if count
+                     for arg in (flag, str(count))]
+            argv += ["--skip-layers", *map(str, skip.layers)] if skip.layers else []
     if config.evict != "none":
         argv += ["--evict", config.evict]
         for budget, value in config.budgets_given.items():
@@ -42,6 +46,10 @@ def serve_command(model: str, config: KVCacheConfig) -> str:
         for name, param in PARAMS.items():
             if getattr(config, name) != param.default:
                 argv += [_flag(name), str(getattr(config, name))]
+        if config.heads != UNIFORM_HEADS:
+            argv += ["--heads", config.heads]
+            if config.alpha_safeguard != DEFAULT_ALPHA_SAFEGUARD:
+                argv += ["--alpha-safeguard", _number(config.alpha_safeguard)]
     if config.decode is not None:
         for name, value in config.decode.model_dump(exclude_defaults=True, exclude_none=True).items():
             argv += [_flag(f"decode_{name}"), _number(value)]
@@ -58,8 +66,9 @@ def _flag(field: str) -> str:
     return f"--{field.replace('_', '-')}"
 
 
-def engine_flag(kind: str, config: KVCacheConfig) -> dict[str, str | None]:
-    """``{"flag": "--kv-cache-dtype X" | None, "statement": ...}`` for launching engine ``kind``."""
+def engine_flag(kind: str, config: KVCacheConfig, num_layers: int | None = None) -> dict[str, str | None]:
+    """``{"flag": "--kv-cache-dtype X" | None, "statement": ...}`` for launching engine ``kind``; ``num_layers``
+    (the model's) names the last layers a config keeps 16-bit."""
     name = ENGINES[kind]
     dtype = FORMATS[config.quant].engine_dtype(kind)
     if config.evict != "none":
@@ -67,10 +76,30 @@ def engine_flag(kind: str, config: KVCacheConfig) -> dict[str, str | None]:
             f"{name} has no equivalent: it evicts no tokens from a sequence's KV cache ({config.evict} needs the "
             "embedded engine or `kvlab serve`)" + (f"; its quantization alone is --kv-cache-dtype {dtype}"
                                                     if dtype and config.quant != "none" else ""))}
+    if config.value_quant is not None:
+        return {"flag": None, "statement": (
+            f"{name} has no equivalent: one --kv-cache-dtype stores keys and values alike (keys in "
+            f"{config.quant} and values in {config.value_quant} need the embedded engine or `kvlab serve`)")}
     if dtype is None:
         note = FORMATS[config.quant].engine_notes.get(kind, "it has no such KV cache")
         return {"flag": None, "statement": f"{name} has no equivalent of {config.quant}: {note}"}
-    return {"flag": f"--kv-cache-dtype {dtype}", "statement": f"launch {name} with --kv-cache-dtype {dtype}"}
+    flag = f"--kv-cache-dtype {dtype}"
+    if config.skip_layers is not None:
+        if kind != "vllm":
+            return {"flag": None, "statement": f"{name} has no equivalent: kvlab knows no {name} flag that keeps "
+                                               f"some layers 16-bit ({config.skip_layers.label}); its cache of "
+                                               f"every layer in {config.quant} is {flag}"}
+        flag += f" --kv-cache-dtype-skip-layers {_skipped(config.skip_layers, num_layers)}"
+    return {"flag": flag, "statement": f"launch {name} with {flag}"}
+
+
+def _skipped(skip: SkipLayers, num_layers: int | None) -> str:
+    """The skipped layers' indices as vLLM takes them; the last ones described when the model's depth is unknown."""
+    if num_layers is not None:
+        return " ".join(map(str, sorted(skip.indices(num_layers))))
+    listed = sorted(set(range(skip.first)) | set(skip.layers))
+    last = f"<the last {skip.last} layers' indices>" if skip.last else ""
+    return " ".join([*map(str, listed), *([last] if last else [])])
 
 
 def config_toml(config: KVCacheConfig) -> str:

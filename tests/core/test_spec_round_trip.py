@@ -58,9 +58,12 @@ def every_field_set(jsonl: Path) -> dict[str, Any]:
         "configs": [{"name": "kv4", "quant": "int4", "group_size": 64, "residual_length": 16, "key_axis": "token"},
                     {"name": "snap", "evict": "snapkv", "keep_fraction": 0.4, "query_aware": True,
                      "window_size": 16, "n_sink": 2},
-                    {"name": "dec", "evict": "knorm", "decode": {"interval": 40, "ratio": 0.3, "buffer": 64}}],
-        "sweep": {"quant": ["int8", "none"], "evict": ["streaming_llm"], "ratios": [0.25, 0.5], "group_size": 128,
-                  "residual_length": 0, "query_aware": False, "decode": [{"interval": 16, "target_tokens": 128}]},
+                    {"name": "dec", "evict": "knorm", "decode": {"interval": 40, "ratio": 0.3, "buffer": 64}},
+                    {"name": "ada", "evict": "keydiff", "keep_tokens": 96, "heads": "critical_adakv",
+                     "alpha_safeguard": 0.5}],
+        "sweep": {"quant": ["int8", "none"], "evict": ["streaming_llm", "knorm"], "ratios": [0.25, 0.5],
+                  "group_size": 128, "residual_length": 0, "query_aware": False,
+                  "decode": [{"interval": 16, "target_tokens": 128}], "heads": ["adakv"]},
     }
 
 
