@@ -21,6 +21,7 @@ from kvlab.dashboard import charts, page_table, views
 from kvlab.dashboard.chart_export import report_html
 from kvlab.experiments.analysis import breakdown, length_group, question_rank
 from kvlab.experiments.export import experiment_document, results_csv
+from kvlab.experiments.report import budget_notes
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord
 from kvlab.store.records import TelemetrySample
 from pages.common import (
@@ -144,6 +145,8 @@ def figure(kind: str, view: View, option: str = "", title: str = "", metric: str
         return charts.item_kl_figure(results, option)
     if kind == "generation":
         return charts.generation_figure(results)
+    if kind == "layout":
+        return charts.cache_layout_figure(results, option)
     raise ValueError(f"no chart {kind!r}")
 
 
@@ -225,6 +228,10 @@ def view_state(section: str, default_section: str, spec_margin: float) -> views.
     needles = charts.needle_configs(shown)
     if section == "Needles" and needles:
         needle = st.selectbox("Config", needles, key="needle", bind="query-params", persist_state="page")
+    layout = kept("layout")
+    layouts = charts.layout_configs(shown) if section == "Layers" or layout is not None else []
+    if section == "Layers" and layouts:
+        layout = st.selectbox("Config", layouts, key="layout", bind="query-params", persist_state="page")
     item = kept("item")
     items = views.fidelity_items(shown) if section == "Failed items" or item is not None else []  # reads every result
     if section == "Failed items" and items:
@@ -235,7 +242,7 @@ def view_state(section: str, default_section: str, spec_margin: float) -> views.
         x=None if axis in (None, views.X_AXES[0]) else axis,
         y=None if metric in (None, next(iter(views.Y_METRICS))) else metric, hide=tuple(hidden),
         margin=None if margin == spec_margin else margin, needle=None if needle in (None, *needles[:1]) else needle,
-        item=None if item in (None, *items[:1]) else item)
+        layout=None if layout in (None, *layouts[:1]) else layout, item=None if item in (None, *items[:1]) else item)
 
 
 sections = views.experiment_sections(experiment.is_terminal)
@@ -258,6 +265,9 @@ if section == "Tradeoff":
     chart(figure("tradeoff", view, axis, f"{experiment.name}: memory vs {views.Y_METRICS[metric]}", metric),
           "tradeoff", f"{stem}-tradeoff" + ("" if metric == "accuracy" else f"-{slug(metric)}"))
     st.dataframe(views.summary_rows(summaries, sweet.config_name if sweet else None), hide_index=True)
+    if notes := budget_notes(summaries):
+        st.warning("Freeing less memory than the budget suggests (measured prompt cache):\n\n"
+                   + "\n".join(f"- {views.md(note)}" for note in notes), icon=":material/memory:")
     verdicts = views.verdict_rows(summaries)
     if verdicts:
         st.subheader("Verdict per task")
@@ -296,6 +306,18 @@ elif section == "Breakdown":
     if shared:
         st.caption("Question rank: the questions that shared one context, in the order asked; the context was "
                    "prefilled and compressed once, before any of them, and charged to the first.")
+elif section == "Layers":
+    layouts = charts.layout_configs(shown_results(view)[0])
+    if layouts:
+        layout = state.layout or layouts[0]
+        st.caption("The prompt's cache right after compression, layer by layer: how many tokens each KV head kept "
+                   "and the bytes each layer's tensors hold (measured), each the mean over this config's items. "
+                   "A head-wise budget (adakv) shares a layer's tokens out unevenly across heads; 16-bit layers "
+                   "(skip_layers) and PyramidKV's schedule show as taller bars.")
+        chart(figure("layout", view, layout), "layout-chart", f"{stem}-layers-{slug(layout)}")
+    else:
+        st.info("No per-layer layout: these results come from an engine that does not report where its cache's "
+                "memory is (only the embedded engine does).")
 elif section == "Generation":
     if charts.has_generation_trace(shown_results(view)[0]):
         summaries = analysed(view)[0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvlab.core.experiment_spec import parse_spec
-from kvlab.core.results import Fidelity, ItemResult
+from kvlab.core.results import CacheLayout, Fidelity, ItemResult
 from kvlab.store import Store, TelemetrySample
 
 # max_drop 0.5: with 8 items only a wide non-inferiority margin can show a sweet spot.
@@ -50,7 +50,14 @@ def item_result(config: str, item: int, length: int, depth: float, fidelity: boo
         analytic_kv_bytes=int(baseline_bytes * fraction), compression_ratio=1 / fraction, peak_kv_bytes=baseline_bytes,
         generated=" 12345." if correct else " 99999.", answer="12345", output_tokens=4, ttft_s=0.1 * length / 256,
         tpot_s=0.05, prefill_s=0.09 * length / 256, compress_s=0.005, decode_s=0.15, peak_memory_bytes=None,
-        score=1.0 if correct else 0.0, extra={} if measured is None else {"fidelity": measured.to_dict()})
+        score=1.0 if correct else 0.0, extra={"cache_layout": _layout(baseline_bytes * fraction, length - 20, config)}
+        | ({} if measured is None else {"fidelity": measured.to_dict()}))
+
+
+def _layout(physical: float, context: int, config: str) -> dict:
+    """Where the cache is, as the embedded engine stores it: 30 layers of 3 KV heads (SmolLM2's)."""
+    kept = context // 2 if config == "snapkv-50" else context
+    return CacheLayout(((kept,) * 3,) * 30, (int(physical / 30),) * 30).to_dict()
 
 
 def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True, fidelity: bool = False) -> int:

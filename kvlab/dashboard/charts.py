@@ -17,8 +17,9 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvlab.core.kv_config import BASELINE
 from kvlab.core.margins import Margins
-from kvlab.core.results import ItemResult
+from kvlab.core.results import CacheLayout, ItemResult
 from kvlab.core.tasks import TASKS
 from kvlab.dashboard.views import MIB, Y_METRICS, CompareRow, fidelity_text
 from kvlab.experiments.analysis import FRONT_METRICS, ConfigSummary, decide, pareto_front
@@ -248,6 +249,35 @@ def generation_figure(results: Sequence[ItemResult]) -> go.Figure:
                       xaxis_title="tokens generated (after the prompt's pass)", yaxis_title="KV cache (MiB)",
                       **_LAYOUT)
     fig.update_yaxes(rangemode="tozero")
+    return fig
+
+
+def layout_configs(results: Sequence[ItemResult]) -> list[str]:
+    """Configs whose results say where their cache's memory is (the embedded engine's), the baseline last (its
+    layout is every token in every head)."""
+    names = dict.fromkeys(r.config_name for r in results if "cache_layout" in (r.extra or {}) and r.error is None)
+    return sorted(names, key=lambda name: name == BASELINE.label)
+
+
+def cache_layout_figure(results: Sequence[ItemResult], config_name: str) -> go.Figure:
+    """One config's prompt cache right after compression, by layer: the tokens each KV head kept (a heatmap,
+    the mean over items) and each layer's measured bytes (MiB, the mean over items)."""
+    layouts = [CacheLayout.from_dict(r.extra["cache_layout"]) for r in results
+               if r.config_name == config_name and r.error is None and "cache_layout" in (r.extra or {})]
+    layers = range(len(layouts[0].kept)) if layouts else range(0)
+    heads = range(max((len(k) for k in layouts[0].kept), default=0)) if layouts else range(0)
+    kept = [[statistics.fmean(layout.kept[layer][head] for layout in layouts) for layer in layers] for head in heads]
+    sizes = [statistics.fmean(layout.bytes[layer] for layout in layouts) / MIB for layer in layers]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.6, 0.4], vertical_spacing=0.08,
+                        subplot_titles=("tokens kept per KV head", "measured bytes per layer (MiB)"))
+    fig.add_trace(go.Heatmap(z=kept, x=list(layers), y=[f"head {h}" for h in heads], colorscale="Viridis",
+                             colorbar={"title": "tokens", "len": 0.55, "y": 0.72},
+                             hovertemplate="layer %{x}, %{y}: %{z:.1f} tokens kept<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(x=list(layers), y=sizes, marker_color=_PALETTE[0], showlegend=False,
+                         hovertemplate="layer %{x}: %{y:.3f} MiB<extra></extra>"), row=2, col=1)
+    fig.update_layout(title=plotly_text(f"{config_name}: where the prompt's cache is ({len(layouts)} items)"),
+                      **(_LAYOUT | {"height": 560}))
+    fig.update_xaxes(title_text="layer", row=2, col=1)
     return fig
 
 

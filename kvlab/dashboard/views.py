@@ -37,7 +37,8 @@ X_AXES = ("bytes", "ratio")
 Y_METRICS = {"accuracy": "accuracy", "KL": "mean KL", "agreement": "top-1 agreement"}
 
 #: The experiment page's sections (its ``tab`` query parameter), and the one that leads while it runs.
-SECTIONS = ("Tradeoff", "Latency", "Breakdown", "Generation", "Needles", "Failed items", "Progress", "Spec & environment", "Export")
+SECTIONS = ("Tradeoff", "Latency", "Breakdown", "Layers", "Generation", "Needles", "Failed items", "Progress",
+            "Spec & environment", "Export")
 LIVE_SECTION = "Progress"
 #: The compare page's sections: the overlaid tradeoffs (the default), the knobs and outcomes (parallel
 #: coordinates and their table).
@@ -65,6 +66,7 @@ class ExperimentViewState:
     hide: tuple[str, ...] = ()  # configs left out of every chart, table and the verdict
     margin: float | None = None  # the non-inferiority margin in accuracy points; None: the spec's max_drop
     needle: str | None = None  # the needle heatmap's config; None: the first config with needle items
+    layout: str | None = None  # the Layers section's config; None: the first config that is not the baseline
     item: str | None = None  # the item whose KL along its tokens is drawn; None: the first item with fidelity
 
     def params(self) -> dict[str, str | int | list[str] | None]:
@@ -306,7 +308,8 @@ def summary_rows(summaries: Sequence[ConfigSummary], sweet_name: str | None = No
             "vs baseline (pooled, 95% CI)": diff, "non-inferior (pooled)": _yes_no(s.pooled_non_inferior),
             "Holm p (pooled)": fmt(s.p_adjusted, ".3g"), "p vs baseline (pooled)": fmt(s.p_value, ".3f"),
             "KV (MiB)": about + fmt(s.physical_kv_bytes, ".3f", 1 / MIB),
-            "ratio (x)": about + fmt(s.compression_ratio, ".2f"), "kept": fmt(s.kept_fraction, ".0%"),
+            "ratio (x)": about + fmt(s.compression_ratio, ".2f"),
+            "budget suggests (x)": fmt(s.budget_ratio, ".2f"), "kept": fmt(s.kept_fraction, ".0%"),
             "TTFT (ms)": fmt(s.ttft_s, ".0f", 1000), "TPOT (ms)": fmt(s.tpot_s, ".1f", 1000),
             "perplexity": fmt(s.perplexity, ".2f"), "errors": s.errors,
         })

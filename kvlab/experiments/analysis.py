@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvlab.compress.accounting import compression_ratio
+from kvlab.compress.accounting import budget_ratio, compression_ratio, shortfall_causes
+from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.margins import DEFAULT_MAX_DROP, Margins
 from kvlab.core.results import ItemResult
 from kvlab.core.tasks import TASKS
@@ -107,6 +108,7 @@ class ConfigSummary:
     min_agreement: float = 0.0
     kv_bytes_estimated: bool = False  # a server's estimate (pool bytes per token x tokens), not measured
     memory_basis: str = MEMORY_AFTER_PROMPT  # what the bytes above are of (:func:`memory_basis`)
+    budget_ratio: float | None = None  # the ratio its budget and formats alone suggest (accounting.budget_ratio)
     # fidelity against the baseline (None: not measured, or the baseline itself), items as the unit
     fidelity_items: int | None = None
     mean_kl: float | None = None
@@ -215,6 +217,7 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
             tpot_s=_median(r.tpot_s for r in ok), perplexity=perplexity, errors=len(rows) - len(ok),
             max_drop=max_drop, max_kl=margins.max_kl, min_agreement=margins.min_agreement,
             kv_bytes_estimated=any(r.kv_bytes_estimated for r in ok), memory_basis=basis,
+            budget_ratio=_budget_ratio(rows[0].config, mean("context_tokens")),
             **_paired_fields(pair, max_drop), **_fidelity_fields([f for r in ok if (f := r.fidelity) is not None]),
         ))
     _adjust(summaries, untested)
@@ -224,6 +227,30 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
             summary.task_verdicts = verdicts.get(summary.config_name, [])
             summary.non_inferior = _combined(summary.task_verdicts)
     return summaries
+
+
+#: A measured ratio below this share of what the budget suggests is called out (a few percent are scales).
+BUDGET_SHORTFALL = 0.9
+
+
+def _budget_ratio(config: dict[str, Any], context_tokens: float) -> float | None:
+    """:func:`budget_ratio` of a stored config (None for one this kvlab no longer reads, or no context)."""
+    try:
+        parsed = KVCacheConfig(**{k: v for k, v in config.items() if k != "name"})
+    except ValueError:
+        return None
+    return None if math.isnan(context_tokens) else budget_ratio(parsed, context_tokens)
+
+
+def short_of_budget(summaries: Sequence[ConfigSummary]) -> list[tuple[ConfigSummary, list[str]]]:
+    """Configs whose measured prompt-cache ratio is under :data:`BUDGET_SHORTFALL` of what their budget and
+    formats suggest, with what in each keeps the bytes (measured bytes only: never a server's estimate)."""
+    short = []
+    for s in summaries:
+        if (s.budget_ratio is not None and not s.kv_bytes_estimated and s.memory_basis == MEMORY_AFTER_PROMPT
+                and not math.isnan(s.compression_ratio) and s.compression_ratio < BUDGET_SHORTFALL * s.budget_ratio):
+            short.append((s, shortfall_causes(KVCacheConfig(**{k: v for k, v in s.config.items() if k != "name"}))))
+    return short
 
 
 def _combined(verdicts: Sequence[TaskVerdict]) -> bool | None:

@@ -15,6 +15,7 @@ from kvlab.experiments.analysis import (
     length_group,
     natural_key,
     question_rank,
+    short_of_budget,
 )
 
 MIB = 1024 * 1024
@@ -143,6 +144,12 @@ def decision_text(decision: Decision) -> str:
     return f"{head}\nrule: {decision.rule}"
 
 
+def budget_notes(summaries: Sequence[ConfigSummary]) -> list[str]:
+    """One line per config that frees less memory than its budget and formats suggest, and why."""
+    return [f"{s.config_name}: {s.compression_ratio:.2f}x measured, its budget and formats suggest "
+            f"{s.budget_ratio:.2f}x; the rest is {'; '.join(causes)}" for s, causes in short_of_budget(summaries)]
+
+
 def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], baseline_name: str,
            decision: Decision | None = None) -> str:
     """The whole terminal report; ``decision`` defaults to :func:`decide` at the default margin."""
@@ -160,6 +167,8 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
         parts += ["", f"baseline accuracy {base.accuracy:.2f} on {base.n_scored} items"
                   + ("  (low: the model can hardly do this task uncompressed)" if base.accuracy < 0.5 else "")]
     parts.append(decision_text(decision))
+    if notes := budget_notes(summaries):
+        parts += ["", "freeing less memory than the budget suggests (measured prompt cache):", *notes]
     if any(s.kv_bytes_estimated for s in summaries):
         parts += ["", "≈ estimated, not measured: the server's KV pool bytes per token (from its /metrics or start-up "
                   "log) times the prompt tokens"]

@@ -274,7 +274,8 @@ def test_a_finished_experiment_opens_on_its_result_and_draws_only_that(filled):
     assert {"PNG", "SVG", "PDF", "HTML"} <= {b.proto.label for b in at.get("download_button")}
 
 
-@pytest.mark.parametrize(("section", "charts"), [("Progress", 1), ("Latency", 1), ("Breakdown", 2), ("Generation", 0),
+@pytest.mark.parametrize(("section", "charts"), [("Progress", 1), ("Latency", 1), ("Breakdown", 2), ("Layers", 1),
+                                                 ("Generation", 0),
                                                  ("Needles", 1), ("Failed items", 0), ("Spec & environment", 0),
                                                  ("Export", 0)])
 def test_each_section_draws_its_own_content(filled, section, charts):
@@ -328,6 +329,8 @@ def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdi
     assert verdict != default_verdict and "by more than 20 points" in verdict  # the rule at the viewer's margin
     at.segmented_control(key="tab").set_value("Failed items").run()
     at.selectbox(key="item").set_value("passkey-256-1").run()
+    at.segmented_control(key="tab").set_value("Layers").run()
+    at.selectbox(key="layout").set_value("int2").run()
     at.segmented_control(key="tab").set_value("Needles").run()
     at.selectbox(key="needle").set_value("int2").run()
     assert_clean(at)
@@ -335,7 +338,7 @@ def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdi
     params = parse_qs(urlsplit(link).query)
     assert set(params) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece, by its name
     assert params == {"id": [str(done_id)], "tab": ["Needles"], "x": ["ratio"], "y": ["KL"], "hide": ["snapkv-50"],
-                      "margin": ["20"], "needle": ["int2"], "item": ["passkey-256-1"]}
+                      "margin": ["20"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"]}
 
     opened = open_page(VIEW, **{key: values if len(values) > 1 else values[0] for key, values in params.items()})
     assert_clean(opened)
@@ -343,6 +346,8 @@ def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdi
     assert opened.number_input(key="margin").value == 20.0 and share_link(opened) == link
     opened.segmented_control(key="tab").set_value("Failed items").run()
     assert opened.selectbox(key="item").value == "passkey-256-1"
+    opened.segmented_control(key="tab").set_value("Layers").run()
+    assert opened.selectbox(key="layout").value == "int2"
     opened.segmented_control(key="tab").set_value("Tradeoff").run()
     assert opened.radio(key="x").value == "ratio" and opened.radio(key="y").value == "KL"
     assert _verdict(opened) == verdict
@@ -542,3 +547,33 @@ def test_the_cache_over_the_generation_and_accuracy_per_question_are_drawn(store
     assert_clean(at)
     assert plotly_charts(at) == 3  # by task, by context length, by question rank
     assert "Question rank" in texts(at.caption)
+
+
+def test_the_layers_section_draws_kept_tokens_per_head_and_bytes_per_layer(store):
+    """A head-wise config's cache layout, as the embedded engine stores it: the chosen config in the URL."""
+    from kvlab.core.experiment_spec import parse_spec
+    from kvlab.core.results import CacheLayout
+    from tests.store.test_store import make_result
+
+    spec = parse_spec({"name": "layers", "tasks": [{"name": "passkey", "num_items": 2}],
+                       "configs": [{"evict": "knorm", "ratio": 0.5, "heads": "adakv"},
+                                   {"quant": "int4", "skip_layers": {"first": 1}}]})
+    experiment_id = store.create_experiment(spec, {"versions": {"kvlab": "test"}})
+    for trial in store.claim_trials("test-host:w0", max_trials=3, experiment_id=experiment_id):
+        for item in range(2):
+            kept = [(100 + layer, 40 - layer, 60) for layer in range(4)]
+            layout = CacheLayout(tuple(kept), tuple(sum(heads) * 256 for heads in kept))
+            store.add_item_result(trial.id, make_result(f"passkey/{item}", trial.config_name, config=trial.config,
+                                                        extra={"cache_layout": layout.to_dict()}))
+        store.finish_trial(trial.id, "done", worker_id="test-host:w0")
+    at = open_page(VIEW, id=str(experiment_id), tab="Layers")
+    assert_clean(at)
+    assert plotly_charts(at) == 1
+    choices = at.selectbox(key="layout").options
+    assert choices[-1] == "baseline" and "knorm:r0.5/ada" in choices
+    assert "head-wise budget" in texts(at.caption)
+    second = choices[1]
+    at = open_page(VIEW, id=str(experiment_id), tab="Layers", layout=second)
+    assert_clean(at)
+    assert at.selectbox(key="layout").value == second
+    assert parse_qs(urlsplit(share_link(at)).query) == {"id": [str(experiment_id)], "tab": ["Layers"], "layout": [second]}

@@ -53,7 +53,7 @@ def test_every_piece_of_the_experiment_view_is_in_its_link():
     """Each field of the page's state, away from its default, is a query parameter of the share link
     under its own name (the widget's key), and back at its default leaves the link."""
     changed = {"tab": "Needles", "x": "ratio", "y": "KL", "hide": ("int2", "a b"), "margin": 20.0,
-               "needle": "snapkv-50", "item": "passkey-256-0"}
+               "needle": "snapkv-50", "layout": "int4", "item": "passkey-256-0"}
     assert set(changed) == {f.name for f in fields(views.ExperimentViewState)} - {"id"}  # a new field: test it
     for name, value in changed.items():
         state = views.ExperimentViewState(7, **{name: value})

@@ -102,6 +102,10 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     _wait_idle(page)
     _pick(page, "stSelectbox", "Item: KL along its tokens", "passkey-256-1")
     page.get_by_text("KL along the tokens of passkey-256-1").wait_for()
+    _section(page, "Layers").click()
+    _wait_idle(page)
+    _pick(page, "stSelectbox", "Config", "int2")
+    page.get_by_text("int2: where the prompt's cache is").wait_for()
     _section(page, "Needles").click()
     _wait_idle(page)
     _pick(page, "stSelectbox", "Config", "int2")
@@ -113,7 +117,7 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     query = parse_qs(urlsplit(link).query)
     assert set(query) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece of the state
     assert query == {"id": ["1"], "tab": ["Needles"], "x": ["ratio"], "y": ["KL"], "hide": ["snapkv-50"],
-                     "margin": ["20"], "needle": ["int2"], "item": ["passkey-256-1"]}, link
+                     "margin": ["20"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"]}, link
     # (The address bar is not such a link: Streamlit drops a bound widget's parameter while the widget
     # is not drawn, here x and y, which only the Tradeoff section draws.)
 
@@ -123,6 +127,9 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     _section(shared, "Failed items").click()
     _wait_idle(shared)
     shared.get_by_text("KL along the tokens of passkey-256-1").wait_for()
+    _section(shared, "Layers").click()
+    _wait_idle(shared)
+    shared.get_by_text("int2: where the prompt's cache is").wait_for()
     _section(shared, "Tradeoff").click()
     _wait_idle(shared)
     expect(shared.get_by_test_id("stRadioOption").filter(has_text="ratio").locator("input")).to_be_checked()
