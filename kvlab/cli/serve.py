@@ -11,7 +11,7 @@ from kvlab.cli.options import float_between, int_between, positive_int
 from kvlab.core.errors import ConfigError
 from kvlab.core.formats import SETTINGS
 from kvlab.core.kv_config import EVICTION_METHODS, MAX_DECODE_TOKENS, MAX_LAYERS, QUANT_DTYPES, KVCacheConfig
-from kvlab.core.methods import BUDGETS, HEAD_BUDGET_NAMES, PARAMS, BudgetKind
+from kvlab.core.methods import BUDGETS, HEAD_BUDGET_NAMES, METHODS, PARAMS, BudgetKind
 
 #: The KVCacheConfig fields kvlab serve takes as options: the format, its settings, the method, its
 #: budget, its parameters (each from its registry) and how the budget is shared out across heads.
@@ -82,9 +82,11 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def kv_config_from_args(args: argparse.Namespace) -> KVCacheConfig:
     """The server's default config.  Eviction is query-aware by construction (the server sees the
-    question), so it is marked so."""
+    question), so it is marked so; a method that replays the context (KVzip) scores all but the last
+    prompt token as the context."""
     values = {name: getattr(args, name) for name in KV_FLAGS if getattr(args, name) is not None}
-    values["query_aware"] = values.get("evict", "none") != "none"
+    method = values.get("evict", "none")
+    values["query_aware"] = method != "none" and not METHODS[method].replays_context
     decode = {name: value for name in DECODE_FLAGS if (value := getattr(args, f"decode_{name}")) is not None}
     if decode:
         values["decode"] = decode

@@ -6,23 +6,28 @@ sweeps many budgets over the same prefill, so it calls each press's own ``score`
 afterwards: ``ratio``/``keep_fraction`` keep the top tokens per head (kvpress's
 ``ScorerPress.compress``), ``keep_tokens`` a count of them, ``threshold`` keeps tokens above a
 global score quantile.  A head-wise budget (AdaKV, CriticalAdaKV) runs kvpress's own head-wise
-press on the kept scores and reads the entries it would mask: each head keeps the others.
+press on the kept scores and reads the entries it would mask: each head keeps the others.  KVzip
+scores after the prefill, by kvpress's own replay of the context (:func:`replay_scores`), and shares
+one budget out across all layers and heads as kvpress's ``compress_post`` does.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
-from kvpress import DecodingPress, ScorerPress
+from kvpress import DecodingPress, KVzipPress, ScorerPress
 from kvpress.utils import compute_n_kept
 from torch import nn
 
+from kvlab.core.errors import ConfigError
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.methods import HEAD_BUDGETS, METHODS, UNIFORM_HEADS, Method
 
@@ -122,6 +127,7 @@ def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
     config its own scorer and nobody else's.
     """
     modules = attention_modules(model)
+    keys = {k for k in keys if not METHODS[k.method].replays_context}  # scored after the prefill (replay_scores)
     collected = CollectedScores({k: [None] * len(modules) for k in keys}, {k: 0.0 for k in keys})
     scores = collected.scores
     scorers = {k: make_scorer(k, seed) for k in keys}
@@ -165,6 +171,80 @@ def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
             handle.remove()
         for module in modules:
             module.kvlab_return_weights = False
+
+
+# kvpress warns on every KVzipPress that its replay costs 2-3 prefills: kvlab measures that cost and charges it
+# to KVzip's configs (their scorer seconds, in TTFT), so the warning would only repeat itself on every item.
+logging.getLogger("kvpress.presses.kvzip_press").setLevel(logging.ERROR)
+
+
+class _KVzipScorer(KVzipPress):
+    """kvpress's KVzip, its replay of the context as it is, keeping the scores instead of masking: kvlab
+    applies each budget to them afterwards (:func:`_replayed_tokens`)."""
+
+    def compress_post(self, model: nn.Module) -> None:
+        self.kept_scores = self.score_val.clone()
+
+
+@contextmanager
+def replay_scores(model: nn.Module, keys: set[ScorerKey]) -> Iterator[CollectedScores]:
+    """Around a prefill (one forward of ``model.model`` with a ``DynamicCache``): afterwards, a KVzip scorer
+    has the model repeat the context over that cache (kvpress's own passes, the cache cut back to the
+    context after each layer) and keeps each layer's scores ``[1, kv_heads, T]``, with the seconds the
+    replay took (charged to KVzip alone)."""
+    keys = {k for k in keys if METHODS[k.method].replays_context}
+    collected = CollectedScores({}, {})
+    if len(keys) > 1:  # kvpress's replay wraps the model's forward: a second one would capture the first's replay
+        raise ConfigError(f"{len(keys)} KVzip scorers in one run ({', '.join(str(dict(k.params)) for k in keys)}): "
+                          f"give KVzip configs of one experiment the same n_sink")
+    with ExitStack() as stack:
+        for key in keys:
+            scorer = _KVzipScorer(compression_ratio=_REPLAY_RATIO, **_kvpress_params(key))
+            stack.callback(_record_replay, collected, key, scorer)  # after its replay
+            stack.enter_context(scorer(model))  # kvpress replays on its way out of this context
+            stack.callback(_start_replay, collected, key)  # before its replay (the stack unwinds in reverse)
+        yield collected
+
+
+_REPLAY_RATIO = 0.5  # any ratio above 0 makes kvpress replay; the budgets are kvlab's, applied afterwards
+
+
+def _kvpress_params(key: ScorerKey) -> dict[str, Any]:
+    method = METHODS[key.method]
+    return {method.params[k]: v for k, v in key.params if k in method.params}
+
+
+def _start_replay(collected: CollectedScores, key: ScorerKey) -> None:
+    collected.seconds[key] = -time.perf_counter()
+
+
+def _record_replay(collected: CollectedScores, key: ScorerKey, scorer: _KVzipScorer) -> None:
+    collected.seconds[key] += time.perf_counter()
+    scores = getattr(scorer, "kept_scores", None)
+    collected.scores[key] = [] if scores is None else [layer.float() for layer in scores]
+
+
+def _replayed_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor], modules: list[nn.Module],
+                     removed: float) -> list[tuple[torch.Tensor, ...]]:
+    """Each layer's per-head kept indices under one budget shared across every layer and head: kvpress's own
+    ``KVzipPress.compress_post`` on the replay's scores, read from the entries it would mask."""
+    press = KVzipPress(compression_ratio=removed, n_sink=config.n_sink)
+    press.score_val = torch.stack(layer_scores)
+    layers = SimpleNamespace(model=SimpleNamespace(layers=[SimpleNamespace(self_attn=m) for m in modules]))
+    heads, tokens = layer_scores[0].shape[-2:]
+    device = layer_scores[0].device
+    kept = []
+    try:
+        KVzipPress.compress_post(press, layers)
+        for module in modules:
+            keep = torch.ones(heads, tokens, dtype=torch.bool, device=device)
+            _, head_index, token_index = module.masked_key_indices  # kvpress keeps them on the CPU
+            keep[head_index.to(device), token_index.to(device)] = False
+            kept.append(tuple(row.nonzero().flatten().view(1, 1, -1) for row in keep))
+    finally:
+        for module in modules:
+            module.masked_key_indices = None
+    return kept
 
 
 def ratio_keeping(length: int, count: int) -> float:
@@ -254,11 +334,16 @@ def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None]
             kept[i] = _top_indices(_protect(layer_scores[i], evictable), n_kept + protected)
         return kept
     removed = config.removed_fraction
+    method = METHODS[config.evict]
+    if method.replays_context:  # one budget across every layer and head (query-aware is refused: nothing protected)
+        for i, layer_kept in zip(active, _replayed_tokens(config, [layer_scores[i] for i in active],
+                                                          [modules[i] for i in active], removed), strict=True):
+            kept[i] = layer_kept
+        return kept
     count = None
     if config.keep_tokens is not None:  # a count: the protected tokens among it, never no context token
         count = max(1, min(evictable, config.keep_tokens - protected))
         removed = ratio_keeping(evictable, count)  # positional scores and per-layer budgets read a ratio
-    method = METHODS[config.evict]
     press = _config_press(config, removed) if method.scorer is None or method.layer_budgets else None
     for i in active:
         if method.scorer is None:  # positional: scored here, on the evictable tokens only

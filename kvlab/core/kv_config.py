@@ -248,6 +248,9 @@ class KVCacheConfig(BaseModel):
                     f"evict = '{self.evict}' needs exactly one budget: "
                     f"{'; '.join(f'{b} ({BUDGETS[b].help})' for b in accepted)}; got {', '.join(budgets) or 'none'}"
                 )
+            if self.query_aware and METHODS[self.evict].replays_context:
+                raise ValueError(f"evict = '{self.evict}' is query-agnostic: it scores the context by having the "
+                                 f"model repeat it, the question is not part of it; drop query_aware")
             budget = next(iter(budgets))
             if budget not in accepted:
                 raise ValueError(
@@ -377,6 +380,14 @@ def check_heads_grid(methods: list[str], heads: list[str], budget: str) -> None:
                          f"{', '.join(methods_headwise())}")
 
 
+def check_query_aware_grid(methods: list[str], query_aware: bool) -> None:
+    """A query-aware grid's methods must all read the question (KVzip, query-agnostic, refuses it)."""
+    agnostic = [m for m in methods if m != "none" and METHODS[m].replays_context]
+    if query_aware and agnostic:
+        raise ValueError(f"query_aware = true, but {', '.join(agnostic)} is query-agnostic (it scores the context by "
+                         f"having the model repeat it): run it in a grid without query_aware")
+
+
 def check_format_grid(quant: list[str], value_quant: list[str], skip_layers: list[SkipLayers]) -> None:
     """A grid's value formats and 16-bit layer patterns: distinct, and patterns with a format that quantizes."""
     if len(set(value_quant)) != len(value_quant):
@@ -429,6 +440,7 @@ class SweepGrid(BaseModel):
         check_decode_grid(self.evict, self.decode)
         check_heads_grid(self.evict, self.heads, "ratio")
         check_format_grid(self.quant, self.value_quant, self.skip_layers)
+        check_query_aware_grid(self.evict, self.query_aware)
         return self
 
     @field_validator("quant", "evict", "ratios")

@@ -91,7 +91,8 @@ class Method:
     budget while scoring, so each budget needs its own scorer and a threshold has no meaning.
     ``wraps``: the method whose press this press takes as its ``press`` argument.
     ``query_driven``: its scores come from query states, so a query-aware config (the question
-    in the prefill) steers them.  ``decode_refusal``: why the method cannot score the cache during
+    in the prefill) steers them.  ``replays_context``: scored after the prefill by having the model
+    repeat the context (KVzip), its budget shared out across every layer and head by those scores.  ``decode_refusal``: why the method cannot score the cache during
     generation (a decode policy, kvpress's ``DecodingPress``); empty where it can.  ``heads_refusal``:
     why its scores cannot be shared out across heads (:data:`HEAD_BUDGETS`); empty where they can.
     """
@@ -114,6 +115,7 @@ class Method:
     checked_on_default_model: bool = False  # covered by tests/compress/test_every_method_on_passkey.py
     decode_refusal: str = ""
     heads_refusal: str = ""
+    replays_context: bool = False
 
     @property
     def decodes(self) -> bool:
@@ -177,6 +179,11 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            decode_refusal="its scores depend on the budget it is given",
            heads_refusal="its scores depend on the budget it is given; critical_adakv is its head-wise form "
            "(heads = 'critical_adakv' with evict = 'snapkv')"),
+    Method("kvzip", "KVzipPress", "KVzip: attention each entry gets while the model repeats the context; one "
+           "budget shared out across every layer and head", "arXiv:2505.23416", budgets=FRACTION_COUNT_BUDGETS,
+           params={"n_sink": "n_sink"}, replays_context=True, checked_on_default_model=True,
+           decode_refusal="it scores by having the model repeat the whole context, once, after the prefill",
+           heads_refusal="its budget is already shared out across heads (and layers) by its scores"),
 )}
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from kvlab.core.kv_config import (
     check_decode_grid,
     check_format_grid,
     check_heads_grid,
+    check_query_aware_grid,
     decode_options,
     space_tables,
 )
@@ -118,6 +119,7 @@ class TuneSpec(BaseModel):
         check_decode_grid(self.evict, self.decode)
         check_heads_grid(self.evict, self.heads, self.budget)
         check_format_grid(self.quant, self.value_quant, self.skip_layers)
+        check_query_aware_grid(self.evict, self.query_aware)
         for name, values in (("quant", self.quant), ("evict", self.evict), ("group_sizes", self.group_sizes),
                              ("residual_lengths", self.residual_lengths)):
             if len(set(values)) != len(values):

@@ -34,6 +34,7 @@ from kvlab.compress.eviction import (
     attention_modules,
     collect_scores,
     gather_tokens,
+    replay_scores,
     scorer_key,
     select_tokens,
 )
@@ -369,10 +370,13 @@ class EmbeddedEngine(Engine):
             empty = torch.zeros(1, self.geometry.num_kv_heads, 0, self.geometry.head_dim, device=self.device)
             layers = [empty] * self.geometry.num_layers
             return _Prefill(layers, layers, CollectedScores({}, {}), 0.0)
-        with collect_scores(self.model, scorers - {None}, self.seed, self.geometry.sliding_layers) as collected:
-            self.model.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=cache,
-                             use_cache=True)
+        with replay_scores(self.model, scorers - {None}) as replayed:  # KVzip: after the prefill, its replay
+            with collect_scores(self.model, scorers - {None}, self.seed, self.geometry.sliding_layers) as collected:
+                self.model.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=cache,
+                                 use_cache=True)
         elapsed = time.perf_counter() - start
+        collected.scores |= replayed.scores
+        collected.seconds |= replayed.seconds
         return _Prefill([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
                         collected, max(elapsed - sum(collected.seconds.values()), 0.0))
 

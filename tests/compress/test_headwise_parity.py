@@ -100,3 +100,28 @@ def test_a_query_aware_headwise_config_keeps_the_question_in_every_head(engine, 
     assert question > 0
     for heads in aware.extra["cache_layout"]["kept"]:
         assert min(heads) >= question + 1 and sum(heads) == 64 * len(heads)
+
+
+KVZIP = {"kvzip_50": KVCacheConfig(evict="kvzip", ratio=0.5), "kvzip_75": KVCacheConfig(evict="kvzip", ratio=0.75)}
+
+
+@pytest.mark.parametrize("name", KVZIP)
+def test_kvzip_matches_kvpress_and_charges_its_replay_to_itself(engine, kvpress_pipeline, items, name):
+    """KVzip (kvpress's own replay of the context, its one budget shared across every layer and head): the same
+    text as kvpress's masked version, the kept entries' bytes only, and the replay's seconds in its own scorer time."""
+    from kvpress import KVzipPress
+
+    config = KVZIP[name]
+    per_entry = 2 * engine.geometry.head_dim * BASELINE_BYTES_PER_ELEMENT
+    for item in items[:2]:
+        snap, ours = engine.evaluate(item, [KVCacheConfig(evict="snapkv", ratio=config.ratio), config])
+        theirs = kvpress_answer(kvpress_pipeline, engine.tokenizer, item, KVzipPress(compression_ratio=config.ratio),
+                                ours.output_tokens)
+        assert ours.generated == theirs, (name, item.item_id)
+        kept = ours.extra["cache_layout"]["kept"]
+        assert len({sum(heads) for heads in kept}) > 1  # layers keep different counts: one budget for all
+        total = sum(map(sum, kept))
+        assert total == pytest.approx(len(kept) * len(kept[0]) * ours.context_tokens * (1 - config.ratio), abs=1)
+        assert ours.physical_kv_bytes == total * per_entry == ours.analytic_kv_bytes
+        # the replay is charged to KVzip alone: the prefill is the same for both configs, SnapKV's scorer is its own
+        assert ours.prefill_s == snap.prefill_s and ours.score_s > ours.prefill_s > snap.score_s

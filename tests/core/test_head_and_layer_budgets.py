@@ -180,3 +180,22 @@ def test_a_sweep_and_a_tune_offer_value_formats_and_16_bit_layers():
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     proposed = {KVCacheConfig(**space.suggest(study.ask())).label for _ in range(80)}
     assert proposed <= points and len(proposed) >= 10
+
+
+def test_kvzip_is_query_agnostic_shares_its_own_budget_and_scores_in_the_prefill_only():
+    from kvlab.cli.main import build_parser
+    from kvlab.cli.serve import kv_config_from_args
+    from kvlab.core.tune_spec import TuneSpec
+
+    assert KVCacheConfig(evict="kvzip", ratio=0.5).label == "kvzip:r0.5"
+    assert "query-agnostic" in _error(evict="kvzip", ratio=0.5, query_aware=True)
+    assert "already shared out across heads" in _error(evict="kvzip", ratio=0.5, heads="adakv")
+    assert "once, after the prefill" in _error(evict="kvzip", decode={"interval": 8, "target_tokens": 64})
+    assert "its budgets: ratio, keep_fraction" in _error(evict="kvzip", keep_tokens=64)
+    with pytest.raises(ValidationError, match="kvzip is query-agnostic"):
+        SweepGrid(evict=["snapkv", "kvzip"], query_aware=True)
+    with pytest.raises(ValidationError, match="kvzip is query-agnostic"):
+        TuneSpec(evict=["kvzip"], query_aware=True)
+    # kvlab serve marks eviction query-aware (it sees the question), but not KVzip's: it scores the prompt
+    assert kv_config_from_args(build_parser().parse_args(["serve", "--evict", "kvzip", "--ratio", "0.5"])) \
+        == KVCacheConfig(evict="kvzip", ratio=0.5)
