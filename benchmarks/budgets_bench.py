@@ -44,7 +44,8 @@ from kvlab.tasks import score_item  # noqa: E402
 GROUPS: dict[str, list[KVCacheConfig]] = {
     "budget": [KVCacheConfig(evict="snapkv", ratio=0.75), KVCacheConfig(evict="pyramidkv", ratio=0.75),
                KVCacheConfig(evict="snapkv", ratio=0.75, heads="adakv"),
-               KVCacheConfig(evict="snapkv", ratio=0.75, heads="critical_adakv"), KVCacheConfig(evict="kvzip", ratio=0.75)],
+               KVCacheConfig(evict="snapkv", ratio=0.75, heads="critical_adakv"),
+               KVCacheConfig(evict="kvzip", ratio=0.75)],
     "formats": [KVCacheConfig(quant="int8", value_quant="int4"), KVCacheConfig(quant="int4"),
                 KVCacheConfig(quant="int4", value_quant="int8")],
     "layers": [KVCacheConfig(quant="int2"), KVCacheConfig(quant="int2", skip_layers={"first": 2, "last": 2})],

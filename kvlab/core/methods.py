@@ -92,9 +92,10 @@ class Method:
     ``wraps``: the method whose press this press takes as its ``press`` argument.
     ``query_driven``: its scores come from query states, so a query-aware config (the question
     in the prefill) steers them.  ``replays_context``: scored after the prefill by having the model
-    repeat the context (KVzip), its budget shared out across every layer and head by those scores.  ``decode_refusal``: why the method cannot score the cache during
-    generation (a decode policy, kvpress's ``DecodingPress``); empty where it can.  ``heads_refusal``:
-    why its scores cannot be shared out across heads (:data:`HEAD_BUDGETS`); empty where they can.
+    repeat the context (KVzip), its budget shared out across every layer and head by those scores.
+    ``decode_refusal``: why the method cannot score the cache during generation (a decode policy,
+    kvpress's ``DecodingPress``); empty where it can.  ``heads_refusal``: why its scores cannot be
+    shared out across heads (:data:`HEAD_BUDGETS`); empty where they can.
     """
 
     name: str

@@ -152,12 +152,28 @@ class ConfigSpace:
         design: list[dict[str, Any]] = []
         if "none" in self.evict:
             design += [{"quant": quant, "evict": "none"} | {name: self.settings[name][0] for name in self.varied(quant)}
-                       for quant in self.quant if quant != "none"]
+                       | self._plain(quant, "none") for quant in self.quant if quant != "none"]
         if "none" in self.quant:
             middle = self.budgets[len(self.budgets) // 2]
-            design += [{"quant": "none", "evict": method, BUDGET_PARAM: middle}
+            design += [{"quant": "none", "evict": method, BUDGET_PARAM: middle} | self._plain("none", method)
                        for method in self.evict if method != "none"]
         return design
+
+    def _plain(self, quant: str, method: str) -> dict[str, Any]:
+        """The plain answers (values as keys, no 16-bit layers, uniform heads, no decode policy) to the
+        conditional questions :meth:`suggest` asks of ``quant`` and ``method`` in this space."""
+        params: dict[str, Any] = {}
+        if len(self._values(quant)) > 1:
+            params[f"{VALUE_PARAM}:{quant}"] = SAME_FORMAT
+        if len(self._skips(quant, None)) > 1:
+            params[SKIP_PARAM] = choice_key(None)
+        if method != "none":
+            heads = self._heads(method)
+            if len(heads) > 1:
+                params[HEADS_PARAM] = UNIFORM_HEADS if UNIFORM_HEADS in heads else heads[0]
+            if params.get(HEADS_PARAM, heads[0]) == UNIFORM_HEADS and len(self._decodes(method)) > 1:
+                params[DECODE_PARAM] = choice_key(None)
+        return params
 
     def suggest(self, trial: Trial) -> Point:
         """The config an Optuna trial proposes (the baseline when it names neither a format nor a method).

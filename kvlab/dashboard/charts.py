@@ -275,7 +275,8 @@ def cache_layout_figure(results: Sequence[ItemResult], config_name: str) -> go.F
                              hovertemplate="layer %{x}, %{y}: %{z:.1f} tokens kept<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Bar(x=list(layers), y=sizes, marker_color=_PALETTE[0], showlegend=False,
                          hovertemplate="layer %{x}: %{y:.3f} MiB<extra></extra>"), row=2, col=1)
-    fig.update_layout(title=plotly_text(f"{config_name}: where the prompt's cache is ({len(layouts)} items)"),
+    items = f"{len(layouts)} item" + ("s" if len(layouts) != 1 else "")
+    fig.update_layout(title=plotly_text(f"{config_name}: where the prompt's cache is ({items})"),
                       **(_LAYOUT | {"height": 560}))
     fig.update_xaxes(title_text="layer", row=2, col=1)
     return fig

@@ -372,7 +372,10 @@ class Tuner:
         summaries = summarize(results, trials[0].config_name, self.spec.margins, untested=untested)
         decision = decide(summaries, trials[0].config_name, untested=untested)
         baseline = next((s for s in summaries if s.config_name == trials[0].config_name), None)
-        answer = recommendation(self.spec.model, decision, [s for s in summaries if s is not baseline], baseline)
+        layers = next((len(r.extra["cache_layout"]["kept"]) for r in results if "cache_layout" in (r.extra or {})),
+                      None)  # the model's depth, where the engine reported its cache layer by layer
+        answer = recommendation(self.spec.model, decision, [s for s in summaries if s is not baseline], baseline,
+                                layers)
         if len(names) == 1:
             answer["note"] = (f"no candidate reached all {len(self.order)} items: every one stopped early (the tune "
                               "page says why); widen the space, raise max_drop or give more items")

@@ -109,8 +109,9 @@ def config_toml(config: KVCacheConfig) -> str:
 
 
 def recommendation(model: str, decision: Decision, summaries: list[ConfigSummary],
-                   baseline: ConfigSummary | None) -> dict[str, Any]:
-    """The tune's answer as stored and shown (JSON-ready); ``config`` is None without a sweet spot."""
+                   baseline: ConfigSummary | None, num_layers: int | None = None) -> dict[str, Any]:
+    """The tune's answer as stored and shown (JSON-ready); ``config`` is None without a sweet spot.
+    ``num_layers``: the model's, where the results say it (an engine flag names layers by index)."""
     spot = decision.sweet_spot
     answer: dict[str, Any] = {"rule": decision.rule, "note": decision.note, "items_needed": decision.items_needed,
                               "max_drop": decision.max_drop, "max_kl": decision.margins.max_kl,
@@ -132,7 +133,7 @@ def recommendation(model: str, decision: Decision, summaries: list[ConfigSummary
         "ttft_ms": spot.ttft_s * 1000 if spot.ttft_s is not None else None,
         "tpot_ms": spot.tpot_s * 1000 if spot.tpot_s is not None else None,
         "kvlab_serve": serve_command(model, config),
-        "engines": {kind: engine_flag(kind, config) for kind in ENGINES},
+        "engines": {kind: engine_flag(kind, config, num_layers) for kind in ENGINES},
         "toml": config_toml(config),
     }
     return answer

@@ -16,8 +16,16 @@ import pytest
 from kvlab.compress.accounting import analytic_layer_bytes
 from kvlab.core.formats import FORMATS, GROUP_SIZES, KEY_AXES, SETTINGS
 from kvlab.core.kv_config import KVCacheConfig, SweepGrid, describe
-from kvlab.core.methods import BUDGETS, COUNT_BUDGETS, FRACTION_COUNT_BUDGETS, METHODS, methods_with
-from kvlab.core.space import BUDGET_PARAM, ConfigSpace, canonical_name
+from kvlab.core.methods import BUDGETS, COUNT_BUDGETS, FRACTION_COUNT_BUDGETS, HEAD_BUDGET_NAMES, METHODS, methods_with
+from kvlab.core.space import (
+    BUDGET_PARAM,
+    DECODE_PARAM,
+    HEADS_PARAM,
+    SKIP_PARAM,
+    VALUE_PARAM,
+    ConfigSpace,
+    canonical_name,
+)
 from kvlab.core.tune_spec import TuneSpec, backend_space
 from kvlab.spec_files import parse_spec_toml
 
@@ -50,10 +58,17 @@ def random_tune(rng: random.Random) -> TuneSpec:
     if quant == ["none"] and evict == ["none"]:
         evict.append(methods_with(budget)[0])
     low = rng.choice([0.1, 0.25, 0.5])
+    methods = [METHODS[m] for m in evict if m != "none"]
+    heads = ["uniform", *rng.sample(HEAD_BUDGET_NAMES[1:], rng.randint(0, 2))] if any(m.headwise for m in methods) \
+        else ["uniform"]
+    value_quant = rng.sample(list(FORMATS), rng.randint(0, 2))
+    quantizes = any(f != "none" for f in (*quant, *value_quant))
     return TuneSpec(quant=quant, evict=evict, budget=budget, group_sizes=rng.sample(GROUP_SIZES, rng.randint(1, 3)),
                     residual_lengths=rng.sample([0, 16, 64, 128], rng.randint(1, 3)),
                     budget_range=(low, rng.choice([low, 0.75, 0.875])), budget_step=rng.choice([0.125, 0.25]),
-                    query_aware=rng.random() < 0.3 and evict != ["none"])
+                    query_aware=rng.random() < 0.3 and bool(methods) and not any(m.replays_context for m in methods),
+                    heads=heads, value_quant=value_quant,
+                    skip_layers=[{"first": 1, "last": 2}] if quantizes and rng.random() < 0.3 else [])
 
 
 def spec_spaces() -> list[ConfigSpace]:
@@ -127,7 +142,11 @@ def test_suggestions_and_the_initial_design_are_points(space):
     for params in space.initial_design():
         config = KVCacheConfig(**space.suggest(ReplayTrial(params)))
         assert config in points and not config.is_baseline
-        assert set(params) <= {"quant", "evict", BUDGET_PARAM, *space.settings}  # the study's parameter names
+        # the study's parameter names (the conditional ones answered plainly: the format or the method alone)
+        assert set(params) <= {"quant", "evict", BUDGET_PARAM, *space.settings, HEADS_PARAM, DECODE_PARAM, SKIP_PARAM,
+                               *(f"{VALUE_PARAM}:{quant}" for quant in space.quant)}
+        assert config.value_quant is None and config.skip_layers is None and config.decode is None
+        assert config.heads == "uniform" or "uniform" not in space.heads
 
 
 @pytest.mark.parametrize("space", SPEC_SPACES)

@@ -576,4 +576,5 @@ def test_the_layers_section_draws_kept_tokens_per_head_and_bytes_per_layer(store
     at = open_page(VIEW, id=str(experiment_id), tab="Layers", layout=second)
     assert_clean(at)
     assert at.selectbox(key="layout").value == second
-    assert parse_qs(urlsplit(share_link(at)).query) == {"id": [str(experiment_id)], "tab": ["Layers"], "layout": [second]}
+    assert parse_qs(urlsplit(share_link(at)).query) == {"id": [str(experiment_id)], "tab": ["Layers"],
+                                                        "layout": [second]}
