@@ -30,6 +30,7 @@ from torch import nn
 from kvlab.core.errors import ConfigError
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.methods import HEAD_BUDGETS, METHODS, UNIFORM_HEADS, Method
+from kvlab.core.results import KeptPositions
 
 #: Per layer, the kept token indices: ``[B, kv_heads, k]`` (every head keeps k), one ``[1, 1, k_h]``
 #: per head (a head-wise budget), or None (everything kept).
@@ -371,3 +372,19 @@ def gather_tokens(tensor: torch.Tensor, indices: Kept) -> torch.Tensor | tuple[t
     if isinstance(indices, tuple):
         return tuple(gather_tokens(tensor[:, head:head + 1], index) for head, index in enumerate(indices))
     return tensor.gather(2, indices.unsqueeze(-1).expand(-1, -1, -1, tensor.shape[-1]))
+
+
+def kept_positions(kept: list[Kept], tokens: int, layer_windows: tuple[int | None, ...],
+                   heads: int) -> KeptPositions:
+    """The prompt positions each head of each layer holds once :func:`select_tokens` chose ``kept``: every one
+    where it chose none, the last ``window - 1`` in a sliding-window layer (all that it stores)."""
+    layers = []
+    for indices, window in zip(kept, layer_windows, strict=True):
+        if isinstance(indices, tuple):
+            layers.append(tuple(tuple(index.flatten().tolist()) for index in indices))
+        elif indices is not None:
+            layers.append(tuple(tuple(row.tolist()) for row in indices[0]))
+        else:
+            first = max(0, tokens - window + 1) if window is not None else 0
+            layers.append((tuple(range(first, tokens)),) * heads)
+    return KeptPositions(tokens, tuple(layers))

@@ -31,9 +31,11 @@ from kvlab.compress.cache import KVLabCache, build_compressed_cache
 from kvlab.compress.decoding import DecodeCompressor
 from kvlab.compress.eviction import (
     CollectedScores,
+    Kept,
     attention_modules,
     collect_scores,
     gather_tokens,
+    kept_positions,
     replay_scores,
     scorer_key,
     select_tokens,
@@ -41,7 +43,14 @@ from kvlab.compress.eviction import (
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
-from kvlab.core.results import MEASURED_EMBEDDED, CacheLayout, GenerationKV, ItemResult, KVMeasurement
+from kvlab.core.results import (
+    MEASURED_EMBEDDED,
+    CacheLayout,
+    GenerationKV,
+    ItemResult,
+    KeptPositions,
+    KVMeasurement,
+)
 from kvlab.engines import attention
 from kvlab.engines.base import Engine
 from kvlab.engines.batched_decode import (
@@ -73,6 +82,7 @@ class _Compressed:
     compress_s: float
     kv: KVMeasurement
     layout: CacheLayout
+    kept: list[Kept]  # the prompt positions each layer kept (eviction.select_tokens)
     taken: KVMeasurement | None = None  # :meth:`measured` as it was at one point (a turn of a conversation)
 
     def measured(self) -> KVMeasurement:
@@ -399,7 +409,7 @@ class EmbeddedEngine(Engine):
         kept_mean = sum(full_layers) / len(full_layers)
         protected = prefix_len - evictable
         layout = CacheLayout(tuple(kept_per_head), tuple(layer.physical_bytes for layer in cache.layers))
-        return _Compressed(cache=cache, compress_s=compress_s, layout=layout, kv=KVMeasurement(
+        return _Compressed(cache=cache, compress_s=compress_s, layout=layout, kept=kept, kv=KVMeasurement(
             context_tokens=prefix_len, kept_tokens=kept_mean,
             kept_fraction=(kept_mean - protected) / evictable if evictable else 1.0,
             baseline_bytes=baseline_kv_bytes(self.geometry, prefix_len), physical_bytes=cache.physical_bytes,
@@ -514,6 +524,11 @@ class EmbeddedEngine(Engine):
                                         max_new_tokens, stop)
         finally:
             self.phase, self.current_config, self._live_cache = "idle", None, None
+
+    def kept_positions(self, compressed: _Compressed) -> KeptPositions:
+        """The prompt positions each KV head of each layer of ``compressed`` holds."""
+        return kept_positions(compressed.kept, compressed.kv.context_tokens, self.geometry.layer_windows,
+                              self.geometry.num_kv_heads)
 
     def _peak_memory(self) -> int:
         if self.device.type == "cuda":

@@ -29,7 +29,7 @@ from kvlab.serve.shapes import SSE_DONE, ChatShape, CompletionShape, sse
 
 DEFAULT_CHAT_MAX_TOKENS = 256
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics")
+ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/health", "/metrics")
 
 
 class StreamOptions(BaseModel):
@@ -51,6 +51,8 @@ class _Request(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     kv_cache: dict[str, Any] | None = None  # kvlab's extension: this request's KV-cache config
+    # kvlab's extension: also report which prompt positions each KV head of each layer kept (a token map)
+    kv_cache_positions: bool = False
 
     def check(self) -> None:
         if self.n != 1:
@@ -77,6 +79,18 @@ class CompletionRequest(_Request):
     # laid out as the embedded backend does (compressed before it is seen, or never evicted when
     # query-aware).  Without it a server cannot tell, and the last prompt token plays the question.
     kv_cache_question_chars: int | None = Field(default=None, ge=1)
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's ``/tokenize`` body (a text prompt); ``return_offsets`` is kvlab's: each token's character span."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+    return_offsets: bool = False
 
 
 class ChatMessage(BaseModel):
@@ -144,7 +158,30 @@ def create_app(served: ServedModel, api_key: str | None = None,
         prompt = await run_in_threadpool(_chat_prompt, served, body)
         return await _respond(served, lock, request, body, config, prompt, ChatShape)
 
+    @app.post("/tokenize", dependencies=[Depends(authorize)])
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        """vLLM's ``/tokenize``: the prompt's token ids as the completions endpoint reads them (``add_special_tokens``
+        as there), the token strings on request, and (kvlab's) each token's ``[start, end)`` in the prompt."""
+        _check_unicode(body.model_dump(), "")
+        if body.model != served.name:
+            raise APIError(404, f"The model `{body.model}` does not exist. This server serves `{served.name}`.",
+                           type_="NotFoundError", param="model", code="model_not_found")
+        _check_length(served, body.prompt)
+        return await run_in_threadpool(_tokenized, served, body)
+
     return app
+
+
+def _tokenized(served: ServedModel, body: TokenizeRequest) -> dict[str, Any]:
+    encoded = served.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens,
+                               return_offsets_mapping=body.return_offsets)
+    ids = encoded["input_ids"]
+    answer: dict[str, Any] = {"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids,
+                              "token_strs": served.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs
+                              else None}
+    if body.return_offsets:
+        answer["offsets"] = [list(span) for span in encoded["offset_mapping"]]
+    return answer
 
 
 def _check(served: ServedModel, body: _Request) -> KVCacheConfig:
@@ -248,7 +285,7 @@ async def _respond(served: ServedModel, lock: EngineLock, request: Request, body
                        f"{length} and max_tokens is {max_tokens}", param="max_tokens")
     if not prompt[1]:
         raise APIError(400, "the prompt is empty", param="prompt")
-    generation = Generation(served, lock, prompt, config, max_tokens, body.stops)
+    generation = Generation(served, lock, prompt, config, max_tokens, body.stops, body.kv_cache_positions)
     shape = shape_type(served.name)
     streaming = False
     try:

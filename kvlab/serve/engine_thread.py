@@ -48,9 +48,10 @@ class Generation:
     :meth:`cancel` may be called at any time, and must be once the caller is done with it."""
 
     def __init__(self, served: ServedModel, lock: EngineLock, prompt: tuple[list[int], list[int]],
-                 config: KVCacheConfig, max_tokens: int, stop: Sequence[str]):
+                 config: KVCacheConfig, max_tokens: int, stop: Sequence[str], positions: bool = False):
+        """``positions``: report the prompt positions each head kept (:class:`kvlab.core.results.KeptPositions`)."""
         self._served, self._lock = served, lock
-        self._args = (prompt, config, max_tokens, list(stop))
+        self._args = (prompt, config, max_tokens, list(stop), positions)
         self._received = time.perf_counter()
         self._cancel = threading.Event()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -79,9 +80,10 @@ class Generation:
         return None if item is _END else item
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
-        prompt, config, max_tokens, stop = self._args
+        prompt, config, max_tokens, stop, positions = self._args
         try:
-            for event in self._served.generate(prompt, config, max_tokens, stop, self._cancel, self._received):
+            for event in self._served.generate(prompt, config, max_tokens, stop, self._cancel, self._received,
+                                               positions):
                 self._put(loop, event)
         except Exception as error:  # raised to the request, which answers 500 and logs it
             self._put(loop, error)

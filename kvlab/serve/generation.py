@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.core.results import MEASURED_SERVED, KVMeasurement
+from kvlab.core.results import MEASURED_SERVED, KeptPositions, KVMeasurement
 from kvlab.engines.embedded import EmbeddedEngine, ServedPrefix
 from kvlab.serve.metrics import ServerMetrics
 
@@ -43,13 +43,16 @@ class Finished:
     kv: KVMeasurement
     prefill_s: float  # the prefill and this config's eviction scorer
     compress_s: float
+    positions: KeptPositions | None = None  # what each head kept of the prompt, when the request asked
 
     @property
     def kv_cache(self) -> dict[str, Any]:
         """The response's ``kv_cache`` block: the config, the measurement (:meth:`KVMeasurement.to_dict`,
-        which the ``openai_compat`` engine reads back) and the server-side prefill and compression times."""
+        which the ``openai_compat`` engine reads back), the server-side prefill and compression times, and
+        the kept positions when asked (``kept_positions``: :meth:`KeptPositions.to_dict`)."""
         return {"config": self.config.label, "settings": self.config.model_dump(mode="json"), **self.kv.to_dict(),
-                "prefill_s": self.prefill_s, "compress_s": self.compress_s}
+                "prefill_s": self.prefill_s, "compress_s": self.compress_s} | (
+            {"kept_positions": self.positions.to_dict()} if self.positions is not None else {})
 
 
 Event = Started | Delta | Finished
@@ -128,19 +131,21 @@ class ServedModel:
         return (text[:cut], True) if cut >= 0 else (text, False)
 
     def generate(self, prompt: tuple[list[int], list[int]], config: KVCacheConfig, max_tokens: int,
-                 stop: Sequence[str], cancel: threading.Event, received: float) -> Iterator[Event]:
+                 stop: Sequence[str], cancel: threading.Event, received: float,
+                 positions: bool = False) -> Iterator[Event]:
         """:class:`Started`, text deltas, then one :class:`Finished` -- or nothing more once
         ``cancel`` or :attr:`stopping` is set (checked at every attention layer).  The caller must
         hold the engine (one request at a time); ``received`` is when the request arrived
-        (``time.perf_counter()``), for TTFT."""
+        (``time.perf_counter()``), for TTFT; ``positions``: report what each head kept of the prompt."""
         self.metrics.running.inc()
         try:
-            yield from self._generate(prompt, config, max_tokens, stop, cancel, received)
+            yield from self._generate(prompt, config, max_tokens, stop, cancel, received, positions)
         finally:
             self.metrics.running.dec()
 
     def _generate(self, prompt: tuple[list[int], list[int]], config: KVCacheConfig, max_tokens: int,
-                  stop: Sequence[str], cancel: threading.Event, received: float) -> Iterator[Event]:
+                  stop: Sequence[str], cancel: threading.Event, received: float,
+                  positions: bool) -> Iterator[Event]:
         def cancelled() -> bool:
             return cancel.is_set() or self.stopping.is_set()
 
@@ -189,4 +194,5 @@ class ServedModel:
         kv = replace(prefix.compressed.measured(), source=MEASURED_SERVED)
         self.metrics.last_ratio.set(kv.compression_ratio)
         yield Finished(finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(ids), config=config,
-                       kv=kv, prefill_s=prefix.prefill_s, compress_s=prefix.compressed.compress_s)
+                       kv=kv, prefill_s=prefix.prefill_s, compress_s=prefix.compressed.compress_s,
+                       positions=self.engine.kept_positions(prefix.compressed) if positions else None)

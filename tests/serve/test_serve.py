@@ -101,6 +101,55 @@ def test_a_request_may_compress_its_cache_while_it_generates(client):
     assert kv["final_bytes"] <= (64 + 16) * per_token < kv["physical_bytes"] <= kv["peak_bytes"]
 
 
+def test_a_request_may_ask_which_prompt_positions_each_head_kept(client):
+    """``kv_cache_positions``: the response's block says, per layer and KV head, which prompt positions the
+    compressed cache holds (one bitmap each), what a token map draws; without it the block leaves them out."""
+    from kvlab.core.results import KeptPositions
+
+    question = "\nWhat is the pass key? The pass key is"
+    prompt = "Anne walked along the shore and thought of the letter. " * 8 + PROMPT.split("\n")[0] + question
+    configs = {"streaming_llm": {"evict": "streaming_llm", "ratio": 0.75, "n_sink": 4},
+               "snapkv": {"evict": "snapkv", "ratio": 0.75, "query_aware": True},
+               "adakv": {"evict": "knorm", "ratio": 0.5, "heads": "adakv"}, "int4": {"quant": "int4"}}
+    maps = {}
+    for name, config in configs.items():
+        response = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=2, temperature=0,
+            extra_body={"kv_cache": config, "kv_cache_positions": True, "kv_cache_question_chars": len(question)})
+        kv = response.model_extra["kv_cache"]
+        maps[name] = positions = KeptPositions.from_dict(kv["kept_positions"])
+        assert positions.tokens == kv["context_tokens"] and len(positions.kept) == 30
+        assert all(len(heads) == 3 for heads in positions.kept)
+        # the positions are the kept tokens: their count is the measured mean per head and layer
+        counts = [len(p) for heads in positions.kept for p in heads]
+        assert sum(counts) / len(counts) == pytest.approx(kv["kept_tokens"])
+    tokens = maps["streaming_llm"].tokens
+    kept = maps["streaming_llm"].kept[0][0]  # sinks and the most recent tokens, in every head and layer
+    assert kept[:4] == (0, 1, 2, 3) and kept[-1] == tokens - 1 and len(set(maps["streaming_llm"].kept)) == 1
+    share = maps["snapkv"].share()  # query-aware: the question, at the end of the prefix, kept everywhere
+    assert share[-1] == 1.0 and min(share) < 1.0
+    assert any(len({len(p) for p in heads}) > 1 for heads in maps["adakv"].kept)  # heads keep different counts
+    assert maps["int4"].share() == [1.0] * maps["int4"].tokens  # quantized, nothing evicted
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0,
+                                      extra_body={"kv_cache": configs["snapkv"]})
+    assert "kept_positions" not in plain.model_extra["kv_cache"]
+
+
+def test_tokenize_gives_the_ids_the_completion_reads_and_each_tokens_span(client, kvlab_server):
+    """vLLM's /tokenize, with kvlab's ``return_offsets``: what a token map needs to shade the prompt's text."""
+    root = kvlab_server[1].removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    answer = httpx.post(f"{root}/tokenize", headers=headers, json={
+        "model": MODEL, "prompt": PROMPT, "return_token_strs": True, "return_offsets": True}).json()
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0)
+    assert answer["count"] == len(answer["tokens"]) == completion.usage.prompt_tokens
+    assert len(answer["token_strs"]) == len(answer["offsets"]) == answer["count"]
+    assert "".join(PROMPT[start:end] for start, end in answer["offsets"]) == PROMPT
+    assert httpx.post(f"{root}/tokenize", json={"model": MODEL, "prompt": "x"}).status_code == 401
+    refused = httpx.post(f"{root}/tokenize", headers=headers, json={"model": "other", "prompt": "x"})
+    assert refused.status_code == 404 and "serves `smollm2-135m`" in refused.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("api_key", [None, "wrong-key", f" {API_KEY}x"])
 def test_requests_without_the_right_key_are_refused(kvlab_server, api_key):
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
