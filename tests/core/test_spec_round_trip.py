@@ -60,10 +60,14 @@ def every_field_set(jsonl: Path) -> dict[str, Any]:
                      "window_size": 16, "n_sink": 2},
                     {"name": "dec", "evict": "knorm", "decode": {"interval": 40, "ratio": 0.3, "buffer": 64}},
                     {"name": "ada", "evict": "keydiff", "keep_tokens": 96, "heads": "critical_adakv",
-                     "alpha_safeguard": 0.5}],
+                     "alpha_safeguard": 0.5},
+                    {"name": "k8v4", "quant": "int8", "value_quant": "int4",
+                     "skip_layers": {"first": 1, "last": 2, "layers": [7, 3]}},
+                    {"name": "zip", "evict": "kvzip", "keep_fraction": 0.3}],
         "sweep": {"quant": ["int8", "none"], "evict": ["streaming_llm", "knorm"], "ratios": [0.25, 0.5],
                   "group_size": 128, "residual_length": 0, "query_aware": False,
-                  "decode": [{"interval": 16, "target_tokens": 128}], "heads": ["adakv"]},
+                  "decode": [{"interval": 16, "target_tokens": 128}], "heads": ["adakv"],
+                  "value_quant": ["int2"], "skip_layers": [{"last": 3}]},
     }
 
 
