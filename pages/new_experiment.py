@@ -15,7 +15,7 @@ import streamlit as st
 
 from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
-from kvlab.core.experiment_spec import ExperimentSpec, dump_spec, spec_text
+from kvlab.core.experiment_spec import ExperimentSpec, dump_spec, parse_spec, spec_text
 from kvlab.core.formats import DEFAULT_GROUP_SIZE, DEFAULT_RESIDUAL_LENGTH, GROUP_SIZES, MAX_RESIDUAL_LENGTH
 from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES
 from kvlab.core.methods import BUDGETS, DEFAULT_ALPHA_SAFEGUARD, HEAD_BUDGETS, UNIFORM_HEADS
@@ -139,7 +139,11 @@ def past_rates(model: str, db: str | None) -> estimate.Rates | None:
     return None
 
 
-if "form_n_tasks" not in st.session_state:
+if (from_playground := st.session_state.pop("playground_spec", None)) is not None:  # "Save as experiment"
+    load_form(form_from_spec(parse_spec(from_playground)))
+    st.session_state["form_flash"] = [("ok", "Loaded the playground's configs, to run on the whole task: check the "
+                                             "task and launch.")]
+elif "form_n_tasks" not in st.session_state:
     load_form(default_form())
 else:  # back from another page: Streamlit dropped the widgets' values, the mirror kept them
     for key, value in st.session_state["form_values"].items():

@@ -59,6 +59,7 @@ EXPERIMENT = DashboardPage("experiment", "Experiment", ":material/monitoring:", 
 TUNE = DashboardPage("tune", "Tune", ":material/tune:", "view_tune")
 COMPARE = DashboardPage("compare", "Compare", ":material/compare_arrows:", "compare_experiments")
 DOCTOR = DashboardPage("doctor", "Endpoint doctor", ":material/stethoscope:", "endpoint_doctor")
+PLAYGROUND = DashboardPage("playground", "Playground", ":material/science:", "playground_page")
 
 #: Every page, in the sidebar's order.
-PAGES = (EXPERIMENTS, NEW, EXPERIMENT, TUNE, COMPARE, DOCTOR)
+PAGES = (EXPERIMENTS, NEW, PLAYGROUND, EXPERIMENT, TUNE, COMPARE, DOCTOR)

@@ -281,7 +281,7 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
         "notes": str(values.get("notes", "")),
         "backend": backend_from_values(values, base.get("backend", {})),
         "tasks": tasks,
-        "configs": [row for row in (_config_row(c) for c in configs) if row is not None],
+        "configs": [row for row in (config_row(c) for c in configs) if row is not None],
     }
     if not data["model"]:
         errors.setdefault("model", []).append("give a registry name (smollm2-135m), a local directory or a .gguf file")
@@ -317,7 +317,7 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
 
 def _table_rows(errors: dict[str, list[str]], table: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
     """The errors with ``configs.N`` counting the configs table's rows (empty rows are not configs)."""
-    rows = [index for index, row in enumerate(table) if _config_row(row) is not None]
+    rows = [index for index, row in enumerate(table) if config_row(row) is not None]
     renamed: dict[str, list[str]] = {}
     for path, messages in errors.items():
         parts = path.split(".")
@@ -350,7 +350,7 @@ def _flat_nested(config: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _config_row(row: Mapping[str, Any]) -> dict[str, Any] | None:
+def config_row(row: Mapping[str, Any]) -> dict[str, Any] | None:
     """A configs-table row as a KVCacheConfig dict: blanks dropped, the ``<prefix>_<field>`` columns
     nested as its tables; None for an empty row.  Layer indices that are not whole numbers stay text, which
     validation refuses on their row and column."""

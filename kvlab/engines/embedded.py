@@ -128,6 +128,9 @@ class EmbeddedEngine(Engine):
         self.seed = seed
         self.max_batch = max_batch
         self.fidelity = fidelity
+        #: Whether each result's ``extra["kept_positions"]`` says which prompt positions each head kept
+        #: (:class:`KeptPositions`: a token map's data, about 15 KB at 1K tokens, so off in experiments)
+        self.report_positions = False
         self.model = loaded.model
         self.device = torch.device(loaded.device)
         attention.install(self.model)
@@ -458,6 +461,8 @@ class EmbeddedEngine(Engine):
         if outcome.fidelity is not None:
             kv_fields["extra"] = {**kv_fields["extra"], "fidelity": outcome.fidelity.to_dict()}
         kv_fields["extra"]["cache_layout"] = compressed.layout.to_dict()
+        if self.report_positions:
+            kv_fields["extra"]["kept_positions"] = self.kept_positions(compressed).to_dict()
         if targets is None:
             kv_fields["extra"]["generation_kv"] = GenerationKV.from_trace(
                 outcome.kv_trace, baseline_kv_bytes(self.geometry, outcome.kv_trace[-1][0])).to_dict()

@@ -20,16 +20,19 @@ from starlette.concurrency import run_in_threadpool
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.kv_config import KVCacheConfig
+from kvlab.serve import playground
 from kvlab.serve.connection import ClientGone, EventStream, until_disconnected
 from kvlab.serve.engine_thread import EngineLock, Generation
 from kvlab.serve.errors import APIError, install_error_handlers, internal_error, shutting_down
 from kvlab.serve.generation import Delta, Finished, ServedModel
 from kvlab.serve.middleware import CLIENT_CLOSED, OUTCOME, CatchErrors, CountRequests, LimitBody
+from kvlab.serve.playground import PlaygroundRequest
 from kvlab.serve.shapes import SSE_DONE, ChatShape, CompletionShape, sse
 
 DEFAULT_CHAT_MAX_TOKENS = 256
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/health", "/metrics")
+ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/kvlab/playground", "/health",
+             "/metrics")
 
 
 class StreamOptions(BaseModel):
@@ -157,6 +160,16 @@ def create_app(served: ServedModel, api_key: str | None = None,
             raise APIError(400, f"{served.name} has no chat template (a base model): use /v1/completions")
         prompt = await run_in_threadpool(_chat_prompt, served, body)
         return await _respond(served, lock, request, body, config, prompt, ChatShape)
+
+    @app.post("/kvlab/playground", dependencies=[Depends(authorize)])
+    async def playground_run(body: PlaygroundRequest) -> dict[str, Any]:
+        """kvlab's: one item under several configs at once (:mod:`kvlab.serve.playground`), in its turn."""
+        _check_unicode(body.model_dump(), "")
+        await lock.acquire()
+        try:
+            return await run_in_threadpool(playground.run, served, body)
+        finally:
+            lock.release()
 
     @app.post("/tokenize", dependencies=[Depends(authorize)])
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:

@@ -38,6 +38,10 @@ class EngineLock:
         finally:
             self._metrics.waiting.dec()
 
+    def release(self) -> None:
+        """Give the engine back, from the event loop."""
+        self._lock.release()
+
     def release_from_thread(self, loop: asyncio.AbstractEventLoop) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone, nobody waits
             loop.call_soon_threadsafe(self._lock.release)

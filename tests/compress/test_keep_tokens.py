@@ -34,7 +34,7 @@ def test_the_cli_the_tune_and_the_form_take_a_count():
     from kvlab.cli.main import build_parser
     from kvlab.cli.serve import kv_config_from_args
     from kvlab.core.tune_spec import TuneSpec
-    from kvlab.dashboard.spec_form import _config_row
+    from kvlab.dashboard.spec_form import config_row
     from kvlab.tune.recommend import serve_command
 
     for config in (KVCacheConfig(evict="snapkv", keep_tokens=256, query_aware=True),
@@ -48,7 +48,7 @@ def test_the_cli_the_tune_and_the_form_take_a_count():
             build_parser().parse_args(["serve", "--keep-tokens", bad])
     with pytest.raises(ValidationError):  # a tune searches fractions of the context
         TuneSpec(evict=["snapkv"], budget="keep_tokens")
-    assert _config_row({"evict": "snapkv", "keep_tokens": 256.0}) == {"evict": "snapkv", "keep_tokens": 256}
+    assert config_row({"evict": "snapkv", "keep_tokens": 256.0}) == {"evict": "snapkv", "keep_tokens": 256}
 
 
 @pytest.mark.model

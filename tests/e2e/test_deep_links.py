@@ -36,6 +36,7 @@ LINKS = {
     f"/{page_table.EXPERIMENT.url_path}?id=1&tab=Needles&needle=int4": "synthetic-sweep",
     f"/{page_table.COMPARE.url_path}?ids=1": "Compare experiments",
     f"/{page_table.DOCTOR.url_path}": "Endpoint doctor",
+    f"/{page_table.PLAYGROUND.url_path}?task=multikey&length=512": "Playground",
     f"/{page_table.TUNE.url_path}?id=2&show=stopped": "Tune: synthetic-tune",
 }
 

@@ -1,0 +1,160 @@
+"""The playground page's logic (no streamlit here): its state as the URL carries it, the request it sends to
+the warm engine (:mod:`kvlab.dashboard.warm_engine`), the table and token maps it draws from the answer, and
+the sweep spec "Save as experiment" opens in the new-experiment form."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.results import KeptPositions
+from kvlab.dashboard.views import fmt
+
+#: Where an input comes from: a task's generated item, or the user's own text.
+SOURCES = ("task", "text")
+#: Tasks the playground can generate an item of (the server generates it with the model's tokenizer).
+TASK_CHOICES = ("passkey", "multikey", "variable_tracking", "recall", "story")
+#: The configs a first visit compares: the question the playground answers ("what does SnapKV at 75% keep,
+#: and what if I quantize to int4 as well?").
+DEFAULT_CONFIGS = (
+    {"evict": "streaming_llm", "ratio": 0.75},
+    {"evict": "snapkv", "ratio": 0.75, "query_aware": True},
+    {"quant": "int4"},
+    {"quant": "int4", "evict": "snapkv", "ratio": 0.75, "query_aware": True},
+)
+#: Most configs compared at once (the baseline comes on top): the server's limit.
+MAX_CONFIGS = 8
+
+
+@dataclass(frozen=True)
+class PlaygroundView:
+    """Everything the page draws from, each field a query parameter of its share link (``config``: one
+    compact JSON object per config, repeated)."""
+
+    source: str = "task"
+    task: str = "passkey"
+    length: int = 1024
+    depth: float = 0.5
+    seed: int = 0
+    context: str = ""
+    question: str = ""
+    answer: str = ""
+    config: tuple[str, ...] = field(default_factory=lambda: tuple(config_text(c) for c in DEFAULT_CONFIGS))
+
+    def params(self) -> dict[str, str | list[str]]:
+        """The query parameters that differ from a first visit's (a default stays out of the link)."""
+        default = PlaygroundView()
+        values: dict[str, str | list[str]] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value != getattr(default, item.name):
+                values[item.name] = list(value) if isinstance(value, tuple) else str(value)
+        return values
+
+    @classmethod
+    def from_params(cls, query: Mapping[str, str | list[str]]) -> tuple[PlaygroundView, list[str]]:
+        """The view of a link, and what in it was unreadable (left at its default, each said in one line)."""
+        default, values, problems = cls(), {}, []
+        for item in fields(cls):
+            if item.name not in query:
+                continue
+            raw = query[item.name]
+            try:
+                if item.name == "config":
+                    texts = [raw] if isinstance(raw, str) else list(raw)
+                    values["config"] = tuple(config_text(json.loads(text)) for text in texts[:MAX_CONFIGS])
+                    continue
+                text = raw if isinstance(raw, str) else raw[-1]
+                kind = type(getattr(default, item.name))
+                values[item.name] = kind(text)
+            except (ValueError, TypeError) as error:
+                problems.append(f"{item.name}: {str(error).splitlines()[0]} (left at its default)")
+        view = cls(**values)
+        if view.source not in SOURCES:
+            problems.append(f"source: {view.source!r} is not one of {', '.join(SOURCES)} (left at its default)")
+            view = cls(**{**values, "source": default.source})
+        return view, problems
+
+    def configs(self) -> list[dict[str, Any]]:
+        return [json.loads(text) for text in self.config]
+
+    def item(self) -> dict[str, Any]:
+        """The request's ``item``: a task's to generate, or the user's text."""
+        if self.source == "task":
+            return {"task": self.task, "context_length": self.length, "depth": self.depth, "seed": self.seed}
+        return {"context": self.context, "question": self.question, "answer": self.answer}
+
+
+def config_text(config: Mapping[str, Any]) -> str:
+    """A config as the link carries it: its fields off their defaults, as compact JSON (validated)."""
+    parsed = KVCacheConfig(**config)
+    return json.dumps(parsed.model_dump(mode="json", exclude_defaults=True), separators=(",", ":"), sort_keys=True)
+
+
+def request_body(view: PlaygroundView, model: str) -> dict[str, Any]:
+    return {"model": model, "item": view.item(), "configs": view.configs()}
+
+
+def result_rows(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per config: its answer, whether it is right, its measured cache and its fidelity."""
+    rows = []
+    for r in answer["results"]:
+        verdict = "-" if r["score"] is None else ("right" if r["score"] >= 1 else "wrong")
+        rows.append({
+            "config": r["config"], "answer": r["generated"].strip(), "verdict": verdict,
+            "KV (MiB)": fmt(r["physical_bytes"], ".3f", 1 / 2**20), "ratio (x)": fmt(r["compression_ratio"], ".2f"),
+            "kept": fmt(r["kept_fraction"], ".0%"), "TTFT (ms)": fmt(r["ttft_s"], ".0f", 1000),
+            "TPOT (ms)": fmt(r["tpot_s"], ".1f", 1000), "mean KL (nats)": fmt(r["mean_kl"], ".3g"),
+            "top-1 agreement": fmt(r["agreement"], ".0%"),
+        })
+    return rows
+
+
+def answer_span(item: Mapping[str, Any]) -> tuple[int, int] | None:
+    """Where the expected answer (a passkey's needle) sits in the context, if it does."""
+    answer = (item.get("answer") or "").strip()
+    start = item["context"].find(answer) if answer else -1
+    return (start, start + len(answer)) if start >= 0 else None
+
+
+def kept_share(result: Mapping[str, Any], layer: int | None = None) -> list[float]:
+    """For each prompt position, the share of heads that kept it: over every layer, or in ``layer``."""
+    positions = KeptPositions.from_dict(result["kept_positions"])
+    if layer is not None:
+        positions = KeptPositions(positions.tokens, (positions.kept[layer],))
+    return positions.share()
+
+
+def token_map_html(context: str, offsets: Sequence[Sequence[int]], share: Sequence[float],
+                   outline: tuple[int, int] | None) -> str:
+    """The context's text, each token shaded by the share of heads that kept it (white: evicted everywhere,
+    full blue: kept everywhere), the tokens of ``outline`` (the answer's span) boxed in red.  Every
+    character of the text is escaped: it is the user's or the task's, shown as text."""
+    pieces = []
+    for (start, end), kept in zip(offsets, share, strict=False):
+        if end <= start:
+            continue  # a special token (the beginning of sequence) has no text
+        boxed = outline is not None and start < outline[1] and end > outline[0]
+        style = f"background:rgba(31,119,180,{kept:.2f})" + (";outline:2px solid #d62728" if boxed else "")
+        pieces.append(f'<span title="kept by {kept:.0%} of heads" style="{style}">'
+                      f"{html.escape(context[start:end])}</span>")
+    return ('<div style="font-family:monospace;font-size:0.8rem;line-height:1.6;white-space:pre-wrap;'
+            f'max-height:16rem;overflow-y:auto">{"".join(pieces)}</div>')
+
+
+def spec_for(view: PlaygroundView, model: str, items: int = 10) -> dict[str, Any]:
+    """The sweep "Save as experiment" opens: the playground's configs on ``items`` items of its task (a whole
+    task, where the playground tried one item).  ``ValueError`` for the user's own text: a sweep runs a task
+    (such text runs as a JSONL file in the data directory)."""
+    if view.source != "task":
+        raise ValueError("Save as experiment runs a whole task: pick a task as the input (your own texts run as a "
+                         "JSONL file in the data directory, task jsonl)")
+    entry: dict[str, Any] = {"name": view.task, "context_lengths": [view.length], "num_items": items}
+    if view.task in ("passkey", "multikey"):
+        entry["depths"] = [0.1, 0.3, 0.5, 0.7, 0.9]
+    return {"name": f"playground-{view.task}", "model": model, "tasks": [entry],
+            "configs": [dict(config) for config in view.configs()]}

@@ -1,0 +1,147 @@
+"""Playground: one item under a few KV-cache configs, answered in seconds by a warm `kvlab serve`, each with
+its answer, its measured cache and a token map of what it kept (:mod:`kvlab.dashboard.playground`).
+
+The state is the URL's (a playground view is a share link); the model runs in the server, never in the
+dashboard process (:mod:`kvlab.dashboard.warm_engine`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+from pydantic import ValidationError
+
+from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES
+from kvlab.core.methods import BUDGETS, HEAD_BUDGETS, UNIFORM_HEADS
+from kvlab.core.model_registry import DEFAULT_MODEL, KNOWN_MODELS
+from kvlab.dashboard import page_table, views
+from kvlab.dashboard.playground import (
+    MAX_CONFIGS,
+    SOURCES,
+    TASK_CHOICES,
+    PlaygroundView,
+    answer_span,
+    config_text,
+    kept_share,
+    request_body,
+    result_rows,
+    spec_for,
+    token_map_html,
+)
+from kvlab.dashboard.spec_form import CONFIG_LABELS, config_row
+from kvlab.dashboard.warm_engine import PlaygroundError, WarmEngine
+from pages.common import share_box
+
+#: The configs table's columns on this page (a config's name is its label here).
+COLUMNS = ("quant", "value_quant", "group_size", "residual_length", "evict", *BUDGETS, "heads", "query_aware")
+
+
+@st.cache_resource(show_spinner=False)
+def warm_engine(model: str) -> WarmEngine:
+    """One server per model and dashboard process, shared by its sessions."""
+    return WarmEngine(model)
+
+
+st.title("Playground")
+st.caption("One item under a few KV-cache configs, answered in seconds by a warm `kvlab serve` that this page "
+           "starts on first use: each answer with its measured cache and a map of the tokens each config kept.")
+
+view, problems = PlaygroundView.from_params(st.query_params.to_dict() | {
+    "config": st.query_params.get_all("config")} if "config" in st.query_params else st.query_params.to_dict())
+for problem in problems:
+    st.warning(f"The link's {views.md(problem)}", icon=":material/link_off:")
+
+model = st.selectbox("Model", list(KNOWN_MODELS), index=list(KNOWN_MODELS).index(DEFAULT_MODEL),
+                     help="The server loads it once; later Runs reuse it.")
+source = st.radio("Input", SOURCES, index=SOURCES.index(view.source), horizontal=True,
+                  format_func={"task": "an item of a task", "text": "my own text"}.get)
+if source == "task":
+    task_col, length_col, depth_col, seed_col = st.columns(4)
+    task = task_col.selectbox("Task", TASK_CHOICES, index=TASK_CHOICES.index(view.task)
+                              if view.task in TASK_CHOICES else 0)
+    length = length_col.number_input("Context (tokens)", min_value=64, max_value=8192, step=128, value=view.length)
+    depth = depth_col.number_input("Needle depth", min_value=0.0, max_value=1.0, step=0.1, value=view.depth)
+    seed = seed_col.number_input("Seed", min_value=0, step=1, value=view.seed)
+    inputs = {"task": task, "length": int(length), "depth": float(depth), "seed": int(seed)}
+else:
+    inputs = {"context": st.text_area("Context (compressed)", value=view.context, height=180),
+              "question": st.text_input("Question (fed after the compressed context)", value=view.question),
+              "answer": st.text_input("Expected answer (optional: marks the answer right or wrong)",
+                                      value=view.answer)}
+
+st.subheader("Configs")
+st.caption(f"Up to {MAX_CONFIGS}, each a row (the baseline always runs too). `kvlab methods` lists the methods and "
+           "the budgets each takes.")
+edited = st.data_editor(
+    pd.DataFrame(view.configs(), columns=list(COLUMNS)), key="playground-configs", num_rows="dynamic",
+    hide_index=True, column_order=COLUMNS, width="stretch",
+    column_config={
+        "quant": st.column_config.SelectboxColumn("quant", options=list(QUANT_DTYPES)),
+        "value_quant": st.column_config.SelectboxColumn(CONFIG_LABELS["value_quant"], options=list(QUANT_DTYPES)),
+        "evict": st.column_config.SelectboxColumn("evict", options=list(EVICTION_METHODS)),
+        "heads": st.column_config.SelectboxColumn(CONFIG_LABELS["heads"], options=list(HEAD_BUDGETS),
+                                                  default=UNIFORM_HEADS),
+        "query_aware": st.column_config.CheckboxColumn(CONFIG_LABELS["query_aware"], default=False),
+        **{name: st.column_config.NumberColumn(CONFIG_LABELS[name], help=BUDGETS[name].help) for name in BUDGETS},
+    })
+rows = [row for row in (config_row(r) for r in edited.to_dict("records")) if row is not None]
+if len(rows) > MAX_CONFIGS:
+    st.error(f"{len(rows)} configs: the playground compares at most {MAX_CONFIGS} at once", icon=":material/error:")
+    st.stop()
+configs = []
+for number, row in enumerate(rows, start=1):
+    try:
+        configs.append(config_text(row))
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        st.error(f"Config row {number}{': ' + where if where else ''}: "
+                 f"{views.md(first['msg'].removeprefix('Value error, '))}", icon=":material/error:")
+        st.stop()
+
+view = PlaygroundView(source=source, config=tuple(configs), **inputs)
+st.query_params.from_dict(view.params())
+share_box(view.params())
+
+run_col, save_col = st.columns([1, 1])
+if run_col.button("Run", type="primary", icon=":material/play_arrow:", key="run"):
+    engine = warm_engine(model)
+    try:
+        if not engine.started:
+            with st.status(f"Starting `kvlab serve` for {model} (loading the model: the first Run only)...") as status:
+                engine.start()
+                status.update(label="The server is ready.", state="complete")
+        with st.spinner("Running..."):
+            st.session_state["playground-answer"] = (json.dumps(view.params(), sort_keys=True), model,
+                                                     engine.run(request_body(view, model)))
+    except PlaygroundError as error:
+        st.error(views.md(str(error)), icon=":material/error:")
+if save_col.button("Save as experiment", icon=":material/save:", key="save"):
+    try:
+        st.session_state["playground_spec"] = spec_for(view, model)
+    except ValueError as error:
+        st.error(views.md(str(error)), icon=":material/error:")
+    else:
+        st.switch_page(page_table.NEW.script)
+
+stored = st.session_state.get("playground-answer")
+if stored is not None:
+    key, ran_model, answer = stored
+    if key != json.dumps(view.params(), sort_keys=True) or ran_model != model:
+        st.caption("These answers are from an earlier Run (the input, the configs or the model changed since).")
+    item = answer["item"]
+    st.dataframe(result_rows(answer), hide_index=True, key="playground-results")
+    outline = answer_span(item)
+    layers = len(answer["results"][0]["kept_positions"]["layers"])
+    layer = st.selectbox("Token map of", ["every layer", *(f"layer {i}" for i in range(layers))], key="layer",
+                         help="Shaded by the share of KV heads that kept each token (of every layer, or of one).")
+    chosen = None if layer == "every layer" else int(layer.split()[1])
+    st.caption("Blue: kept by that share of heads; white: evicted by all of them"
+               + ("; the expected answer is boxed in red." if outline else "."))
+    for result in answer["results"]:
+        verdict = "" if result["score"] is None else (" (right)" if result["score"] >= 1 else " (wrong)")
+        st.markdown(f"**{views.md(result['config'])}**{verdict}: {views.md(result['generated'].strip()[:200])}")
+        share = kept_share(result, chosen)
+        st.html(token_map_html(item["context"], answer["context_offsets"], share, outline))

@@ -1,0 +1,67 @@
+"""The playground: its state as a share link, its token maps, "Save as experiment", and the page itself run
+against a real `kvlab serve` (attached by KVLAB_PLAYGROUND_URL, as a user's own server would be)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.dashboard import page_table
+from kvlab.dashboard.playground import DEFAULT_CONFIGS, PlaygroundView, config_text, spec_for, token_map_html
+from tests.dashboard.test_dashboard import assert_clean, open_page, texts
+from tests.serving import API_KEY
+
+PLAYGROUND = page_table.PLAYGROUND.script
+
+
+def test_a_view_is_its_link_and_a_bad_link_says_what_it_dropped():
+    view = PlaygroundView(task="multikey", length=512, depth=0.25, config=(config_text({"quant": "int8"}),))
+    params = view.params()
+    assert params == {"task": "multikey", "length": "512", "depth": "0.25", "config": ['{"quant":"int8"}']}
+    assert PlaygroundView.from_params(params) == (view, [])
+    assert PlaygroundView().params() == {}  # a first visit: nothing to say
+    assert len(PlaygroundView().configs()) == len(DEFAULT_CONFIGS)
+    odd, problems = PlaygroundView.from_params({"length": "lots", "source": "moon", "config": ['{"quant":"int3"}']})
+    assert odd.length == 1024 and odd.source == "task" and odd.config == PlaygroundView().config
+    assert [p.split(":")[0] for p in problems] == ["length", "config", "source"]
+
+
+def test_the_token_map_escapes_the_text_and_boxes_the_answer():
+    context = "a <b> 42 & c"
+    offsets = [(0, 0), (0, 1), (1, 5), (5, 8), (8, 12)]  # a special token first, with no text
+    drawn = token_map_html(context, offsets, [1.0, 1.0, 0.0, 0.5, 1.0], outline=(6, 8))
+    assert "<b>" not in drawn and "&lt;b&gt;" in drawn and "&amp;" in drawn
+    assert drawn.count("<span") == 4 and drawn.count("outline:2px") == 1
+    assert "rgba(31,119,180,0.00)" in drawn and 'title="kept by 50% of heads"' in drawn
+
+
+def test_save_as_experiment_is_a_sweep_of_the_configs_on_the_whole_task():
+    from kvlab.core.experiment_spec import parse_spec
+
+    spec = parse_spec(spec_for(PlaygroundView(length=512), "smollm2-135m"))
+    assert [c.label for c in spec.configs] == [KVCacheConfig(**c).label for c in DEFAULT_CONFIGS]
+    assert spec.tasks[0].name == "passkey" and spec.tasks[0].context_lengths == [512]
+    with pytest.raises(ValueError, match="pick a task"):
+        spec_for(PlaygroundView(source="text", context="c", question="q"), "smollm2-135m")
+
+
+@pytest.mark.model
+def test_a_playground_link_runs_and_maps_what_each_config_kept(kvlab_server, monkeypatch):
+    monkeypatch.setenv("KVLAB_PLAYGROUND_URL", kvlab_server[1].removesuffix("/v1"))
+    monkeypatch.setenv("KVLAB_API_KEY", API_KEY)
+    configs = [config_text(c) for c in ({"evict": "streaming_llm", "ratio": 0.75},
+                                        {"evict": "snapkv", "ratio": 0.75, "query_aware": True})]
+    at = open_page(PLAYGROUND, length="512", seed="3", config=configs)
+    assert_clean(at)
+    assert at.number_input[0].value == 512
+    at.button(key="run").click().run()
+    assert_clean(at)
+    table = next(df.value for df in at.dataframe if "verdict" in df.value.columns)
+    assert list(table["config"]) == ["baseline", "streaming_llm:r0.75", "snapkv:r0.75/qa"]
+    assert table["verdict"].iloc[0] == "right" and table["verdict"].iloc[1] == "wrong"
+    maps = [element.proto.body for element in at.get("html")]
+    assert len(maps) == 3 and all("outline:2px" in m for m in maps)  # the needle boxed in every map
+    # StreamingLLM keeps the sinks and the recent window: the needle, mid-context, is white in its map
+    needle = [part for part in maps[1].split("<span")[1:] if "outline:2px" in part]
+    assert needle and all("rgba(31,119,180,0.00)" in part for part in needle)
+    assert "streaming_llm" in texts(at.markdown) and "(wrong)" in texts(at.markdown)
