@@ -69,19 +69,23 @@ def test_batched_greedy_ids_equal_each_config_alone(smollm, engine, items, refer
 def test_batched_perplexity_equals_each_config_alone(engine, items, reference):
     results = list(engine.evaluate(items["perplexity"], GROUP))
     expected = reference["perplexity"]
-    assert len({round(r.nll, 3) for r in expected}) > 3  # the configs really differ
+    # Equal up to float32 rounding: a batched matmul rounds differently from a single one, by each CPU's own
+    # kernels (1e-5 of the summed NLL on one machine, 4e-5 on an AVX-512 one); a member decoded from
+    # another's cache would be off by its config's own effect (int2, eviction: nats).
+    tolerance = 1e-4
     for ours, theirs in zip(results, expected, strict=True):
         assert ours.nll_tokens == theirs.nll_tokens
-        assert ours.nll == pytest.approx(theirs.nll, rel=1e-5), ours.config_name
+        assert ours.nll == pytest.approx(theirs.nll, rel=tolerance), ours.config_name
 
 
 def _same_fidelity(ours, theirs) -> None:
     """Per token: KL equal up to float32 rounding, the same top-1 verdicts.  A batched matmul rounds
-    differently from a single one (logits ~1e-4 apart: up to 3e-4 nats measured); a token out of
-    place would be off by the KL itself (0.01 to 3 nats here)."""
+    differently from a single one (logits ~1e-4 apart: up to 3e-4 nats measured on one machine, 2.2e-3
+    at a KL of 2 nats on an AVX-512 one); a token out of place would be off by the KL itself (0.01 to 3
+    nats here)."""
     assert (ours is None) == (theirs is None)
     if ours is not None:
-        assert ours.kl == pytest.approx(theirs.kl, rel=1e-3, abs=1e-3) and ours.agree == theirs.agree
+        assert ours.kl == pytest.approx(theirs.kl, rel=3e-3, abs=1e-3) and ours.agree == theirs.agree
 
 
 @pytest.mark.parametrize("kind", ["passkey", "perplexity"])
