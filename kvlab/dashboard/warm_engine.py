@@ -9,6 +9,7 @@ otherwise the first Run starts ``kvlab serve`` for the model on a free port of 1
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -58,6 +59,7 @@ class WarmEngine:
                 [sys.executable, "-m", "kvlab.cli", "serve", "--model", self.model, "--port", str(port)],
                 f"{self._root}/health", log_dir() / "kvlab-playground-serve.log",
                 startup_timeout_s=STARTUP_TIMEOUT_S).start()
+            atexit.register(self._server.stop)  # it runs in its own session: the dashboard's exit must end it
             try:
                 self._server.wait_healthy()
             except ServerStartError as error:

@@ -65,3 +65,30 @@ def test_a_playground_link_runs_and_maps_what_each_config_kept(kvlab_server, mon
     needle = [part for part in maps[1].split("<span")[1:] if "outline:2px" in part]
     assert needle and all("rgba(31,119,180,0.00)" in part for part in needle)
     assert "streaming_llm" in texts(at.markdown) and "(wrong)" in texts(at.markdown)
+
+
+@pytest.mark.model
+def test_the_warm_engine_starts_its_server_and_starts_it_again_after_it_died(monkeypatch, tmp_path):
+    """No KVLAB_PLAYGROUND_URL: the first Run starts `kvlab serve`; a server killed between two Runs is started
+    again by the next; a prompt over the model's context is one line, and the Run after it works."""
+    from kvlab.dashboard.playground import request_body
+    from kvlab.dashboard.warm_engine import PlaygroundError, WarmEngine
+
+    monkeypatch.delenv("KVLAB_PLAYGROUND_URL", raising=False)
+    monkeypatch.setenv("KVLAB_LOG_DIR", str(tmp_path))
+    engine = WarmEngine("smollm2-135m")
+    body = request_body(PlaygroundView(length=256, config=(config_text({"quant": "int4"}),)), "smollm2-135m")
+    try:
+        assert not engine.started
+        first = engine.run(body)
+        assert engine.started and [r["config"] for r in first["results"]] == ["baseline", "int4/g64/r64"]
+        engine.stop()  # as if it died
+        assert not engine.started
+        assert engine.run(body)["results"][0]["generated"] == first["results"][0]["generated"]
+        with pytest.raises(PlaygroundError, match=r"refused the run \(400\): item passkey/L9000.* exceed "
+                                                  r"smollm2-135m's maximum context of 8192"):
+            engine.run(body | {"item": {"task": "passkey", "context_length": 9000}})
+        assert engine.run(body)["results"][1]["config"] == "int4/g64/r64"
+    finally:
+        engine.stop()
+    assert (tmp_path / "kvlab-playground-serve.log").exists()

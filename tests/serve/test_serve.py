@@ -187,7 +187,7 @@ def test_the_playground_runs_one_item_under_several_configs_with_their_token_map
     assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("configs.0: heads = 'adakv'")
     long = httpx.post(f"{root}/kvlab/playground", headers=headers, json=body | {
         "item": {"task": "passkey", "context_length": 9000}})
-    assert long.status_code == 400 and "item:" in long.json()["error"]["message"]
+    assert long.status_code == 400 and "maximum context of 8192" in long.json()["error"]["message"]
     # the caller's own text, scored by its answer scorer
     context, question = PROMPT.split("\n")
     own = {"model": MODEL, "item": {"context": context, "question": "\n" + question, "answer": "48213",
