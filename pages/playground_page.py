@@ -30,12 +30,14 @@ from kvlab.dashboard.playground import (
     spec_for,
     token_map_html,
 )
-from kvlab.dashboard.spec_form import CONFIG_LABELS, config_row
+from kvlab.dashboard.spec_form import CONFIG_COLUMNS, CONFIG_LABELS, config_row, config_rows
 from kvlab.dashboard.warm_engine import PlaygroundError, WarmEngine
 from pages.common import share_box
 
-#: The configs table's columns on this page (a config's name is its label here).
+#: The configs table's columns on this page (a config's name is its label here); the other fields of a config
+#: (the new-experiment form's columns) are kept, unseen.
 COLUMNS = ("quant", "value_quant", "group_size", "residual_length", "evict", *BUDGETS, "heads", "query_aware")
+DATA_COLUMNS = tuple(c for c in CONFIG_COLUMNS if c != "name")
 
 
 @st.cache_resource(show_spinner=False)
@@ -74,8 +76,10 @@ else:
 st.subheader("Configs")
 st.caption(f"Up to {MAX_CONFIGS}, each a row (the baseline always runs too). `kvlab methods` lists the methods and "
            "the budgets each takes.")
+# Every field of every config rides along (16-bit layers, decode policies ...): the table shows COLUMNS.
+table = pd.DataFrame(config_rows(view.configs()), columns=list(DATA_COLUMNS))
 edited = st.data_editor(
-    pd.DataFrame(view.configs(), columns=list(COLUMNS)), key="playground-configs", num_rows="dynamic",
+    table.astype({"skipped_layers": "string"}), key="playground-configs", num_rows="dynamic",
     hide_index=True, column_order=COLUMNS, width="stretch",
     column_config={
         "quant": st.column_config.SelectboxColumn("quant", options=list(QUANT_DTYPES)),

@@ -147,7 +147,7 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
         "sweep.value_quant": list(sweep["value_quant"]),
     }
     values |= tune_values(data.get("tune"))
-    configs = [_CONFIG_DEFAULTS | {"name": ""} | _flat_nested(c) for c in data.get("configs", [])]
+    configs = config_rows(data.get("configs", []))
     return SpecForm(values=values, n_tasks=len(tasks), configs=configs, base=data)
 
 
@@ -338,6 +338,11 @@ def backend_refusals(spec: ExperimentSpec) -> list[str]:
         except ConfigError as error:
             problems.append(str(error))
     return problems
+
+
+def config_rows(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Configs as the configs table's rows: every field at its value or default, nested tables flattened."""
+    return [_CONFIG_DEFAULTS | {"name": ""} | _flat_nested(c) for c in configs]
 
 
 def _flat_nested(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -92,3 +92,17 @@ def test_the_warm_engine_starts_its_server_and_starts_it_again_after_it_died(mon
     finally:
         engine.stop()
     assert (tmp_path / "kvlab-playground-serve.log").exists()
+
+
+def test_a_links_config_keeps_the_fields_the_table_does_not_show():
+    """16-bit layers, a decode policy, a safeguard: not columns of the playground's table, never dropped."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from tests.dashboard.test_dashboard import share_link
+
+    configs = [config_text({"quant": "int4", "skip_layers": {"first": 2}}),
+               config_text({"evict": "knorm", "decode": {"interval": 40, "target_tokens": 300}}),
+               config_text({"evict": "snapkv", "ratio": 0.5, "heads": "adakv", "alpha_safeguard": 0.4})]
+    at = open_page(PLAYGROUND, config=configs)
+    assert_clean(at)
+    assert parse_qs(urlsplit(share_link(at)).query)["config"] == configs
