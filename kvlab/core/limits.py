@@ -65,6 +65,8 @@ BOUNDS: dict[str, Bound] = {"configs": CONFIGS, "tasks": TASKS, "items": ITEMS, 
                             "tune_points": TUNE_POINTS}
 
 #: Text fields: longest name (experiment, config), tag, tag count and notes (which may hold lines and tabs).
+#: Most configs one playground run compares beside the baseline (``kvlab serve``'s /kvlab/playground and its page).
+PLAYGROUND_CONFIGS = 8
 MAX_NAME_CHARS = 200
 MAX_TAG_CHARS = 64
 MAX_TAGS = 32

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.limits import PLAYGROUND_CONFIGS
 from kvlab.core.results import KeptPositions
 from kvlab.dashboard.views import fmt
 
@@ -27,7 +28,7 @@ DEFAULT_CONFIGS = (
     {"quant": "int4", "evict": "snapkv", "ratio": 0.75, "query_aware": True},
 )
 #: Most configs compared at once (the baseline comes on top): the server's limit.
-MAX_CONFIGS = 8
+MAX_CONFIGS = PLAYGROUND_CONFIGS
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,9 @@ class PlaygroundView:
             try:
                 if item.name == "config":
                     texts = [raw] if isinstance(raw, str) else list(raw)
-                    values["config"] = tuple(config_text(json.loads(text)) for text in texts[:MAX_CONFIGS])
+                    if len(texts) > MAX_CONFIGS:
+                        raise ValueError(f"{len(texts)} configs, at most {MAX_CONFIGS} at once")
+                    values["config"] = tuple(config_text(json.loads(text)) for text in texts)
                     continue
                 text = raw if isinstance(raw, str) else raw[-1]
                 kind = type(getattr(default, item.name))

@@ -17,14 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
+from kvlab.core.limits import PLAYGROUND_CONFIGS
 from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, TASKS, TaskSpec, check_answer_scorer
 from kvlab.serve.errors import APIError
 from kvlab.serve.generation import ServedModel
 from kvlab.tasks import TaskItem, generate_items, score_item
 from kvlab.tasks.registry import resolve
 
-#: Most configs one playground run compares (the baseline comes on top).
-MAX_CONFIGS = 8
 #: Tokens an answer may take.
 MAX_NEW_TOKENS = 256
 
@@ -62,7 +61,7 @@ class PlaygroundRequest(BaseModel):
 
     model: str
     item: GeneratedItem | OwnItem
-    configs: list[dict[str, Any]] = Field(default=[], max_length=MAX_CONFIGS)
+    configs: list[dict[str, Any]] = Field(default=[], max_length=PLAYGROUND_CONFIGS)
     max_new_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
 
 

@@ -24,6 +24,11 @@ def test_a_view_is_its_link_and_a_bad_link_says_what_it_dropped():
     odd, problems = PlaygroundView.from_params({"length": "lots", "source": "moon", "config": ['{"quant":"int3"}']})
     assert odd.length == 1024 and odd.source == "task" and odd.config == PlaygroundView().config
     assert [p.split(":")[0] for p in problems] == ["length", "config", "source"]
+    nine = [config_text({"quant": "int8", "group_size": g, "residual_length": r})
+            for g in (32, 64, 128) for r in (0, 16, 32)]
+    kept, problems = PlaygroundView.from_params({"config": nine})  # never cut to 8 silently
+    assert kept.config == PlaygroundView().config and problems == ["config: 9 configs, at most 8 at once "
+                                                                    "(left at its default)"]
 
 
 def test_the_token_map_escapes_the_text_and_boxes_the_answer():
