@@ -16,17 +16,14 @@ import streamlit as st
 from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, dump_spec, parse_spec, spec_text
-from kvlab.core.formats import DEFAULT_GROUP_SIZE, DEFAULT_RESIDUAL_LENGTH, GROUP_SIZES, MAX_RESIDUAL_LENGTH
+from kvlab.core.formats import GROUP_SIZES
 from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES
-from kvlab.core.methods import BUDGETS, DEFAULT_ALPHA_SAFEGUARD, HEAD_BUDGETS, UNIFORM_HEADS
+from kvlab.core.methods import BUDGETS, HEAD_BUDGETS
 from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, DEFAULT_NUM_ITEMS, TASKS
 from kvlab.dashboard import estimate, executor_form, page_table, views
 from kvlab.dashboard.launch import Refused, launch_sweep
 from kvlab.dashboard.spec_form import (
-    BUDGET_RANGE,
-    BUDGET_STEP,
     CONFIG_COLUMNS,
-    CONFIG_LABELS,
     HEADS_HELP,
     MODES,
     VALUE_QUANT_HELP,
@@ -46,6 +43,7 @@ from kvlab.tasks.data_dir import UPLOADS, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
 from pages import tune_form
 from pages.common import get_store, share_box
+from pages.config_table import config_columns
 from pages.executor_choice import executor_choice
 
 P = "f:"  # widget keys: P + spec field path
@@ -287,7 +285,8 @@ with backend_col:
     slot("backend")
 with device_col:
     st.selectbox("Device", ["auto", "cpu", "cuda"], key=P + "backend.device",
-                 disabled="device" not in BACKENDS[backend].fields, help="The embedded engine's device; servers choose their own.")
+                 disabled="device" not in BACKENDS[backend].fields,
+                 help="The embedded engine's device; servers choose their own.")
 with tags_col:
     st.text_input("Tags (comma-separated)", key=P + "tags")
     slot("tags")
@@ -303,8 +302,8 @@ with kl_col:
                     key=P + "max_kl", help="Fidelity margin: where fidelity is measured (the embedded engine), a "
                     "config whose mean KL(baseline || config) per token, teacher-forced on the baseline's output, is "
                     "certified below this many nats (the upper end of its 95% t interval over items, Holm-corrected "
-                    "across configs) is acceptable on a task unless its accuracy is shown to drop by more than max_drop. 0 turns it "
-                    "off: accuracy non-inferiority decides.")
+                    "across configs) is acceptable on a task unless its accuracy is shown to drop by more than "
+                    "max_drop. 0 turns it off: accuracy non-inferiority decides.")
     slot("max_kl")
 with agreement_col:
     st.number_input("Min top-1 agreement (0: off)", min_value=0.0, max_value=0.999, step=0.01, format="%.3f",
@@ -374,58 +373,7 @@ else:
         table.astype({"skipped_layers": "string"}),  # a text column: an empty one would be read as numbers
         key=f"configs_editor_{st.session_state['form_version']}", num_rows="dynamic", hide_index=True,
         column_order=CONFIG_COLUMNS, width="stretch",
-        column_config={
-            "name": st.column_config.TextColumn("name", help="optional; derived from the settings if blank"),
-            "quant": st.column_config.SelectboxColumn("quant", options=list(QUANT_DTYPES), default="none",
-                                                      help="the keys' and values' format (the keys' alone when "
-                                                           "value quant is set)"),
-            "value_quant": st.column_config.SelectboxColumn(
-                CONFIG_LABELS["value_quant"], options=list(QUANT_DTYPES),
-                help="store values in another format than keys, e.g. keys int8 and values int4 (KIVI: keys need "
-                     "more care); blank: as quant"),
-            "skipped_first": st.column_config.NumberColumn(CONFIG_LABELS["skipped_first"], min_value=0, step=1,
-                                                        help="keep the first N layers' cache 16-bit"),
-            "skipped_last": st.column_config.NumberColumn(CONFIG_LABELS["skipped_last"], min_value=0, step=1,
-                                                       help="keep the last N layers' cache 16-bit"),
-            "skipped_layers": st.column_config.TextColumn(
-                CONFIG_LABELS["skipped_layers"], help="comma-separated layer indices kept 16-bit (vLLM's "
-                                                   "--kv-cache-dtype-skip-layers), e.g. 0, 5"),
-            "group_size": st.column_config.SelectboxColumn(CONFIG_LABELS["group_size"], options=list(GROUP_SIZES),
-                                                           default=DEFAULT_GROUP_SIZE),
-            "residual_length": st.column_config.NumberColumn(CONFIG_LABELS["residual_length"], min_value=0,
-                                                             max_value=MAX_RESIDUAL_LENGTH, step=1,
-                                                             default=DEFAULT_RESIDUAL_LENGTH),
-            "evict": st.column_config.SelectboxColumn("evict", options=list(EVICTION_METHODS), default="none",
-                                                      help="the budgets each method accepts: `kvlab methods`"),
-            **{budget: st.column_config.NumberColumn(CONFIG_LABELS[budget], min_value=BUDGET_RANGE[0],
-                                                     max_value=BUDGET_RANGE[1], step=BUDGET_STEP,
-                                                     help=BUDGETS[budget].help)
-               for budget in BUDGETS if not BUDGETS[budget].integer},
-            **{budget: st.column_config.NumberColumn(CONFIG_LABELS[budget], min_value=1,
-                                                     max_value=int(BUDGETS[budget].high) - 1, step=1,
-                                                     help=BUDGETS[budget].help)
-               for budget in BUDGETS if BUDGETS[budget].integer},
-            "heads": st.column_config.SelectboxColumn(CONFIG_LABELS["heads"], options=list(HEAD_BUDGETS),
-                                                      default=UNIFORM_HEADS, help=HEADS_HELP),
-            "alpha_safeguard": st.column_config.NumberColumn(
-                CONFIG_LABELS["alpha_safeguard"], min_value=0.0, max_value=1.0, step=0.05,
-                default=DEFAULT_ALPHA_SAFEGUARD, help="with a head-wise budget: the least share of an equal split "
-                                                      "each head keeps (kvpress's alpha_safeguard)"),
-            "query_aware": st.column_config.CheckboxColumn(CONFIG_LABELS["query_aware"], default=False),
-            "decode_interval": st.column_config.NumberColumn(
-                CONFIG_LABELS["decode_interval"], min_value=1, step=1,
-                help="compress during generation too (kvpress's DecodingPress): every this many forward passes, "
-                     "the evict method scores the whole cache; with it, the prompt budget is optional"),
-            "decode_target_tokens": st.column_config.NumberColumn(
-                CONFIG_LABELS["decode_target_tokens"], min_value=1, step=1,
-                help="... and cuts it back to this many tokens (or give a ratio)"),
-            "decode_ratio": st.column_config.NumberColumn(
-                CONFIG_LABELS["decode_ratio"], min_value=BUDGET_RANGE[0], max_value=BUDGET_RANGE[1],
-                step=BUDGET_STEP, help="... or removes this fraction of all tokens seen so far"),
-            "decode_buffer": st.column_config.NumberColumn(
-                CONFIG_LABELS["decode_buffer"], min_value=0, step=1,
-                help="hidden states of the last passes the scorer reads (default 256)"),
-        })
+        column_config=config_columns())
     slot("configs")
 
     st.header("Sweep grid")

@@ -13,8 +13,6 @@ import pandas as pd
 import streamlit as st
 from pydantic import ValidationError
 
-from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES
-from kvlab.core.methods import BUDGETS, HEAD_BUDGETS, UNIFORM_HEADS
 from kvlab.core.model_registry import DEFAULT_MODEL, KNOWN_MODELS
 from kvlab.dashboard import page_table, views
 from kvlab.dashboard.playground import (
@@ -30,13 +28,12 @@ from kvlab.dashboard.playground import (
     spec_for,
     token_map_html,
 )
-from kvlab.dashboard.spec_form import CONFIG_COLUMNS, CONFIG_LABELS, config_row, config_rows
+from kvlab.dashboard.spec_form import CONFIG_COLUMNS, config_row, config_rows
 from kvlab.dashboard.warm_engine import PlaygroundError, WarmEngine
 from pages.common import share_box
+from pages.config_table import config_columns
 
-#: The configs table's columns on this page (a config's name is its label here); the other fields of a config
-#: (the new-experiment form's columns) are kept, unseen.
-COLUMNS = ("quant", "value_quant", "group_size", "residual_length", "evict", *BUDGETS, "heads", "query_aware")
+#: The configs table's columns: the new-experiment form's, but a config's name (its label here).
 DATA_COLUMNS = tuple(c for c in CONFIG_COLUMNS if c != "name")
 
 
@@ -76,20 +73,10 @@ else:
 st.subheader("Configs")
 st.caption(f"Up to {MAX_CONFIGS}, each a row (the baseline always runs too). `kvlab methods` lists the methods and "
            "the budgets each takes.")
-# Every field of every config rides along (16-bit layers, decode policies ...): the table shows COLUMNS.
 table = pd.DataFrame(config_rows(view.configs()), columns=list(DATA_COLUMNS))
 edited = st.data_editor(
     table.astype({"skipped_layers": "string"}), key="playground-configs", num_rows="dynamic",
-    hide_index=True, column_order=COLUMNS, width="stretch",
-    column_config={
-        "quant": st.column_config.SelectboxColumn("quant", options=list(QUANT_DTYPES)),
-        "value_quant": st.column_config.SelectboxColumn(CONFIG_LABELS["value_quant"], options=list(QUANT_DTYPES)),
-        "evict": st.column_config.SelectboxColumn("evict", options=list(EVICTION_METHODS)),
-        "heads": st.column_config.SelectboxColumn(CONFIG_LABELS["heads"], options=list(HEAD_BUDGETS),
-                                                  default=UNIFORM_HEADS),
-        "query_aware": st.column_config.CheckboxColumn(CONFIG_LABELS["query_aware"], default=False),
-        **{name: st.column_config.NumberColumn(CONFIG_LABELS[name], help=BUDGETS[name].help) for name in BUDGETS},
-    })
+    hide_index=True, column_order=DATA_COLUMNS, width="stretch", column_config=config_columns())
 rows = [row for row in (config_row(r) for r in edited.to_dict("records")) if row is not None]
 if len(rows) > MAX_CONFIGS:
     st.error(f"{len(rows)} configs: the playground compares at most {MAX_CONFIGS} at once", icon=":material/error:")
