@@ -20,12 +20,19 @@ import httpx
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.paths import log_dir
 from kvlab.secrets import DEFAULT_KEY_VAR, read_setting
+from kvlab.threads import WAIT_POLICY_VARS
 
 URL_VAR = "KVLAB_PLAYGROUND_URL"
 #: Seconds a Run may take before the page says the server is busy (a long answer on a slow machine).
 RUN_TIMEOUT_S = 300.0
 #: Seconds the model may take to load on first use.
 STARTUP_TIMEOUT_S = 600.0
+#: How the server's idle OpenMP threads wait between kernels: libgomp's spin count, a sixth of its default.
+#: ``kvlab`` processes otherwise sleep at once (:func:`kvlab.threads.share_cores`, right beside other busy
+#: processes); a playground Run is interactive and its server the one busy process then: on 2 cores its
+#: 4 default configs took 4.4 s sleeping at once, 3.3 s with this spin, 3.1 s with libgomp's default
+#: (docs/decisions.md).  A wait policy already in the environment wins.
+SERVER_WAIT_POLICY = {"GOMP_SPINCOUNT": "50000"}
 
 
 class PlaygroundError(Exception):
@@ -58,6 +65,7 @@ class WarmEngine:
             self._server = ManagedServer(
                 [sys.executable, "-m", "kvlab.cli", "serve", "--model", self.model, "--port", str(port)],
                 f"{self._root}/health", log_dir() / "kvlab-playground-serve.log",
+                env=None if any(os.environ.get(name) for name in WAIT_POLICY_VARS) else SERVER_WAIT_POLICY,
                 startup_timeout_s=STARTUP_TIMEOUT_S).start()
             atexit.register(self._server.stop)  # it runs in its own session: the dashboard's exit must end it
             try:

@@ -108,6 +108,12 @@ class _Prefill:
     def scorer_s(self, config: KVCacheConfig) -> float:
         return self.collected.seconds.get(scorer_key(config), 0.0)
 
+    def cut(self, tokens: int) -> _Prefill:
+        """The cache of the prefix's first ``tokens``, without scores: causal attention makes it what a prefill
+        of those tokens alone computes, up to float rounding.  Its time is the whole prefill's."""
+        return _Prefill([k[:, :, :tokens] for k in self.keys], [v[:, :, :tokens] for v in self.values],
+                        CollectedScores({}, {}), self.prefill_s)
+
 
 @dataclass
 class ServedPrefix:
@@ -131,6 +137,12 @@ class EmbeddedEngine(Engine):
         #: Whether each result's ``extra["kept_positions"]`` says which prompt positions each head kept
         #: (:class:`KeptPositions`: a token map's data, about 15 KB at 1K tokens, so off in experiments)
         self.report_positions = False
+        #: Whether an item's query-agnostic configs may read the query-aware prefill's cache up to the context's
+        #: end instead of running a prefill of their own, where they need no prefill scores (the playground: one
+        #: prefill instead of two).  Off in experiments, whose runs stay comparable: the longer prefill rounds the
+        #: context's keys and values a little differently (2.4e-5 at most in float32, measured at 0.5-2K tokens)
+        #: and its time, charged to both layouts, covers the question's tokens too.
+        self.share_prefill = False
         self.model = loaded.model
         self.device = torch.device(loaded.device)
         attention.install(self.model)
@@ -242,17 +254,35 @@ class EmbeddedEngine(Engine):
         def layout_of(config: KVCacheConfig) -> bool:
             return config.query_aware and config.query_aware in layouts
 
-        for query_aware, group in groupby(sorted(configs, key=layout_of), key=layout_of):
+        groups = {aware: list(group) for aware, group in groupby(sorted(configs, key=layout_of), key=layout_of)}
+        shared = self._shared_prefills(groups, {aware: prefix for aware, (prefix, _, _) in layouts.items()})
+        for query_aware, group in groups.items():
             prefix, suffix, targets = layouts[query_aware]
             evictable = len(context) - (1 if item.kind == "perplexity" else 0)
-            yield from self._evaluate_layout(item, list(group), prefix, suffix, targets, evictable, prompt_tokens)
+            yield from self._evaluate_layout(item, group, prefix, suffix, targets, evictable, prompt_tokens,
+                                             shared.get(query_aware))
+
+    @torch.no_grad()
+    def _shared_prefills(self, groups: dict[bool, list[KVCacheConfig]], prefixes: dict[bool, list[int]]
+                         ) -> dict[bool, _Prefill]:
+        """Both layouts' prefills from one of the query-aware prefix (:attr:`share_prefill`), where the
+        query-agnostic configs need no prefill scores and no layer slides (a sliding layer's cache holds its
+        window only, so it cannot be cut back to the context); ``{}`` otherwise: each layout prefills its own."""
+        if not (self.share_prefill and set(groups) == {False, True} and not any(self.geometry.sliding_layers)
+                and all(scorer_key(config) is None for config in groups[False])):
+            return {}
+        self.current_config = None
+        aware = self._prefill(prefixes[True], {scorer_key(c) for c in groups[True]})
+        return {True: aware, False: aware.cut(len(prefixes[False]))}
 
     @torch.no_grad()
     def _evaluate_layout(self, item: TaskItem, configs: list[KVCacheConfig], prefix: list[int], suffix: list[int],
-                         targets: list[int] | None, evictable: int, prompt_tokens: int) -> Iterator[ItemResult]:
-        """The layout's configs on one item, in batches, each config measured against the baseline."""
+                         targets: list[int] | None, evictable: int, prompt_tokens: int,
+                         prefill: _Prefill | None = None) -> Iterator[ItemResult]:
+        """The layout's configs on one item, in batches, each config measured against the baseline (from
+        ``prefill`` when given, else a prefill of ``prefix``)."""
         self.current_config = None
-        prefill = self._prefill(prefix, {scorer_key(c) for c in configs})
+        prefill = prefill or self._prefill(prefix, {scorer_key(c) for c in configs})
         # The baseline is every other config's reference: it decodes in the first batch (added, and
         # not reported, when the group lacks it); later batches get its finished run.  In the
         # query-aware layout the added baseline has the question in its prefill (float32 there, 16-bit

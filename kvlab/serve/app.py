@@ -167,7 +167,7 @@ def create_app(served: ServedModel, api_key: str | None = None,
         _check_unicode(body.model_dump(), "")
         await lock.acquire()
         try:
-            return await run_in_threadpool(playground.run, served, body)
+            return await lock.thread.run(playground.run, served, body)
         finally:
             lock.release()
 

@@ -129,11 +129,11 @@ def run(served: ServedModel, request: PlaygroundRequest) -> dict[str, Any]:
     tokenizer = served.tokenizer
     context = tokenizer(item.context, add_special_tokens=True, return_offsets_mapping=True)
     question = tokenizer(item.question, add_special_tokens=False, return_offsets_mapping=True)
-    engine.report_positions = True
+    engine.report_positions = engine.share_prefill = True  # one prefill for both layouts: answers in seconds
     try:
         results = list(engine.evaluate(item, configs))
     finally:
-        engine.report_positions = False
+        engine.report_positions = engine.share_prefill = False
     by_name = {r.config_name: r for r in results}
     answers = []
     for config in configs:

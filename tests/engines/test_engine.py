@@ -102,3 +102,29 @@ def test_shared_prefill_gives_the_same_answers_as_separate_runs(engine, item):
     together = [r.generated for r in engine.evaluate(item, configs)]
     alone = [next(engine.evaluate(item, [c])).generated for c in configs]
     assert together == alone
+
+
+def test_one_prefill_serves_both_layouts_where_the_agnostic_configs_need_no_scores(engine):
+    """The playground's ``share_prefill``: the query-agnostic configs read the query-aware prefill cut at the
+    context's end (causal: the same keys and values up to float rounding), so both layouts give what they give
+    apart, from one prefill whose time both are charged."""
+    item = generate_items(TaskSpec(name="passkey", context_lengths=[512], depths=[0.5], num_items=1),
+                          engine.tokenizer, seed=0)[0]
+    configs = [KVCacheConfig(), KVCacheConfig(quant="int4"), KVCacheConfig(evict="streaming_llm", ratio=0.5),
+               KVCacheConfig(evict="snapkv", ratio=0.5, query_aware=True)]
+    apart = list(engine.evaluate(item, configs))
+    engine.share_prefill = True
+    try:
+        shared = list(engine.evaluate(item, configs))
+        scored = list(engine.evaluate(item, [KVCacheConfig(evict="snapkv", ratio=0.5), configs[-1]]))
+    finally:
+        engine.share_prefill = False
+    assert [r.generated for r in shared] == [r.generated for r in apart]
+    for one, other in zip(shared, apart, strict=True):
+        assert (one.physical_kv_bytes, one.kept_tokens, one.context_tokens) == (
+            other.physical_kv_bytes, other.kept_tokens, other.context_tokens), one.config_name
+        if one.extra.get("fidelity"):
+            assert one.extra["fidelity"]["mean_kl"] == pytest.approx(other.extra["fidelity"]["mean_kl"], abs=1e-3)
+    assert len({r.prefill_s for r in shared}) == 1  # one prefill, charged to every config
+    assert len({r.prefill_s for r in apart}) == 2
+    assert scored[0].prefill_s != scored[1].prefill_s  # an agnostic scorer needs its own prefill
