@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 from pydantic import ValidationError
 
+from kvlab.core.errors import ConfigError
 from kvlab.core.model_registry import DEFAULT_MODEL, KNOWN_MODELS
 from kvlab.dashboard import page_table, views
 from kvlab.dashboard.playground import (
@@ -30,6 +31,8 @@ from kvlab.dashboard.playground import (
 )
 from kvlab.dashboard.spec_form import CONFIG_COLUMNS, config_row, config_rows
 from kvlab.dashboard.warm_engine import PlaygroundError, WarmEngine
+from kvlab.paths import DATA_DIR_VAR, data_dir
+from kvlab.tasks.data_dir import data_files
 from pages.common import share_box
 from pages.config_table import config_columns
 
@@ -55,7 +58,8 @@ for problem in problems:
 model = st.selectbox("Model", list(KNOWN_MODELS), index=list(KNOWN_MODELS).index(DEFAULT_MODEL),
                      help="The server loads it once; later Runs reuse it.")
 source = st.radio("Input", SOURCES, index=SOURCES.index(view.source), horizontal=True,
-                  format_func={"task": "an item of a task", "text": "my own text"}.get)
+                  format_func={"task": "an item of a task", "file": "a row of a JSONL file",
+                               "text": "my own text"}.get)
 if source == "task":
     task_col, length_col, depth_col, seed_col = st.columns(4)
     task = task_col.selectbox("Task", TASK_CHOICES, index=TASK_CHOICES.index(view.task)
@@ -64,6 +68,25 @@ if source == "task":
     depth = depth_col.number_input("Needle depth", min_value=0.0, max_value=1.0, step=0.1, value=view.depth)
     seed = seed_col.number_input("Seed", min_value=0, step=1, value=view.seed)
     inputs = {"task": task, "length": int(length), "depth": float(depth), "seed": int(seed)}
+elif source == "file":
+    files = list(dict.fromkeys([*([view.file] if view.file else []), *data_files()]))
+    file_col, row_col = st.columns([3, 1])
+    file = file_col.selectbox("File (under the data directory)", files, index=0 if files else None,
+                              help=f"The JSONL files under {data_dir()} ({DATA_DIR_VAR}); New experiment's jsonl "
+                                   "task uploads one there.")
+    row = row_col.number_input("Row", min_value=1, step=1, value=view.row, help="1 is the file's first item")
+    inputs = {"file": file or "", "row": int(row)}
+    if not files:
+        st.info(f"No JSONL file under the data directory {data_dir()} ({DATA_DIR_VAR}): put one there, or upload "
+                "one in New experiment (task jsonl).", icon=":material/folder_open:")
+    else:
+        try:
+            shown = PlaygroundView(source="file", **inputs).item()
+        except ConfigError as error:
+            st.error(views.md(str(error)), icon=":material/error:")
+        else:
+            st.caption(f"Question: {views.md(shown['question'].strip()[:300])} · expected: "
+                       f"{views.md(shown['answer'][:100])} · context: {len(shown['context']):,} characters")
 else:
     inputs = {"context": st.text_area("Context (compressed)", value=view.context, height=180),
               "question": st.text_input("Question (fed after the compressed context)", value=view.question),
@@ -107,7 +130,7 @@ if run_col.button("Run", type="primary", icon=":material/play_arrow:", key="run"
         with st.spinner("Running..."):
             st.session_state["playground-answer"] = (json.dumps(view.params(), sort_keys=True), model,
                                                      engine.run(request_body(view, model)))
-    except PlaygroundError as error:
+    except (PlaygroundError, ConfigError) as error:
         st.error(views.md(str(error)), icon=":material/error:")
 if save_col.button("Save as experiment", icon=":material/save:", key="save"):
     try:

@@ -14,9 +14,12 @@ from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.limits import PLAYGROUND_CONFIGS
 from kvlab.core.results import KeptPositions
 from kvlab.dashboard.views import fmt
+from kvlab.tasks.data_dir import checked_data_file
+from kvlab.tasks.jsonl import read_row
 
-#: Where an input comes from: a task's generated item, or the user's own text.
-SOURCES = ("task", "text")
+#: Where an input comes from: a task's generated item, a row of a JSONL file in the data directory, or the
+#: user's own text.
+SOURCES = ("task", "file", "text")
 #: Tasks the playground can generate an item of (the server generates it with the model's tokenizer).
 TASK_CHOICES = ("passkey", "multikey", "variable_tracking", "recall", "story")
 #: The configs a first visit compares: the question the playground answers ("what does SnapKV at 75% keep,
@@ -41,6 +44,8 @@ class PlaygroundView:
     length: int = 1024
     depth: float = 0.5
     seed: int = 0
+    file: str = ""
+    row: int = 1
     context: str = ""
     question: str = ""
     answer: str = ""
@@ -86,9 +91,14 @@ class PlaygroundView:
         return [json.loads(text) for text in self.config]
 
     def item(self) -> dict[str, Any]:
-        """The request's ``item``: a task's to generate, or the user's text."""
+        """The request's ``item``: a task's to generate, a file's row (read here: the server may run elsewhere)
+        or the user's text.  :class:`ConfigError` for a file outside the data directory or a row it lacks."""
         if self.source == "task":
             return {"task": self.task, "context_length": self.length, "depth": self.depth, "seed": self.seed}
+        if self.source == "file":
+            record = read_row(checked_data_file(self.file), self.row, label=self.file)
+            return {key: record[key] for key in ("context", "question", "answer", "scorer", "tolerance")
+                    if key in record}
         return {"context": self.context, "question": self.question, "answer": self.answer}
 
 
@@ -150,14 +160,18 @@ def token_map_html(context: str, offsets: Sequence[Sequence[int]], share: Sequen
 
 
 def spec_for(view: PlaygroundView, model: str, items: int = 10) -> dict[str, Any]:
-    """The sweep "Save as experiment" opens: the playground's configs on ``items`` items of its task (a whole
-    task, where the playground tried one item).  ``ValueError`` for the user's own text: a sweep runs a task
-    (such text runs as a JSONL file in the data directory)."""
-    if view.source != "task":
-        raise ValueError("Save as experiment runs a whole task: pick a task as the input (your own texts run as a "
-                         "JSONL file in the data directory, task jsonl)")
-    entry: dict[str, Any] = {"name": view.task, "context_lengths": [view.length], "num_items": items}
-    if view.task in ("passkey", "multikey"):
+    """The sweep "Save as experiment" opens: the playground's configs on ``items`` items of its task, or on every
+    row of its file (the whole task, where the playground tried one item).  ``ValueError`` for the user's own
+    text: a sweep runs a task (such texts run as a JSONL file in the data directory)."""
+    if view.source == "text":
+        raise ValueError("Save as experiment runs a whole task: pick a task or a JSONL file as the input (put your "
+                         "own texts in a JSONL file in the data directory)")
+    entry: dict[str, Any]
+    if view.source == "file":
+        entry = {"name": "jsonl", "path": view.file}
+    else:
+        entry = {"name": view.task, "context_lengths": [view.length], "num_items": items}
+    if view.task in ("passkey", "multikey") and view.source == "task":
         entry["depths"] = [0.1, 0.3, 0.5, 0.7, 0.9]
-    return {"name": f"playground-{view.task}", "model": model, "tasks": [entry],
+    return {"name": f"playground-{entry['name']}", "model": model, "tasks": [entry],
             "configs": [dict(config) for config in view.configs()]}

@@ -22,6 +22,7 @@ from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, TASKS, TaskS
 from kvlab.serve.errors import APIError
 from kvlab.serve.generation import ServedModel
 from kvlab.tasks import TaskItem, generate_items, score_item
+from kvlab.tasks.jsonl import DEFAULT_MAX_NEW_TOKENS
 from kvlab.tasks.registry import resolve
 
 #: Tokens an answer may take.
@@ -40,8 +41,8 @@ class GeneratedItem(BaseModel):
 
 
 class OwnItem(BaseModel):
-    """The caller's text: the context is compressed, the question fed after it; an answer is scored as a
-    JSONL row's would be (``prefix`` by default)."""
+    """The caller's text (or a JSONL row's fields): the context is compressed, the question fed after it; an
+    answer is scored as a JSONL row's would be (``prefix`` by default; ``tolerance``: the numeric scorer's)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -49,6 +50,7 @@ class OwnItem(BaseModel):
     question: str = Field(min_length=1)
     answer: str = ""
     scorer: str = DEFAULT_ANSWER_SCORER
+    tolerance: float | None = Field(default=None, ge=0)
 
     @field_validator("scorer")
     @classmethod
@@ -71,7 +73,9 @@ def build_item(served: ServedModel, request: PlaygroundRequest) -> TaskItem:
     if isinstance(item, OwnItem):
         return TaskItem(task="playground", item_id="playground", context=item.context, question=item.question,
                         answer=item.answer, context_length=0, depth=None,
-                        max_new_tokens=request.max_new_tokens or 32, metadata={"scorer": item.scorer})
+                        max_new_tokens=request.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+                        metadata={"scorer": item.scorer, **({} if item.tolerance is None else
+                                                            {"tolerance": item.tolerance})})
     task = TASKS.get(item.task)
     if task is None or task.kind == "perplexity" or item.task == "jsonl":
         usable = ", ".join(name for name, t in TASKS.items() if t.kind != "perplexity" and name != "jsonl")

@@ -43,6 +43,20 @@ def resolve_data_path(text: str, root: Path | None = None) -> Path:
     return resolved
 
 
+def data_files(root: Path | None = None, limit: int = 500) -> list[str]:
+    """The JSONL files under the data directory (``limit`` at most), as paths relative to it, sorted."""
+    root = (root or data_dir()).resolve()
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(root.rglob("*.jsonl")):
+        if len(found) >= limit:
+            break
+        if path.is_file() and path.resolve().is_relative_to(root):
+            found.append(str(path.relative_to(root)))
+    return found
+
+
 def checked_data_file(text: str, root: Path | None = None) -> str:
     """The absolute path of a valid JSONL task file under the data directory, for a spec;
     :class:`ConfigError` naming the file (as typed) and the problem otherwise.

@@ -283,6 +283,17 @@ def iter_records(path: str | Path, label: str | None = None, limits: Limits | No
         raise JsonlTaskError(f"{label}: no items (only blank lines); give one JSON object per line")
 
 
+def read_row(path: str | Path, row: int, label: str | None = None) -> dict[str, Any]:
+    """The file's ``row``-th item (1-based, blank lines not counted), validated as :func:`iter_records` does;
+    :class:`JsonlTaskError` naming the file for a bad file or a row it does not have."""
+    count = 0
+    for count, (_, record) in enumerate(iter_records(path, label), start=1):
+        if count == row:
+            return record
+    raise JsonlTaskError(f"{show_path(label if label is not None else path)}: no row {row} "
+                         f"(rows 1-{count})")
+
+
 def validate_file(path: str | Path, label: str | None = None, limits: Limits | None = None,
                   scorer: str = DEFAULT_ANSWER_SCORER) -> int:
     """Check the whole file without keeping its items; return how many it has."""

@@ -3,6 +3,8 @@ against a real `kvlab serve` (attached by KVLAB_PLAYGROUND_URL, as a user's own 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvlab.core.kv_config import KVCacheConfig
@@ -99,8 +101,8 @@ def test_the_warm_engine_starts_its_server_and_starts_it_again_after_it_died(mon
     assert (tmp_path / "kvlab-playground-serve.log").exists()
 
 
-def test_a_links_config_keeps_the_fields_the_table_does_not_show():
-    """16-bit layers, a decode policy, a safeguard: not columns of the playground's table, never dropped."""
+def test_a_links_config_keeps_every_field():
+    """16-bit layers, a decode policy, a safeguard: each a column of the table, and in the link as it came."""
     from urllib.parse import parse_qs, urlsplit
 
     from tests.dashboard.test_dashboard import share_link
@@ -111,3 +113,58 @@ def test_a_links_config_keeps_the_fields_the_table_does_not_show():
     at = open_page(PLAYGROUND, config=configs)
     assert_clean(at)
     assert parse_qs(urlsplit(share_link(at)).query)["config"] == configs
+
+
+def _rows_file(folder) -> str:
+    """A JSONL task file in the data directory ``folder``: 3 rows, the second scored as a number."""
+    rows = [{"context": "The vault's code is 4417. The weather was mild.", "question": " The code is",
+             "answer": "4417"},
+            {"context": "Ann has 3 apples and buys 4 more.", "question": " Ann now has", "answer": "7",
+             "scorer": "numeric", "tolerance": 0.01, "id": "apples"},
+            {"context": "Paris is the capital of France.", "question": " The capital of France is",
+             "answer": "Paris"}]
+    (folder / "qa.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return "qa.jsonl"
+
+
+def test_a_row_of_a_jsonl_file_is_an_input_and_saves_as_a_sweep_of_the_whole_file(monkeypatch, tmp_path):
+    from kvlab.core.errors import ConfigError
+    from kvlab.core.experiment_spec import parse_spec
+    from kvlab.tasks.data_dir import data_files
+
+    monkeypatch.setenv("KVLAB_DATA_DIR", str(tmp_path))
+    name = _rows_file(tmp_path)
+    (tmp_path / "uploads").mkdir()
+    (tmp_path / "uploads" / "more.jsonl").write_text("")
+    (tmp_path / "notes.txt").write_text("not a task")
+    assert data_files() == ["qa.jsonl", "uploads/more.jsonl"]  # the page's choices
+    view = PlaygroundView(source="file", file=name, row=2)
+    assert PlaygroundView.from_params(view.params()) == (view, [])
+    assert view.item() == {"context": "Ann has 3 apples and buys 4 more.", "question": " Ann now has",
+                           "answer": "7", "scorer": "numeric", "tolerance": 0.01}
+    with pytest.raises(ConfigError, match=r"qa.jsonl: no row 4 \(rows 1-3\)"):
+        PlaygroundView(source="file", file=name, row=4).item()
+    with pytest.raises(ConfigError, match="'..' is not allowed"):
+        PlaygroundView(source="file", file="../qa.jsonl").item()
+    spec = spec_for(view, "smollm2-135m")
+    assert spec["tasks"] == [{"name": "jsonl", "path": name}] and spec["name"] == "playground-jsonl"
+    parse_spec(spec)
+
+
+@pytest.mark.model
+def test_a_playground_link_runs_a_files_row(kvlab_server, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVLAB_PLAYGROUND_URL", kvlab_server[1].removesuffix("/v1"))
+    monkeypatch.setenv("KVLAB_API_KEY", API_KEY)
+    monkeypatch.setenv("KVLAB_DATA_DIR", str(tmp_path))
+    name = _rows_file(tmp_path)
+    at = open_page(PLAYGROUND, source="file", file=name, row="1", config=[config_text({"quant": "int8"})])
+    assert_clean(at)
+    assert "The code is" in texts(at.caption)  # the row's question, before any Run
+    at.button(key="run").click().run()
+    assert_clean(at)
+    table = next(df.value for df in at.dataframe if "verdict" in df.value.columns)
+    assert list(table["config"]) == ["baseline", "int8/g64/r64"] and set(table["verdict"]) <= {"right", "wrong"}
+    maps = [element.proto.body for element in at.get("html")]
+    assert len(maps) == 2 and all("outline:2px" in m for m in maps)  # the answer, found in the context, boxed
+    past_the_end = open_page(PLAYGROUND, source="file", file=name, row="9")
+    assert "qa.jsonl: no row 9 (rows 1-3)" in texts(past_the_end.error).replace("\\", "")  # before any Run
