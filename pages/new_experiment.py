@@ -139,8 +139,11 @@ def past_rates(model: str, db: str | None) -> estimate.Rates | None:
 
 if (from_playground := st.session_state.pop("playground_spec", None)) is not None:  # "Save as experiment"
     load_form(form_from_spec(parse_spec(from_playground)))
-    st.session_state["form_flash"] = [("ok", "Loaded the playground's configs, to run on the whole task: check the "
-                                             "task and launch.")]
+    st.session_state["form_flash"] = [("ok", "Loaded the playground's endpoint, to run its own cache on the whole "
+                                             "task (the configs need kvlab serve): check the task and launch."
+                                       if from_playground.get("backend") else
+                                       "Loaded the playground's configs, to run on the whole task: check the "
+                                       "task and launch.")]
 elif "form_n_tasks" not in st.session_state:
     load_form(default_form())
 else:  # back from another page: Streamlit dropped the widgets' values, the mirror kept them

@@ -14,9 +14,12 @@ import streamlit as st
 from pydantic import ValidationError
 
 from kvlab.core.errors import ConfigError
-from kvlab.core.model_registry import DEFAULT_MODEL, KNOWN_MODELS
+from kvlab.core.model_registry import KNOWN_MODELS
+from kvlab.core.urls import strip_credentials
 from kvlab.dashboard import page_table, views
+from kvlab.dashboard.endpoint_playground import run_on_endpoint
 from kvlab.dashboard.playground import (
+    ENGINES,
     MAX_CONFIGS,
     SOURCES,
     TASK_CHOICES,
@@ -32,6 +35,7 @@ from kvlab.dashboard.playground import (
 from kvlab.dashboard.spec_form import CONFIG_COLUMNS, config_row, config_rows
 from kvlab.dashboard.warm_engine import PlaygroundError, WarmEngine
 from kvlab.paths import DATA_DIR_VAR, data_dir
+from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR
 from kvlab.tasks.data_dir import data_files
 from pages.common import share_box
 from pages.config_table import config_columns
@@ -55,8 +59,26 @@ view, problems = PlaygroundView.from_params(st.query_params.to_dict() | {
 for problem in problems:
     st.warning(f"The link's {views.md(problem)}", icon=":material/link_off:")
 
-model = st.selectbox("Model", list(KNOWN_MODELS), index=list(KNOWN_MODELS).index(DEFAULT_MODEL),
-                     help="The server loads it once; later Runs reuse it.")
+model_col, engine_col = st.columns([1, 2])
+model = model_col.selectbox("Model", list(KNOWN_MODELS), index=list(KNOWN_MODELS).index(view.model),
+                            help="The server loads it once; later Runs reuse it. On an endpoint: the model it "
+                                 "serves (its geometry sizes the cache estimate).")
+engine = engine_col.radio("Run on", ENGINES, index=ENGINES.index(view.engine), horizontal=True,
+                          format_func={"embedded": "kvlab serve (every config, token maps)",
+                                       "endpoint": "an OpenAI-compatible endpoint (vLLM, SGLang...)"}.get)
+endpoint: dict[str, str] = {}
+if engine == "endpoint":
+    url_col, id_col = st.columns(2)
+    endpoint = {
+        "base_url": strip_credentials(url_col.text_input(
+            "Base URL", value=view.base_url, placeholder="http://127.0.0.1:8000/v1",
+            help=f"Blank: {BASE_URL_VAR} from the environment or .streamlit/secrets.toml. The key is read from "
+                 f"{DEFAULT_KEY_VAR} there, never typed here.").strip()),
+        "model_id": id_col.text_input("Model id", value=view.model_id,
+                                      help=f"Blank: {MODEL_ID_VAR}, else the only model the server lists").strip()}
+    st.caption("The endpoint decides its own KV cache (its launch flags): the item runs once, as it stores it, with "
+               "its answer, timings and the cache it held (an estimate). The configs below run on kvlab serve; which "
+               "tokens a cache kept only the embedded engine can show.")
 source = st.radio("Input", SOURCES, index=SOURCES.index(view.source), horizontal=True,
                   format_func={"task": "an item of a task", "file": "a row of a JSONL file",
                                "text": "my own text"}.get)
@@ -115,21 +137,26 @@ for number, row in enumerate(rows, start=1):
                  f"{views.md(first['msg'].removeprefix('Value error, '))}", icon=":material/error:")
         st.stop()
 
-view = PlaygroundView(source=source, config=tuple(configs), **inputs)
+view = PlaygroundView(model=model, engine=engine, source=source, config=tuple(configs), **endpoint, **inputs)
 st.query_params.from_dict(view.params())
 share_box(view.params())
 
 run_col, save_col = st.columns([1, 1])
 if run_col.button("Run", type="primary", icon=":material/play_arrow:", key="run"):
-    engine = warm_engine(model)
     try:
-        if not engine.started:
-            with st.status(f"Starting `kvlab serve` for {model} (loading the model: the first Run only)...") as status:
-                engine.start()
-                status.update(label="The server is ready.", state="complete")
-        with st.spinner("Running..."):
-            st.session_state["playground-answer"] = (json.dumps(view.params(), sort_keys=True), model,
-                                                     engine.run(request_body(view, model)))
+        if engine == "endpoint":
+            with st.spinner(f"Running on {view.base_url or 'the endpoint'}..."):
+                answer = run_on_endpoint(view.item(), model, view.base_url, view.model_id)
+        else:
+            warm = warm_engine(model)
+            if not warm.started:
+                with st.status(f"Starting `kvlab serve` for {model} (loading the model: the first Run only)..."
+                               ) as status:
+                    warm.start()
+                    status.update(label="The server is ready.", state="complete")
+            with st.spinner("Running..."):
+                answer = warm.run(request_body(view, model))
+        st.session_state["playground-answer"] = (json.dumps(view.params(), sort_keys=True), answer)
     except (PlaygroundError, ConfigError) as error:
         st.error(views.md(str(error)), icon=":material/error:")
 if save_col.button("Save as experiment", icon=":material/save:", key="save"):
@@ -142,12 +169,21 @@ if save_col.button("Save as experiment", icon=":material/save:", key="save"):
 
 stored = st.session_state.get("playground-answer")
 if stored is not None:
-    key, ran_model, answer = stored
-    if key != json.dumps(view.params(), sort_keys=True) or ran_model != model:
-        st.caption("These answers are from an earlier Run (the input, the configs or the model changed since).")
+    key, answer = stored
+    if key != json.dumps(view.params(), sort_keys=True):
+        st.caption("These answers are from an earlier Run (the input, the configs, the model or the engine changed "
+                   "since).")
     item = answer["item"]
     st.dataframe(result_rows(answer), hide_index=True, key="playground-results")
     outline = answer_span(item)
+    if answer["results"][0]["kept_positions"] is None:  # an endpoint's answer
+        only = answer["results"][0]
+        st.markdown(f"**{views.md(only['config'])}**"
+                    + ("" if only["score"] is None else (" (right)" if only["score"] >= 1 else " (wrong)"))
+                    + f": {views.md(only['generated'].strip()[:200])}")
+        st.caption(f"KV cache: {views.md(only['kv_source'])}. Token maps need the embedded engine: run on kvlab "
+                   "serve to see which tokens each config kept.")
+        st.stop()
     layers = len(answer["results"][0]["kept_positions"]["layers"])
     layer = st.selectbox("Token map of", ["every layer", *(f"layer {i}" for i in range(layers))], key="layer",
                          help="Shaded by the share of KV heads that kept each token (of every layer, or of one).")

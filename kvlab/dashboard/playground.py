@@ -12,7 +12,9 @@ from typing import Any
 
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.limits import PLAYGROUND_CONFIGS
+from kvlab.core.model_registry import DEFAULT_MODEL, KNOWN_MODELS
 from kvlab.core.results import KeptPositions
+from kvlab.core.urls import strip_credentials
 from kvlab.dashboard.views import fmt
 from kvlab.tasks.data_dir import checked_data_file
 from kvlab.tasks.jsonl import read_row
@@ -20,6 +22,9 @@ from kvlab.tasks.jsonl import read_row
 #: Where an input comes from: a task's generated item, a row of a JSONL file in the data directory, or the
 #: user's own text.
 SOURCES = ("task", "file", "text")
+#: What answers a Run: a warm ``kvlab serve`` (every config, token maps), or an OpenAI-compatible endpoint (a vLLM
+#: or SGLang server: its own cache, :mod:`kvlab.dashboard.endpoint_playground`).
+ENGINES = ("embedded", "endpoint")
 #: Tasks the playground can generate an item of (the server generates it with the model's tokenizer).
 TASK_CHOICES = ("passkey", "multikey", "variable_tracking", "recall", "story")
 #: The configs a first visit compares: the question the playground answers ("what does SnapKV at 75% keep,
@@ -39,6 +44,10 @@ class PlaygroundView:
     """Everything the page draws from, each field a query parameter of its share link (``config``: one
     compact JSON object per config, repeated)."""
 
+    model: str = DEFAULT_MODEL
+    engine: str = "embedded"
+    base_url: str = ""  # never with a user:password (the page strips it): a link carries no secret
+    model_id: str = ""
     source: str = "task"
     task: str = "passkey"
     length: int = 1024
@@ -81,11 +90,12 @@ class PlaygroundView:
                 values[item.name] = kind(text)
             except (ValueError, TypeError) as error:
                 problems.append(f"{item.name}: {str(error).splitlines()[0]} (left at its default)")
-        view = cls(**values)
-        if view.source not in SOURCES:
-            problems.append(f"source: {view.source!r} is not one of {', '.join(SOURCES)} (left at its default)")
-            view = cls(**{**values, "source": default.source})
-        return view, problems
+        for name, allowed in (("source", SOURCES), ("engine", ENGINES), ("model", tuple(KNOWN_MODELS))):
+            if values.get(name, getattr(default, name)) not in allowed:
+                problems.append(f"{name}: {values[name]!r} is not one of {', '.join(allowed)} (left at its default)")
+                values[name] = getattr(default, name)
+        values["base_url"] = strip_credentials(values.get("base_url", ""))
+        return cls(**values), problems
 
     def configs(self) -> list[dict[str, Any]]:
         return [json.loads(text) for text in self.config]
@@ -117,9 +127,12 @@ def result_rows(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for r in answer["results"]:
         verdict = "-" if r["score"] is None else ("right" if r["score"] >= 1 else "wrong")
+        kv = fmt(r["physical_bytes"], ".3f", 1 / 2**20)
         rows.append({
             "config": r["config"], "answer": r["generated"].strip(), "verdict": verdict,
-            "KV (MiB)": fmt(r["physical_bytes"], ".3f", 1 / 2**20), "ratio (x)": fmt(r["compression_ratio"], ".2f"),
+            # an endpoint's cache may be an estimate (kv_source says from what): marked as one
+            "KV (MiB)": f"~{kv}" if r.get("kv_estimated") and kv != "-" else kv,
+            "ratio (x)": fmt(r["compression_ratio"], ".2f"),
             "kept": fmt(r["kept_fraction"], ".0%"), "TTFT (ms)": fmt(r["ttft_s"], ".0f", 1000),
             "TPOT (ms)": fmt(r["tpot_s"], ".1f", 1000), "mean KL (nats)": fmt(r["mean_kl"], ".3g"),
             "top-1 agreement": fmt(r["agreement"], ".0%"),
@@ -161,8 +174,9 @@ def token_map_html(context: str, offsets: Sequence[Sequence[int]], share: Sequen
 
 def spec_for(view: PlaygroundView, model: str, items: int = 10) -> dict[str, Any]:
     """The sweep "Save as experiment" opens: the playground's configs on ``items`` items of its task, or on every
-    row of its file (the whole task, where the playground tried one item).  ``ValueError`` for the user's own
-    text: a sweep runs a task (such texts run as a JSONL file in the data directory)."""
+    row of its file (the whole task, where the playground tried one item); on an endpoint, its own cache (the
+    baseline: the configs need kvlab serve).  ``ValueError`` for the user's own text: a sweep runs a task (such
+    texts run as a JSONL file in the data directory)."""
     if view.source == "text":
         raise ValueError("Save as experiment runs a whole task: pick a task or a JSONL file as the input (put your "
                          "own texts in a JSONL file in the data directory)")
@@ -173,5 +187,9 @@ def spec_for(view: PlaygroundView, model: str, items: int = 10) -> dict[str, Any
         entry = {"name": view.task, "context_lengths": [view.length], "num_items": items}
     if view.task in ("passkey", "multikey") and view.source == "task":
         entry["depths"] = [0.1, 0.3, 0.5, 0.7, 0.9]
+    if view.engine == "endpoint":
+        return {"name": f"playground-{entry['name']}-endpoint", "model": model, "tasks": [entry], "configs": [{}],
+                "backend": {"kind": "openai_compat", **({"base_url": view.base_url} if view.base_url else {}),
+                            **({"model_id": view.model_id} if view.model_id else {})}}
     return {"name": f"playground-{entry['name']}", "model": model, "tasks": [entry],
             "configs": [dict(config) for config in view.configs()]}

@@ -264,7 +264,8 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
         task["path"] = path or None
         reads_scorer = task["name"] in TASKS and "scorer" in TASKS[task["name"]].fields
         task["scorer"] = (str(values.get(prefix + "scorer") or "") or None) if reads_scorer else None
-        if path and task["name"] in TASKS and TASKS[task["name"]].reads_file:  # only files under the data directory: this is a web page
+        # only files under the data directory: this is a web page
+        if path and task["name"] in TASKS and TASKS[task["name"]].reads_file:
             try:
                 task["path"] = checked_data_file(path)
             except ConfigError as error:

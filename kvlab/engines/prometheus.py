@@ -89,7 +89,7 @@ def cache_config_pool(text: str) -> KVPool | None:
             size = _whole(labels.get("kv_cache_memory_bytes"))
             keys = ("cache_dtype", "kv_cache_size_tokens", "num_gpu_blocks", "block_size", "kv_cache_memory_bytes")
             said = ", ".join(f"{key}={labels[key]}" for key in keys if key in labels)
-            return KVPool(tokens, size, f"{_VLLM_CACHE_INFO}{{{said}}}")
+            return KVPool(tokens, size, f"{_VLLM_CACHE_INFO}{{{said}}}", labels.get("cache_dtype"))
     return None
 
 

@@ -53,6 +53,7 @@ class KVPool:
     tokens: int
     bytes: int | None
     source_line: str
+    cache_dtype: str | None = None  # the server's --kv-cache-dtype, where it says (vLLM's /metrics)
 
     @property
     def bytes_per_token(self) -> float | None:

@@ -10,7 +10,6 @@ a page can shade the text by what was kept.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -18,12 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from kvlab.core.errors import ConfigError
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.limits import PLAYGROUND_CONFIGS
-from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, TASKS, TaskSpec, check_answer_scorer
+from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, check_answer_scorer
 from kvlab.serve.errors import APIError
 from kvlab.serve.generation import ServedModel
-from kvlab.tasks import TaskItem, generate_items, score_item
-from kvlab.tasks.jsonl import DEFAULT_MAX_NEW_TOKENS
-from kvlab.tasks.registry import resolve
+from kvlab.tasks import TaskItem
+from kvlab.tasks.single import GENERATED_TASKS, generated_item, own_item, score
 
 #: Tokens an answer may take.
 MAX_NEW_TOKENS = 256
@@ -71,22 +69,13 @@ def build_item(served: ServedModel, request: PlaygroundRequest) -> TaskItem:
     """The request's item (a 400 naming the field for one that cannot be built)."""
     item = request.item
     if isinstance(item, OwnItem):
-        return TaskItem(task="playground", item_id="playground", context=item.context, question=item.question,
-                        answer=item.answer, context_length=0, depth=None,
-                        max_new_tokens=request.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-                        metadata={"scorer": item.scorer, **({} if item.tolerance is None else
-                                                            {"tolerance": item.tolerance})})
-    task = TASKS.get(item.task)
-    if task is None or task.kind == "perplexity" or item.task == "jsonl":
-        usable = ", ".join(name for name, t in TASKS.items() if t.kind != "perplexity" and name != "jsonl")
-        raise APIError(400, f"item.task: {item.task!r} cannot be generated here; one of {usable}", param="item.task")
+        return own_item(item.context, item.question, item.answer, item.scorer, item.tolerance, request.max_new_tokens)
     try:
-        spec = TaskSpec(name=item.task, context_lengths=[item.context_length], num_items=1,
-                        **({"depths": [item.depth]} if item.depth is not None and task.needle_depths else {}))
-        generated = generate_items(spec, served.tokenizer, item.seed)[0]
-    except (ValidationError, ValueError, ConfigError) as error:
-        raise APIError(400, f"item: {str(error).splitlines()[0]}", param="item") from None
-    return replace(generated, max_new_tokens=request.max_new_tokens) if request.max_new_tokens else generated
+        return generated_item(item.task, item.context_length, item.depth, item.seed, served.tokenizer,
+                              request.max_new_tokens)
+    except ConfigError as error:
+        where = "item.task" if item.task not in GENERATED_TASKS else "item"
+        raise APIError(400, f"{where}: {error}", param=where) from None
 
 
 def configs_of(served: ServedModel, request: PlaygroundRequest) -> list[KVCacheConfig]:
@@ -107,15 +96,6 @@ def configs_of(served: ServedModel, request: PlaygroundRequest) -> list[KVCacheC
             raise APIError(400, f"configs.{index}: {config.label} is already compared", param=f"configs.{index}")
         configs.append(config)
     return configs
-
-
-def score(item: TaskItem, generated: str) -> float | None:
-    """A task's own score; the caller's text by its answer scorer (None without an answer)."""
-    if item.task != "playground":
-        return score_item(item, generated)
-    if not item.answer:
-        return None
-    return resolve(ANSWER_SCORERS[item.metadata["scorer"]].function)(item, generated)
 
 
 def run(served: ServedModel, request: PlaygroundRequest) -> dict[str, Any]:

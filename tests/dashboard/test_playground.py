@@ -12,6 +12,7 @@ from kvlab.dashboard import page_table
 from kvlab.dashboard.playground import DEFAULT_CONFIGS, PlaygroundView, config_text, spec_for, token_map_html
 from tests.dashboard.test_dashboard import assert_clean, open_page, texts
 from tests.serving import API_KEY
+from tests.waiting import SAFETY_S
 
 PLAYGROUND = page_table.PLAYGROUND.script
 
@@ -168,3 +169,54 @@ def test_a_playground_link_runs_a_files_row(kvlab_server, monkeypatch, tmp_path)
     assert len(maps) == 2 and all("outline:2px" in m for m in maps)  # the answer, found in the context, boxed
     past_the_end = open_page(PLAYGROUND, source="file", file=name, row="9")
     assert "qa.jsonl: no row 9 (rows 1-3)" in texts(past_the_end.error).replace("\\", "")  # before any Run
+
+
+@pytest.mark.model
+def test_the_playground_on_an_endpoint_runs_its_own_cache_without_token_maps(kvlab_server, monkeypatch):
+    """An OpenAI-compatible endpoint (here `kvlab serve`, a real server over HTTP): a task's item sized by the
+    server's /tokenize, one answer as the server stores it, no token maps, and the configs left as they were;
+    a dead endpoint is one line."""
+    monkeypatch.setenv("KVLAB_API_KEY", API_KEY)
+    configs = [config_text({"quant": "int4"})]
+    at = open_page(PLAYGROUND, engine="endpoint", base_url=kvlab_server[1], length="256", config=configs)
+    assert_clean(at)
+    at.button(key="run").click().run()
+    assert_clean(at)
+    table = next(df.value for df in at.dataframe if "verdict" in df.value.columns)
+    assert len(table) == 1 and table["config"].iloc[0] == "smollm2-135m's cache (baseline)"
+    assert table["verdict"].iloc[0] in ("right", "wrong") and table["KV (MiB)"].iloc[0] != "-"
+    assert not at.get("html") and "Token maps need the embedded engine" in texts(at.caption)
+    assert "measured" in texts(at.caption)  # kvlab serve measures what it held; a vLLM's is an estimate
+    from urllib.parse import parse_qs, urlsplit
+
+    from tests.dashboard.test_dashboard import share_link
+
+    assert parse_qs(urlsplit(share_link(at)).query)["config"] == configs  # kept for kvlab serve, not run here
+    dead = open_page(PLAYGROUND, engine="endpoint", base_url="http://127.0.0.1:9/v1", source="text",
+                     context="c", question="q")
+    dead.button(key="run").click().run()
+    assert_clean(dead)
+    assert "cannot be reached" in texts(dead.error)
+
+
+def test_an_endpoint_view_saves_as_a_sweep_of_its_own_cache_and_its_link_holds_no_credentials():
+    from kvlab.core.experiment_spec import parse_spec
+
+    view, problems = PlaygroundView.from_params({"engine": "endpoint", "base_url": "http://me:pw@host:8000/v1"})
+    assert problems == [] and view.base_url == "http://host:8000/v1"
+    spec = spec_for(view, "smollm2-135m")
+    assert spec["configs"] == [{}] and spec["backend"] == {"kind": "openai_compat", "base_url": "http://host:8000/v1"}
+    assert parse_spec(spec).backend.kind == "openai_compat"
+
+
+def test_the_dashboards_modules_import_no_torch():
+    """The dashboard process stays free of torch: the model runs in `kvlab serve` or on an endpoint."""
+    import subprocess
+    import sys
+
+    probe = ("import importlib, pkgutil, sys, kvlab.dashboard as d\n"
+             "for m in pkgutil.iter_modules(d.__path__): importlib.import_module(f'kvlab.dashboard.{m.name}')\n"
+             "print(sorted(n for n in sys.modules if n == 'torch' or n.startswith('torch.')))")
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=SAFETY_S,
+                           check=True)
+    assert found.stdout.strip() == "[]", found.stdout[:500]

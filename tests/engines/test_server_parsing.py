@@ -309,7 +309,7 @@ def test_the_cpu_pool_matches_smollm2_geometry_to_the_block():
 
 def test_vllm_metrics_state_the_pool_without_the_log():
     pool = cache_config_pool(VLLM_CACHE_INFO)
-    assert (pool.tokens, pool.bytes) == (93_184, 1 << 30)
+    assert (pool.tokens, pool.bytes, pool.cache_dtype) == (93_184, 1 << 30, "fp8_e4m3")
     assert "cache_dtype=fp8_e4m3" in pool.source_line and pool.source_line.startswith("vllm:cache_config_info{")
     auto = cache_config_pool(VLLM_CACHE_INFO.replace('kv_cache_memory_bytes="1073741824"', 'kv_cache_memory_bytes="None"')
                              .replace('kv_cache_size_tokens="93184",', ""))

@@ -146,6 +146,34 @@ def test_doctor_passes_a_live_vllm_and_names_a_wrong_key(keyed_server):
     assert "not-the-key-at-all" not in wrong.to_text()
 
 
+def test_the_playground_on_a_live_vllm_sizes_the_item_by_its_tokenizer_and_estimates_its_cache(keyed_server,
+                                                                                                 monkeypatch, smollm):
+    """The playground's endpoint mode on the real server: the passkey item generated through vLLM's /tokenize is
+    the one kvlab's own tokenizer generates; one answer, its timings, and the cache it held as an estimate (the
+    pool's bytes per token: vLLM's /metrics, else the model's geometry at the server's cache dtype)."""
+    from kvlab.dashboard.endpoint_playground import run_on_endpoint
+    from kvlab.dashboard.playground import PlaygroundView
+    from kvlab.tasks.single import generated_item
+
+    monkeypatch.setenv("KVLAB_API_KEY", KEY)
+    view = PlaygroundView(engine="endpoint", base_url=keyed_server, length=512, seed=1)
+    answer = run_on_endpoint(view.item(), "smollm2-135m", view.base_url, None, max_new_tokens=8)
+    local = generated_item("passkey", 512, 0.5, 1, smollm.tokenizer)
+    assert (answer["item"]["context"], answer["item"]["question"]) == (local.context, local.question)
+    (result,) = answer["results"]
+    assert result["config"] == "smollm2-135m's cache (baseline)" and result["score"] in (0.0, 1.0)
+    assert result["ttft_s"] > 0 and result["output_tokens"] >= 1 and result["kv_estimated"]
+    tokens = result["context_tokens"] + result["output_tokens"]
+    assert result["context_tokens"] >= 500
+    stated = "vllm:cache_config_info" in result["kv_source"]  # bytes as vLLM states them, else the geometry's
+    expected = SMOLLM2.bytes_per_token(16) * result["context_tokens"]
+    assert result["physical_bytes"] == pytest.approx(expected, rel=0.01 if stated else 1e-9), result["kv_source"]
+    assert tokens > result["context_tokens"]
+    wrong = view.item() | {"context_length": 9000}  # over vLLM's max_model_len: the server's refusal, one line
+    with pytest.raises(Exception, match="refused the item"):
+        run_on_endpoint(wrong, "smollm2-135m", view.base_url, None)
+
+
 # 8 items cannot certify a 5-point margin (that takes about 96 with vLLM, which measures no fidelity): the
 # tune's test checks the search and the flag it ends in, not the power of its decision (max_drop 0.5)
 TUNE = spec_toml("vllm-tune", 8, [0.5], max_drop=0.5,
