@@ -220,3 +220,37 @@ def test_the_dashboards_modules_import_no_torch():
     found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=SAFETY_S,
                            check=True)
     assert found.stdout.strip() == "[]", found.stdout[:500]
+
+
+@pytest.mark.model
+def test_a_run_while_the_server_answers_someone_else_waits_its_turn(kvlab_server, monkeypatch):
+    """The server busy (an experiment's request streaming): the Run queues for the engine (kvlab serve serves one
+    request at a time) and answers once it is its turn; nothing is stuck, and the other request is answered whole."""
+    import threading
+
+    import openai
+
+    from kvlab.dashboard.playground import request_body
+    from kvlab.dashboard.warm_engine import WarmEngine
+
+    monkeypatch.setenv("KVLAB_PLAYGROUND_URL", kvlab_server[1].removesuffix("/v1"))
+    monkeypatch.setenv("KVLAB_API_KEY", API_KEY)
+    client = openai.OpenAI(base_url=kvlab_server[1], api_key=API_KEY)
+    first_chunk, answered, pieces = threading.Event(), threading.Event(), []
+
+    def someone_else() -> None:
+        stream = client.completions.create(model="smollm2-135m", prompt="Once upon a time, " * 40, max_tokens=48,
+                                           temperature=0, stream=True)
+        for chunk in stream:
+            pieces.append(chunk.choices[0].text if chunk.choices else "")
+            first_chunk.set()
+        answered.set()
+
+    other = threading.Thread(target=someone_else)
+    other.start()
+    assert first_chunk.wait(SAFETY_S)  # the engine is busy with the other request now
+    answer = WarmEngine("smollm2-135m").run(
+        request_body(PlaygroundView(length=256, config=(config_text({"quant": "int4"}),)), "smollm2-135m"))
+    other.join(SAFETY_S)
+    assert [r["config"] for r in answer["results"]] == ["baseline", "int4/g64/r64"]
+    assert answered.is_set() and "".join(pieces).strip()  # the other request, answered whole
