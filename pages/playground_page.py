@@ -155,13 +155,13 @@ if run_col.button("Run", type="primary", icon=":material/play_arrow:", key="run"
                     warm.start()
                     status.update(label="The server is ready.", state="complete")
             with st.spinner("Running..."):
-                answer = warm.run(request_body(view, model))
+                answer = warm.run(request_body(view))
         st.session_state["playground-answer"] = (json.dumps(view.params(), sort_keys=True), answer)
     except (PlaygroundError, ConfigError) as error:
         st.error(views.md(str(error)), icon=":material/error:")
 if save_col.button("Save as experiment", icon=":material/save:", key="save"):
     try:
-        st.session_state["playground_spec"] = spec_for(view, model)
+        st.session_state["playground_spec"] = spec_for(view)
     except ValueError as error:
         st.error(views.md(str(error)), icon=":material/error:")
     else:

@@ -118,8 +118,8 @@ def config_text(config: Mapping[str, Any]) -> str:
     return json.dumps(parsed.model_dump(mode="json", exclude_defaults=True), separators=(",", ":"), sort_keys=True)
 
 
-def request_body(view: PlaygroundView, model: str) -> dict[str, Any]:
-    return {"model": model, "item": view.item(), "configs": view.configs()}
+def request_body(view: PlaygroundView) -> dict[str, Any]:
+    return {"model": view.model, "item": view.item(), "configs": view.configs()}
 
 
 def result_rows(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -172,7 +172,7 @@ def token_map_html(context: str, offsets: Sequence[Sequence[int]], share: Sequen
             f'max-height:16rem;overflow-y:auto">{"".join(pieces)}</div>')
 
 
-def spec_for(view: PlaygroundView, model: str, items: int = 10) -> dict[str, Any]:
+def spec_for(view: PlaygroundView, items: int = 10) -> dict[str, Any]:
     """The sweep "Save as experiment" opens: the playground's configs on ``items`` items of its task, or on every
     row of its file (the whole task, where the playground tried one item); on an endpoint, its own cache (the
     baseline: the configs need kvlab serve).  ``ValueError`` for the user's own text: a sweep runs a task (such
@@ -188,8 +188,9 @@ def spec_for(view: PlaygroundView, model: str, items: int = 10) -> dict[str, Any
     if view.task in ("passkey", "multikey") and view.source == "task":
         entry["depths"] = [0.1, 0.3, 0.5, 0.7, 0.9]
     if view.engine == "endpoint":
-        return {"name": f"playground-{entry['name']}-endpoint", "model": model, "tasks": [entry], "configs": [{}],
+        return {"name": f"playground-{entry['name']}-endpoint", "model": view.model, "tasks": [entry],
+                "configs": [{}],
                 "backend": {"kind": "openai_compat", **({"base_url": view.base_url} if view.base_url else {}),
                             **({"model_id": view.model_id} if view.model_id else {})}}
-    return {"name": f"playground-{entry['name']}", "model": model, "tasks": [entry],
+    return {"name": f"playground-{entry['name']}", "model": view.model, "tasks": [entry],
             "configs": [dict(config) for config in view.configs()]}

@@ -46,11 +46,11 @@ def test_the_token_map_escapes_the_text_and_boxes_the_answer():
 def test_save_as_experiment_is_a_sweep_of_the_configs_on_the_whole_task():
     from kvlab.core.experiment_spec import parse_spec
 
-    spec = parse_spec(spec_for(PlaygroundView(length=512), "smollm2-135m"))
+    spec = parse_spec(spec_for(PlaygroundView(length=512)))
     assert [c.label for c in spec.configs] == [KVCacheConfig(**c).label for c in DEFAULT_CONFIGS]
     assert spec.tasks[0].name == "passkey" and spec.tasks[0].context_lengths == [512]
     with pytest.raises(ValueError, match="pick a task"):
-        spec_for(PlaygroundView(source="text", context="c", question="q"), "smollm2-135m")
+        spec_for(PlaygroundView(source="text", context="c", question="q"))
 
 
 @pytest.mark.model
@@ -85,7 +85,7 @@ def test_the_warm_engine_starts_its_server_and_starts_it_again_after_it_died(mon
     monkeypatch.delenv("KVLAB_PLAYGROUND_URL", raising=False)
     monkeypatch.setenv("KVLAB_LOG_DIR", str(tmp_path))
     engine = WarmEngine("smollm2-135m")
-    body = request_body(PlaygroundView(length=256, config=(config_text({"quant": "int4"}),)), "smollm2-135m")
+    body = request_body(PlaygroundView(length=256, config=(config_text({"quant": "int4"}),)))
     try:
         assert not engine.started
         first = engine.run(body)
@@ -147,7 +147,7 @@ def test_a_row_of_a_jsonl_file_is_an_input_and_saves_as_a_sweep_of_the_whole_fil
         PlaygroundView(source="file", file=name, row=4).item()
     with pytest.raises(ConfigError, match="'..' is not allowed"):
         PlaygroundView(source="file", file="../qa.jsonl").item()
-    spec = spec_for(view, "smollm2-135m")
+    spec = spec_for(view)
     assert spec["tasks"] == [{"name": "jsonl", "path": name}] and spec["name"] == "playground-jsonl"
     parse_spec(spec)
 
@@ -204,7 +204,7 @@ def test_an_endpoint_view_saves_as_a_sweep_of_its_own_cache_and_its_link_holds_n
 
     view, problems = PlaygroundView.from_params({"engine": "endpoint", "base_url": "http://me:pw@host:8000/v1"})
     assert problems == [] and view.base_url == "http://host:8000/v1"
-    spec = spec_for(view, "smollm2-135m")
+    spec = spec_for(view)
     assert spec["configs"] == [{}] and spec["backend"] == {"kind": "openai_compat", "base_url": "http://host:8000/v1"}
     assert parse_spec(spec).backend.kind == "openai_compat"
 
@@ -250,7 +250,7 @@ def test_a_run_while_the_server_answers_someone_else_waits_its_turn(kvlab_server
     other.start()
     assert first_chunk.wait(SAFETY_S)  # the engine is busy with the other request now
     answer = WarmEngine("smollm2-135m").run(
-        request_body(PlaygroundView(length=256, config=(config_text({"quant": "int4"}),)), "smollm2-135m"))
+        request_body(PlaygroundView(length=256, config=(config_text({"quant": "int4"}),))))
     other.join(SAFETY_S)
     assert [r["config"] for r in answer["results"]] == ["baseline", "int4/g64/r64"]
     assert answered.is_set() and "".join(pieces).strip()  # the other request, answered whole
