@@ -112,9 +112,11 @@ def run_on_endpoint(item_fields: Mapping[str, Any], model: str, base_url: str | 
     config = served_config(pool)
     estimate = pool_estimate(pool, config, model)
     tokenizer = EndpointTokenizer(endpoint)
-    engine = OpenAICompatEngine(endpoint, backend, tokenizer, launched=estimate)
+    engine = OpenAICompatEngine(endpoint, backend, tokenizer)
     try:
         engine.probe()
+        if not engine.per_request_configs:  # kvlab serve measures what it held; any other server, estimated
+            engine.launched = estimate
         tokenizer.model = engine.model_id
         item = _item(item_fields, tokenizer, max_new_tokens)
         result = next(engine.evaluate(item, [config]))

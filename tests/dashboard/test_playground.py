@@ -184,9 +184,10 @@ def test_the_playground_on_an_endpoint_runs_its_own_cache_without_token_maps(kvl
     assert_clean(at)
     table = next(df.value for df in at.dataframe if "verdict" in df.value.columns)
     assert len(table) == 1 and table["config"].iloc[0] == "smollm2-135m's cache (baseline)"
-    assert table["verdict"].iloc[0] in ("right", "wrong") and table["KV (MiB)"].iloc[0] != "-"
-    assert not at.get("html") and "Token maps need the embedded engine" in texts(at.caption)
-    assert "measured" in texts(at.caption)  # kvlab serve measures what it held; a vLLM's is an estimate
+    assert table["verdict"].iloc[0] in ("right", "wrong")
+    assert float(table["KV (MiB)"].iloc[0]) > 0  # kvlab serve measures what it held (a vLLM's: "~", an estimate)
+    (said,) = [c.value for c in at.caption if c.value.startswith("KV cache:")]
+    assert "measured" in said and "Token maps need the embedded engine" in said and not at.get("html")
     from urllib.parse import parse_qs, urlsplit
 
     from tests.dashboard.test_dashboard import share_link
