@@ -163,12 +163,10 @@ def test_the_playground_on_a_live_vllm_sizes_the_item_by_its_tokenizer_and_estim
     (result,) = answer["results"]
     assert result["config"] == "smollm2-135m's cache (baseline)" and result["score"] in (0.0, 1.0)
     assert result["ttft_s"] > 0 and result["output_tokens"] >= 1 and result["kv_estimated"]
-    tokens = result["context_tokens"] + result["output_tokens"]
     assert result["context_tokens"] >= 500
     stated = "vllm:cache_config_info" in result["kv_source"]  # bytes as vLLM states them, else the geometry's
     expected = SMOLLM2.bytes_per_token(16) * result["context_tokens"]
     assert result["physical_bytes"] == pytest.approx(expected, rel=0.01 if stated else 1e-9), result["kv_source"]
-    assert tokens > result["context_tokens"]
     wrong = view.item() | {"context_length": 9000}  # over vLLM's max_model_len: the server's refusal, one line
     with pytest.raises(Exception, match="refused the item"):
         run_on_endpoint(wrong, "smollm2-135m", view.base_url, None)
