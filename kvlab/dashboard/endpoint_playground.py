@@ -52,11 +52,15 @@ class EndpointTokenizer:
                 "model": self.model, "prompt": text, "add_special_tokens": add_special_tokens})
         except httpx.HTTPError as error:
             raise PlaygroundError(f"{self._url} cannot be reached ({type(error).__name__})") from None
-        if response.status_code != 200 or not isinstance(response.json().get("tokens"), list):
+        try:
+            tokens = response.json().get("tokens") if response.status_code == 200 else None
+        except ValueError:  # not JSON: a server without vLLM's /tokenize
+            tokens = None
+        if not isinstance(tokens, list):
             raise PlaygroundError(f"{self._url} answered {response.status_code}: an item of a task is sized in the "
                                   "served model's tokens by the server's /tokenize (vLLM's); without it, give a "
                                   "JSONL row or your own text")
-        return {"input_ids": response.json()["tokens"]}
+        return {"input_ids": tokens}
 
     def close(self) -> None:
         self._client.close()
