@@ -2,6 +2,7 @@
 # A throwaway PostgreSQL for the store tests, on 127.0.0.1:55432.
 #   eval "$(bash scripts/postgres.sh)"    # install if needed, init, start; exports KVLAB_TEST_POSTGRES_URL
 #   bash scripts/postgres.sh stop         # stop it (the data directory stays for the next start)
+#   bash scripts/postgres.sh status       # exit 0 if it is up, else 1 (installs and starts nothing)
 # Idempotent: when the server is already up it only prints the export line. Everything but that
 # line goes to stderr, so the output can be eval'ed. The cluster lives in $KVLAB_PG_DIR
 # (default /tmp/kvlab-postgres), is owned by the `postgres` user when run as root (the server
@@ -28,6 +29,12 @@ find_bindir() {
 }
 
 BIN=$(find_bindir)
+if [ "${1:-}" = status ]; then
+  [ -n "$BIN" ] || exit 1
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$BIN/pg_isready" -q -h "$DATA" -p "$PORT"; else
+    "$BIN/pg_isready" -q -h "$DATA" -p "$PORT"; fi
+  exit $?
+fi
 if [ -z "$BIN" ]; then
   [ "$(id -u)" = 0 ] || { log "PostgreSQL is not installed; run as root or: apt-get install postgresql"; exit 1; }
   log "installing PostgreSQL (apt-get)"

@@ -83,6 +83,21 @@ def db_url(request, tmp_path) -> Iterator[str]:
         connection.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
 
 
+#: Fixtures that load the real model in this process (a test using one is a ``model`` test) or start a real
+#: server (``server``): the fast tier (``scripts/test.sh --fast``) leaves both to the whole suite.
+MODEL_FIXTURES = {"smollm", "engine", "gemma"}
+SERVER_FIXTURES = {"kvlab_server", "pg_admin"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & MODEL_FIXTURES:
+            item.add_marker(pytest.mark.model)
+        if used & SERVER_FIXTURES or getattr(getattr(item, "callspec", None), "params", {}).get("db_url") == "postgresql":
+            item.add_marker(pytest.mark.server)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -92,3 +107,13 @@ def pytest_runtest_makereport(item, call):
         if not any(word in reason for word in ALLOWED_SKIP):
             report.outcome = "failed"
             report.longrepr = (f"skipped under scripts/test.sh, which installs what this test needs: {reason}")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Name the checks this host could not run and why (:mod:`tests.host_limits`), just above the counts."""
+    from tests.host_limits import COULD_NOT_RUN
+
+    if COULD_NOT_RUN:
+        terminalreporter.write_sep("=", f"{len(COULD_NOT_RUN)} check(s) this host could not run")
+        for check, why in COULD_NOT_RUN.items():
+            terminalreporter.write_line(f"{check}: {why}")

@@ -38,6 +38,9 @@ def run_doctor(args: argparse.Namespace) -> int:
         raise UserError(str(error)) from None
     report = diagnose(base_url or "", endpoint.model_id, endpoint.api_key, timeout_s=args.timeout,
                       key_source=endpoint.key_source, key_var=args.api_key_env)
+    from kvlab.cli.engines import host_line
+
+    print(f"{host_line()} (`kvlab engines`: what each backend runs here)")
     # each field escaped before the lines are laid out: model ids and errors come from the endpoint
     print(replace(report, base_url=shown(report.base_url), model_id=report.model_id and shown(report.model_id),
                   checks=[replace(c, detail=shown(c.detail), fix=shown(c.fix)) for c in report.checks]).to_text())

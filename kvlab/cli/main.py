@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from kvlab.cli import exits as cli_exit
 from kvlab.cli.doctor import add_doctor_parser
+from kvlab.cli.engines import add_engines_parser
 from kvlab.cli.options import add_executor_options, add_margin_options, int_between, margin_overrides, positive_int
 from kvlab.cli.outputs import check_output, write_output
 from kvlab.cli.serve import add_serve_parser
@@ -220,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tune_parser(sub)
     add_serve_parser(sub)
     add_doctor_parser(sub)
+    add_engines_parser(sub)
     add_store_commands(sub)
     return parser
 

@@ -8,7 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from kvlab.cli.options import float_between, int_between, positive_int
+from pydantic import ValidationError
+
 from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import format_validation_error
 from kvlab.core.formats import SETTINGS
 from kvlab.core.kv_config import EVICTION_METHODS, MAX_DECODE_TOKENS, MAX_LAYERS, QUANT_DTYPES, KVCacheConfig
 from kvlab.core.methods import BUDGETS, HEAD_BUDGET_NAMES, METHODS, PARAMS, BudgetKind
@@ -96,11 +99,21 @@ def kv_config_from_args(args: argparse.Namespace) -> KVCacheConfig:
         values["skip_layers"] = skip
     try:
         return KVCacheConfig(**values)
-    except ValueError as error:
-        raise ConfigError(f"KV-cache options: {error}") from None
+    except ValidationError as error:  # one line per problem, each naming its option
+        problems = format_validation_error(error).splitlines()
+        raise ConfigError("KV-cache options: " + "; ".join(_as_flag(problem) for problem in problems)) from None
+
+
+def _as_flag(problem: str) -> str:
+    """``decode.target_tokens: ...`` as the option a user typed: ``--decode-target-tokens: ...``."""
+    path, _, message = problem.partition(": ")
+    if path == "spec":  # a check of the whole config: its message names the options
+        return message
+    return f"--{path.replace('.', '-').replace('_', '-')}: {message}"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    config = kv_config_from_args(args)  # refused before torch is imported (seconds on a laptop)
     from kvlab.engines.embedded import EmbeddedEngine
     from kvlab.models import load_model
     from kvlab.secrets import mask, read_setting
@@ -108,7 +121,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from kvlab.serve.server import check_address, serve
     from kvlab.threads import set_torch_threads
 
-    config = kv_config_from_args(args)
     api_key = None
     if args.api_key_env:
         api_key, source = read_setting(args.api_key_env)

@@ -29,7 +29,7 @@ from kvlab.core.limits import (
     check_text,
 )
 from kvlab.core.margins import DEFAULT_MAX_KL, Margins
-from kvlab.core.model_registry import context_limit
+from kvlab.core.model_registry import context_limit, model_depth
 from kvlab.core.tasks import MAX_PATH_CHARS, TaskSpec
 from kvlab.core.tasks import TASKS as TASK_REGISTRY
 from kvlab.core.tune_spec import TuneSpec, backend_space
@@ -209,6 +209,7 @@ class ExperimentSpec(BaseModel):
             if not TASK_REGISTRY[task.name].reads_file:  # a file's items are bounded by its own limits (KVLAB_MAX_JSONL_ITEMS)
                 ITEMS.check(f"tasks.{index}.num_items", task.items_per_length, "{n} items")
         check_context_lengths(self, context_limit(self.model))
+        self._check_skip_layers()
         if self.sweep is not None:  # counted before it is expanded: a grid of millions is refused at once
             if self.sweep.quant == ["none"] and self.sweep.evict == ["none"]:
                 raise FieldProblem("sweep", "the grid holds only the baseline (quant = ['none'], evict = ['none']), "
@@ -247,6 +248,18 @@ class ExperimentSpec(BaseModel):
         """The sweet-spot rule's margins."""
         return Margins(self.max_drop, self.max_kl, self.min_agreement)
 
+    def _check_skip_layers(self) -> None:
+        """16-bit layer patterns against the registry model's depth: a layer it lacks, or every layer."""
+        depth = model_depth(self.model)
+        if depth is None:
+            return
+        patterns = [(f"configs.{i}.skip_layers", c.skip_layers) for i, c in enumerate(self.configs) if c.skip_layers]
+        for grid, name in ((self.sweep, "sweep"), (self.tune, "tune")):
+            patterns += [(f"{name}.skip_layers.{i}", p) for i, p in enumerate(grid.skip_layers if grid else [])]
+        for path, pattern in patterns:
+            if why := pattern.check(depth):
+                raise FieldProblem(path, f"{why} ({self.model})")
+
     def all_configs(self) -> list[KVCacheConfig]:
         """Explicit configs then the sweep grid, deduplicated, with the baseline first.
 
@@ -283,21 +296,25 @@ def check_context_lengths(spec: ExperimentSpec, model_limit: int | None) -> None
     (``model_limit``: its positions, None when not known here).  A launched server (vLLM, SGLang)
     serves ``model`` itself; an OpenAI-compatible endpoint serves a model of its own, whose limit
     only the endpoint knows."""
-    limits = [(spec.max_context_length, "max_context_length = {limit:,}", "")]
+    # (limit, what it is, the remedy, whether the new tokens count: the model's positions hold them too)
+    limits = [(spec.max_context_length, "max_context_length = {limit:,}", "", False)]
     if BACKENDS[spec.backend.kind].serves_spec_model:
         limits.append((model_limit, "{model}'s maximum context of {limit:,} tokens",
-                       " or a model with a longer context"))
+                       " or a model with a longer context", True))
     for index, task in enumerate(spec.tasks):
         if not TASK_REGISTRY[task.name].target_lengths:  # its prompts are measured once tokenized (the engine refuses one too long)
             continue
-        for limit, what, remedy in limits:
-            too_long = [n for n in task.context_lengths if limit is not None and n > limit]
-            if limit is not None and too_long:
+        new_tokens = task.max_new_tokens or TASK_REGISTRY[task.name].default_new_tokens or 1
+        for limit, what, remedy, with_new in limits:
+            if limit is None:
+                continue
+            too_long = [n for n in task.context_lengths if n + (new_tokens if with_new else 0) > limit]
+            if too_long:
                 exceeded = what.format(limit=limit, model=spec.model)  # the template is ours, the model is a value
+                also = f" with {new_tokens} new tokens" if with_new else ""
                 raise FieldProblem(f"tasks.{index}.context_lengths",
-                                   f"{too_long} exceed {exceeded}: the prompt and its new tokens must fit; "
+                                   f"{too_long} exceed {exceeded}{also}: the prompt and its new tokens must fit; "
                                    f"use shorter context lengths{remedy}")
-
 
 
 def format_validation_error(error: ValidationError) -> str:

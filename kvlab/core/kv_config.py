@@ -121,6 +121,9 @@ class SkipLayers(BaseModel):
         beyond = sorted(i for i in self.layers if i >= num_layers)
         if beyond:
             return f"skip_layers.layers names layer {beyond[0]}, but the model has {num_layers} (0..{num_layers - 1})"
+        if len(self.indices(num_layers)) >= num_layers:
+            return (f"skip_layers ({self.label}) keeps every one of the model's {num_layers} layers 16-bit, so "
+                    f"nothing would be quantized: name fewer layers")
         return None
 
     @property
@@ -264,6 +267,11 @@ class KVCacheConfig(BaseModel):
         if not method.decodes:
             raise ValueError(f"evict = '{self.evict}' cannot score during generation ({method.decode_refusal}); "
                              f"decode policies work with {', '.join(methods_that_decode())}")
+        if "n_sink" in method.params and decode.target_tokens is not None and decode.target_tokens <= self.n_sink:
+            raise ValueError(
+                f"decode.target_tokens = {decode.target_tokens} keeps no more than the n_sink = {self.n_sink} first "
+                f"tokens evict = '{self.evict}' always keeps: give target_tokens above n_sink (or a smaller n_sink)"
+            )
         if "window_size" in method.params and min(decode.interval, decode.buffer) <= self.window_size:
             raise ValueError(
                 f"evict = '{self.evict}' scores from its last window_size = {self.window_size} hidden states, so "

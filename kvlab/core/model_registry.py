@@ -114,6 +114,11 @@ def get_spec(name: str) -> ModelSpec:
         raise ModelNotAvailableError(f"Unknown model {name!r}. Known models: {', '.join(KNOWN_MODELS)}.") from None
 
 
+def model_depth(model: str) -> int | None:
+    """A registry model's layers (None for any other model: its engine checks once it has loaded it)."""
+    return KNOWN_MODELS[model].num_layers if model in KNOWN_MODELS else None
+
+
 def context_limit(model: str, read_files: bool = False) -> int | None:
     """Positions ``model`` takes (prompt and new tokens), known without loading it: a registry
     model's from the registry; with ``read_files``, a local transformers directory's

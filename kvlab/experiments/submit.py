@@ -40,6 +40,7 @@ from kvlab.core.tasks import TASKS
 from kvlab.core.tune_spec import TuneSpec, grid_size, rungs
 from kvlab.engines.base import Engine
 from kvlab.engines.factory import build_engine
+from kvlab.engines.host import refuse_spec_here
 from kvlab.errlog import debug_enabled
 from kvlab.experiments import launcher
 from kvlab.experiments.provenance import environment
@@ -185,6 +186,8 @@ class LocalWorkers:
 
     def refuse(self, spec: ExperimentSpec) -> None:
         require_shared_store()
+        if self.count:  # the workers started here must be able to run it
+            refuse_spec_here(spec)
 
     @contextmanager
     def ready(self, spec: ExperimentSpec) -> Iterator[Start[list[subprocess.Popen[bytes]]]]:
@@ -207,7 +210,8 @@ class InThisProcess:
     announce: Callable[[int, str], None] = lambda experiment_id, url: None
 
     def refuse(self, spec: ExperimentSpec) -> None:
-        """Nothing beyond the policy: the store may be in memory, this process runs it."""
+        """What this host cannot run (the store may be in memory: this process runs it)."""
+        refuse_spec_here(spec)
 
     @contextmanager
     def ready(self, spec: ExperimentSpec) -> Iterator[Start[ExperimentRun]]:

@@ -230,7 +230,7 @@ class Worker:
             log.info("experiment %d was deleted while this worker ran it: its work is dropped", experiment_id)
         except Exception as error:  # noqa: BLE001 -- sorted here: the spec's problem, or this host's
             self.store.check_intact()  # a write that failed because the store is gone: nothing to give back
-            if isinstance(error, ConfigError) and not isinstance(error, HostLacksError) and not building:
+            if _the_specs_fault(error) and not building:
                 self._fail(experiment_id, unfinished(), error)
             else:
                 broken = True  # a crashed or half-built engine is not reused
@@ -372,3 +372,13 @@ class _Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+def _the_specs_fault(error: Exception) -> bool:
+    """Whether an error once the engine is built is the spec's, so that no other host would do better: a
+    refused spec (not a host's lack), or an engine's assertion (kvpress asserts on settings it cannot run,
+    such as a decode target at or below StreamingLLM's sinks); giving those back would keep the experiment
+    waiting for a worker that can never run it."""
+    if isinstance(error, ConfigError):
+        return not isinstance(error, HostLacksError)
+    return isinstance(error, AssertionError)

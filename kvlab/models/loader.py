@@ -44,8 +44,9 @@ def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
     """Only the tokenizer of a model kvlab can resolve (pulled, or a local directory)."""
     path = resolve_model(name_or_path)
     _refuse_custom_code(path)
+    _refuse_no_tokenizer(path)
     with library_output(), reading(path, "transformers cannot load the tokenizer of this model directory"):
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        return _usable(path, AutoTokenizer.from_pretrained(path, trust_remote_code=False))
 
 
 def default_device() -> str:
@@ -68,6 +69,7 @@ def load_model(
     transformers cannot load (custom code, broken files) is a :class:`ModelFileError`."""
     path = resolve_model(name_or_path, progress)
     _refuse_custom_code(path)
+    _refuse_no_tokenizer(path)
     device = device or default_device()
     dtype = dtype or default_dtype(device.split(":")[0])
     try:
@@ -78,7 +80,7 @@ def load_model(
     with library_output(), reading(path, "transformers cannot load this model directory"):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation,
                                                      trust_remote_code=False)
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        tokenizer = _usable(path, AutoTokenizer.from_pretrained(path, trust_remote_code=False))
         fingerprint = model_fingerprint(path)
     model.to(device).eval()
     arch = model_arch(model.config)
@@ -94,6 +96,28 @@ def load_model(
         has_chat_template=bool(tokenizer.chat_template),
         model_id=f"{Path(name).name}@{fingerprint}",
     )
+
+
+#: The files a tokenizer is built from (fast: tokenizer.json; sentencepiece; BPE and WordPiece vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
+                   "vocab.txt", "tiktoken.model")
+#: Fewer tokens than this is no language model's vocabulary: transformers made a stand-in.
+MIN_VOCABULARY = 256
+
+
+def _refuse_no_tokenizer(path: Path) -> None:
+    """A directory without tokenizer files: transformers would substitute a tokenizer of a few tokens, and
+    building a task's prompt from it loops until memory runs out (measured: 3.4 GB after 77 s, growing)."""
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelFileError(f"{path}: has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): copy the model's "
+                             "tokenizer files into the directory beside config.json")
+
+
+def _usable(path: Path, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    if len(tokenizer) < MIN_VOCABULARY:
+        raise ModelFileError(f"{path}: its tokenizer has {len(tokenizer)} tokens, no model's vocabulary: copy the "
+                             "model's own tokenizer files into the directory")
+    return tokenizer
 
 
 def _refuse_custom_code(path: Path) -> None:

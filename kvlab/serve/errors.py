@@ -20,6 +20,8 @@ from starlette.exceptions import HTTPException
 from kvlab.errlog import debug_enabled, log_details, one_line, redact
 
 LOG_NAME = "serve"
+#: The tags of the requests' tagged unions (the playground's item kinds), left out of an error's location.
+UNION_TAGS = frozenset({"generated", "own"})
 
 
 class APIError(Exception):
@@ -83,7 +85,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             reason = first.get("ctx", {}).get("error", "decode error")
             return APIError(400, f"the body is not valid JSON ({reason})", param="body").response()
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body" and p not in UNION_TAGS) or "body"
         return APIError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where).response()
 
     @app.exception_handler(HTTPException)

@@ -10,9 +10,10 @@ a page can shade the text by what was kept.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import regex
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
@@ -21,6 +22,7 @@ from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, check_answer_scorer
 from kvlab.serve.errors import APIError
 from kvlab.serve.generation import ServedModel
 from kvlab.tasks import TaskItem
+from kvlab.tasks.scoring import ScoringError, compile_answer_regex
 from kvlab.tasks.single import GENERATED_TASKS, generated_item, own_item, score
 
 #: Tokens an answer may take.
@@ -55,12 +57,34 @@ class OwnItem(BaseModel):
     def _known(cls, scorer: str) -> str:
         return check_answer_scorer(scorer)
 
+    @model_validator(mode="after")
+    def _answer_compiles(self) -> OwnItem:
+        if self.scorer == "regex":
+            try:
+                compile_answer_regex(self.answer)
+            except regex.error as error:
+                raise ValueError(f"answer is not a regular expression ({error})") from None
+        return self
+
+
+def _item_kind(value: Any) -> str:
+    """Which item a request holds: the caller's text has a context, a task's item has none (so that an error
+    names the fields of the one it is, never of the other)."""
+    context = value.get("context") if isinstance(value, dict) else getattr(value, "context", None)
+    return "own" if context is not None else "generated"
+
+
+#: The request's item, told apart by :func:`_item_kind`; an error's location leaves the tag out (``item.scorer``:
+#: :data:`kvlab.serve.errors.UNION_TAGS`).
+PlaygroundItem = Annotated[Annotated[GeneratedItem, Tag("generated")] | Annotated[OwnItem, Tag("own")],
+                           Discriminator(_item_kind)]
+
 
 class PlaygroundRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    item: GeneratedItem | OwnItem
+    item: PlaygroundItem
     configs: list[dict[str, Any]] = Field(default=[], max_length=PLAYGROUND_CONFIGS)
     max_new_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
 
@@ -123,9 +147,13 @@ def run(served: ServedModel, request: PlaygroundRequest) -> dict[str, Any]:
     for config in configs:
         result = by_name[config.label]
         fidelity = result.fidelity
+        try:
+            scored, error = score(item, result.generated), None
+        except ScoringError as refused:  # a bound that tripped: this answer's error, the others stand
+            scored, error = None, f"scoring: {refused}"
         answers.append({
             "config": config.label, "settings": config.model_dump(mode="json", exclude_defaults=True),
-            "generated": result.generated, "score": score(item, result.generated),
+            "generated": result.generated, "score": scored, "error": error,
             "context_tokens": result.context_tokens, "kept_tokens": result.kept_tokens,
             "kept_fraction": result.kept_fraction, "baseline_bytes": result.baseline_kv_bytes,
             "physical_bytes": result.physical_kv_bytes, "compression_ratio": result.compression_ratio,

@@ -117,7 +117,7 @@ class Store(TuneQueries):
 
     def _is_empty(self) -> bool:
         with self.engine.connect() as connection:
-            return migrate.current_revision(connection) is None and not migrate.has_tables(connection)
+            return migrate.stamped_revision(connection) is None and not migrate.has_tables(connection)
 
     def schema_revision(self) -> str | None:
         """The database's schema revision (None: no kvlab schema); compare ``migrate.head_revision()``."""

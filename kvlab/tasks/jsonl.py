@@ -23,24 +23,25 @@ import functools
 import json
 import math
 import os
-import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+import regex
+
 from kvlab.core.errors import ConfigError, HostLacksError
-from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, TaskSpec, check_answer_scorer
+from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, TASKS, TaskSpec, check_answer_scorer
 from kvlab.tasks.haystack import Tokenizer, count_tokens
 from kvlab.tasks.items import TaskItem
-from kvlab.tasks.scoring import choice_letter, normalize, parse_number
+from kvlab.tasks.scoring import choice_letter, compile_answer_regex, normalize, parse_number
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ExperimentSpec
 
 REQUIRED_KEYS = ("context", "question", "answer")
-DEFAULT_MAX_NEW_TOKENS = 32
+DEFAULT_MAX_NEW_TOKENS = TASKS["jsonl"].default_new_tokens
 MAX_ID_CHARS = 256
 MAX_INT_DIGITS = 64  # JSON integers longer than this are refused (Python refuses > 4300 with a traceback)
 MIB = 1 << 20
@@ -233,8 +234,8 @@ def _check_scoring(record: dict[str, Any], where: str, task_scorer: str) -> None
         raise JsonlTaskError(f"{where}: scorer 'choice' needs one letter A-J as the answer, got {answer[:40]!r}")
     if scorer == "regex":
         try:
-            re.compile(answer)
-        except re.error as error:
+            compile_answer_regex(answer)
+        except regex.error as error:
             raise JsonlTaskError(f"{where}: the answer is not a regular expression ({error})") from None
     tolerance = record.get("tolerance")
     if tolerance is not None and (scorer != "numeric" or isinstance(tolerance, bool)

@@ -17,7 +17,7 @@ pairs and 0/10 with 40, which would leave little room to see compression hurt.
 
 from __future__ import annotations
 
-from kvlab.core.tasks import TaskSpec
+from kvlab.core.tasks import TASKS, TaskSpec
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots, token_depth
 from kvlab.tasks.items import TaskItem
 
@@ -26,7 +26,7 @@ PREFIX = (
     "memorize it. I will quiz you about the numbers afterwards.\n\n"
 )
 ANSWER_STOP = (".", "\n")  # the number is complete at its full stop
-DEFAULT_MAX_NEW_TOKENS = 12  # " 1234567." is 8-9 tokens in digit-splitting tokenizers
+DEFAULT_MAX_NEW_TOKENS = TASKS["multikey"].default_new_tokens
 
 ADJECTIVES = (
     "amber",

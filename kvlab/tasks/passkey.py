@@ -12,7 +12,7 @@ the only number in the context, so the task tests retrieval over distance, not d
 
 from __future__ import annotations
 
-from kvlab.core.tasks import TaskSpec
+from kvlab.core.tasks import TASKS, TaskSpec
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots, token_depth
 from kvlab.tasks.items import TaskItem
 
@@ -22,7 +22,7 @@ PREFIX = (
 )
 QUESTION = "\nWhat is the pass key? The pass key is"
 ANSWER_STOP = (".", "\n")  # the number is complete at its full stop
-DEFAULT_MAX_NEW_TOKENS = 10  # " 71432." is 6-7 tokens in digit-splitting tokenizers
+DEFAULT_MAX_NEW_TOKENS = TASKS["passkey"].default_new_tokens
 
 
 def needle_text(key: str) -> str:

