@@ -69,7 +69,6 @@ def load_model(
     transformers cannot load (custom code, broken files) is a :class:`ModelFileError`."""
     path = resolve_model(name_or_path, progress)
     _refuse_custom_code(path)
-    _refuse_no_tokenizer(path)
     device = device or default_device()
     dtype = dtype or default_dtype(device.split(":")[0])
     try:
@@ -80,6 +79,7 @@ def load_model(
     with library_output(), reading(path, "transformers cannot load this model directory"):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation,
                                                      trust_remote_code=False)
+        _refuse_no_tokenizer(path)  # after the weights, whose fault a broken directory names first
         tokenizer = _usable(path, AutoTokenizer.from_pretrained(path, trust_remote_code=False))
         fingerprint = model_fingerprint(path)
     model.to(device).eval()

@@ -138,7 +138,12 @@ def test_a_context_longer_than_the_registry_model_takes():
             "tasks.0.context_lengths: [9000] exceed smollm2-135m's maximum context of 8,192 tokens")
     refused({"model": "gemma3-270m", "tasks": TASKS + [{"name": "perplexity", "context_lengths": [40_000]}],
              "configs": [{}]}, "tasks.1.context_lengths: [40000]", "32,768")
-    parse_spec({"tasks": [{"name": "passkey", "context_lengths": [8192]}], "configs": [{}]})  # the engine decides
+    for length in (8183, 8192):  # the prompt fits, its 10 new tokens do not: refused before anything is stored
+        refused({"tasks": [{"name": "passkey", "context_lengths": [length]}], "configs": [{}]},
+                f"[{length}] exceed smollm2-135m's maximum context of 8,192 tokens with 10 new tokens")
+    refused({"tasks": [{"name": "passkey", "context_lengths": [8100], "max_new_tokens": 100}], "configs": [{}]},
+            "with 100 new tokens")
+    parse_spec({"tasks": [{"name": "passkey", "context_lengths": [8182]}], "configs": [{}]})  # 8,192 with them
 
 
 def test_an_endpoint_decides_its_own_context():
