@@ -57,6 +57,6 @@ step "what this host's engines run (kvlab engines)"
 kvlab engines >&2
 step "the tests"
 status=0
-python -m pytest -q "$@" || status=$?
+python -m pytest -q --durations=25 "$@" || status=$?
 step "done in $((SECONDS - started)) s"
 exit "$status"

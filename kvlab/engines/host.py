@@ -125,7 +125,9 @@ class Install:
 
     @property
     def label(self) -> str:
-        return f"{self.distribution} {self.version}" if self.distribution else self.kind
+        if not self.distribution:
+            return self.kind
+        return f"{self.distribution} {self.version}" if self.version else f"{self.distribution} (no package metadata)"
 
 
 def default_python(kind: str) -> str:
@@ -151,9 +153,14 @@ else:
 """
 
 
-@cache
 def probe_install(kind: str, python: str) -> Install:
-    """The install of server ``kind`` in interpreter ``python`` (probed once per pair)."""
+    """The install of server ``kind`` in interpreter ``python`` (probed once per pair and ``PYTHONPATH``,
+    which the server inherits and which can hold the package)."""
+    return _probe_install(kind, python, os.environ.get("PYTHONPATH", ""))
+
+
+@cache
+def _probe_install(kind: str, python: str, _pythonpath: str) -> Install:
     install_hint = (f"run scripts/install_{kind}.sh (kvlab then finds it in {engine_venv(kind)})" if kind == "vllm"
                     else f"on a CUDA host run `pip install 'kvlab[{kind}]'`")
     try:

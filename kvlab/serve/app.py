@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
@@ -25,7 +25,7 @@ from kvlab.serve.connection import ClientGone, EventStream, until_disconnected
 from kvlab.serve.engine_thread import EngineLock, Generation
 from kvlab.serve.errors import APIError, install_error_handlers, internal_error, shutting_down
 from kvlab.serve.generation import Delta, Finished, ServedModel
-from kvlab.serve.middleware import CLIENT_CLOSED, OUTCOME, CatchErrors, CountRequests, LimitBody
+from kvlab.serve.middleware import CLIENT_CLOSED, OUTCOME, AllowHosts, CatchErrors, CountRequests, LimitBody
 from kvlab.serve.playground import PlaygroundRequest
 from kvlab.serve.shapes import SSE_DONE, ChatShape, CompletionShape, sse
 
@@ -107,15 +107,18 @@ class ChatRequest(_Request):
 
 
 def create_app(served: ServedModel, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allowed_hosts: Collection[str] | None = None) -> FastAPI:
     """The app; ``api_key`` (from the environment or secrets, never a command line) turns auth on
     for ``/v1/*``.  ``/health`` and ``/metrics`` stay open, as on vLLM.  Request bodies over
-    ``max_body_bytes`` are refused with a 413 before they are read."""
+    ``max_body_bytes`` are refused with a 413 before they are read.  ``allowed_hosts``: the only
+    ``Host`` names answered (None: any; ``kvlab serve`` without a key passes its address's names)."""
     app = FastAPI(title="kvlab serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.served = served
     lock = EngineLock(served)
     install_error_handlers(app)
     app.add_middleware(LimitBody, max_bytes=max_body_bytes)
+    if allowed_hosts is not None:
+        app.add_middleware(AllowHosts, hosts=allowed_hosts)
     app.add_middleware(CatchErrors)
     app.add_middleware(CountRequests, metrics=served.metrics, endpoints=ENDPOINTS)  # the outermost
 

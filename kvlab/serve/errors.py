@@ -86,7 +86,8 @@ def install_error_handlers(app: FastAPI) -> None:
             reason = first.get("ctx", {}).get("error", "decode error")
             return APIError(400, f"the body is not valid JSON ({reason})", param="body").response()
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body" and p not in UNION_TAGS) or "body"
-        return APIError(400, f"{where}: {first.get('msg', 'invalid request')}", param=where).response()
+        message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        return APIError(400, f"{where}: {message}", param=where).response()
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, error: HTTPException) -> JSONResponse:

@@ -1,8 +1,10 @@
-"""ASGI middleware of ``kvlab serve``: body size limit, last-resort error handling, request counting.
+"""ASGI middleware of ``kvlab serve``: body size limit, last-resort error handling, request counting,
+the Host check of a server without a key.
 
 Outermost first: :class:`CountRequests` sees every answer's final status, including those of the
-two inside it; :class:`CatchErrors` turns any exception into a 500 in OpenAI's shape;
-:class:`LimitBody` refuses a body over the limit before anything reads it.
+ones inside it; :class:`CatchErrors` turns any exception into a 500 in OpenAI's shape;
+:class:`AllowHosts` refuses a request addressed to another name; :class:`LimitBody` refuses a body
+over the limit before anything reads it.
 """
 
 from __future__ import annotations
@@ -112,3 +114,34 @@ class LimitBody:
             return message
 
         await self.app(scope, receive_counted, send)
+
+
+def host_name(header: str) -> str:
+    """The name in a ``Host`` header, without its port: ``[::1]:8000`` -> ``::1``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+class AllowHosts:
+    """Only requests whose ``Host`` is one of ``hosts`` get through; others get a 403.
+
+    A server without an API key trusts whoever can reach it.  A web page cannot reach 127.0.0.1
+    directly, but by DNS rebinding (its own name re-resolved to 127.0.0.1) it can, with its own name
+    in ``Host``: checking the name closes that door, as Jupyter and vLLM's ``--allowed-hosts`` do."""
+
+    def __init__(self, app: ASGIApp, hosts: Collection[str]):
+        self.app, self.hosts = app, frozenset(name.lower() for name in hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            name = host_name(Headers(scope=scope).get("host", ""))
+            if name not in self.hosts:
+                shown = ", ".join(sorted(self.hosts))
+                await APIError(403, f"Host {name!r} is not a name of this server (it answers {shown}): without an "
+                               "API key kvlab serve refuses other names, which a web page could send by DNS "
+                               "rebinding; add the name with --allowed-host or start it with --api-key-env",
+                               param="Host", code="host_not_allowed").response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import regex
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
@@ -48,8 +48,8 @@ class OwnItem(BaseModel):
 
     context: str = Field(min_length=1)
     question: str = Field(min_length=1)
+    scorer: str = DEFAULT_ANSWER_SCORER  # before answer, whose check reads it
     answer: str = ""
-    scorer: str = DEFAULT_ANSWER_SCORER
     tolerance: float | None = Field(default=None, ge=0)
 
     @field_validator("scorer")
@@ -57,14 +57,15 @@ class OwnItem(BaseModel):
     def _known(cls, scorer: str) -> str:
         return check_answer_scorer(scorer)
 
-    @model_validator(mode="after")
-    def _answer_compiles(self) -> OwnItem:
-        if self.scorer == "regex":
+    @field_validator("answer")
+    @classmethod
+    def _answer_compiles(cls, answer: str, info: ValidationInfo) -> str:
+        if info.data.get("scorer") == "regex":
             try:
-                compile_answer_regex(self.answer)
+                compile_answer_regex(answer)
             except regex.error as error:
                 raise ValueError(f"answer is not a regular expression ({error})") from None
-        return self
+        return answer
 
 
 def _item_kind(value: Any) -> str:

@@ -41,6 +41,26 @@ def check_address(host: str, port: int) -> None:
         raise ConfigError(f"--host {host} --port {port}: cannot listen there ({error.strerror or error})") from None
 
 
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+WILDCARD_ADDRESSES = frozenset({"0.0.0.0", "::", ""})
+
+
+def names_of(host: str) -> frozenset[str]:
+    """The ``Host`` names a client of address ``host`` sends: a loopback address's loopback names; a
+    wildcard's every name and address of this machine (and loopback); another address itself and this
+    machine's names."""
+    if host in LOOPBACK_NAMES:
+        return LOOPBACK_NAMES
+    names = {host, socket.gethostname(), socket.getfqdn()}
+    if host in WILDCARD_ADDRESSES:
+        names |= LOOPBACK_NAMES
+        try:
+            names |= {str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)}
+        except OSError:  # a host name that does not resolve: its names and loopback still answer
+            pass
+    return frozenset(name.lower() for name in names - WILDCARD_ADDRESSES)
+
+
 def serve(app: FastAPI, served: ServedModel, host: str, port: int) -> None:
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_S)

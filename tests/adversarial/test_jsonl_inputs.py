@@ -122,6 +122,8 @@ BAD_FILES = {  # name: (file content, or None for no file / a directory; what th
     "non-UTF-8": (f"{line()}\n".encode() + b'{"context": "caf\xe9", "question": "q", "answer": "a"}\n',
                   ["bad.jsonl:2:", "not UTF-8", "0xe9"]),
     "empty file": (b"", ["bad.jsonl:", "empty"]),
+    "regex that does not compile": (f'{line(answer="([unclosed", scorer="regex")}\n'.encode(),
+                                    ["bad.jsonl:1:", "not a regular expression"]),
     "blank lines only": (b"\n  \n\n", ["bad.jsonl:", "no items"]),
     "directory": (None, ["bad.jsonl:", "is a directory"]),
     "no such file": (None, ["bad.jsonl:", "no such file"]),
@@ -201,6 +203,45 @@ def test_a_prompt_longer_than_the_model_context_is_refused(tmp_path):
     last = result.stderr.splitlines()[-1]
     assert last.startswith("error: item jsonl/long: ") and "maximum context of 8192 tokens" in last, last
     assert "evaluations in" not in result.stderr  # refused before any work
+
+
+@pytest.mark.model
+def test_a_backtracking_regex_answer_is_its_items_error_and_the_run_ends(tmp_path):
+    """This round's probe: ``(.*.){6}XYZQ`` hung ``kvlab run`` at 100% CPU (and a worker, whose
+    heartbeats stopped).  Against a model writing " 1 1 1 ...", ``( 1| 1 1)+b`` backtracks for hours:
+    each of its answers is an item error after the scorer's time limit; the other rows score."""
+    from kvlab.models import DEFAULT_MODEL, pull_model
+    from kvlab.store import Store
+
+    pull_model(DEFAULT_MODEL)
+    ones = " ".join(["1"] * 24)
+    rows = [line(id="hang", context=ones, question=" 1", answer="( 1| 1 1)+b", scorer="regex"), line(id="plain")]
+    (tmp_path / "regex.jsonl").write_text("\n".join(rows) + "\n")
+    result = run_kvlab("run", str(write_spec(tmp_path, "regex.jsonl", max_new_tokens=120)), cwd=tmp_path)
+    assert "Traceback" not in result.stderr, result.stderr
+    with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
+        (experiment,) = store.list_experiments()
+        assert store.get_experiment(experiment.id).status == "done", result.stderr
+        by_item: dict[str, list] = {}
+        for row in store.item_results(experiment.id):
+            by_item.setdefault(row.item_id.removeprefix("jsonl/"), []).append(row)
+    assert {item: len(rows) for item, rows in by_item.items()} == {"hang": 2, "plain": 2}
+    assert all(r.score is None and "searched this output for over" in r.error for r in by_item["hang"])
+    assert all(r.error is None and r.score is not None for r in by_item["plain"])
+
+
+def test_f1_on_a_120000_word_answer_is_linear():
+    """The probe's 120,000-word answer (under the 1 MiB line limit) cost ~190 CPU s per item-config with
+    the quadratic token matching; counted, it is milliseconds (bound: 100 times that, for a busy machine)."""
+    from kvlab.tasks.items import TaskItem
+    from kvlab.tasks.scoring import answer_f1
+
+    words = " ".join(f"w{i % 5000}" for i in range(120_000))
+    item = TaskItem("jsonl", "long", "c", "q", words, 16, None, 8)
+    started = time.process_time()
+    assert answer_f1(item, words) == pytest.approx(1.0)
+    assert answer_f1(item, "w1 w2 nothing") == pytest.approx(2 * (2 / 3) * (2 / 120_000) / (2 / 3 + 2 / 120_000))
+    assert time.process_time() - started < 10.0
 
 
 # -- the reader, in process: what the json module would accept but kvlab must not ---------------------

@@ -5,7 +5,9 @@ to run a checkpoint's own code.
 
 Whole ``kvlab run`` processes on files written here: random bytes named ``.gguf``, a GGUF cut
 short, a directory whose config.json maps the model to its own code (``auto_map``), one whose
-weights are garbage, one whose config.json is not JSON.
+weights are garbage, one whose config.json is not JSON, and SmolLM2's own config.json and weights
+without its tokenizer files (transformers substitutes a 3-token tokenizer, and building the first
+item from it grew memory until the OOM killer: 3.4 GB after 77 s).
 """
 
 from __future__ import annotations
@@ -57,6 +59,17 @@ def _broken_weights(folder: Path) -> Path:
     return path
 
 
+def _no_tokenizer(folder: Path) -> Path:
+    """SmolLM2's real config.json and weights (linked, not copied), and nothing else."""
+    from kvlab.models.checkpoints import model_dir
+
+    path = folder / "no-tokenizer"
+    path.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (path / name).symlink_to(model_dir("smollm2-135m") / name)
+    return path
+
+
 def _broken_config(folder: Path) -> Path:
     path = folder / "broken-config"
     path.mkdir()
@@ -71,6 +84,7 @@ CASES = {
                                   "'xcustom', which transformers does not ship; kvlab never runs a checkpoint's code"),
     "broken-weights": (_broken_weights, "transformers cannot load this model directory ("),
     "broken-config": (_broken_config, "its config.json cannot be read as JSON ("),
+    "no-tokenizer": (_no_tokenizer, "has no tokenizer (tokenizer.json, "),
 }
 
 
@@ -85,6 +99,7 @@ def test_kvlab_run_on_a_broken_model_file_is_exit_2_with_one_line(case, tmp_path
     done = subprocess.run([sys.executable, "-m", "kvlab.cli", "run", str(spec)], capture_output=True, text=True,
                           env={**os.environ, "KVLAB_DATABASE_URL": url, "KVLAB_HOME": str(tmp_path / "home")},
                           stdin=subprocess.DEVNULL, timeout=SAFETY_S)
+
     assert done.returncode == 2, done.stderr
     assert done.stdout == "" and "Traceback" not in done.stderr and "[y/N]" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

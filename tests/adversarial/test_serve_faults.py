@@ -311,3 +311,81 @@ def test_an_engine_failure_is_a_500_or_an_error_event_counted_as_500(failing_ser
 
     fail_after(10**9)  # the engine works again: nothing was left holding it
     assert httpx.post(f"{root}/v1/completions", json=completion(), timeout=30).status_code == 200
+
+
+# -- a caller's own item: its scorer and its regular expression ------------------------------------
+
+OWN = {"context": "The sky is blue today.", "question": "\nColour of the sky:", "max_new_tokens": 4}
+
+
+def own_item(**item) -> dict:
+    fields = {key: value for key, value in OWN.items() if key != "max_new_tokens"}
+    return {"model": MODEL, "item": fields | item, "max_new_tokens": OWN["max_new_tokens"]}
+
+
+ONES = " ".join(["1"] * 24)  # the model goes on writing " 1 1 1 ...": 60 of them backtrack for hours
+
+
+@pytest.mark.parametrize("pattern, bounded", [
+    ("(.*.){6}XYZQ", False),  # hung `re`; the regex module finds XYZQ absent and answers at once: a score
+    ("( 1| 1 1)+b", True),  # backtracks on every run of " 1": the scorer's time limit trips
+])
+def test_a_catastrophic_regex_answer_is_bounded_and_the_server_stays_up(served, pattern, bounded):
+    """The probe's pattern froze the whole server (health, completions, SIGTERM); now each answer is
+    scored within the scorer's time limit, and one that reaches it carries that answer's error."""
+    process, root = served
+    ask = {"model": MODEL, "item": {"context": ONES, "question": " 1", "answer": pattern, "scorer": "regex"},
+           "max_new_tokens": 120, "configs": [{"quant": "int8"}]}
+    with httpx.Client(timeout=SAFETY_S) as client:
+        answer = client.post(f"{root}/kvlab/playground", json=ask)
+        assert answer.status_code == 200, answer.text
+        results = answer.json()["results"]
+        assert [r["config"] for r in results] == ["baseline", "int8/g64/r64"]
+        for result in results:
+            assert " 1 1 1 1 1 1 1 1" in result["generated"], result  # the text that backtracks
+            if bounded:
+                assert result["score"] is None and result["error"].startswith("scoring: the regex answer"), result
+            else:
+                assert result["score"] == 0.0 and result["error"] is None, result
+        assert client.get(f"{root}/health").status_code == 200
+        assert client.post(f"{root}/v1/completions", json=completion()).status_code == 200
+
+
+@pytest.mark.parametrize("pattern, text", [("(a|aa)+b", "a" * 60), ("( 1| 1 1)+b", " 1" * 60)])
+def test_backtracking_patterns_stop_at_the_scorers_bound(pattern, text):
+    from kvlab.tasks.items import TaskItem
+    from kvlab.tasks.scoring import REGEX_TIMEOUT_S, ScoringError, answer_regex
+
+    started = time.monotonic()
+    with pytest.raises(ScoringError, match="searched this output for over"):
+        answer_regex(TaskItem("jsonl", "r", "c", "q", pattern, 16, None, 8), text)
+    assert time.monotonic() - started < REGEX_TIMEOUT_S + SAFETY_S  # bounded: it would run for hours
+
+
+@pytest.mark.parametrize("item, param, says", [
+    ({"answer": "([unclosed", "scorer": "regex"}, "item.answer", "answer is not a regular expression"),
+    ({"answer": "blue", "scorer": "psychic"}, "item.scorer", "psychic"),
+    ({"answer": "blue", "scorer": "numeric", "tolerance": -1}, "item.tolerance", ""),
+])
+def test_a_bad_own_item_is_a_400_naming_its_field(served, item, param, says):
+    process, root = served
+    error = assert_openai_error(httpx.post(f"{root}/kvlab/playground", json=own_item(**item), timeout=SAFETY_S), 400)
+    assert error["message"].startswith(f"{param}: ") and says in error["message"], error
+    assert "GeneratedItem" not in error["message"] and "OwnItem" not in error["message"]
+    assert httpx.get(f"{root}/health").status_code == 200
+
+
+# -- DNS rebinding: a server without a key answers only its own names -----------------------------
+
+@pytest.mark.parametrize("host", ["attacker.example", "attacker.example:8000", "127.0.0.1.attacker.example"])
+def test_without_a_key_a_request_for_another_host_name_is_refused(served, host):
+    process, root = served
+    before = counted(root, "/v1/completions", 403)
+    refused = httpx.post(f"{root}/v1/completions", json=completion(), headers={"Host": host}, timeout=SAFETY_S)
+    error = assert_openai_error(refused, 403)
+    assert error["code"] == "host_not_allowed" and "--allowed-host" in error["message"]
+    assert counted(root, "/v1/completions", 403) == before + 1
+    for name in ("localhost", "127.0.0.1"):  # its own names, with and without the port
+        port = root.rpartition(":")[2]
+        for header in (name, f"{name}:{port}"):
+            assert httpx.get(f"{root}/health", headers={"Host": header}).status_code == 200

@@ -243,3 +243,27 @@ def test_tune_refuses_the_same_counts(kvlab):
     kvlab.user_error("tune", "step.toml", says=("step.toml: tune.budget_step",))
     assert nothing_stored(kvlab)
 
+
+
+# -- settings the registry model or the method cannot take (this round's probes) -------------------
+
+@pytest.mark.parametrize("config, says", [
+    ({"evict": "streaming_llm", "decode": {"interval": 1, "target_tokens": 1}},
+     ("decode.target_tokens = 1 keeps no more than the n_sink = 4", "give target_tokens above n_sink")),
+    ({"evict": "streaming_llm", "n_sink": 8, "decode": {"interval": 1, "target_tokens": 8}},
+     ("decode.target_tokens = 8", "n_sink = 8")),
+    ({"quant": "int4", "skip_layers": {"first": 1000}}, ("configs.0.skip_layers", "smollm2-135m")),
+    ({"quant": "int4", "skip_layers": {"layers": [31]}}, ("configs.0.skip_layers", "31", "smollm2-135m")),
+    ({"quant": "int4", "skip_layers": {"first": 30}}, ("configs.0.skip_layers", "keeps every one of the model's 30 layers")),
+])
+def test_a_setting_the_method_or_the_model_cannot_take_is_refused_at_parse(config, says):
+    """Each passed validation and failed on a worker after the model loaded (the decode target as
+    kvpress's assertion, which the worker took for a host problem and requeued; ``first = 1000``
+    silently kept all 30 layers 16-bit)."""
+    refused({"tasks": TASKS, "configs": [config]}, *says)
+
+
+def test_a_valid_decode_target_and_layer_pattern_still_parse():
+    parse_spec({"tasks": TASKS, "configs": [{"evict": "streaming_llm", "decode": {"interval": 1, "target_tokens": 5}},
+                                            {"quant": "int4", "skip_layers": {"first": 2, "last": 2}},
+                                            {"quant": "int2", "skip_layers": {"layers": [0, 29]}}]})

@@ -32,7 +32,9 @@ def spec_for(kind: str, configs: list[dict]):
 
 @pytest.fixture
 def stand_ins(monkeypatch):
+    """The stand-ins play CUDA builds, so the host they run on has a GPU (NVML's answer, stood in)."""
     monkeypatch.setenv("PYTHONPATH", str(STAND_INS))
+    monkeypatch.setattr("kvlab.engines.host.host_gpus", lambda: ("NVIDIA H200 (stand-in)",))
 
 
 @pytest.mark.parametrize("kind, fp8", [("vllm", "fp8_e4m3"), ("sglang", "fp8_e5m2")])
