@@ -28,7 +28,8 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 
 step "kvlab${extras:+ with its test tools}"
-python -m pip install --quiet -e ".${extras}"
+# setuptools' "Editable installation" warning (a box of stars on every install) says nothing to act on.
+PYTHONWARNINGS="ignore:Editable installation" python -m pip install --quiet -e ".${extras}"
 step "the default model (smollm2-135m)"
 kvlab models pull smollm2-135m
 step "done: .venv/bin/streamlit run app.py, or .venv/bin/kvlab --help"

@@ -1,7 +1,5 @@
 """``python -m kvlab.cli``."""
 
-import sys
+from kvlab.cli.main import entry
 
-from kvlab.cli.main import main
-
-sys.exit(main())
+entry()

@@ -24,6 +24,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from kvlab.errlog import debug_enabled, log_details, one_line
 from kvlab.secrets import redact
@@ -38,6 +39,8 @@ USER_ERRORS = (("kvlab.cli.exits", "UserError"), ("kvlab.core.errors", "ConfigEr
 #: Errors that stopped the command under it (exit 1, their message alone); checked before USER_ERRORS,
 #: of which they may be subclasses.
 FAILURES = (("kvlab.store.errors", "StoreLost"),)
+#: Whether this command ended because its store was lost under it (see :func:`exit_process`).
+_store_lost = False
 
 
 class UserError(Exception):
@@ -68,11 +71,27 @@ def run(command: Callable[[], int], argv: Sequence[str]) -> int:
         if debug_enabled():
             raise
         if isinstance(error, user_error_types(FAILURES)):
+            global _store_lost
+            _store_lost = True
             _say(f"error: {one_line(redact(str(error)))}")
             return EXIT_INTERNAL
         if isinstance(error, user_error_types()):
             return user_error(str(error), argv)
         return internal_error(error, argv)
+
+
+def exit_process(status: int) -> NoReturn:
+    """End the process with ``status``.  After a lost store, at once (``os._exit``): the interpreter's
+    teardown would close its SQLite connections and checkpoint into files whose directory went read-only
+    under their mapped ``-shm`` -- which a probe saw end in SIGBUS (exit -7) after the right message."""
+    if _store_lost:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)
+    sys.exit(status)
 
 
 def user_error(message: str, argv: Sequence[str]) -> int:

@@ -234,5 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     return cli_exit.run(lambda: args.func(args), argv)
 
 
+def entry() -> None:
+    """The ``kvlab`` command: :func:`main`, then the process's end (see :func:`kvlab.cli.exits.exit_process`)."""
+    cli_exit.exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -371,3 +371,16 @@ def test_ctrl_c_is_130_and_one_line(kvlab, silent_server):
         except subprocess.TimeoutExpired:
             continue
     assert process.returncode == 130 and stderr == "interrupted\n" and "Traceback" not in stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--evict", "streaming_llm", "--decode-interval", "1", "--decode-target-tokens", "1"),
+     ("KV-cache options: ", "decode.target_tokens = 1 keeps no more than the n_sink = 4")),
+    (("--quant", "int4", "--value-quant", "int8", "--evict", "snapkv"), ("KV-cache options: ", "evict = 'snapkv'")),
+    (("--evict", "tova", "--ratio", "0.5", "--heads", "adakv"), ("KV-cache options: ", "heads = 'adakv'")),
+])
+def test_serve_options_that_do_not_combine_are_one_line_before_torch(kvlab, args, says):
+    """Refused as the options typed, not pydantic's text, and before the 8-10 s of importing torch: the
+    command must not get as far as loading anything (``kvlab serve`` never reaches its model)."""
+    line = kvlab.user_error("serve", "--model", "no-such-model", *args, says=says)
+    assert "pydantic" not in line and "Value error" not in line and "validation error" not in line, line

@@ -672,3 +672,11 @@ def test_an_in_memory_store_is_refused_for_work_other_processes_run(url, tmp_pat
         require_shared_store(url)
     require_shared_store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}")
     require_shared_store("postgresql://kvlab:secret@db.example:5432/kvlab")  # never connected to here
+
+
+def test_the_head_read_from_the_migration_files_is_alembics():
+    """``head_revision`` reads the files (alembic's import costs every ``kvlab ls`` 0.2 s): it must name the
+    head alembic's own script directory names, and one only."""
+    from kvlab.store.migrate import _script, head_revision
+
+    assert [head_revision()] == _script().get_heads()
