@@ -27,8 +27,9 @@ fi
 
 # Everything below is required: a test that would skip for want of it fails instead (KVLAB_STRICT_TESTS).
 export KVLAB_STRICT_TESTS=1
-step "the second model (gemma3-270m)"
-kvlab models pull gemma3-270m >/dev/null
+pull_log="${TMPDIR:-/tmp}/kvlab-test-pull.log"
+step "the second model (gemma3-270m; its progress in $pull_log)"
+kvlab models pull gemma3-270m >"$pull_log" 2>&1 || { echo "test.sh: could not pull gemma3-270m:" >&2; tail -n 5 "$pull_log" >&2; exit 1; }
 
 pg_log="${TMPDIR:-/tmp}/kvlab-test-postgres.log"
 step "a throwaway PostgreSQL (its output in $pg_log)"
