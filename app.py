@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.secrets import install_log_redaction
 from kvlab.dashboard.page_table import PAGES
 from kvlab.paths import STATIC_DIR
+from kvlab.secrets import install_log_redaction
 from pages.common import guard
 
 #: The tab's icon ships with the app: a ``:material/...:`` page icon is fetched from a font CDN, offline too.

@@ -46,7 +46,7 @@ def decode_step_timings(engine: EmbeddedEngine, context_tokens: int, sizes: Sequ
     timings = []
     for count in sizes:
         batched, singles = float("inf"), float("inf")
-        for repeat in range(repeats):  # each step appends one token: a fresh set of caches per repeat
+        for _ in range(repeats):  # each step appends one token: a fresh set of caches per repeat
             members = caches(count)
             position = torch.tensor([[context_tokens]], device=device)
             start = wall_clock(device)

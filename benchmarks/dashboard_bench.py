@@ -67,7 +67,8 @@ def fill(store: Store, experiments: int, telemetry: int) -> int:
 
 
 def render_times(runs: int, page: str | None = None, **params: str) -> list[float]:
-    """Script-run times of ``page`` (a page's script, kvlab.dashboard.page_table; None: the default experiments page)."""
+    """Script-run times of ``page`` (a page's script, kvlab.dashboard.page_table; None: the default experiments
+    page)."""
     at = AppTest.from_file(APP, default_timeout=120)
     for key, value in params.items():
         at.query_params[key] = value

@@ -41,7 +41,7 @@ share_cores()  # before torch loads (kvlab/threads.py): the machine is shared
 
 from scipy import stats  # noqa: E402
 
-from kvlab.core.margins import DEFAULT_MAX_KL, Margins
+from kvlab.core.margins import DEFAULT_MAX_KL, Margins  # noqa: E402
 from kvlab.core.results import ItemResult  # noqa: E402
 from kvlab.experiments.analysis import ConfigSummary, summarize  # noqa: E402
 from kvlab.experiments.decision import items_needed  # noqa: E402
@@ -171,7 +171,8 @@ def main() -> int:
     print(f"items needed to certify at {MAX_DROP * 100:g} points: accuracy non-inferiority | mean KL < "
           f"{DEFAULT_MAX_KL:g} | agreement > 90%  ('> N (~M)': M extrapolated by items_needed for a config as "
           "accurate as the baseline; '*': accepted there, not on all N)")
-    header = f"  {'config':16} {'acc diff':>8} {'mean KL':>8} {'agree':>6}   {'accuracy':>16} {'KL':>6} {'agreement':>9}"
+    header = (f"  {'config':16} {'acc diff':>8} {'mean KL':>8} {'agree':>6}   "
+              f"{'accuracy':>16} {'KL':>6} {'agreement':>9}")
     print(header)
     rows = []
     for config in compared:
@@ -207,8 +208,8 @@ def main() -> int:
         only = [c for c in compared if c in needed[criterion] and c not in needed["accuracy"]]
         if only and extrapolated:
             share = sum(needed[criterion][c] for c in only) / (extrapolated * len(only))
-            print(f"  {len(only)} config{'s' * (len(only) > 1)} certified by {criterion}, not by accuracy, on {n} items: "
-                  f"{share:.0%} of the {extrapolated} items extrapolated for accuracy")
+            print(f"  {len(only)} config{'s' * (len(only) > 1)} certified by {criterion}, not by accuracy, "
+                  f"on {n} items: {share:.0%} of the {extrapolated} items extrapolated for accuracy")
         ratios[criterion] = {"ratio": ratio, "both": both, "fidelity_only": only}
 
     if args.json:

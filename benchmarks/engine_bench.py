@@ -66,9 +66,9 @@ def bench_sweep(engine: EmbeddedEngine, items, repeats: int) -> tuple[float, flo
     times: dict[int, list[float]] = {}  # by length: wall, then CPU, seconds of batched, decoded alone, separate
     same = 0
     for item in items:
-        batched, *t_batched = clocked(lambda: list(engine.evaluate(item, configs)), repeats)
-        one_by_one, *t_alone = clocked(lambda: list(alone.evaluate(item, configs)), repeats)
-        separate = [clocked(lambda c=c: list(engine.evaluate(item, [c])), repeats)[1:] for c in configs]
+        batched, *t_batched = clocked(lambda item=item: list(engine.evaluate(item, configs)), repeats)
+        one_by_one, *t_alone = clocked(lambda item=item: list(alone.evaluate(item, configs)), repeats)
+        separate = [clocked(lambda c=c, item=item: list(engine.evaluate(item, [c])), repeats)[1:] for c in configs]
         t_separate = [sum(wall for wall, _ in separate), sum(cpu for _, cpu in separate)]
         same += [r.generated for r in batched] == [r.generated for r in one_by_one]
         row = times.setdefault(item.context_length, [0.0] * 6)
@@ -106,10 +106,12 @@ def bench_kvpress_parity(engine: EmbeddedEngine, items, model_name: str,
         for item in items:
             context = torch.tensor([engine.tokenizer(item.context)["input_ids"]])
             question = torch.tensor([engine.tokenizer(item.question, add_special_tokens=False)["input_ids"]])
-            results, t_ours, _ = clocked(lambda: list(engine.evaluate(item, [config])), repeats)
-            answers, t_theirs, cpu_theirs = clocked(lambda: pipe._forward(
-                {"context_ids": context, "questions_ids": [question]}, max_new_tokens=results[0].output_tokens,
-                press=press), repeats)
+            results, t_ours, _ = clocked(lambda item=item, config=config: list(engine.evaluate(item, [config])),
+                                         repeats)
+            answers, t_theirs, cpu_theirs = clocked(
+                lambda context=context, question=question, results=results, press=press: pipe._forward(
+                    {"context_ids": context, "questions_ids": [question]}, max_new_tokens=results[0].output_tokens,
+                    press=press), repeats)
             ours.append(t_ours)
             theirs.append(t_theirs)
             kvpress_s.append((t_theirs, cpu_theirs))

@@ -27,7 +27,8 @@ from kvlab.engines.managed_server import ManagedServer, free_port
 from kvlab.experiments.runner import ExperimentRun, run_experiment
 from kvlab.models import DEFAULT_MODEL, load_model
 
-CONFIGS = [{"name": "baseline"}, {"name": "int4", "quant": "int4"}, {"name": "snapkv-50", "evict": "snapkv", "ratio": 0.5}]
+CONFIGS = [{"name": "baseline"}, {"name": "int4", "quant": "int4"},
+           {"name": "snapkv-50", "evict": "snapkv", "ratio": 0.5}]
 
 
 def spec(items: int, length: int, backend: dict) -> dict:

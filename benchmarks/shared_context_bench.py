@@ -50,7 +50,8 @@ def main() -> int:
     print(f"load average {os.getloadavg()[0]:.2f}; {len(configs)} configs, {len(contexts[0])} questions per context")
 
     def shared(questions):
-        return {(i.item_id, r.config_name): r.generated for i, r in engine.evaluate_many([(q, configs) for q in questions])}
+        return {(i.item_id, r.config_name): r.generated
+                for i, r in engine.evaluate_many([(q, configs) for q in questions])}
 
     def alone(questions):
         return {(i.item_id, r.config_name): r.generated for i in questions for r in engine.evaluate(i, configs)}

@@ -69,7 +69,7 @@ def bench_overhead(url: str, rounds: int) -> None:
         for label, hz in (("none", None), ("1 Hz", 1.0), ("20 Hz", 20.0)):
             written: list[int] = []
 
-            def write(batch: list[TelemetrySample]) -> None:
+            def write(batch: list[TelemetrySample], written: list[int] = written) -> None:
                 store.add_telemetry(batch)
                 written.append(len(batch))
 

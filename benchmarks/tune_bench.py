@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run as a script: kvlab from this checkout, imported below
 
 from kvlab.core.experiment_spec import parse_spec  # noqa: E402
-from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig  # noqa: E402
 from kvlab.core.tune_spec import candidate_grid  # noqa: E402
 
 SPACE = {"quant": ["none", "int8", "int4", "int2"], "group_sizes": [32, 128],
@@ -109,7 +109,7 @@ def main() -> None:
     outcome, tune_s = run_tune(spec_dict, args)
     answer = outcome.answer
 
-    print("\n== tune vs grid (same items, seed and rule; max_drop %.2f) ==" % args.max_drop)
+    print(f"\n== tune vs grid (same items, seed and rule; max_drop {args.max_drop:.2f}) ==")
     spot = decision.sweet_spot
     spot_text = f"{spot.config_name} ({spot.physical_kv_bytes / 1e6:.2f} MB)" if spot else "none"
     print(f"grid: {len(grid)} configs x {n_items} items = {grid_evals} item evaluations in {grid_s:.0f} s; "
@@ -131,8 +131,8 @@ def main() -> None:
         print(f"as compressed as the grid's sweet spot: {'yes' if smaller else 'no'}; one grid step from it: "
               f"{'yes' if near else 'no' if pick != spot.config_name else 'it is the same config'}")
         ok = non_inferior and (smaller or near)
-        print(f"question 1: {'YES' if ok else 'NO'}; question 2: "
-              f"{answer['item_evals'] / grid_evals:.0%} {'<=' if answer['item_evals'] <= 0.4 * grid_evals else '>'} 40%")
+        print(f"question 1: {'YES' if ok else 'NO'}; question 2: {answer['item_evals'] / grid_evals:.0%} "
+              f"{'<=' if answer['item_evals'] <= 0.4 * grid_evals else '>'} 40%")
     print(f"stores in {work}")
 
 

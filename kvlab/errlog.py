@@ -1,10 +1,10 @@
 """Where the details of an unexpected error go, so that users see one line and never a traceback.
 
 The CLI and the dashboard append the full traceback to ``kvlab-<name>.log`` in :func:`kvlab.paths.log_dir`
-(``$KVLAB_LOG_DIR``, else ``$KVLAB_HOME/logs``, default ``~/.cache/kvlab/logs/``; kept under 1 MiB with one rotated copy ``.log.1``), and tell the
-user that path.  When that directory cannot be written, the log goes to the system's temporary
-directory instead.  Everything written or shown passes through :func:`kvlab.secrets.redact`.
-``KVLAB_DEBUG=1`` makes both re-raise instead, showing the traceback.
+(``$KVLAB_LOG_DIR``, else ``$KVLAB_HOME/logs``, default ``~/.cache/kvlab/logs/``; kept under 1 MiB with one
+rotated copy ``.log.1``), and tell the user that path.  When that directory cannot be written, the log goes
+to the system's temporary directory instead.  Everything written or shown passes through
+:func:`kvlab.secrets.redact`.  ``KVLAB_DEBUG=1`` makes both re-raise instead, showing the traceback.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from pages.executor_choice import executor_choice
 P = "f:"  # widget keys: P + spec field path
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 EXAMPLE_TO_LAUNCH = "tiny"
+LOCAL_EXECUTOR = executor_form.Executor()  # launch's default: local workers (a frozen value)
 
 store = get_store()
 
@@ -116,7 +117,7 @@ def remove_task(index: int) -> None:
 
 
 def launch(spec: ExperimentSpec, workers: int, warnings: list[str],
-           executor: executor_form.Executor = executor_form.Executor()) -> None:
+           executor: executor_form.Executor = LOCAL_EXECUTOR) -> None:
     try:
         experiment_id = launch_sweep(spec, warnings, executor, workers)
     except Refused as refused:  # nothing stored: the spec cannot run (a file outside the data directory...)

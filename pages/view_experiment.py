@@ -221,8 +221,8 @@ def view_state(section: str, default_section: str, spec_margin: float) -> views.
                              persist_state="page",
                              help="accuracy: fraction correct (pooled over tasks); KL: mean KL(baseline || config) "
                                   "per token in nats, teacher-forced on the baseline's output (lower is better); "
-                                  "agreement: mean over items of each item's share of tokens with the baseline's top-1 token. 95% "
-                                  "intervals, the item as the unit.")
+                                  "agreement: mean over items of each item's share of tokens with the baseline's "
+                                  "top-1 token. 95% intervals, the item as the unit.")
     shown = [r for r in results if r.config_name not in hidden]
     needle = kept("needle")
     needles = charts.needle_configs(shown)

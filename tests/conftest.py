@@ -94,7 +94,8 @@ def pytest_collection_modifyitems(items) -> None:
         used = set(getattr(item, "fixturenames", ()))
         if used & MODEL_FIXTURES:
             item.add_marker(pytest.mark.model)
-        if used & SERVER_FIXTURES or getattr(getattr(item, "callspec", None), "params", {}).get("db_url") == "postgresql":
+        if (used & SERVER_FIXTURES
+                or getattr(getattr(item, "callspec", None), "params", {}).get("db_url") == "postgresql"):
             item.add_marker(pytest.mark.server)
 
 

@@ -43,7 +43,8 @@ def item_result(config: str, item: int, length: int, depth: float, fidelity: boo
     return ItemResult(
         item_id=f"passkey-{length}-{item}", task="passkey", config_name=config,
         config={"name": config, "quant": {"int4": "int4", "int2": "int2"}.get(config, "none"),
-                "evict": "snapkv" if config == "snapkv-50" else "none", "ratio": 0.5 if config == "snapkv-50" else None},
+                "evict": "snapkv" if config == "snapkv-50" else "none",
+                "ratio": 0.5 if config == "snapkv-50" else None},
         seed=0, context_length=length, depth=depth, prompt_tokens=length, context_tokens=length - 20,
         kept_tokens=float(length if config != "snapkv-50" else length // 2), kept_fraction=0.5 if config == "snapkv-50"
         else 1.0, baseline_kv_bytes=baseline_bytes, physical_kv_bytes=int(baseline_bytes * fraction),

@@ -2,7 +2,8 @@
 
 Read with ast.  For cycles of modules, imports inside functions and under ``if TYPE_CHECKING:`` do
 not run at import time and are not counted; everything else at module level (including inside
-``try``/``if``) is.  Cycles of packages count every import, lazy ones too.  A package is a subpackage of kvlab (``kvlab.store``) or a top-level module (``kvlab.paths``).
+``try``/``if``) is.  Cycles of packages count every import, lazy ones too.  A package is a subpackage
+of kvlab (``kvlab.store``) or a top-level module (``kvlab.paths``).
 The bottom layer, :mod:`kvlab.core` (the spec and result types and the registries they are built
 from), is held to more: no import of another kvlab package anywhere in it, lazy ones included, and
 no third-party package beyond pydantic and tomli_w, so that validating a spec is instant and free of

@@ -34,8 +34,9 @@ EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
 LOG_NAME = "cli"
 
 #: Errors whose message tells the user what to fix, by (module, name).
-USER_ERRORS = (("kvlab.cli.exits", "UserError"), ("kvlab.core.errors", "ConfigError"), ("kvlab.store.errors", "StoreError"),
-               ("kvlab.engines.base", "EngineFailure"), ("kvlab.core.model_registry", "ModelNotAvailableError"))
+USER_ERRORS = (("kvlab.cli.exits", "UserError"), ("kvlab.core.errors", "ConfigError"),
+               ("kvlab.store.errors", "StoreError"), ("kvlab.engines.base", "EngineFailure"),
+               ("kvlab.core.model_registry", "ModelNotAvailableError"))
 #: Errors that stopped the command under it (exit 1, their message alone); checked before USER_ERRORS,
 #: of which they may be subclasses.
 FAILURES = (("kvlab.store.errors", "StoreLost"),)

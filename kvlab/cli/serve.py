@@ -7,9 +7,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from kvlab.cli.options import float_between, int_between, positive_int
 from pydantic import ValidationError
 
+from kvlab.cli.options import float_between, int_between, positive_int
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import format_validation_error
 from kvlab.core.formats import SETTINGS

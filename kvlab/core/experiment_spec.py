@@ -206,7 +206,8 @@ class ExperimentSpec(BaseModel):
                 raise FieldProblem(f"tasks.{unscored[0]}.name", "kvlab tune decides on accuracy (scored items); "
                                    f"this task has no score: tune on a scored task ({scored})")
         for index, task in enumerate(self.tasks):
-            if not TASK_REGISTRY[task.name].reads_file:  # a file's items are bounded by its own limits (KVLAB_MAX_JSONL_ITEMS)
+            # a file's items are bounded by its own limits (KVLAB_MAX_JSONL_ITEMS)
+            if not TASK_REGISTRY[task.name].reads_file:
                 ITEMS.check(f"tasks.{index}.num_items", task.items_per_length, "{n} items")
         check_context_lengths(self, context_limit(self.model))
         self._check_skip_layers()
@@ -302,7 +303,8 @@ def check_context_lengths(spec: ExperimentSpec, model_limit: int | None) -> None
         limits.append((model_limit, "{model}'s maximum context of {limit:,} tokens",
                        " or a model with a longer context", True))
     for index, task in enumerate(spec.tasks):
-        if not TASK_REGISTRY[task.name].target_lengths:  # its prompts are measured once tokenized (the engine refuses one too long)
+        # its prompts are measured once tokenized (the engine refuses one too long)
+        if not TASK_REGISTRY[task.name].target_lengths:
             continue
         new_tokens = task.max_new_tokens or TASK_REGISTRY[task.name].default_new_tokens or 1
         for limit, what, remedy, with_new in limits:

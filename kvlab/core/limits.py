@@ -22,7 +22,8 @@ from kvlab.core.errors import ConfigError
 
 class FieldProblem(ValueError):
     """A problem a whole-spec check found in one field: ``path`` (``tasks.0.num_items``) is where
-    :func:`kvlab.core.experiment_spec.format_validation_error` reports it, so that the dashboard puts it on that field."""
+    :func:`kvlab.core.experiment_spec.format_validation_error` reports it, so that the dashboard puts it on that
+    field."""
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(message)

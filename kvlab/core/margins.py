@@ -54,3 +54,7 @@ class Margins:
         if self.fidelity:
             return RULE_FIDELITY.format(fidelity=self.fidelity_words(), margin=margin, m=configs)
         return RULE.format(margin=margin, m=configs) + ", on every task"
+
+
+#: Every margin at its default: the default argument of the functions that take margins (a frozen value).
+DEFAULT_MARGINS = Margins()

@@ -60,8 +60,8 @@ class KVMeasurement:
             return cls(context_tokens=int(data["context_tokens"]), kept_tokens=data.get("kept_tokens"),
                        kept_fraction=data.get("kept_fraction"), baseline_bytes=data.get("baseline_bytes"),
                        physical_bytes=data.get("physical_bytes"), analytic_bytes=data.get("analytic_bytes"),
-                       peak_bytes=data.get("peak_bytes"), final_bytes=data.get("final_bytes"), estimated=bool(data.get("estimated", False)),
-                       source=str(data.get("source") or default_source))
+                       peak_bytes=data.get("peak_bytes"), final_bytes=data.get("final_bytes"),
+                       estimated=bool(data.get("estimated", False)), source=str(data.get("source") or default_source))
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"not a KV-cache measurement ({type(error).__name__}: {error}): {data!r:.200}") from None
 

@@ -244,9 +244,10 @@ class Task:
     file).  ``chance_floor``: what answering without doing the task scores (the task module's
     docstring says why); ``shortcuts`` names ``(item) -> {shortcut: score}``, which measures the
     known ways of doing so on each item.  ``fidelity_only``: its generated answers have no reference,
-    so no score; its configs are judged by fidelity to the baseline alone.  ``count_items`` names ``(spec) -> int | None``, how many
-    items ``spec`` makes counted without a tokenizer (None when that cannot be told here); unset:
-    ``num_items`` per context length.  Every reference is ``"module:function"``.
+    so no score; its configs are judged by fidelity to the baseline alone.  ``count_items`` names
+    ``(spec) -> int | None``, how many items ``spec`` makes counted without a tokenizer (None when
+    that cannot be told here); unset: ``num_items`` per context length.  Every reference is
+    ``"module:function"``.
     """
 
     name: str
@@ -299,7 +300,8 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          default_new_tokens=10,
          chance_floor="about 0 (a random 5-digit key)"),
     Task("multikey", "kvlab.tasks.multikey:generate", scorer=_FIRST_NUMBER,
-         fields=_GENERATED | {"depths", "num_pairs", "questions_per_context", "multi_turn"}, chance_floor="1/num_pairs (any one number of the context)",
+         fields=_GENERATED | {"depths", "num_pairs", "questions_per_context", "multi_turn"},
+         chance_floor="1/num_pairs (any one number of the context)",
          default_new_tokens=12,  # " 1234567." is 8-9 tokens in digit-splitting tokenizers
          shortcuts="kvlab.tasks.multikey:shortcut_scores"),
     Task("variable_tracking", "kvlab.tasks.variable_tracking:generate", scorer="kvlab.tasks.scoring:variable_names",

@@ -65,9 +65,11 @@ class Engine(ABC):
 
     def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
         """Raise :class:`kvlab.core.errors.ConfigError` for a config this engine cannot run, before any work."""
+        return None
 
     def check_items(self, items: Sequence[TaskItem]) -> None:
         """Raise :class:`kvlab.core.errors.ConfigError` for a task this engine cannot evaluate."""
+        return None
 
     @abstractmethod
     def evaluate(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> Iterator[ItemResult]: ...
@@ -93,6 +95,7 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Release what the engine holds (a launched server, a client's connections)."""
+        return None
 
 
 T = TypeVar("T")

@@ -19,7 +19,7 @@ from typing import Any
 
 from kvlab.compress.accounting import budget_ratio, compression_ratio, shortfall_causes
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.core.margins import DEFAULT_MAX_DROP, Margins
+from kvlab.core.margins import DEFAULT_MARGINS, DEFAULT_MAX_DROP, Margins
 from kvlab.core.results import ItemResult
 from kvlab.core.tasks import TASKS
 from kvlab.experiments.decision import ALPHA_ONE_SIDED, PairedScores, holm, items_needed
@@ -166,7 +166,7 @@ def _request_bytes(row: ItemResult) -> tuple[int | None, int | None]:
 
 
 def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
-              margins: Margins = Margins(), untested: int = 0) -> list[ConfigSummary]:
+              margins: Margins = DEFAULT_MARGINS, untested: int = 0) -> list[ConfigSummary]:
     """One summary per config, in first-seen order; the baseline pairing is by ``(item_id, task)``.
     The decision (``non_inferior``) is taken task by task at ``margins``
     (:mod:`kvlab.experiments.verdict`), Holm-corrected across these configs and ``untested`` more
@@ -308,7 +308,7 @@ def natural_key(value: Any) -> list[tuple[int, int | str]]:
 
 
 def breakdown(results: Sequence[ItemResult], by: Callable[[ItemResult], Any],
-              baseline_name: str = "baseline", margins: Margins = Margins()) -> dict[Any, list[ConfigSummary]]:
+              baseline_name: str = "baseline", margins: Margins = DEFAULT_MARGINS) -> dict[Any, list[ConfigSummary]]:
     """Summaries per group, e.g. ``by=lambda r: r.task`` or ``by=length_group``."""
     groups: dict[Any, list[ItemResult]] = defaultdict(list)
     for result in results:

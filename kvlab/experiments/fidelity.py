@@ -79,7 +79,8 @@ class FidelitySummary:
                    item_mean_kl=tuple(f.mean_kl for f in fidelities),
                    item_agreement=tuple(f.agreement for f in fidelities),
                    median_kl=statistics.median(f.mean_kl for f in fidelities), p99_kl=_percentile(every_kl, 0.99),
-                   max_kl=max(every_kl), first_divergence_median=statistics.median(divergences) if divergences else None)
+                   max_kl=max(every_kl),
+                   first_divergence_median=statistics.median(divergences) if divergences else None)
 
     @property
     def mean_kl(self) -> float:

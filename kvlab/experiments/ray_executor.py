@@ -195,7 +195,8 @@ def plan_placement(spec: ExperimentSpec, nodes: list[dict[str, Any]]) -> Placeme
         any_gpu = any(node.get("Resources", {}).get("GPU", 0) > 0 for node in alive)
         backend = spec.backend
         wants = BACKENDS[backend.kind].wants_gpu or backend.device == "cuda"
-        num_gpus = 1.0 if wants or (BACKENDS[backend.kind].loads_model_here and backend.device == "auto" and any_gpu) else 0.0
+        num_gpus = (1.0 if wants or (BACKENDS[backend.kind].loads_model_here and backend.device == "auto" and any_gpu)
+                    else 0.0)
     usable = [node for node in alive if node.get("Resources", {}).get("CPU", 0) >= num_cpus
               and node.get("Resources", {}).get("GPU", 0) >= num_gpus]
     if not usable:

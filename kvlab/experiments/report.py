@@ -161,7 +161,8 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
         parts += ["", "verdict per task (a config is accepted only when every task that can judge it accepts it):",
                   verdict_table(summaries)]
     if any(r.config_name == baseline_name for r in results):
-        parts += ["", "can the baseline do the task, and what would a shortcut score?", floor_table(results, baseline_name)]
+        parts += ["", "can the baseline do the task, and what would a shortcut score?",
+                  floor_table(results, baseline_name)]
     base = next((s for s in summaries if s.config_name == baseline_name), None)
     if base is not None and base.accuracy is not None:
         parts += ["", f"baseline accuracy {base.accuracy:.2f} on {base.n_scored} items"
@@ -173,8 +174,8 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
         parts += ["", "≈ estimated, not measured: the server's KV pool bytes per token (from its /metrics or start-up "
                   "log) times the prompt tokens"]
     parts += ["", "diff vs base: paired accuracy difference (config - baseline) on the same items, 95% interval "
-              "(Newcombe), pooled over tasks (a summary: the decision is per task); accept: acceptable on every task by "
-              f"the rule above; KV MiB: measured bytes of {summaries[0].memory_basis if summaries else ''}; "
+              "(Newcombe), pooled over tasks (a summary: the decision is per task); accept: acceptable on every task "
+              f"by the rule above; KV MiB: measured bytes of {summaries[0].memory_basis if summaries else ''}; "
               "ratio = 16-bit baseline / measured; kept = fraction of context tokens kept; "
               "p: exact McNemar vs baseline on the same items"]
     ranks = rank_table(results, baseline_name)

@@ -61,7 +61,8 @@ class TaskVerdict:
         if self.diff_high is not None and self.diff_high < -margins.max_drop:
             return (f"{self.task}: accuracy difference [{self.diff_low:+.3f}, {self.diff_high:+.3f}] lies below "
                     f"-{margins.max_drop:g}")
-        if self.criterion == FIDELITY and margins.max_kl > 0 and self.kl_low is not None and self.kl_low > margins.max_kl:
+        if (self.criterion == FIDELITY and margins.max_kl > 0 and self.kl_low is not None
+                and self.kl_low > margins.max_kl):
             return f"{self.task}: mean KL [{self.kl_low:.3g}, {self.kl_high:.3g}] lies above {margins.max_kl:g}"
         if (self.criterion == FIDELITY and margins.min_agreement > 0 and self.agreement_high is not None
                 and self.agreement_high < margins.min_agreement):
@@ -141,7 +142,7 @@ def _judge_task(task: str, rows: list[ItemResult], baseline_name: str, margins: 
     for name, mine in by_config.items():
         pairs = [(base_scores[r.item_id], r.score) for r in mine if r.score is not None and r.item_id in base_scores]
         fidelities = [f for r in mine if (f := r.fidelity) is not None]
-        case = _Case(name, PairedScores.of(*zip(*pairs)) if pairs else None,
+        case = _Case(name, PairedScores.of(*zip(*pairs, strict=True)) if pairs else None,
                      FidelitySummary.of(fidelities) if fidelities else None)
         if margins.fidelity and case.fidelity is not None:
             case.p_fidelity = max(([case.fidelity.p_kl_below(margins.max_kl)] if margins.max_kl > 0 else [])

@@ -8,6 +8,7 @@ Usage::
     trials = store.claim_trials("host-1:worker-0")   # a worker takes configs of the oldest experiment
 """
 
+from kvlab.store.database import require_shared_store
 from kvlab.store.errors import (
     ExperimentNotFoundError,
     SchemaOutdatedError,
@@ -16,7 +17,6 @@ from kvlab.store.errors import (
     StoreReadOnlyError,
     TrialNotFoundError,
 )
-from kvlab.store.database import require_shared_store
 from kvlab.store.migrate import head_revision
 from kvlab.store.records import (
     LEVELS,
@@ -34,6 +34,6 @@ from kvlab.store.repository import Store
 __all__ = [
     "LEVELS", "PHASES", "SOURCES", "STATUSES", "TERMINAL_STATUSES",
     "EventRecord", "ExperimentNotFoundError", "ExperimentRecord", "SchemaOutdatedError", "Store",
-    "StoreError", "StoreLost", "StoreReadOnlyError", "TelemetrySample", "TrialNotFoundError", "TrialRecord", "head_revision",
-    "require_shared_store",
+    "StoreError", "StoreLost", "StoreReadOnlyError", "TelemetrySample", "TrialNotFoundError", "TrialRecord",
+    "head_revision", "require_shared_store",
 ]

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 TERMINAL_STATUSES = ("done", "failed", "cancelled")
 PHASES = ("load", "prefill", "compress", "decode", "idle", "score",

@@ -301,8 +301,9 @@ class Store(TuneQueries):
         """
         old = self.get_experiment(experiment_id)
         if self.tune(experiment_id) is not None:
-            raise StoreError(f"experiment {experiment_id} is a tune: start a new one with `kvlab tune SPEC` (its spec: "
-                             f"`kvlab export {experiment_id}`), or continue it with `kvlab tune --resume {experiment_id}`")
+            raise StoreError(f"experiment {experiment_id} is a tune: start a new one with `kvlab tune SPEC` "
+                             f"(its spec: `kvlab export {experiment_id}`), or continue it with "
+                             f"`kvlab tune --resume {experiment_id}`")
         env = environment if environment is not None else {
             "versions": old.versions, "git_commit": old.git_commit, "hardware": old.hardware}
         new_id = self.create_experiment(parse_spec(old.spec), env)

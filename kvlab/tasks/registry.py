@@ -30,8 +30,9 @@ def generate_items(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[Task
 
 def planned_items(spec: TaskSpec) -> int | None:
     """How many items ``spec`` will generate, counted without a tokenizer: per context length (times
-    the questions asked of each context) for generated tasks; a jsonl file's lines (at most ``num_items``), or None when the file cannot be
-    read here (validation reports why, this count does not)."""
+    the questions asked of each context) for generated tasks; a jsonl file's lines (at most
+    ``num_items``), or None when the file cannot be read here (validation reports why, this count
+    does not)."""
     counter = TASKS[spec.name].count_items
     if counter is None:
         return spec.items_per_length * len(spec.context_lengths) * spec.questions_per_context

@@ -288,7 +288,8 @@ class Tuner:
             elif verdict is None and not exploring and not promoting:
                 verdicts[e.trial_id] = Verdict("stopped", leftover_reason(e, self.tune.eta, self.limits.max_drop))
         self._apply(verdicts, evidence, candidates, baseline.id)
-        still = [c for c in self.store.candidates(self.experiment_id) if c.state == "active" and c.trial_id != baseline.id]
+        still = [c for c in self.store.candidates(self.experiment_id)
+                 if c.state == "active" and c.trial_id != baseline.id]
         return len(still), bool(verdicts)
 
     def _apply(self, verdicts: dict[int, Verdict], evidence: dict[int, Evidence],

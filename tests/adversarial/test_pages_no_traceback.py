@@ -20,7 +20,8 @@ from tests.waiting import SAFETY_S
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 LIST, NEW, VIEW, COMPARE, DOCTOR, TUNE = (page.script for page in (
-    page_table.EXPERIMENTS, page_table.NEW, page_table.EXPERIMENT, page_table.COMPARE, page_table.DOCTOR, page_table.TUNE))
+    page_table.EXPERIMENTS, page_table.NEW, page_table.EXPERIMENT, page_table.COMPARE, page_table.DOCTOR,
+    page_table.TUNE))
 HUGE = "9" * 30  # beyond any database integer
 
 

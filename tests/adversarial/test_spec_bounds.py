@@ -254,7 +254,8 @@ def test_tune_refuses_the_same_counts(kvlab):
      ("decode.target_tokens = 8", "n_sink = 8")),
     ({"quant": "int4", "skip_layers": {"first": 1000}}, ("configs.0.skip_layers", "smollm2-135m")),
     ({"quant": "int4", "skip_layers": {"layers": [31]}}, ("configs.0.skip_layers", "31", "smollm2-135m")),
-    ({"quant": "int4", "skip_layers": {"first": 30}}, ("configs.0.skip_layers", "keeps every one of the model's 30 layers")),
+    ({"quant": "int4", "skip_layers": {"first": 30}},
+     ("configs.0.skip_layers", "keeps every one of the model's 30 layers")),
 ])
 def test_a_setting_the_method_or_the_model_cannot_take_is_refused_at_parse(config, says):
     """Each passed validation and failed on a worker after the model loaded (the decode target as

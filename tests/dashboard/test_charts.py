@@ -36,7 +36,8 @@ def test_tradeoff_bytes_has_front_band_and_sweet_spot():
     assert list(configs.error_y.arrayminus)[2] == pytest.approx(0.5 - by_name["int2"].ci_low)
     # int2 (fewest bytes) and int4 (baseline accuracy at a quarter of the bytes) dominate the rest
     front = _trace(fig, "Pareto front")
-    assert list(front.x) == pytest.approx([by_name["int2"].physical_kv_bytes / MIB, by_name["int4"].physical_kv_bytes / MIB])
+    assert list(front.x) == pytest.approx([by_name["int2"].physical_kv_bytes / MIB,
+                                           by_name["int4"].physical_kv_bytes / MIB])
     assert list(front.y) == [0.5, 1.0]
     band = next(s for s in fig.layout.shapes if s.type == "rect")
     assert (band.y0, band.y1) == pytest.approx((by_name["baseline"].ci_low, by_name["baseline"].ci_high))

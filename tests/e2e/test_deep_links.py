@@ -18,8 +18,8 @@ import pytest
 from kvlab.dashboard import page_table
 from kvlab.store import Store
 from tests.dashboard_data import populate
-from tests.tune_data import populate_tune
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
+from tests.tune_data import populate_tune
 from tests.waiting import SAFETY_S
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")

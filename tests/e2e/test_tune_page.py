@@ -84,7 +84,8 @@ def test_a_finished_tune_shows_its_front_stopped_candidates_and_recommendation(s
         expect(table.locator("tr", has_text="int4/g64/r64")).to_contain_text("complete")
         # the recommendation: config, bytes, interval, how to deploy it
         expect(main.get_by_test_id("stAlertContentSuccess")).to_contain_text(re.compile(
-            r"Recommended: int4/g64/r64: 1\.593 MB KV per item .* difference -0\.050 \[-0\.236, \+0\.116\] on 20 items"))
+            r"Recommended: int4/g64/r64: 1\.593 MB KV per item .* "
+            r"difference -0\.050 \[-0\.236, \+0\.116\] on 20 items"))
         expect(main.locator("code").filter(has_text="kvlab serve --model smollm2-135m --quant int4 "
                                                     "--group-size 64 --residual-length 64")).to_have_count(1)
         expect(main.get_by_text(re.compile(r"vLLM: vLLM has no equivalent of int4"))).to_be_visible()

@@ -49,7 +49,8 @@ def test_one_server_per_config_with_bytes_from_its_start_up_log(stand_ins, kind,
     by_config = {name: [r for r in run.results if r.config_name == name] for name in ("baseline", "fp8")}
     assert all(len(rows) == 2 and all(r.error is None and r.score is not None for r in rows)
                for rows in by_config.values())
-    base, fp8_row = by_config["baseline"][0], next(r for r in by_config["fp8"] if r.item_id == by_config["baseline"][0].item_id)
+    base = by_config["baseline"][0]
+    fp8_row = next(r for r in by_config["fp8"] if r.item_id == base.item_id)
     # 8-bit pool: half the bytes per token of the 16-bit one (to the log's two decimals of GiB).
     assert fp8_row.physical_kv_bytes == pytest.approx(base.physical_kv_bytes / 2, rel=0.01)
     assert fp8_row.compression_ratio == pytest.approx(2.0) and base.compression_ratio == pytest.approx(1.0)

@@ -182,8 +182,8 @@ def test_fidelity_matches_kvpress_by_hand(engine, fresh, items, baselines, metho
 
         assert len(fidelity.kl) == len(hand.tokens), (item.item_id, method)
         assert _within(list(fidelity.kl), kl), (item.item_id, method, fidelity.kl, kl)
-        assert [a for a, c in zip(fidelity.agree, clear) if c] == [a for a, c in zip(agree, clear) if c], (
-            item.item_id, method, fidelity.agree, agree)
+        assert ([a for a, c in zip(fidelity.agree, clear, strict=True) if c]
+                == [a for a, c in zip(agree, clear, strict=True) if c]), (item.item_id, method, fidelity.agree, agree)
         checked, positions = checked + sum(clear), positions + len(clear)
 
         # a wrong computation would not pass: the reversed direction, or the KL one position off

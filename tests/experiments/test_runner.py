@@ -57,7 +57,8 @@ def test_sweep_end_to_end_is_deterministic(engine):
         first.to_dict()["summary"][1].keys()
     exported = first.to_dict()["results"]
     for baseline, row in ((exported[0], exported[1]), (exported[0], exported[2])):  # every per-token figure
-        assert len(row["extra"]["fidelity"]["kl"]) == len(row["extra"]["fidelity"]["agree"]) == baseline["output_tokens"]
+        assert (len(row["extra"]["fidelity"]["kl"]) == len(row["extra"]["fidelity"]["agree"])
+                == baseline["output_tokens"])
 
 
 @pytest.mark.parametrize("stored", [True, False])
@@ -70,7 +71,8 @@ def test_cli_run_prints_table_and_writes_json(tmp_path, capsys, engine, monkeypa
     spec_path.write_text(tomli_w.dumps(SPEC))
     database = f"sqlite:///{tmp_path / 'kvlab.sqlite'}"
     monkeypatch.setenv("KVLAB_DATABASE_URL", database)
-    monkeypatch.setattr("kvlab.experiments.submit.build_engine" if stored else "kvlab.experiments.runner.build_engine", lambda spec: engine)
+    monkeypatch.setattr("kvlab.experiments.submit.build_engine" if stored else "kvlab.experiments.runner.build_engine",
+                        lambda spec: engine)
     out = tmp_path / "run.json"
     assert main(["run", str(spec_path), "--json", str(out), "--quiet", "--limit", "1",
                  *([] if stored else ["--no-store"])]) == 0

@@ -87,6 +87,7 @@ def test_the_sweet_spot_is_the_config_every_task_accepts():
 # -- (b) the fidelity margin at its boundary, Holm across two configs ---------------------------------
 
 MAX_KL = 0.05
+KL_MARGINS = Margins(max_kl=MAX_KL)
 DEVIATIONS = [-2.0, -1.0, 0.0, 1.0, 2.0]  # item means around each config's mean, in units of SPREAD
 SPREAD = 0.004
 N = len(DEVIATIONS)
@@ -123,7 +124,7 @@ def _fidelity_rows(configs: dict[str, list[float]]) -> list[ItemResult]:
     return rows
 
 
-def _verdict(rows: list[ItemResult], config: str, margins: Margins = Margins(max_kl=MAX_KL)):
+def _verdict(rows: list[ItemResult], config: str, margins: Margins = KL_MARGINS):
     (verdict,) = judge_tasks(rows, "baseline", margins)[config]
     return verdict
 

@@ -31,7 +31,8 @@ def store(tmp_path):
 
 
 def _missing_model(spec):
-    raise ModelNotAvailableError(f"Model {spec.model!r} is not pulled yet. Get it with:  kvlab models pull {spec.model}")
+    raise ModelNotAvailableError(f"Model {spec.model!r} is not pulled yet. Get it with:  "
+                                 f"kvlab models pull {spec.model}")
 
 
 class _Faulty:
@@ -72,7 +73,8 @@ def _raise(error):
     ({"max_trials": 2.5}, "--max-trials 2.5"),
     ({"heartbeat_s": 0}, "--heartbeat-s 0"),
     ({"heartbeat_s": float("nan")}, "--heartbeat-s nan"),
-    ({"heartbeat_s": 10, "stale_after_s": 10}, "--stale-after-s 10: allowed a number in 20..604800 seconds (at least twice"),
+    ({"heartbeat_s": 10, "stale_after_s": 10},
+     "--stale-after-s 10: allowed a number in 20..604800 seconds (at least twice"),
     ({"stale_after_s": float("inf")}, "--stale-after-s inf"),
     ({"threads": 0}, "--threads 0"),
     ({"on_stale": "ignore"}, "--on-stale 'ignore': one of requeue, fail"),

@@ -235,7 +235,8 @@ def test_metrics_count_requests_tokens_and_time_to_first_token(kvlab_server, cli
     label = [("model_name", MODEL)]
     assert after[f"kvlab:time_to_first_token_seconds_count{label}"] == \
         before.get(f"kvlab:time_to_first_token_seconds_count{label}", 0) + 1
-    requests = f"kvlab:requests_total{sorted({'endpoint': '/v1/completions', 'model_name': MODEL, 'status': '200'}.items())}"
+    requests = (f"kvlab:requests_total"
+                f"{sorted({'endpoint': '/v1/completions', 'model_name': MODEL, 'status': '200'}.items())}")
     assert after[requests] == before.get(requests, 0) + 1
     assert after[f"kvlab:generation_tokens_total{label}"] - before.get(f"kvlab:generation_tokens_total{label}", 0) == 3
     assert after[f"kvlab:kv_cache_bytes{label}"] == 0  # idle: no request holds a cache now

@@ -608,7 +608,8 @@ from kvlab.store import Store, StoreLost
 from kvlab.core.tasks import TaskSpec
 path = Path(sys.argv[1])
 with Store(f"sqlite:///{path}") as store:
-    spec = ExperimentSpec(name="probe", tasks=[TaskSpec(name="passkey")], configs=[KVCacheConfig(name="int4", quant="int4")])
+    spec = ExperimentSpec(name="probe", tasks=[TaskSpec(name="passkey")],
+                          configs=[KVCacheConfig(name="int4", quant="int4")])
     store.create_experiment(spec, {})
     for file in (path, path.with_name(path.name + "-wal")):
         file.chmod(0o444)

@@ -47,7 +47,8 @@ def item(answer: str, scorer: str, **metadata) -> TaskItem:
     ("boxed", "3", " first \\boxed{3}, finally \\boxed{4}", 0.0),
     ("boxed", "42", " the answer is 42", 0.0),  # no box: 0, whatever the text says
     ("boxed", "x^2", " \\boxed{x^{2}", 0.0),  # a box never closed holds no answer
-    ("f1", "the Eiffel tower", " Eiffel tower in Paris\nmore text", pytest.approx(2 * (2 / 4) * (2 / 3) / (2 / 4 + 2 / 3))),
+    ("f1", "the Eiffel tower", " Eiffel tower in Paris\nmore text",
+     pytest.approx(2 * (2 / 4) * (2 / 3) / (2 / 4 + 2 / 3))),
     ("f1", "Eiffel tower", " Louvre", 0.0),
 ])
 def test_each_scorer_on_hand_written_outputs(scorer, answer, output, score):

@@ -124,6 +124,6 @@ def test_a_shared_context_is_prefilled_once_and_answers_as_alone(engine, multi_t
     else:
         # a conversation: the cache holds every earlier question and answer
         last = {r.config_name: r for item, r in shared if item.question_rank == 2}
-        for name, result in last.items():
+        for _name, result in last.items():
             before = sum(len(engine._encode(i.question, special=False)) for i in items)
             assert result.extra["generation_kv"]["final_tokens"] >= 384 - 10 + before

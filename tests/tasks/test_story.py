@@ -23,7 +23,8 @@ def test_a_story_config_is_judged_by_its_fidelity():
     from kvlab.experiments.analysis import decide, summarize
 
     def row(item: int, name: str, kl: float, config: dict):
-        fidelity = None if name == "baseline" else Fidelity((kl,) * 50, (kl < 0.05,) * 50, "the baseline's greedy output")
+        fidelity = (None if name == "baseline"
+                    else Fidelity((kl,) * 50, (kl < 0.05,) * 50, "the baseline's greedy output"))
         return make_result(f"story-{item}", name, task="story", score=None, config=config,
                            physical_kv_bytes=368_640_000 // (1 if name == "baseline" else 2),
                            extra={} if fidelity is None else {"fidelity": fidelity.to_dict()})

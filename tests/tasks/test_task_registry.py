@@ -1,9 +1,9 @@
 """The task registry (kvlab.tasks.registry): its entries are consistent, and an entry is all a new task needs.
 
 The end-to-end test registers a task that exists nowhere in kvlab ("echo": random words, the answer is
-the last one, its functions in this module) with nothing but an entry in ``TASKS``, and runs it through the embedded engine on the
-default model: spec validation, item generation and counting, the engine, scoring, shortcuts and the
-report all take it from the entry.
+the last one, its functions in this module) with nothing but an entry in ``TASKS``, and runs it through
+the embedded engine on the default model: spec validation, item generation and counting, the engine,
+scoring, shortcuts and the report all take it from the entry.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def echo_items(spec: TaskSpec, tokenizer, seed: int) -> list[TaskItem]:
     items = []
     for slot in item_slots("echo", spec.context_lengths, spec.items_per_length, seed):
         words = [slot.rng.choice(WORDS) for _ in range(slot.length)]
-        fitted = fit_to_length(tokenizer, slot.length, QUESTION, lambda n: " ".join(words[:n + 1]))
+        fitted = fit_to_length(tokenizer, slot.length, QUESTION, lambda n, words=words: " ".join(words[:n + 1]))
         items.append(TaskItem(
             task="echo", item_id=slot.item_id, context=fitted.context, question=QUESTION,
             answer=words[fitted.n_words], context_length=slot.length, depth=None,
@@ -97,9 +97,10 @@ def test_every_entry_names_functions_that_exist():
 
 def test_an_unknown_name_is_one_line_naming_every_registered_task(echo):
     with pytest.raises(ConfigError) as refused:
-        parse_spec({"name": "e", "tasks": [{"name": "passkey"}, {"name": "echoo"}], "configs": [{"name": "int4", "quant": "int4"}]})
-    assert str(refused.value) == ("tasks.1.name: unknown task 'echoo'; known: passkey, multikey, variable_tracking, recall, "
-                                  "story, perplexity, jsonl, echo")
+        parse_spec({"name": "e", "tasks": [{"name": "passkey"}, {"name": "echoo"}],
+                    "configs": [{"name": "int4", "quant": "int4"}]})
+    assert str(refused.value) == ("tasks.1.name: unknown task 'echoo'; known: passkey, multikey, variable_tracking, "
+                                  "recall, story, perplexity, jsonl, echo")
 
 
 def test_only_a_task_that_reads_a_file_takes_a_path(echo):
