@@ -15,6 +15,8 @@ started=$SECONDS
 step "kvlab and its test tools (scripts/setup.sh --dev)"
 scripts/setup.sh --dev
 . .venv/bin/activate
+step "the linter (ruff check, configured in pyproject.toml)"
+ruff check --quiet .
 
 if [ "$fast" = 1 ]; then
   # What needs a model, an engine, a browser or a database server is left to the whole suite; the

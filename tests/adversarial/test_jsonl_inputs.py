@@ -191,6 +191,7 @@ def test_a_bad_limit_setting_is_one_line(tmp_path):
                    "KVLAB_MAX_JSONL_MB must be a positive number, got '-3'")
 
 
+@pytest.mark.model
 def test_a_prompt_longer_than_the_model_context_is_refused(tmp_path):
     from kvlab.models import DEFAULT_MODEL, pull_model
 

@@ -23,6 +23,8 @@ import pytest
 from kvlab.store import Store
 from tests.waiting import SAFETY_S
 
+pytestmark = pytest.mark.model  # each case is a whole `kvlab run` that reads real weights with transformers
+
 ROOT = Path(__file__).resolve().parents[2]
 #: A small Llama config: what transformers needs to try the weights.
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,

@@ -82,6 +82,7 @@ def test_kvlab_run_on_a_closed_port_is_refused_at_once(closed_port, tmp_path):
     assert "Connection refused" in line and "ray start --head" in line
 
 
+@pytest.mark.server
 def test_kvlab_run_on_a_port_that_never_answers_is_refused_within_the_probe_timeout(closed_port, silent_port,
                                                                                      tmp_path):
     """Bounded: the silent address costs at most the probe's two timeouts more than a refused one

@@ -219,6 +219,7 @@ def test_a_url_password_in_a_spec_is_refused_before_anything_is_stored(lab: Lab)
     assert lab.leaks(PASSWORD) == []
 
 
+@pytest.mark.server
 def test_a_url_password_never_leaks_and_requests_carry_the_key(lab: Lab, endpoint: EchoingServer):
     # Two experiments from KVLAB_BASE_URL (user:password inside): one whose items the server refuses
     # (HTTP 400: item errors), one whose endpoint fails (HTTP 500: the batch's error, events, worker log).

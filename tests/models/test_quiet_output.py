@@ -37,6 +37,7 @@ def convert_and_load(gguf: Path, home: Path, verbose: bool) -> str:
     return done.stdout + done.stderr
 
 
+@pytest.mark.model
 def test_conversion_prints_steps_not_tensors(gguf, tmp_path):
     quiet = convert_and_load(gguf, tmp_path / "quiet", verbose=False)
     assert "Loading and dequantizing tiny.gguf" in quiet and "Verifying" in quiet  # kvlab's steps
