@@ -48,7 +48,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     serve.add_argument("--port", type=int_between(1, 65535), default=8000)
     serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
-                       help="without an API key, a Host name answered besides the address's own (repeatable)")
+                       help="a Host name answered besides the address's own (repeatable); without an API key "
+                            "only those names are answered, and with one too once this is given")
     serve.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     serve.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: float32 on CPU")
     serve.add_argument("--api-key-env", metavar="VAR",
@@ -139,7 +140,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     served = ServedModel(engine, args.served_model_name or args.model, config)
     print(f"serving {served.name} on http://{args.host}:{args.port}/v1 with KV cache {config.label}",
           file=sys.stderr, flush=True)
-    allowed_hosts = None if api_key else names_of(args.host) | set(args.allowed_host)  # DNS rebinding
+    # Without a key, only this address's names (DNS rebinding); with one, any name unless --allowed-host is given.
+    allowed_hosts = names_of(args.host) | set(args.allowed_host) if args.allowed_host or not api_key else None
     serve(create_app(served, api_key, max_body_bytes=int(args.max_body_mb * 1024 * 1024),
                      allowed_hosts=allowed_hosts), served, args.host, args.port)
     return 0
