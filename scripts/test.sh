@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set everything up and run the tests (the README's test command; CI runs it too).
-#   scripts/test.sh           # the whole suite: real model, PostgreSQL, chromium, a real vLLM
+#   scripts/test.sh           # the whole suite: mypy, real model, PostgreSQL, chromium, a real vLLM
 #   scripts/test.sh --fast    # the unit tests only: no model, engine, browser or database server (minutes)
 #   scripts/test.sh [--fast] -- PYTEST_ARGS...
 # One line per step. What it starts (PostgreSQL) it stops when it exits: on success, failure and Ctrl-C.
@@ -23,12 +23,15 @@ if [ "$fast" = 1 ]; then
   # markers are set in tests/conftest.py (a test that uses the model's fixtures is a `model` test).
   step "the fast tier (pytest -m 'not model and not e2e and not server')"
   python -m pytest -q -m "not model and not e2e and not server" "$@"
+  # the type checker is the whole suite's (a cold check takes about a minute on 2 cores)
   step "done in $((SECONDS - started)) s"
   exit 0
 fi
 
 # Everything below is required: a test that would skip for want of it fails instead (KVLAB_STRICT_TESTS).
 export KVLAB_STRICT_TESTS=1
+step "the type checker (mypy on kvlab/, configured in pyproject.toml)"
+mypy --no-error-summary
 pull_log="${TMPDIR:-/tmp}/kvlab-test-pull.log"
 step "the second model (gemma3-270m; its progress in $pull_log)"
 kvlab models pull gemma3-270m >"$pull_log" 2>&1 || { echo "test.sh: could not pull gemma3-270m:" >&2; tail -n 5 "$pull_log" >&2; exit 1; }

@@ -11,7 +11,7 @@ import json
 import shlex
 import sys
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from kvlab.cli import exits as cli_exit
 from kvlab.cli.doctor import add_doctor_parser
@@ -27,6 +27,10 @@ from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import install_log_redaction
 from kvlab.spec_files import load_spec
 from kvlab.threads import share_cores
+
+if TYPE_CHECKING:
+    from kvlab.experiments.runner import ExperimentRun
+    from kvlab.experiments.submit import Executor
 
 VERBOSE_HELP = "show the libraries' logs and per-file progress bars (also: KVLAB_VERBOSE=1)"
 #: Measured on a 2-core machine: 5.5 s for a bare load when idle, 9 s within `kvlab run examples/tiny.toml` when busy.
@@ -96,7 +100,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                   f"/experiment?id={experiment_id}", file=sys.stderr)
 
         options = {"limit": args.limit, "progress": not args.quiet, "starting": starting, "announce": announce}
-        executor = InThisProcess(**options)
+        executor: Executor[ExperimentRun] = InThisProcess(**options)
         if on_ray:  # the same contract, on the cluster
             from kvlab.experiments.ray_run import OnRay
 

@@ -81,8 +81,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
                     help="share each layer's budget out across its KV heads (adakv, critical_adakv; default uniform)")
     kv.add_argument("--alpha-safeguard", type=float_between(0.0, 1.0),
                     help="with --heads: each head keeps at least this share of an equal split (default 0.2)")
-    for name, (kind, help_text) in DECODE_FLAGS.items():
-        kv.add_argument(f"--decode-{name.replace('_', '-')}", dest=f"decode_{name}", type=kind, help=help_text)
+    for name, (parse, help_text) in DECODE_FLAGS.items():
+        kv.add_argument(f"--decode-{name.replace('_', '-')}", dest=f"decode_{name}", type=parse, help=help_text)
     serve.set_defaults(func=cmd_serve)
 
 

@@ -47,12 +47,13 @@ def _spec(args: argparse.Namespace) -> tuple[ExperimentSpec | None, list[str]]:
     spec, warnings = load_spec(args.spec)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    if spec.tune is None:
+    tune = spec.tune
+    if tune is None:
         raise cli_exit.UserError(f"{args.spec}: no [tune] table: `kvlab run` runs a fixed list of configs; "
                                  "examples/tune.toml shows a search space")
-    spec = spec.model_copy(update=margin_overrides(args))
+    spec = spec.model_copy(update=margin_overrides(args))  # the margins (MARGIN_OPTIONS), never the tune table
     if args.max_trials is not None:
-        spec = spec.model_copy(update={"tune": spec.tune.model_copy(update={"max_trials": args.max_trials})})
+        spec = spec.model_copy(update={"tune": tune.model_copy(update={"max_trials": args.max_trials})})
     return spec, warnings
 
 
@@ -67,8 +68,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise cli_exit.UserError("--executor ray drives the cluster from here: drop --background")
     json_out = check_output(args.json, "--json", create_parents=True) if args.json else None
     if args.background:
-        started = _start_background(spec, warnings, args.resume)
-        print(f"tune started in the background; log: {started.log}; the dashboard lists it under Experiments",
+        background = _start_background(spec, warnings, args.resume)
+        print(f"tune started in the background; log: {background.log}; the dashboard lists it under Experiments",
               file=sys.stderr)
         return 0
     from kvlab.experiments.submit import submit

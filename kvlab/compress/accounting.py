@@ -47,7 +47,7 @@ def baseline_kv_bytes(geometry: CacheGeometry, tokens: int) -> int:
     return sum(per_token * (tokens if w is None else min(tokens, w)) for w in geometry.layer_windows)
 
 
-def compression_ratio(baseline_bytes: int, physical_bytes: int) -> float:
+def compression_ratio(baseline_bytes: float, physical_bytes: float) -> float:
     return baseline_bytes / physical_bytes if physical_bytes else float("inf")
 
 

@@ -12,7 +12,7 @@ layer keeps its own number of tokens and holds those alone (:class:`HeadwiseLaye
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
@@ -183,6 +183,9 @@ class HeadwiseLayer(_FullAttentionLayer):
 class SlidingLayer16(DynamicSlidingWindowLayer):
     """A sliding-window layer stored at 16-bit, returned at the compute dtype."""
 
+    keys: torch.Tensor  # set in __init__, never None (the base class's are until its lazy initialization)
+    values: torch.Tensor
+
     def __init__(self, sliding_window: int, keys: torch.Tensor, values: torch.Tensor, seen_tokens: int):
         super().__init__(sliding_window)
         self.compute_dtype = keys.dtype
@@ -210,6 +213,12 @@ class SlidingLayer16(DynamicSlidingWindowLayer):
         return _nbytes(self.keys) + _nbytes(self.values)
 
 
+#: A layer of a :class:`KVLabCache`.
+KVLabLayer = CompressedLayer | HeadwiseLayer | SlidingLayer16
+#: A layer's kept keys and values: one tensor each, or one per KV head (a head-wise budget).
+LayerKV = tuple[torch.Tensor, torch.Tensor] | tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]
+
+
 class KVLabCache(Cache):
     """A cache of compressed layers; build it with :func:`build_compressed_cache`."""
 
@@ -217,38 +226,44 @@ class KVLabCache(Cache):
         super().__init__(layers=layers)
 
     @property
+    def kv_layers(self) -> list[KVLabLayer]:
+        """``layers`` as the type checker should see them: kvlab's own, each measured."""
+        return cast("list[KVLabLayer]", self.layers)  # built by build_compressed_cache alone
+
+    @property
     def physical_bytes(self) -> int:
         """Measured: the sum of ``nbytes`` of every tensor the cache holds."""
-        return sum(layer.physical_bytes for layer in self.layers)
+        return sum(layer.physical_bytes for layer in self.kv_layers)
 
     @property
     def peak_bytes(self) -> int:
         """The sum over layers of each layer's largest measured size since it was built."""
-        return sum(layer.peak_bytes for layer in self.layers)
+        return sum(layer.peak_bytes for layer in self.kv_layers)
 
     def tokens_before_flush(self) -> int | None:
         """The fewest of any layer (:meth:`CompressedLayer.tokens_before_flush`); None when none flushes."""
-        limits = [n for layer in self.layers if isinstance(layer, _FullAttentionLayer)
+        limits = [n for layer in self.kv_layers if isinstance(layer, _FullAttentionLayer)
                   and (n := layer.tokens_before_flush()) is not None]
         return min(limits, default=None)
 
     def kept_per_head(self) -> list[tuple[int, ...]]:
         """Tokens each KV head of each layer holds (a sliding layer: at most its window - 1)."""
-        return [layer.kept_per_head() for layer in self.layers]
+        return [layer.kept_per_head() for layer in self.kv_layers]
 
 
-def build_compressed_cache(config: KVCacheConfig,
-                           layer_kv: list[tuple[torch.Tensor | tuple[torch.Tensor, ...], ...]],
+def build_compressed_cache(config: KVCacheConfig, layer_kv: list[LayerKV],
                            layer_windows: tuple[int | None, ...], seen_tokens: int) -> KVLabCache:
     """Build a cache from per-layer (already evicted) K/V, per head where a head-wise budget gave each
     head its own tokens, each layer in its config's format for it; the inputs are not modified."""
     layers: list[CacheLayerMixin] = []
-    for index, ((keys, values), window) in enumerate(zip(layer_kv, layer_windows, strict=True)):
+    for index, (kv, window) in enumerate(zip(layer_kv, layer_windows, strict=True)):
         layer_config = config.for_layer(index, len(layer_kv))  # a skipped layer is stored 16-bit
         if window is not None:
+            # never evicted (eviction.select_tokens skips sliding layers): the prefill's tensors
+            keys, values = cast(tuple[torch.Tensor, torch.Tensor], kv)
             layers.append(SlidingLayer16(window, keys, values, seen_tokens))
-        elif isinstance(keys, tuple):
-            layers.append(HeadwiseLayer(layer_config, keys, values))
+        elif isinstance(kv[0], tuple):
+            layers.append(HeadwiseLayer(layer_config, *kv))
         else:
-            layers.append(CompressedLayer(layer_config, keys, values))
+            layers.append(CompressedLayer(layer_config, *kv))
     return KVLabCache(layers)

@@ -22,7 +22,7 @@ import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from kvpress import ScorerPress
@@ -30,7 +30,7 @@ from kvpress.utils import compute_n_kept
 from torch import nn
 
 from kvlab.compress.cache import CompressedLayer, KVLabCache
-from kvlab.compress.eviction import gather_tokens, make_press, ratio_keeping, share_rotary_embedding
+from kvlab.compress.eviction import AttentionModule, gather_tokens, make_press, ratio_keeping, share_rotary_embedding
 from kvlab.core.kv_config import DecodePolicy, KVCacheConfig
 from kvlab.core.methods import METHODS
 
@@ -53,6 +53,7 @@ class _Tracked:
         """Tokens to keep when the pass's last token sits at sequence ``position``."""
         if self.policy.target_tokens is not None:
             return self.policy.target_tokens
+        assert self.policy.ratio is not None  # DecodePolicy holds exactly one of the two
         return max(1, int((position + 1) * (1 - self.policy.ratio)))
 
 
@@ -68,7 +69,7 @@ class DecodeCompressor:
     ``track`` each cache (or ``fork`` a copy of one), then run the passes inside :meth:`attached`.
     Passes over caches it does not track, and sliding-window layers, are left alone."""
 
-    def __init__(self, model: nn.Module, modules: Sequence[nn.Module], skip_layers: Sequence[bool], seed: int):
+    def __init__(self, model: nn.Module, modules: Sequence[AttentionModule], skip_layers: Sequence[bool], seed: int):
         self.model = model
         self.modules = list(modules)
         self.skip_layers = tuple(skip_layers)
@@ -105,7 +106,7 @@ class DecodeCompressor:
                 handle.remove()
 
     @torch.no_grad()
-    def _hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _hook(self, module: AttentionModule, args: tuple, kwargs: dict, output: Any) -> None:
         cache = kwargs["past_key_values"]
         members: list[KVLabCache] = list(getattr(cache, "members", [cache]))
         clock = getattr(cache, "clock", None)
@@ -118,7 +119,7 @@ class DecodeCompressor:
             if clock is not None:
                 clock.charge(row, start)
 
-    def _step(self, module: nn.Module, state: _Tracked, cache: KVLabCache, row: int, kwargs: dict) -> None:
+    def _step(self, module: AttentionModule, state: _Tracked, cache: KVLabCache, row: int, kwargs: dict) -> None:
         """kvpress's ``DecodingPress.forward_hook`` for one member's row of the pass."""
         layer = module.layer_idx
         hidden = kwargs["hidden_states"][row:row + 1]
@@ -133,13 +134,16 @@ class DecodeCompressor:
         target = state.target(position)
         # kvpress also compresses a pass that alone brings the target or more (a long question)
         if state.steps[layer] >= state.policy.interval or (q_len >= target and not state.count_tokens):
-            self._compress(module, state, cache.layers[layer], torch.cat(buffer, dim=1), target, row, kwargs)
+            # a full-attention layer (sliding ones are not hooked) of one count per head (a decode policy refuses
+            # head-wise budgets)
+            compressed = cast(CompressedLayer, cache.layers[layer])
+            self._compress(module, state, compressed, torch.cat(buffer, dim=1), target, row, kwargs)
             state.steps[layer] = 0
             buffer.clear()
         size = state.policy.buffer
         state.buffers[layer] = buffer[-size:] if size > 0 else []
 
-    def _compress(self, module: nn.Module, state: _Tracked, layer: CompressedLayer, hidden: torch.Tensor,
+    def _compress(self, module: AttentionModule, state: _Tracked, layer: CompressedLayer, hidden: torch.Tensor,
                   target: int, row: int, kwargs: dict) -> None:
         keys, values = layer.materialize()
         if keys.shape[-2] <= target:  # kvpress: a ratio of 0, nothing removed

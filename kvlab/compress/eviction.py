@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import torch
 from kvpress import DecodingPress, KVzipPress, ScorerPress
@@ -31,6 +31,9 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.methods import HEAD_BUDGETS, METHODS, UNIFORM_HEADS, Method
 from kvlab.core.results import KeptPositions
+
+if TYPE_CHECKING:
+    from kvlab.compress.cache import LayerKV
 
 #: Per layer, the kept token indices: ``[B, kv_heads, k]`` (every head keeps k), one ``[1, 1, k_h]``
 #: per head (a head-wise budget), or None (everything kept).
@@ -93,12 +96,25 @@ def _config_press(config: KVCacheConfig, removed: float) -> ScorerPress:
     return make_press(method, {f: getattr(config, f) for f in method.params} | {"removed": removed}, seed=0)
 
 
+class AttentionModule(nn.Module):
+    """A decoder layer's attention module (transformers' own class, never this one) as kvlab reads it: the plain
+    attributes that transformers, kvpress and kvlab set on it, which ``nn.Module.__getattr__`` (typed as
+    returning a tensor or a module) would hide from the type checker."""
+
+    layer_idx: int
+    kvlab_return_weights: bool  # kvlab.engines.attention: also return the attention summed over queries
+    kvlab_weights_s: float  # the seconds that sum took
+    masked_key_indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # set by kvpress's presses
+
+
 def _decoder(model: nn.Module) -> nn.Module:
-    return model.model.language_model if hasattr(model.model, "language_model") else model.model
+    # submodules (nn.Module.__getattr__ is typed as returning a tensor or a module)
+    return cast(nn.Module, model.model.language_model if hasattr(model.model, "language_model") else model.model)
 
 
-def attention_modules(model: nn.Module) -> list[nn.Module]:
-    return [layer.self_attn for layer in _decoder(model).layers]
+def attention_modules(model: nn.Module) -> list[AttentionModule]:
+    layers = cast(nn.ModuleList, _decoder(model).layers)
+    return [cast(AttentionModule, layer.self_attn) for layer in layers]
 
 
 def share_rotary_embedding(model: nn.Module) -> None:
@@ -137,7 +153,7 @@ def collect_scores(model: nn.Module, keys: set[ScorerKey], seed: int,
     want_weights = any(k.method in NEEDS_ATTENTION_WEIGHTS for k in keys)
     global_rng = {k for k in keys if METHODS[k.method].global_rng}
 
-    def hook(module: nn.Module, args: tuple, kwargs: dict, output: tuple) -> None:
+    def hook(module: AttentionModule, args: tuple, kwargs: dict, output: tuple) -> None:
         layer = module.layer_idx
         cache = kwargs["past_key_values"].layers[layer]
         for key, scorer in scorers.items():
@@ -225,7 +241,7 @@ def _record_replay(collected: CollectedScores, key: ScorerKey, scorer: _KVzipSco
     collected.scores[key] = [] if scores is None else [layer.float() for layer in scores]
 
 
-def _replayed_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor], modules: list[nn.Module],
+def _replayed_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor], modules: list[AttentionModule],
                      removed: float) -> list[tuple[torch.Tensor, ...]]:
     """Each layer's per-head kept indices under one budget shared across every layer and head: kvpress's own
     ``KVzipPress.compress_post`` on the replay's scores, read from the entries it would mask."""
@@ -239,6 +255,7 @@ def _replayed_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor], mo
         KVzipPress.compress_post(press, layers)
         for module in modules:
             keep = torch.ones(heads, tokens, dtype=torch.bool, device=device)
+            assert module.masked_key_indices is not None  # compress_post sets them on every layer
             _, head_index, token_index = module.masked_key_indices  # kvpress keeps them on the CPU
             keep[head_index.to(device), token_index.to(device)] = False
             kept.append(tuple(row.nonzero().flatten().view(1, 1, -1) for row in keep))
@@ -251,7 +268,7 @@ def _replayed_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor], mo
 def ratio_keeping(length: int, count: int) -> float:
     """The compression ratio that keeps exactly ``count`` of ``length`` tokens through kvpress's rounding:
     kvpress's own search (``DecodingPress._find_target_compression_ratio``, which never reads its instance)."""
-    return DecodingPress._find_target_compression_ratio(None, length, count)  # type: ignore[arg-type]
+    return DecodingPress._find_target_compression_ratio(None, length, count)
 
 
 def _protect(scores: torch.Tensor, evictable: int) -> torch.Tensor:
@@ -285,7 +302,7 @@ class _GivenScores(ScorerPress):
         return self.scores.clone()  # kvpress's head-wise presses write into the scores they are given
 
 
-def headwise_tokens(config: KVCacheConfig, module: nn.Module, scores: torch.Tensor, keys: torch.Tensor,
+def headwise_tokens(config: KVCacheConfig, module: AttentionModule, scores: torch.Tensor, keys: torch.Tensor,
                     values: torch.Tensor, n_kept: int, protected: int) -> tuple[torch.Tensor, ...]:
     """Each head's kept indices ``[1, 1, k_h]``, in position order, under ``config``'s head-wise budget.
 
@@ -298,11 +315,13 @@ def headwise_tokens(config: KVCacheConfig, module: nn.Module, scores: torch.Tens
         raise ValueError(f"a head-wise budget is applied to one sequence at a time, got a batch of {batch}")
     keep = torch.ones(heads, evictable, dtype=torch.bool, device=scores.device)
     if n_kept < evictable:
-        press = _kvpress_class(HEAD_BUDGETS[config.heads].press)(press=_GivenScores(scores),
-                                                                  alpha_safeguard=config.alpha_safeguard)
+        press_name = HEAD_BUDGETS[config.heads].press
+        assert press_name is not None  # only a head-wise budget (config.heads != UNIFORM_HEADS) comes here
+        press = _kvpress_class(press_name)(press=_GivenScores(scores), alpha_safeguard=config.alpha_safeguard)
         press.compression_ratio = ratio_keeping(evictable, n_kept)
         try:
             press.compress(module, None, keys, values, None, {})
+            assert module.masked_key_indices is not None  # a head-wise press's compress sets them
             _, head_index, token_index = module.masked_key_indices
         finally:
             module.masked_key_indices = None
@@ -312,7 +331,7 @@ def headwise_tokens(config: KVCacheConfig, module: nn.Module, scores: torch.Tens
 
 
 def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None], layer_keys: list[torch.Tensor],
-                  layer_values: list[torch.Tensor], modules: list[nn.Module], evictable: int,
+                  layer_values: list[torch.Tensor], modules: list[AttentionModule], evictable: int,
                   skip_layers: tuple[bool, ...]) -> list[Kept]:
     """Per layer, the kept token indices (:data:`Kept`).
 
@@ -327,32 +346,34 @@ def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None]
         return kept
     protected = layer_keys[active[0]].shape[-2] - evictable
     if config.threshold is not None:
-        standardized = {i: _standardized(layer_scores[i], evictable) for i in active}
+        standardized = {i: _standardized(_scores_of(layer_scores, i), evictable) for i in active}
         pooled = torch.cat([s.flatten() for s in standardized.values()])
         cut = torch.quantile(pooled.double()[:: max(1, pooled.numel() // 2_000_000)], config.threshold).item()
         for i in active:
             n_kept = max(1, round((standardized[i] > cut).sum(dim=-1).float().mean().item()))
-            kept[i] = _top_indices(_protect(layer_scores[i], evictable), n_kept + protected)
+            kept[i] = _top_indices(_protect(_scores_of(layer_scores, i), evictable), n_kept + protected)
         return kept
     removed = config.removed_fraction
     method = METHODS[config.evict]
-    if method.replays_context:  # one budget across every layer and head (query-aware is refused: nothing protected)
-        for i, layer_kept in zip(active, _replayed_tokens(config, [layer_scores[i] for i in active],
-                                                          [modules[i] for i in active], removed), strict=True):
-            kept[i] = layer_kept
-        return kept
     count = None
     if config.keep_tokens is not None:  # a count: the protected tokens among it, never no context token
         count = max(1, min(evictable, config.keep_tokens - protected))
         removed = ratio_keeping(evictable, count)  # positional scores and per-layer budgets read a ratio
+    assert removed is not None  # one budget, not a threshold (above): a fraction, or a count as its ratio
+    if method.replays_context:  # one budget across every layer and head (query-aware is refused: nothing protected)
+        # (KVzip takes fraction budgets only: no count above)
+        for i, layer_kept in zip(active, _replayed_tokens(config, [_scores_of(layer_scores, i) for i in active],
+                                                          [modules[i] for i in active], removed), strict=True):
+            kept[i] = layer_kept
+        return kept
     press = _config_press(config, removed) if method.scorer is None or method.layer_budgets else None
     for i in active:
-        if method.scorer is None:  # positional: scored here, on the evictable tokens only
+        if method.scorer is None and press is not None:  # positional: scored here, on the evictable tokens only
             scores = press.score(modules[i], None, layer_keys[i][:, :, :evictable], None, None, {})
             scores = torch.cat([scores, scores.new_ones(*scores.shape[:-1], protected)], dim=-1)
         else:
-            scores = layer_scores[i]
-        if method.layer_budgets:
+            scores = _scores_of(layer_scores, i)
+        if method.layer_budgets and press is not None:
             n_kept = press.get_layer_budget(modules[i], evictable)
         else:
             n_kept = count if count is not None else compute_n_kept(evictable, removed)
@@ -364,6 +385,25 @@ def select_tokens(config: KVCacheConfig, layer_scores: list[torch.Tensor | None]
     return kept
 
 
+def _scores_of(layer_scores: list[torch.Tensor | None], layer: int) -> torch.Tensor:
+    """A layer's prefill scores, which every layer :func:`select_tokens` evicts from has (a scored method)."""
+    scores = layer_scores[layer]
+    assert scores is not None, f"no prefill scores for layer {layer}"
+    return scores
+
+
+@overload
+def gather_tokens(tensor: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor: ...
+
+
+@overload
+def gather_tokens(tensor: torch.Tensor, indices: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]: ...
+
+
+@overload
+def gather_tokens(tensor: torch.Tensor, indices: Kept) -> torch.Tensor | tuple[torch.Tensor, ...]: ...
+
+
 def gather_tokens(tensor: torch.Tensor, indices: Kept) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """``tensor[b, h, indices[b, h], :]`` (per head: one ``[B, 1, k_h, D]`` each); new tensors, the
     input is not modified."""
@@ -372,6 +412,13 @@ def gather_tokens(tensor: torch.Tensor, indices: Kept) -> torch.Tensor | tuple[t
     if isinstance(indices, tuple):
         return tuple(gather_tokens(tensor[:, head:head + 1], index) for head, index in enumerate(indices))
     return tensor.gather(2, indices.unsqueeze(-1).expand(-1, -1, -1, tensor.shape[-1]))
+
+
+def gather_layer(keys: torch.Tensor, values: torch.Tensor, indices: Kept) -> LayerKV:
+    """A layer's kept keys and values (:func:`gather_tokens`), per head under a head-wise budget."""
+    if isinstance(indices, tuple):  # the same calls either way: each branch types one form of LayerKV
+        return gather_tokens(keys, indices), gather_tokens(values, indices)
+    return gather_tokens(keys, indices), gather_tokens(values, indices)
 
 
 def kept_positions(kept: list[Kept], tokens: int, layer_windows: tuple[int | None, ...],

@@ -106,5 +106,6 @@ def dequantize(block: QuantizedBlock, dtype: torch.dtype) -> torch.Tensor:
         grouped = codes.reshape(batch, heads, tokens // block.group, block.group, head_dim)
     else:
         grouped = codes.reshape(batch, heads, tokens, head_dim // block.group, block.group)
+    assert block.zero is not None  # an int format: quantize() gives it its zero points
     values = grouped * block.scale.float() + block.zero.float()
     return values.reshape(batch, heads, tokens, head_dim).to(dtype)

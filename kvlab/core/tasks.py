@@ -325,6 +325,13 @@ TASKS: dict[str, Task] = {t.name: t for t in (
 )}
 
 
+def task_new_tokens(task: str) -> int:
+    """``default_new_tokens`` of a task that has one (the generators of fixed-length answers)."""
+    tokens = TASKS[task].default_new_tokens
+    assert tokens is not None, f"task {task!r} has no default_new_tokens"
+    return tokens
+
+
 def chance_floor_text(task: str) -> str:
     """What answering ``task`` without doing it scores, in words ("-" for a task not registered,
     e.g. one of stored results that this version no longer has)."""

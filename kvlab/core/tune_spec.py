@@ -14,7 +14,8 @@ Pure data and validation: nothing here imports torch or optuna (``kvlab show`` r
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -152,7 +153,7 @@ class TuneSpec(BaseModel):
                            skip_layers=space_tables(self.skip_layers))
 
 
-def _shown(values: list[object]) -> str:
+def _shown(values: Sequence[object]) -> str:
     """A list as a message quotes it: a spec may hold thousands of values."""
     text = repr(values)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -163,7 +164,7 @@ def grid_points(tune: TuneSpec) -> int:
     return tune.space().size()
 
 
-def candidate_grid(tune: TuneSpec) -> list[dict[str, object]]:
+def candidate_grid(tune: TuneSpec) -> list[dict[str, Any]]:
     """Every point of the space as ``KVCacheConfig`` fields, the baseline excluded (it always runs)."""
     return list(tune.space().points())
 

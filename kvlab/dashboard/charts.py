@@ -12,7 +12,7 @@ import statistics
 import textwrap
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -31,7 +31,7 @@ ACCURACY_TITLE = "accuracy (fraction correct, 95% CI)"
 PHASE_COLORS = {"load": "#9e9e9e", "prefill": "#1f77b4", "compress": "#ff7f0e", "decode": "#2ca02c",
                 "score": "#9467bd", "idle": "#d3d3d3",
                 "launch": "#8c564b", "request": "#17becf"}  # launch/request: a server kvlab launched or calls
-_LAYOUT = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
+_LAYOUT: dict[str, Any] = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
 
 
 def plotly_text(text: str) -> str:
@@ -42,7 +42,7 @@ def plotly_text(text: str) -> str:
     return html.escape(str(text), quote=False)
 
 
-def _ok(value: float | None) -> bool:
+def _ok(value: float | None) -> TypeGuard[float]:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
@@ -209,9 +209,12 @@ def breakdown_figure(groups: Mapping[Any, Sequence[ConfigSummary]], dimension: s
         fig.add_trace(go.Bar(
             name=plotly_text(name), x=labels,
             y=[s.accuracy if s is not None and _ok(s.accuracy) else None for s in rows],
+            # (an accuracy's interval is set with it: analysis.summarize)
             error_y={"type": "data", "symmetric": False,
-                     "array": [s.ci_high - s.accuracy if s is not None and _ok(s.accuracy) else 0 for s in rows],
-                     "arrayminus": [s.accuracy - s.ci_low if s is not None and _ok(s.accuracy) else 0 for s in rows]}))
+                     "array": [cast(float, s.ci_high) - s.accuracy if s is not None and _ok(s.accuracy) else 0
+                               for s in rows],
+                     "arrayminus": [s.accuracy - cast(float, s.ci_low) if s is not None and _ok(s.accuracy) else 0
+                                    for s in rows]}))
     unit = "context length (tokens)" if dimension == "context length" else dimension
     fig.update_layout(title=f"Accuracy by {dimension}", barmode="group", xaxis_title=unit,
                       yaxis_title=ACCURACY_TITLE, **_LAYOUT)
@@ -296,7 +299,7 @@ def needle_heatmap(results: Sequence[ItemResult], config_name: str) -> go.Figure
     """Mean score per (needle depth, context length) of one config: where in the context it loses the needle."""
     cells: dict[tuple[float, int], list[float]] = defaultdict(list)
     for r in results:
-        if r.config_name == config_name and _is_needle(r):
+        if r.config_name == config_name and _is_needle(r) and r.depth is not None and r.score is not None:
             cells[(round(r.depth, 3), r.context_length)].append(r.score)
     depths = sorted({d for d, _ in cells})
     lengths = sorted({n for _, n in cells})
@@ -318,10 +321,10 @@ def item_kl_figure(results: Sequence[ItemResult], item_id: str) -> go.Figure:
     """One item's KL(baseline || config) at each token it was teacher-forced on, one line per config
     whose fidelity was measured there; a cross marks each config's first divergence (the first token
     whose top-1 differs from the baseline's: where its own greedy output would leave the baseline's)."""
-    rows = [r for r in results if r.item_id == item_id and r.fidelity is not None]
+    rows = [(r.config_name, r.fidelity) for r in results if r.item_id == item_id and r.fidelity is not None]
     fig = go.Figure()
-    for index, row in enumerate(rows):
-        fidelity, color, name = row.fidelity, _PALETTE[index % len(_PALETTE)], plotly_text(row.config_name)
+    for index, (config_name, fidelity) in enumerate(rows):
+        color, name = _PALETTE[index % len(_PALETTE)], plotly_text(config_name)
         # the name through %{fullData.name}, never inside the template, where "%{" in a name would be read
         fig.add_trace(go.Scatter(
             name=name, legendgroup=name, x=list(range(fidelity.tokens)), y=list(fidelity.kl), mode="lines+markers",
@@ -334,7 +337,7 @@ def item_kl_figure(results: Sequence[ItemResult], item_id: str) -> go.Figure:
                 name=f"{name}: first divergence", legendgroup=name, showlegend=False, x=[at], y=[fidelity.kl[at]],
                 mode="markers", marker={"symbol": "x", "size": 13, "color": color, "line": {"width": 1}},
                 hovertemplate="%{fullData.name} at token %{x}<extra></extra>"))
-    teacher = rows[0].fidelity.teacher if rows else "the baseline's tokens"
+    teacher = rows[0][1].teacher if rows else "the baseline's tokens"
     fig.update_layout(title=f"KL along the tokens of {plotly_text(item_id)}", legend_title_text="config",
                       xaxis_title=f"token position (teacher-forced on {teacher})",
                       yaxis_title="KL(baseline || config) (nats)", **_LAYOUT)
@@ -392,12 +395,12 @@ def gpu_figure(samples: Sequence[TelemetrySample]) -> go.Figure:
         if not shown:
             continue
         util = [s for s in shown if s.gpu_utilization is not None]
-        memory = [s for s in shown if s.gpu_memory_used_bytes is not None]
+        memory = [(s.ts, used) for s in shown if (used := s.gpu_memory_used_bytes) is not None]
         fig.add_trace(go.Scatter(name=phase, legendgroup=phase, x=[s.ts - t0 for s in util],
                                  y=[s.gpu_utilization for s in util], mode="markers",
                                  marker={"color": color, "size": 6}), row=1, col=1)
-        fig.add_trace(go.Scatter(name=phase, legendgroup=phase, showlegend=False, x=[s.ts - t0 for s in memory],
-                                 y=[s.gpu_memory_used_bytes / MIB for s in memory], mode="markers",
+        fig.add_trace(go.Scatter(name=phase, legendgroup=phase, showlegend=False, x=[ts - t0 for ts, _ in memory],
+                                 y=[used / MIB for _, used in memory], mode="markers",
                                  marker={"color": color, "size": 6}), row=2, col=1)
     fig.update_yaxes(title_text="utilization (%)", range=[0, 105], row=1, col=1)
     fig.update_yaxes(title_text="memory (MiB)", rangemode="tozero", row=2, col=1)

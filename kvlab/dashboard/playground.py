@@ -73,7 +73,9 @@ class PlaygroundView:
     @classmethod
     def from_params(cls, query: Mapping[str, str | list[str]]) -> tuple[PlaygroundView, list[str]]:
         """The view of a link, and what in it was unreadable (left at its default, each said in one line)."""
-        default, values, problems = cls(), {}, []
+        default = cls()
+        values: dict[str, Any] = {}
+        problems: list[str] = []
         for item in fields(cls):
             if item.name not in query:
                 continue

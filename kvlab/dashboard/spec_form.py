@@ -30,7 +30,8 @@ from kvlab.tasks.data_dir import checked_data_file
 
 #: Columns of the configs table, in the order shown; other KVCacheConfig fields are kept as they are.
 #: A config's nested tables (a decode policy, the 16-bit layers) as ``<prefix>_<field>`` columns.
-NESTED_COLUMNS = {"decode": ("decode_", DecodePolicy), "skip_layers": ("skipped_", SkipLayers)}
+NESTED_COLUMNS: dict[str, tuple[str, type[DecodePolicy | SkipLayers]]] = {
+    "decode": ("decode_", DecodePolicy), "skip_layers": ("skipped_", SkipLayers)}
 DECODE_COLUMNS = tuple(f"decode_{name}" for name in DecodePolicy.model_fields)
 SKIP_COLUMNS = tuple(f"skipped_{name}" for name in SkipLayers.model_fields)
 CONFIG_COLUMNS = ("name", "quant", "value_quant", "group_size", "residual_length", *SKIP_COLUMNS, "evict", *BUDGETS,

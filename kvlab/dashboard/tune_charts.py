@@ -30,11 +30,17 @@ def _drawn(point: Point) -> bool:
     return point.kv_bytes is not None and point.accuracy is not None
 
 
+def _mb(point: Point) -> float:
+    """A drawn point's KV bytes in MB (:func:`_drawn`; a point of the front is feasible, so measured too)."""
+    assert point.kv_bytes is not None
+    return point.kv_bytes / MB
+
+
 def _hover(point: Point) -> str:
     interval = (f"{point.diff:+.3f} [{point.diff_low:+.3f}, {point.diff_high:+.3f}]"
                 if point.diff is not None and point.diff_low is not None and point.diff_high is not None else "-")
     return (f"<b>{plotly_text(point.label)}</b><br>{point.state} on {point.judged_items} items (rung {point.rung})"
-            f"<br>accuracy {point.accuracy:.3f}, vs baseline {interval}<br>KV {point.kv_bytes / MB:.3f} MB"
+            f"<br>accuracy {point.accuracy:.3f}, vs baseline {interval}<br>KV {_mb(point):.3f} MB"
             + (f"<br>{plotly_text(point.reason)}" if point.reason else ""))
 
 
@@ -51,7 +57,7 @@ def front_figure(shown: Sequence[Point], front: Sequence[Point], baseline: tuple
             continue
         style = STYLES[state]
         fig.add_trace(go.Scatter(
-            x=[p.kv_bytes / MB for p in group], y=[p.accuracy for p in group], mode="markers", name=style["name"],
+            x=[_mb(p) for p in group], y=[p.accuracy for p in group], mode="markers", name=style["name"],
             marker=style["marker"], opacity=style["opacity"], hovertext=[_hover(p) for p in group],
             hoverinfo="text",
             error_y={"type": "data", "symmetric": False, "thickness": 1.2,
@@ -60,7 +66,7 @@ def front_figure(shown: Sequence[Point], front: Sequence[Point], baseline: tuple
                      "arrayminus": [(p.diff - p.diff_low) if p.diff is not None and p.diff_low is not None else 0
                                     for p in group]}))
     if front:
-        fig.add_trace(go.Scatter(x=[p.kv_bytes / MB for p in front], y=[p.accuracy for p in front],
+        fig.add_trace(go.Scatter(x=[_mb(p) for p in front], y=[p.accuracy for p in front],
                                  mode="lines", line={"color": "#2ca02c", "width": 2, "shape": "hv"},
                                  name="Pareto front (feasible)", hoverinfo="skip"))
     base_bytes, base_accuracy = baseline
@@ -71,7 +77,7 @@ def front_figure(shown: Sequence[Point], front: Sequence[Point], baseline: tuple
                                             f"<br>KV {base_bytes / MB:.3f} MB"], hoverinfo="text"))
     chosen = [p for p in shown if p.label == recommended and _drawn(p)]
     if chosen:
-        fig.add_trace(go.Scatter(x=[chosen[0].kv_bytes / MB], y=[chosen[0].accuracy], mode="markers",
+        fig.add_trace(go.Scatter(x=[_mb(chosen[0])], y=[chosen[0].accuracy], mode="markers",
                                  name=f"recommended: {plotly_text(chosen[0].label)}", hoverinfo="skip",
                                  marker={"color": "#d62728", "size": 22, "symbol": "circle-open",
                                          "line": {"width": 3}}))

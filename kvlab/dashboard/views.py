@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import urlencode
 
 from kvlab.core.formats import FORMATS
@@ -167,13 +167,18 @@ def _missing(value: float | None) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def _present(value: float | None) -> TypeGuard[float]:
+    """Not :func:`_missing`: a number (the type checker then knows it is one)."""
+    return not _missing(value)
+
+
 def fmt(value: float | None, spec: str, scale: float = 1.0, suffix: str = "") -> str:
-    return "-" if _missing(value) else format(value * scale, spec) + suffix
+    return format(value * scale, spec) + suffix if _present(value) else "-"
 
 
 def fmt_duration(seconds: float | None) -> str:
     """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
-    if _missing(seconds) or seconds < 0:
+    if not _present(seconds) or seconds < 0:
         return "-"
     seconds = round(seconds)
     if seconds < 60:
@@ -400,7 +405,7 @@ def compare_rows(summaries_by_experiment: Mapping[int, Sequence[ConfigSummary]],
         for s in summaries:
             if selected is not None and trial_key(experiment_id, s.config_name) not in selected:
                 continue
-            if _missing(s.accuracy) or _missing(s.compression_ratio):
+            if not _present(s.accuracy) or _missing(s.compression_ratio):
                 continue
             config = s.config
             removed = config.get("ratio")

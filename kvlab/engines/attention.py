@@ -23,16 +23,20 @@ the batch, as :class:`MemberStates`: each member's query rows attend to its own 
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from kvlab.compress.cache import HEAD_PADDING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from kvlab.compress.eviction import AttentionModule
 
 ATTN_IMPLEMENTATION = "kvlab"
 
@@ -58,7 +62,7 @@ def _lower_right_causal(q_len: int, kv_len: int, device: torch.device) -> torch.
     return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(diagonal=kv_len - q_len)
 
 
-def kvlab_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def kvlab_attention_forward(module: AttentionModule, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, dropout: float = 0.0,
                             scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(key, MemberStates):
@@ -83,7 +87,7 @@ def kvlab_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
     return output.transpose(1, 2).contiguous(), weights
 
 
-def _per_member(module: nn.Module, query: torch.Tensor, keys: MemberStates, values: MemberStates,
+def _per_member(module: AttentionModule, query: torch.Tensor, keys: MemberStates, values: MemberStates,
                 attention_mask: torch.Tensor | None, dropout: float, scaling: float | None,
                 **kwargs) -> tuple[torch.Tensor, None]:
     """Member ``b``'s query rows against member ``b``'s own keys and values; outputs stacked back."""
@@ -116,7 +120,7 @@ def _attention_received(query: torch.Tensor, key: torch.Tensor, scaling: float |
     return total.to(query.dtype)
 
 
-def install(model: nn.Module) -> None:
+def install(model: PreTrainedModel) -> None:
     """Register the implementation (idempotent) and switch ``model`` to it."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, kvlab_attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, sdpa_mask)

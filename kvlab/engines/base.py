@@ -8,15 +8,15 @@ with defaults where an engine has nothing to say; every engine inherits it, so n
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from typing import Any, Literal, Protocol, TypedDict, TypeVar
 
 from kvlab.core.errors import HostLacksError  # defined there: kvlab.tasks raises it too
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import ItemResult
 from kvlab.tasks import TaskItem
 
-__all__ = ["Engine", "EngineFailure", "HostLacksError", "Phase", "TelemetrySource", "passes"]
+__all__ = ["Engine", "EngineFailure", "HostLacksError", "Phase", "TelemetryReading", "TelemetrySource", "passes"]
 
 #: What an engine is doing now, stamped on every telemetry sample (the store's ``PHASES``, less
 #: ``score``, which only the runner's scoring uses).
@@ -28,12 +28,26 @@ class EngineFailure(RuntimeError):
     Runs stop with this message; the results produced before it are kept."""
 
 
+class TelemetryReading(TypedDict, total=False):
+    """The :class:`kvlab.store.records.TelemetrySample` columns a source read (None: unknown)."""
+
+    rss_bytes: int | None
+    cpu_percent: float | None
+    kv_bytes: int | None
+    gpu_memory_used_bytes: int | None
+    gpu_memory_total_bytes: int | None
+    gpu_utilization: float | None
+    gpu_power_w: float | None
+    gpu_temperature_c: float | None
+    process_gpu_memory_bytes: int | None
+
+
 class TelemetrySource(Protocol):
     """Something telemetry can read: returns :class:`kvlab.store.records.TelemetrySample` column values."""
 
     name: str
 
-    def read(self) -> dict[str, float | None]: ...
+    def read(self) -> TelemetryReading: ...
 
     def close(self) -> None: ...
 
@@ -75,7 +89,7 @@ class Engine(ABC):
     def evaluate(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> Iterator[ItemResult]: ...
 
     def evaluate_many(self, work: Iterable[tuple[TaskItem, Sequence[KVCacheConfig]]]
-                      ) -> Iterator[tuple[TaskItem, ItemResult]]:
+                      ) -> Generator[tuple[TaskItem, ItemResult], None, None]:
         """Every (item, configs) of ``work``, in finishing order; here one item after the other."""
         for item, configs in work:
             for result in self.evaluate(item, configs):

@@ -100,7 +100,9 @@ class BatchedCache(Cache):
         self.members = list(members)
         self.clock = clock
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+    # transformers types update() as returning tensors, but hands whatever it returns to the attention function
+    # alone: kvlab's (kvlab.engines.attention), which takes MemberStates
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,  # type: ignore[override]
                cache_kwargs: dict[str, Any] | None = None) -> tuple[MemberStates, MemberStates]:
         keys, values = [], []
         for index, member in enumerate(self.members):
@@ -267,8 +269,9 @@ def _decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: 
     outcomes = [MemberOutcome() for _ in caches]
     traces = [_Trace() for _ in caches]
     own = reference if isinstance(reference, int) else None  # the reference member, if in this batch
+    earlier = None if isinstance(reference, int) else reference  # the reference's earlier run, if given
     teacher = TEACHER_CONTINUATION if targets is not None else TEACHER_BASELINE_OUTPUT
-    ref = None if reference is None else _ReferenceRun(None if own is not None else reference, teacher)
+    ref = None if reference is None else _ReferenceRun(earlier, teacher)
     ids = torch.tensor([suffix], device=device).expand(count, -1)
     positions = torch.arange(position, position + len(suffix), device=device).unsqueeze(0).expand(count, -1)
     first = _ChargedForward(model, 0 if targets is not None else 1, device)
@@ -288,19 +291,19 @@ def _decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: 
         last = logits[:, -1]
         next_ids = last.argmax(dim=-1).tolist()
         rows = dict(zip(active, range(len(active)), strict=True))
-        if own is not None and own in rows:
+        if own is not None and own in rows and ref is not None:  # (a reference member: ref is its run)
             ref.add(last[rows[own]], next_ids[rows[own]])
-        compared = ref is not None and at < len(ref.tokens)
-        kls = token_kl(ref.logprobs[at], last).tolist() if compared else []  # every row at once
+        compared = ref if ref is not None and at < len(ref.tokens) else None  # the run, while it has a token
+        kls = token_kl(compared.logprobs[at], last).tolist() if compared is not None else []  # every row at once
         still: list[tuple[int, int]] = []  # (member, its next id)
         for member, next_id in zip(active, next_ids, strict=True):
             generated = outcomes[member].generated
             generated.append(next_id)
             done = finished(generated, stop_ids, max_new_tokens, stop, decode)
-            if compared and member != own and not traces[member].diverged:
+            if compared is not None and member != own and not traces[member].diverged:
                 trace = traces[member]
-                trace.add(kls[rows[member]], next_id == ref.top1[at])
-                if next_id != ref.tokens[at]:
+                trace.add(kls[rows[member]], next_id == compared.top1[at])
+                if next_id != compared.tokens[at]:
                     trace.diverged = True  # its cache so far is the teacher-forced one: keep a copy
                     twin = _Twin(member, copy.deepcopy(caches[member]), at, position)
                     if compressor is not None:
@@ -319,8 +322,9 @@ def _decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: 
             outcomes[member].decode_s += seconds
             outcomes[member].kv_trace.append((position, caches[member].physical_bytes))
         at += 1
-    for twin in twins:
-        _teacher_force(model, twin, ref, traces[twin.member], device, compressor)
+    if ref is not None:  # (twins diverged from it: none without one)
+        for twin in twins:
+            _teacher_force(model, twin, ref, traces[twin.member], device, compressor)
     return _finish(outcomes, traces, ref, own)
 
 

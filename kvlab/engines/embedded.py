@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from itertools import groupby
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import torch
@@ -34,7 +34,7 @@ from kvlab.compress.eviction import (
     Kept,
     attention_modules,
     collect_scores,
-    gather_tokens,
+    gather_layer,
     kept_positions,
     replay_scores,
     scorer_key,
@@ -103,10 +103,12 @@ class _Prefill:
     prefill_s: float
 
     def scores_for(self, config: KVCacheConfig) -> list[torch.Tensor | None]:
-        return self.collected.scores.get(scorer_key(config)) or [None] * len(self.keys)
+        key = scorer_key(config)
+        return (self.collected.scores.get(key) if key is not None else None) or [None] * len(self.keys)
 
     def scorer_s(self, config: KVCacheConfig) -> float:
-        return self.collected.seconds.get(scorer_key(config), 0.0)
+        key = scorer_key(config)
+        return self.collected.seconds.get(key, 0.0) if key is not None else 0.0
 
     def cut(self, tokens: int) -> _Prefill:
         """The cache of the prefix's first ``tokens``, without scores: causal attention makes it what a prefill
@@ -219,7 +221,7 @@ class EmbeddedEngine(Engine):
         return context + len(self._encode(item.question, special=False)) + item.max_new_tokens
 
     def evaluate_many(self, work: Iterable[tuple[TaskItem, Sequence[KVCacheConfig]]]
-                      ) -> Iterator[tuple[TaskItem, ItemResult]]:
+                      ) -> Generator[tuple[TaskItem, ItemResult], None, None]:
         """Items one after the other, except those that share a context (``context_id``): each such
         context is prefilled and compressed once and all its questions answered from that cache
         (:meth:`evaluate_shared`), when its first question comes up."""
@@ -246,7 +248,8 @@ class EmbeddedEngine(Engine):
             # The last context token is fed after compression, so every continuation token is
             # predicted from the compressed cache.
             # No question here: query-aware configs share the query-agnostic layout.
-            layouts = {False: (context[:-1], context[-1:] + continuation[:-1], continuation)}
+            layouts: dict[bool, tuple[list[int], list[int], list[int] | None]] = {
+                False: (context[:-1], context[-1:] + continuation[:-1], continuation)}
         else:
             question = self._encode(item.question, special=False)
             layouts = {aware: (prefix, suffix, None) for aware, (prefix, suffix) in _layouts(context, question).items()}
@@ -381,7 +384,9 @@ class EmbeddedEngine(Engine):
                                     self.stop_ids, self.tokenizer.decode, reference=reference,
                                     compressor=self._compressor(batch, caches))
             if first:
-                references[rank] = outcomes[0].reference
+                baseline_run = outcomes[0].reference
+                assert baseline_run is not None  # member 0, the reference member, keeps its run (reference=0)
+                references[rank] = baseline_run
             decoded.append(list(zip(copies, outcomes, strict=True)))
         return decoded
 
@@ -393,7 +398,8 @@ class EmbeddedEngine(Engine):
         for config, held in zip(batch, compressed, strict=True):
             self.current_config, self._live_cache, self.phase = config.label, held.cache, "decode"
             compressor = self._compressor([config], [held.cache])
-            at, carried = position, []
+            at = position
+            carried: list[int] = []
             for rank, (item, question) in enumerate(zip(items, questions, strict=True)):
                 suffix = carried + question
                 outcome = decode_batch(self.model, [held.cache], suffix, at, None, item.max_new_tokens, item.stop,
@@ -420,8 +426,10 @@ class EmbeddedEngine(Engine):
         elapsed = time.perf_counter() - start
         collected.scores |= replayed.scores
         collected.seconds |= replayed.seconds
-        return _Prefill([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
-                        collected, max(elapsed - sum(collected.seconds.values()), 0.0))
+        # every layer ran, so every layer's keys and values are set (transformers types them as optional)
+        keys = cast(list[torch.Tensor], [layer.keys for layer in cache.layers])
+        values = cast(list[torch.Tensor], [layer.values for layer in cache.layers])
+        return _Prefill(keys, values, collected, max(elapsed - sum(collected.seconds.values()), 0.0))
 
     def _compress(self, config: KVCacheConfig, layer_scores: list[torch.Tensor | None],
                   layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], prefix_len: int,
@@ -431,7 +439,7 @@ class EmbeddedEngine(Engine):
         start = time.perf_counter()
         kept = select_tokens(config, layer_scores, layer_keys, layer_values, self.modules, evictable,
                              self.geometry.sliding_layers)
-        layer_kv = [(gather_tokens(k, idx), gather_tokens(v, idx))
+        layer_kv = [gather_layer(k, v, idx)
                     for k, v, idx in zip(layer_keys, layer_values, kept, strict=True)]
         cache = build_compressed_cache(config, layer_kv, self.geometry.layer_windows, seen_tokens=prefix_len)
         del layer_kv
@@ -441,7 +449,7 @@ class EmbeddedEngine(Engine):
                        in zip(kept_per_head, self.geometry.sliding_layers, strict=True) if not sliding]
         kept_mean = sum(full_layers) / len(full_layers)
         protected = prefix_len - evictable
-        layout = CacheLayout(tuple(kept_per_head), tuple(layer.physical_bytes for layer in cache.layers))
+        layout = CacheLayout(tuple(kept_per_head), tuple(layer.physical_bytes for layer in cache.kv_layers))
         return _Compressed(cache=cache, compress_s=compress_s, layout=layout, kept=kept, kv=KVMeasurement(
             context_tokens=prefix_len, kept_tokens=kept_mean,
             kept_fraction=(kept_mean - protected) / evictable if evictable else 1.0,
@@ -530,7 +538,7 @@ class EmbeddedEngine(Engine):
 
     @torch.no_grad()
     def stream(self, context: list[int], question: list[int], config: KVCacheConfig, max_new_tokens: int,
-               stop: Sequence[str] = ()) -> Iterator[int | ServedPrefix]:
+               stop: Sequence[str] = ()) -> Generator[int | ServedPrefix, None, None]:
         """Serve one request with the same cache layouts as :meth:`evaluate`: the context is
         compressed before the question is seen, or -- query-aware -- with all but the last question
         token in the prefill, the question never evicted.  A server that cannot tell context from

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -28,7 +28,7 @@ from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.core.results import ItemResult
-from kvlab.engines.base import Engine, EngineFailure, TelemetrySource
+from kvlab.engines.base import Engine, EngineFailure, TelemetryReading, TelemetrySource
 from kvlab.engines.host import Install, default_python, probe_install, refuse_on_host
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_perplexity
@@ -158,7 +158,7 @@ class LaunchedServerEngine(Engine):
                 yield result
 
     def evaluate_many(self, work: Iterable[tuple[TaskItem, Sequence[KVCacheConfig]]]
-                      ) -> Iterator[tuple[TaskItem, ItemResult]]:
+                      ) -> Generator[tuple[TaskItem, ItemResult], None, None]:
         flat = ((item, config) for item, configs in work for config in configs)
         for _, group in groupby(flat, key=lambda pair: pair[1].label):
             pairs = list(group)
@@ -259,7 +259,7 @@ class _CurrentServerMetrics:
     def __init__(self) -> None:
         self.current: ServerMetricsSource | None = None
 
-    def read(self) -> dict[str, float | None]:
+    def read(self) -> TelemetryReading:
         source = self.current
         return source.read() if source is not None else {}
 

@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +29,7 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import BackendSpec, ExperimentSpec
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import MEASURED_SERVED, ItemResult, KVMeasurement
-from kvlab.engines.base import Engine, EngineFailure
+from kvlab.engines.base import Engine, EngineFailure, TelemetrySource
 from kvlab.engines.endpoint_rules import choose_model, error_message, server_root
 from kvlab.engines.prometheus import ServerMetricsSource
 from kvlab.secrets import Endpoint, redact
@@ -106,7 +106,7 @@ class OpenAICompatEngine(Engine):
     def close(self) -> None:
         self.client.close()
 
-    def telemetry_sources(self) -> list[ServerMetricsSource]:
+    def telemetry_sources(self) -> list[TelemetrySource]:
         """``kvlab serve`` publishes the bytes its cache holds; other endpoints' metrics are their own."""
         self.probe()
         if self.server_info is None:
@@ -134,7 +134,7 @@ class OpenAICompatEngine(Engine):
             yield self._complete(item, config)
 
     def evaluate_many(self, work: Iterable[tuple[TaskItem, Sequence[KVCacheConfig]]]
-                      ) -> Iterator[tuple[TaskItem, ItemResult]]:
+                      ) -> Generator[tuple[TaskItem, ItemResult], None, None]:
         """Up to ``max_concurrency`` requests in flight; results in the order they finish.
         Closing the iterator early cancels what has not started."""
         jobs = ((item, config) for item, configs in work for config in configs)
@@ -218,6 +218,7 @@ class OpenAICompatEngine(Engine):
         started = time.perf_counter()
         first_at: float | None = None
         text, pieces, usage, reported = "", 0, None, None  # reported: kvlab serve's kv_cache block
+        assert self.model_id is not None  # probe() (in _complete) chose it
         try:
             stream = self.client.completions.create(
                 model=self.model_id, prompt=prompt, max_tokens=item.max_new_tokens, temperature=0,

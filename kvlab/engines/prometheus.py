@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,9 +33,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvlab.engines.server_flags import check_kind
 from kvlab.engines.server_logs import GIB, KVPool
 
+if TYPE_CHECKING:
+    from kvlab.engines.base import TelemetryReading
+
 log = logging.getLogger(__name__)
 
-_NAMES = {
+_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "vllm": {
         "usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         "preemptions": ("vllm:num_preemptions_total",),
@@ -171,7 +175,7 @@ class ServerMetricsSource:
         # trust_env=False: the server is ours, on this host; an HTTP(S)_PROXY must not reroute it.
         self.client = httpx.Client(timeout=timeout_s, trust_env=False)
 
-    def read(self) -> dict[str, float | None]:
+    def read(self) -> TelemetryReading:
         try:
             response = self.client.get(self.url)
             response.raise_for_status()

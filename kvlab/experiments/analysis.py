@@ -181,19 +181,19 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
     summaries = []
     for name, rows in by_config.items():
         ok = [r for r in rows if r.error is None]
-        scored = [r for r in ok if r.score is not None]
-        scores = [r.score for r in scored]
+        scored = [(r, r.score) for r in ok if r.score is not None]
+        scores = [score for _, score in scored]
         accuracy = statistics.fmean(scores) if scores else None
         low, high = accuracy_interval(scores) if scores else (None, None)
         test = p_value = None
-        paired = [(baseline_scores[(r.item_id, r.task)], r.score) for r in scored
+        paired = [(baseline_scores[(r.item_id, r.task)], score) for r, score in scored
                   if (r.item_id, r.task) in baseline_scores]
         pair = None
         if name != baseline_name and paired:
             test, p_value = paired_test([b for b, _ in paired], [o for _, o in paired])
             pair = PairedScores.of([b for b, _ in paired], [o for _, o in paired])
-        nll_rows = [r for r in ok if r.nll is not None and r.nll_tokens]
-        perplexity = (math.exp(sum(r.nll for r in nll_rows) / sum(r.nll_tokens for r in nll_rows))
+        nll_rows = [(r.nll, r.nll_tokens) for r in ok if r.nll is not None and r.nll_tokens]
+        perplexity = (math.exp(sum(nll for nll, _ in nll_rows) / sum(tokens for _, tokens in nll_rows))
                       if nll_rows else None)
         def mean(attr: str, rows: list[ItemResult] = ok) -> float:
             """Mean over the rows that know the value; NaN where none does (an endpoint that hides its cache)."""
@@ -201,7 +201,7 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
             return statistics.fmean(values) if values else math.nan
 
         if basis == MEMORY_REQUEST_PEAK:
-            pairs = [b for r in ok if None not in (b := _request_bytes(r))]
+            pairs = [(b, p) for b, p in map(_request_bytes, ok) if b is not None and p is not None]
             baseline_bytes = statistics.fmean(b for b, _ in pairs) if pairs else math.nan
             physical_bytes = statistics.fmean(p for _, p in pairs) if pairs else math.nan
         else:
@@ -282,9 +282,9 @@ def _paired_fields(pair: PairedScores | None, max_drop: float) -> dict[str, Any]
 def _adjust(summaries: list[ConfigSummary], untested: int = 0) -> None:
     """The pooled p-values, Holm across every config compared with the baseline (and ``untested``
     more at p = 1): a summary, not the decision."""
-    compared = [s for s in summaries if s.p_noninferior is not None]
-    adjusted_all = holm([s.p_noninferior for s in compared] + [1.0] * untested)
-    for summary, adjusted in zip(compared, adjusted_all[:len(compared)], strict=True):
+    pooled = [(s, s.p_noninferior) for s in summaries if s.p_noninferior is not None]
+    adjusted_all = holm([p for _, p in pooled] + [1.0] * untested)
+    for (summary, _), adjusted in zip(pooled, adjusted_all[:len(pooled)], strict=True):
         summary.p_adjusted = adjusted
 
 

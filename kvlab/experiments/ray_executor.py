@@ -91,7 +91,7 @@ def check_ray_address(address: str | None) -> ModuleType:
         given, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
     named = f"{source} {given!r}" if given is not None else "the Ray cluster recorded on this machine"
     client = given is not None and given.startswith("ray://")
-    if client:
+    if client and given is not None:  # (client: given is a ray:// address)
         host, port = _host_port(given.removeprefix("ray://"), named, RAY_CLIENT_PORT)
     elif given not in (None, "auto", "local"):
         _host_port(given, named, None)  # the syntax, before the seconds that importing Ray takes
@@ -104,7 +104,8 @@ def check_ray_address(address: str | None) -> ModuleType:
     from ray._private.services import canonicalize_bootstrap_address  # where ray.init connects (a private API)
 
     try:
-        target = canonicalize_bootstrap_address(given)
+        # Ray annotates addr as str; it takes None as its docstring says (RAY_ADDRESS, or the local cluster)
+        target = canonicalize_bootstrap_address(given)  # type: ignore[arg-type]
     except ConnectionError:  # auto, and no cluster here
         raise ConfigError(f"{named}: no Ray cluster runs on this machine; start one with `ray start --head`, "
                           f"or give {ADDRESS_FORMS}") from None

@@ -95,7 +95,8 @@ def settle(store: Store, experiment_id: int, outcomes: list[WorkerOutcome]) -> s
         return next((t.error for t in store.trials(experiment_id) if t.error), record.error)
     if record.status == "cancelled":
         return f"experiment {experiment_id} was cancelled while it ran (`kvlab cancel` or the dashboard)"
-    why = next((o.error or next(iter(o.left_behind.values())) for o in outcomes if o.error or o.left_behind),
+    # (an outcome without an error has experiments left behind: `or {}` only tells the type checker)
+    why = next((o.error or next(iter((o.left_behind or {}).values())) for o in outcomes if o.error or o.left_behind),
                "the Ray workers ended before the experiment did")
     for trial in store.trials(experiment_id):
         store.finish_trial(trial.id, "failed", why)

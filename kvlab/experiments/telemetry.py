@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from kvlab.engines.base import TelemetrySource  # engines declare theirs: see Engine.telemetry_sources
+from kvlab.engines.base import TelemetryReading, TelemetrySource  # engines declare theirs: see Engine.telemetry_sources
 from kvlab.store.records import TelemetrySample
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class CpuSource:
         self.process.cpu_percent(None)  # prime: the first call always answers 0.0
         self.kv_bytes = kv_bytes or (lambda: None)
 
-    def read(self) -> dict[str, float | None]:
+    def read(self) -> TelemetryReading:
         return {"rss_bytes": self.process.memory_info().rss, "cpu_percent": self.process.cpu_percent(None),
                 "kv_bytes": self.kv_bytes()}
 
@@ -52,7 +52,9 @@ class NvmlSource:
 
     def __init__(self, index: int | None = None, nvml: Any = None):
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         self.nvml = nvml
         nvml.nvmlInit()
         # NVML counts every GPU of the host: by default sample the first one this process may use (a Ray
@@ -65,10 +67,10 @@ class NvmlSource:
                                                           else index or 0)
         self.pid = os.getpid()
 
-    def read(self) -> dict[str, float | None]:
+    def read(self) -> TelemetryReading:
         nvml, handle = self.nvml, self.handle
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        values: dict[str, float | None] = {
+        values: TelemetryReading = {
             "gpu_memory_used_bytes": memory.used, "gpu_memory_total_bytes": memory.total,
             "gpu_utilization": nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
             "gpu_power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,

@@ -200,6 +200,7 @@ def _decide(task: str, case: _Case, margins: Margins, why_not_accuracy: str | No
             shown_worse = f"accuracy is shown to drop by more than {margin} points: [{low:+.3f}, {high:+.3f}]"
     if case.p_fidelity is not None:
         fid = case.fidelity
+        assert fid is not None  # p_fidelity is its p-value (_judge_task)
         certified = case.p_fidelity < ALPHA_ONE_SIDED
         figures = (f"mean KL {fid.mean_kl:.3g} (95% [{fid.kl_interval()[0]:.3g}, {fid.kl_interval()[1]:.3g}]), "
                    f"agreement {fid.agreement:.1%} over {fid.items} items, Holm p {case.p_fidelity:.2g}")
@@ -220,6 +221,7 @@ def _decide(task: str, case: _Case, margins: Margins, why_not_accuracy: str | No
     # here no fidelity p-value: either no margin is set, or no fidelity was measured
     fidelity_note = f"; {UNMEASURED}" if margins.fidelity else ""
     if case.p_accuracy is not None:
+        assert case.paired is not None  # p_accuracy is its p-value (_judge_task)
         low, high = case.paired.interval()
         shown = case.p_accuracy < ALPHA_ONE_SIDED
         return TaskVerdict(task, shown, ACCURACY, (

@@ -207,7 +207,8 @@ class Worker:
             engine = self._engine_for(spec)
             building = False
             self.store.record_environment(experiment_id, environment())  # the host that runs it
-            by_label = {KVCacheConfig(**t.config).label: t.id for t in trials}
+            # looked up by the engine's current config (None between configs: no trial)
+            by_label: dict[str | None, int] = {KVCacheConfig(**t.config).label: t.id for t in trials}
             sampler = TelemetrySampler(
                 [*detect_sources(engine.current_kv_bytes), *engine.telemetry_sources()], context,
                 self._telemetry_writer(), rate_hz=self.settings.telemetry_hz,

@@ -6,6 +6,7 @@ A light module (no torch) so that ``kvlab worker --telemetry-hz 1000`` answers a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from kvlab.core.errors import ConfigError
 from kvlab.experiments.telemetry import MAX_HZ, MIN_HZ
@@ -56,7 +57,7 @@ class WorkerSettings:
 def _check(name: str, value: object, low: float, high: float, unit: str) -> None:
     """``low <= value <= high`` (NaN and infinity fail), else a ConfigError naming the flag."""
     number = isinstance(value, int if name in _WHOLE else int | float) and not isinstance(value, bool)
-    if not (number and low <= value <= high):  # type: ignore[operator]
+    if not (number and low <= cast(float, value) <= high):  # (number: value is an int or a float)
         shown = f"{value:g}" if number else repr(value)
         kind = "a whole number" if name in _WHOLE else "a number"
         raise ConfigError(f"--{name.replace('_', '-')} {shown}: allowed {kind} in {low:g}..{high:g} {unit}")

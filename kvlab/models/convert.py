@@ -55,7 +55,7 @@ def _convert(gguf: Path, out_dir: Path, progress: Progress, spec: ModelSpec | No
     # Some transformers versions (not 5.2) attach a quantization_config to GGUF loads and then
     # refuse to save the model.
     if getattr(model.config, "quantization_config", None) is not None:
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # set by from_pretrained, undeclared in its stubs
         del model.config.quantization_config
     progress(f"Saving float32 safetensors to {out_dir}")
     model.save_pretrained(out_dir)

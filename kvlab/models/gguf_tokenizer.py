@@ -177,7 +177,8 @@ def _sentencepiece_bpe(vocab: GGUFVocab) -> Tokenizer:
     (leftmost on ties). The equivalent merge table lists, for every normal piece, each split into
     two halves that can exist as symbols, ordered by the piece's score.
     """
-    if vocab.scores is None:
+    scores = vocab.scores
+    if scores is None:
         raise UnsupportedTokenizerError("SentencePiece vocabulary without tokenizer.ggml.scores")
     tokens = list(vocab.tokens)
     ids = {token: i for i, token in enumerate(tokens)}
@@ -194,7 +195,7 @@ def _sentencepiece_bpe(vocab: GGUFVocab) -> Tokenizer:
                     ids[char] = byte_id
 
     merges: list[tuple[str, str]] = []
-    for i in sorted(normal, key=lambda i: -vocab.scores[i]):
+    for i in sorted(normal, key=lambda i: -scores[i]):
         piece = tokens[i]
         merges.extend(
             (piece[:cut], piece[cut:]) for cut in range(1, len(piece)) if piece[:cut] in ids and piece[cut:] in ids

@@ -82,7 +82,7 @@ def load_model(
         _refuse_no_tokenizer(path)  # after the weights, whose fault a broken directory names first
         tokenizer = _usable(path, AutoTokenizer.from_pretrained(path, trust_remote_code=False))
         fingerprint = model_fingerprint(path)
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(nn.Module.to) hides the bound self
     arch = model_arch(model.config)
     name = str(name_or_path)
     return LoadedModel(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator, Collection
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -244,7 +244,7 @@ def _completion_prompt(served: ServedModel, body: CompletionRequest) -> tuple[li
     if all(isinstance(t, int) for t in prompt):
         if body.kv_cache_question_chars:
             raise APIError(400, "kv_cache_question_chars needs a text prompt", param="kv_cache_question_chars")
-        ids: list[int] = prompt  # type: ignore[assignment]
+        ids = cast(list[int], prompt)  # every one an int (all() above does not narrow the list)
         if ids and not 0 <= min(ids) <= max(ids) < served.vocab_size:
             bad = next(t for t in ids if not 0 <= t < served.vocab_size)
             raise APIError(400, f"prompt: token id {bad} is outside the vocabulary (0 to {served.vocab_size - 1})",

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -97,7 +97,8 @@ class ServedModel:
         self.name = name
         self.default_config = default_config
         self.max_model_len = engine.max_context
-        self.vocab_size = int(engine.model.get_input_embeddings().num_embeddings)
+        # an embedding layer (transformers types it as a plain module)
+        self.vocab_size = int(cast(nn.Embedding, engine.model.get_input_embeddings()).num_embeddings)
         self.max_prompt_chars = _max_prompt_chars(self.tokenizer, self.max_model_len)
         self.metrics = ServerMetrics(name, engine.current_kv_bytes)
         self.stopping = threading.Event()  # set when the server shuts down: every generation ends
@@ -192,7 +193,9 @@ class ServedModel:
         self.metrics.prompt_tokens.inc(prompt_tokens)
         self.metrics.generation_tokens.inc(len(ids))
         kv = replace(prefix.compressed.measured(), source=MEASURED_SERVED)
-        self.metrics.last_ratio.set(kv.compression_ratio)
+        ratio = kv.compression_ratio
+        assert ratio is not None  # the embedded engine measures both the baseline's size and the cache's
+        self.metrics.last_ratio.set(ratio)
         yield Finished(finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(ids), config=config,
                        kv=kv, prefill_s=prefix.prefill_s, compress_s=prefix.compressed.compress_s,
                        positions=self.engine.kept_positions(prefix.compressed) if positions else None)

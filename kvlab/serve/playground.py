@@ -133,8 +133,8 @@ def run(served: ServedModel, request: PlaygroundRequest) -> dict[str, Any]:
     engine = served.engine
     try:
         engine.check_items([item])
-    except ConfigError as error:
-        raise APIError(400, str(error), param="item") from None  # names the item: "item passkey/...: ..."
+    except ConfigError as refused_item:
+        raise APIError(400, str(refused_item), param="item") from None  # names the item: "item passkey/...: ..."
     tokenizer = served.tokenizer
     context = tokenizer(item.context, add_special_tokens=True, return_offsets_mapping=True)
     question = tokenizer(item.question, add_special_tokens=False, return_offsets_mapping=True)

@@ -62,6 +62,7 @@ def names_of(host: str) -> frozenset[str]:
 
 
 def serve(app: FastAPI, served: ServedModel, host: str, port: int) -> None:
+    # uvicorn annotates the grace as int seconds; it is asyncio.timeout's delay, any float
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S)  # type: ignore[arg-type]
     _Server(config, served).run()

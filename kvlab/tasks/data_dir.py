@@ -48,7 +48,7 @@ def data_files(root: Path | None = None, limit: int = 500) -> list[str]:
     root = (root or data_dir()).resolve()
     if not root.is_dir():
         return []
-    found = []
+    found: list[str] = []
     for path in sorted(root.rglob("*.jsonl")):
         if len(found) >= limit:
             break

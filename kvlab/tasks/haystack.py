@@ -179,6 +179,12 @@ class ItemSlot:
     item_id: str
     rng: random.Random
 
+    @property
+    def needle_depth(self) -> float:
+        """``depth`` of a slot made with depths (a needle task's: the spec holds one at least)."""
+        assert self.depth is not None, f"{self.item_id}: no needle depth"
+        return self.depth
+
 
 def item_slots(task: str, context_lengths: Sequence[int], num_items: int, seed: int,
                depths: Sequence[float] | None = None) -> list[ItemSlot]:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import regex
 
 from kvlab.core.errors import ConfigError, HostLacksError
-from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, TASKS, TaskSpec, check_answer_scorer
+from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, TaskSpec, check_answer_scorer, task_new_tokens
 from kvlab.tasks.haystack import Tokenizer, count_tokens
 from kvlab.tasks.items import TaskItem
 from kvlab.tasks.scoring import choice_letter, compile_answer_regex, normalize, parse_number
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ExperimentSpec
 
 REQUIRED_KEYS = ("context", "question", "answer")
-DEFAULT_MAX_NEW_TOKENS = TASKS["jsonl"].default_new_tokens
+DEFAULT_MAX_NEW_TOKENS = task_new_tokens("jsonl")
 MAX_ID_CHARS = 256
 MAX_INT_DIGITS = 64  # JSON integers longer than this are refused (Python refuses > 4300 with a traceback)
 MIB = 1 << 20
@@ -373,7 +373,7 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """
     assert spec.path is not None  # TaskSpec guarantees it for jsonl
     cap = spec.num_items
-    items = []
+    items: list[TaskItem] = []
     shared = SharedContexts(show_path(spec.path), spec.questions_per_context)
     for number, record in iter_records(spec.path, scorer=spec.scorer or DEFAULT_ANSWER_SCORER):
         context_id, rank = shared.rank(number, record)

@@ -17,7 +17,7 @@ pairs and 0/10 with 40, which would leave little room to see compression hurt.
 
 from __future__ import annotations
 
-from kvlab.core.tasks import TASKS, TaskSpec
+from kvlab.core.tasks import TaskSpec, task_new_tokens
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots, token_depth
 from kvlab.tasks.items import TaskItem
 
@@ -26,7 +26,7 @@ PREFIX = (
     "memorize it. I will quiz you about the numbers afterwards.\n\n"
 )
 ANSWER_STOP = (".", "\n")  # the number is complete at its full stop
-DEFAULT_MAX_NEW_TOKENS = TASKS["multikey"].default_new_tokens
+DEFAULT_MAX_NEW_TOKENS = task_new_tokens("multikey")
 
 ADJECTIVES = (
     "amber",
@@ -161,7 +161,7 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     items = []
     asked = spec.questions_per_context
     for slot in item_slots("multikey", spec.context_lengths, spec.items_per_length, seed, spec.depths):
-        rng, depth = slot.rng, slot.depth
+        rng, depth = slot.rng, slot.needle_depth
         pairs = rng.sample(range(len(ADJECTIVES) * len(NOUNS)), spec.num_pairs)
         keys = [f"{ADJECTIVES[p // len(NOUNS)]}-{NOUNS[p % len(NOUNS)]}" for p in pairs]
         values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), spec.num_pairs)]

@@ -12,7 +12,7 @@ the only number in the context, so the task tests retrieval over distance, not d
 
 from __future__ import annotations
 
-from kvlab.core.tasks import TASKS, TaskSpec
+from kvlab.core.tasks import TaskSpec, task_new_tokens
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots, token_depth
 from kvlab.tasks.items import TaskItem
 
@@ -22,7 +22,7 @@ PREFIX = (
 )
 QUESTION = "\nWhat is the pass key? The pass key is"
 ANSWER_STOP = (".", "\n")  # the number is complete at its full stop
-DEFAULT_MAX_NEW_TOKENS = TASKS["passkey"].default_new_tokens
+DEFAULT_MAX_NEW_TOKENS = task_new_tokens("passkey")
 
 
 def needle_text(key: str) -> str:
@@ -36,7 +36,7 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     items = []
     for slot in item_slots("passkey", spec.context_lengths, spec.items_per_length, seed, spec.depths):
         key = str(slot.rng.randint(10_000, 99_999))
-        needle = Needle(needle_text(key), slot.depth)
+        needle = Needle(needle_text(key), slot.needle_depth)
         prompt = haystack_prompt(slot, tokenizer, PREFIX, QUESTION, [needle])
         items.append(TaskItem(
             task="passkey", item_id=slot.item_id, context=prompt.fitted.context, question=QUESTION, answer=key,

@@ -84,7 +84,7 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
         passage = as_list(words)
         question = f"\nRepeat the secret list word for word. The secret list: {opening},"
         answer = as_list(words[2 * OPENING_PAIRS:]) + "."
-        needle = Needle(f"\n\nThe secret list: {passage}.\n\n", slot.depth)
+        needle = Needle(f"\n\nThe secret list: {passage}.\n\n", slot.needle_depth)
         prompt = haystack_prompt(slot, tokenizer, PREFIX, question, [needle])
         budget = spec.max_new_tokens or count_tokens(tokenizer, " " + answer) * 3 // 2 + 8
         items.append(TaskItem(

@@ -5,6 +5,7 @@ dashboard builds items here for an OpenAI-compatible endpoint, ``kvlab serve`` f
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -28,8 +29,8 @@ def generated_item(task: str, context_length: int, depth: float | None, seed: in
     if task not in GENERATED_TASKS:
         raise ConfigError(f"task {task!r} cannot be generated here; one of {', '.join(GENERATED_TASKS)}")
     try:
-        spec = TaskSpec(name=task, context_lengths=[context_length], num_items=1,
-                        **({"depths": [depth]} if depth is not None and TASKS[task].needle_depths else {}))
+        needle: dict[str, Any] = {"depths": [depth]} if depth is not None and TASKS[task].needle_depths else {}
+        spec = TaskSpec(name=task, context_lengths=[context_length], num_items=1, **needle)
         item = generate_items(spec, tokenizer, seed)[0]
     except (ValidationError, ValueError) as error:
         raise ConfigError(str(error).splitlines()[0]) from None

@@ -13,12 +13,12 @@ Chance floor: none (no score); shortcuts: none (nothing to guess).
 
 from __future__ import annotations
 
-from kvlab.core.tasks import TASKS, TaskSpec
+from kvlab.core.tasks import TaskSpec, task_new_tokens
 from kvlab.tasks.haystack import Tokenizer, haystack_prompt, item_slots
 from kvlab.tasks.items import TaskItem
 
 QUESTION = "\n\nWhat happens next, in the same style and with the same people:\n\n"
-DEFAULT_MAX_NEW_TOKENS = TASKS["story"].default_new_tokens
+DEFAULT_MAX_NEW_TOKENS = task_new_tokens("story")
 
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:

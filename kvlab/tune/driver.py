@@ -265,11 +265,11 @@ class Tuner:
                 evidence[trial_id] = found
                 self.store.judge_candidate(trial_id, **_verdict_fields(found, self.limits.max_drop))
         for trial in trials.values():  # failed trials are finished, for the sampler too
-            candidate = candidates.get(trial.id)
-            if trial.status == "failed" and candidate and candidate.state == "active":
+            record = candidates.get(trial.id)
+            if trial.status == "failed" and record and record.state == "active":
                 self.store.judge_candidate(trial.id, state="stopped", reason=f"failed: {trial.error}")
-                if candidate.number is not None:
-                    studies.fail(self.study, candidate.number)
+                if record.number is not None:
+                    studies.fail(self.study, record.number)
         last = len(self.rungs) - 1
         ended = [e for e in evidence.values() if candidates[e.trial_id].state == "complete"]
         best = min((e for e in ended if confirmed(e, last, self.limits)), key=lambda e: e.kv_bytes, default=None)

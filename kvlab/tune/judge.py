@@ -25,6 +25,7 @@ Pure functions over plain values: the driver feeds them what the store holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from kvlab.core.margins import Margins
 from kvlab.experiments.decision import PairedScores
@@ -67,7 +68,8 @@ class Evidence:
     @property
     def _worst_kl(self) -> TaskVerdict | None:
         """The task whose mean KL has the highest upper bound (None where not measured)."""
-        return max((v for v in self.verdicts if v.kl_high is not None), key=lambda v: v.kl_high, default=None)
+        return max((v for v in self.verdicts if v.kl_high is not None), key=lambda v: cast(float, v.kl_high),
+                   default=None)  # (kl_high: not None, as filtered)
 
     @property
     def mean_kl(self) -> float | None:

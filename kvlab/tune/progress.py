@@ -110,9 +110,11 @@ def hypervolume_history(shown: Sequence[Point], baseline_kv_bytes: float) -> lis
     a config of no bytes at full accuracy."""
     if baseline_kv_bytes <= 0:
         return [0.0 for _ in shown]
-    history, counted = [], []
+    history: list[float] = []
+    counted: list[tuple[float, float]] = []
     for point in shown:
         if point.feasible:
+            assert point.kv_bytes is not None and point.accuracy is not None  # feasible: measured (is_feasible)
             counted.append((point.kv_bytes, point.accuracy))
         history.append(hypervolume(counted, (baseline_kv_bytes, 0.0)) / baseline_kv_bytes)
     return history

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 from sqlalchemy import URL, Engine, text
@@ -20,7 +20,7 @@ from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tune_spec import TuneSpec
 
 OBJECTIVES = ("kv_bytes", "accuracy")
-DIRECTIONS = ("minimize", "maximize")
+DIRECTIONS: tuple[Literal["minimize", "maximize"], ...] = ("minimize", "maximize")
 
 
 def optuna_schema(url: URL) -> str:
