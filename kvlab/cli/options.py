@@ -1,4 +1,5 @@
-"""argparse ``type=`` converters for numeric options: each refuses what the option cannot mean.
+"""Options several commands share, and argparse ``type=`` converters for numeric options: each refuses what
+the option cannot mean.
 
 argparse turns the ``ArgumentTypeError`` into ``error: argument --limit: must be a whole number
 >= 1, got '0'`` and exit status 2.  Integers are capped at 2**63 - 1, the largest id or count a
@@ -12,6 +13,7 @@ import math
 from collections.abc import Callable
 
 MAX_INT = 2**63 - 1
+VERBOSE_HELP = "show the libraries' logs and per-file progress bars (also: KVLAB_VERBOSE=1)"
 
 
 def _whole_number(text: str, minimum: int, maximum: int = MAX_INT) -> int:

@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import URL, Engine, Select, case, cast, delete, exists, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -33,7 +33,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
 from kvlab.core.results import ItemResult
 from kvlab.secrets import redact
 from kvlab.store import migrate
@@ -58,6 +57,9 @@ from kvlab.store.records import (
 )
 from kvlab.store.tables import EventRow, ExperimentRow, ItemResultRow, TelemetryRow, TrialRow, TuneRow
 from kvlab.store.tunes import TuneQueries, tune_is_running
+
+if TYPE_CHECKING:  # the spec's pydantic models are imported where a spec is written, not by every read
+    from kvlab.core.experiment_spec import ExperimentSpec
 
 ORDER_FIELDS = ("id", "name", "status", "created_at", "started_at", "finished_at")
 _RESULT_FIELDS = [f.name for f in fields(ItemResult)]
@@ -206,6 +208,8 @@ class Store(TuneQueries):
         :meth:`record_environment`.  ``status="running"`` is for a foreground run, which then
         claims the trials itself with ``claim_trials(..., experiment_id=...)``.
         """
+        from kvlab.core.experiment_spec import spec_to_dict
+
         if status not in _ACTIVE:
             raise ValueError(f"a new experiment is queued or running, not {status!r}")
         now = _now()
@@ -299,6 +303,8 @@ class Store(TuneQueries):
 
         ``environment`` defaults to the original's (the worker that runs it records its own).
         """
+        from kvlab.core.experiment_spec import parse_spec
+
         old = self.get_experiment(experiment_id)
         if self.tune(experiment_id) is not None:
             raise StoreError(f"experiment {experiment_id} is a tune: start a new one with `kvlab tune SPEC` "

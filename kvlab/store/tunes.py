@@ -16,15 +16,17 @@ import socket
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
-from kvlab.core.kv_config import KVCacheConfig
 from kvlab.store.errors import ExperimentNotFoundError, StoreError
 from kvlab.store.records import TERMINAL_STATUSES, CandidateRecord, TuneRecord
 from kvlab.store.tables import TrialRow, TuneCandidateRow, TuneRow
+
+if TYPE_CHECKING:
+    from kvlab.core.kv_config import KVCacheConfig
 
 #: A driver silent for this long is gone: another ``kvlab tune --resume`` may take over.
 DRIVER_STALE_S = 60.0

@@ -63,6 +63,28 @@ def test_store_commands_import_no_heavy_library(argv, store_env):
     assert not heavy, f"kvlab {' '.join(argv)} imported {heavy[:8]}"
 
 
+@pytest.mark.parametrize("argv", [["ls"], ["ls", "--status", "done"], ["db", "status"], ["compare", "1", "1"]],
+                         ids=" ".join)
+def test_listing_commands_import_neither_the_spec_models_nor_another_commands_parser(argv, store_env):
+    """They read rows: no pydantic (the spec's models), and only the store commands' parsers (build_parser)."""
+    modules = loaded_modules(argv, store_env)
+    assert "pydantic" not in modules and "kvlab.core.experiment_spec" not in modules
+    assert {"kvlab.cli.run", "kvlab.cli.serve", "kvlab.cli.tune"}.isdisjoint(modules)
+
+
+def test_help_lists_every_command_of_every_module():
+    from kvlab.cli.main import COMMAND_PARSERS, build_parser
+
+    done = subprocess.run([sys.executable, "-m", "kvlab.cli", "--help"], capture_output=True, text=True,
+                          timeout=SAFETY_S)
+    assert done.returncode == 0, done.stderr
+    commands = [name for names in COMMAND_PARSERS.values() for name in names]
+    listed = build_parser()._subparsers._group_actions[0].choices  # every module's parsers
+    assert list(listed) == commands and all(name in done.stdout for name in commands)
+    assert tuple(build_parser("ls")._subparsers._group_actions[0].choices) == COMMAND_PARSERS[
+        "kvlab.cli.store:add_store_commands"]
+
+
 def test_show_prints_intervals_without_scipy(store_env):
     """`kvlab show` of a finished experiment computes its summary (intervals, tests, sweet spot) with
     the standard library alone."""

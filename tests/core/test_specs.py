@@ -157,7 +157,7 @@ def test_a_tune_on_a_task_without_a_score_is_refused_at_validation():
 
 
 def test_run_backend_override_drops_what_only_the_old_kind_reads():
-    from kvlab.cli.main import with_backend_kind
+    from kvlab.cli.run import with_backend_kind
 
     spec = parse_spec({"tasks": [{"name": "passkey"}], "configs": [{"name": "int8", "quant": "int8"}],
                        "backend": {"kind": "openai_compat", "base_url": "http://127.0.0.1:9/v1", "model_id": "m",
