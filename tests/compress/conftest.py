@@ -17,3 +17,12 @@ def kvpress_pipeline():
     assert fresh.model.config._attn_implementation == "sdpa"
     return KVPressTextGenerationPipeline(model=fresh.model, tokenizer=fresh.tokenizer)
 
+
+
+@pytest.fixture(scope="session")
+def parity_engine(smollm):
+    """kvlab's engine for the parity tests: each item's configs decode in one batch (the product's own path),
+    and no fidelity baseline is added (these tests compare the text and the bytes, not the drift)."""
+    from kvlab.engines.embedded import EmbeddedEngine
+
+    return EmbeddedEngine(smollm, seed=0, fidelity=False)
