@@ -35,6 +35,7 @@ from kvlab.dashboard.spec_form import (
     form_from_spec,
     list_examples,
 )
+from kvlab.engines.servers import SERVERS
 from kvlab.models import KNOWN_MODELS
 from kvlab.paths import DATA_DIR_VAR, data_dir
 from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, mask, read_setting
@@ -196,28 +197,23 @@ def backend_options(backend: str) -> None:
             model_col.text_input("Served model name", key=P + "backend.model_id",
                                  help="Blank: the model above. The model must be loadable on the host that runs "
                                       "the workers (a Hugging Face id or local path).")
-            python_col.text_input(
-                "Python with the engine installed", key=P + "backend.server.python",
-                help=f"kvlab starts `python -m ...` with it. Blank: the venv scripts/install_{backend}.sh made, "
-                     "else `python`" if backend == "vllm" else
-                     f"kvlab starts `python -m ...` with it (pip install 'kvlab[{backend}]' on a CUDA host)")
+            form = SERVERS[backend].form  # the engine's own names for kvlab's server settings
+            python_col.text_input("Python with the engine installed", key=P + "backend.server.python",
+                                  help=form.python_help)
             fraction_col, pool_col, length_col, prefix_col = st.columns(4)
             fraction_col.number_input(
                 "GPU memory fraction (0: engine default)", min_value=0.0, max_value=1.0, step=0.05,
-                key=P + "backend.server.memory_fraction",
-                help="--gpu-memory-utilization" if backend == "vllm" else "--mem-fraction-static")
+                key=P + "backend.server.memory_fraction", help=form.memory_flag)
             pool_col.number_input(
                 "KV pool GiB (0: default)", min_value=0.0, max_value=4096.0, step=0.5,
-                key=P + "backend.server.kv_cache_gib", disabled=backend != "vllm",
-                help="--kv-cache-memory-bytes (vLLM; instead of the fraction). Default: 1 GiB on vLLM's CPU build, "
-                     "whose default fraction of host memory fails at start-up; the engine's sizing on a GPU")
+                key=P + "backend.server.kv_cache_gib", disabled=form.pool_help is None,
+                help=form.pool_help or f"{SERVERS[backend].title} sizes its pool by the memory fraction only")
             length_col.number_input("Max model length (0: engine default)", min_value=0, step=1024,
-                                    key=P + "backend.server.max_model_len",
-                                    help="--max-model-len" if backend == "vllm" else "--context-length")
-            prefix_col.checkbox("Prefix cache" if backend == "vllm" else "Radix cache",
-                                key=P + "backend.server.prefix_cache")
+                                    key=P + "backend.server.max_model_len", help=form.context_flag)
+            prefix_col.checkbox(form.prefix_cache, key=P + "backend.server.prefix_cache")
             st.caption(f"kvlab launches one {backend} server per config on the worker's host. {backend} stores "
-                       "KV at 16 bits or fp8 (e4m3 / e5m2) and evicts no tokens: other configs are refused.")
+                       f"KV as quant = {', '.join(SERVERS[backend].kv_dtypes)} and evicts no tokens: other configs "
+                       "are refused.")
             slot("backend.server")
         key_col, concurrency_col = st.columns(2)
         with key_col:

@@ -21,7 +21,7 @@ from kvlab.dashboard import tune_charts, views
 from kvlab.store import ExperimentRecord, Store
 from kvlab.store.records import TuneRecord
 from kvlab.tune import progress
-from kvlab.tune.recommend import ENGINES, serve_command
+from kvlab.tune.recommend import engine_title, serve_command
 from pages.common import chart
 
 LIVE_EVERY_S = 2.0
@@ -138,9 +138,8 @@ def _recommendation(state: TuneState) -> None:
                f"[{low:+.3f}, {high:+.3f}] on {answer['n_items']} items" + (f"; {latency} (median)" if latency else ""))
     st.markdown("**Deploy with kvlab serve**")
     command(answer["kvlab_serve"])
-    for kind, name in ENGINES.items():
-        engine = answer["engines"][kind]
-        st.markdown(f"**{name}**: {engine['statement']}")
+    for kind, engine in answer["engines"].items():  # the engines known when the tune ended
+        st.markdown(f"**{engine_title(kind)}**: {engine['statement']}")
         if engine.get("flag"):
             command(engine["flag"])
     st.markdown("**As a spec entry (TOML)**")

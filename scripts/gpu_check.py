@@ -124,7 +124,7 @@ def check_server(report: Report, kind: str, args: argparse.Namespace, nvml: Any,
     command = server_command(kind, args.model, KVCacheConfig(name="fp8_e4m3", quant="fp8_e4m3"), options,
                              port, SERVED_NAME, seed=0)
     print(f"$ {shlex.join(command)}", flush=True)
-    env = server_env(Installed(sys.executable), local_model=Path(args.model).exists())
+    env = server_env(kind, Installed(sys.executable), local_model=Path(args.model).exists())
     server = ManagedServer(command, root + health_path(kind), out_dir / f"{kind}.log", env=env,
                            startup_timeout_s=args.startup_timeout)
     started = time.monotonic()

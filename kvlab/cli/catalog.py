@@ -28,15 +28,18 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     """Every registered format and method, read from the registries (nothing imported heavily)."""
+    from kvlab.core.backends import BACKENDS, SERVER_KINDS
     from kvlab.core.formats import FORMATS
     from kvlab.core.methods import BUDGETS, HEAD_BUDGETS, METHODS, PARAMS, REFUSED
 
-    print("quantization (quant): format, bits, stored as, scale groups, vLLM / SGLang --kv-cache-dtype")
+    servers = [BACKENDS[kind] for kind in SERVER_KINDS]
+    print("quantization (quant): format, bits, stored as, scale groups, "
+          f"{' / '.join(server.title for server in servers)} --kv-cache-dtype")
     for f in FORMATS.values():
         groups = f"group_size {'/'.join(map(str, f.group_sizes))}" if f.group_sizes else "-"
         aliases = f" (also: {', '.join(f.aliases)})" if f.aliases else ""
-        print(f"  {f.name:10} {f.bits:2} bit  {f.storage_dtype:14} {groups:22} "
-              f"vLLM {f.vllm or '-'} / SGLang {f.sglang or '-'}  {f.description}{aliases}")
+        dtypes = " / ".join(f"{server.title} {server.kv_dtypes.get(f.name, '-')}" for server in servers)
+        print(f"  {f.name:10} {f.bits:2} bit  {f.storage_dtype:14} {groups:22} {dtypes}  {f.description}{aliases}")
     print("eviction (evict): exactly one budget per config")
     for budget, text in ((kind.name, kind.help) for kind in BUDGETS.values()):
         print(f"  {budget}: {text}")

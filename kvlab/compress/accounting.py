@@ -2,7 +2,7 @@
 
 * **Baseline bytes**: the uncompressed cache of the same tokens at 16-bit,
   ``2 (K and V) x kv_heads x head_dim x tokens x 2 bytes`` per layer; a sliding-window
-  layer holds at most its window.
+  layer holds at most its window (:class:`kvlab.core.geometry.CacheGeometry`, every engine's formula).
 * **Physical bytes**: the sum of ``nbytes`` of every tensor a compressed cache holds
   (``KVLabCache.physical_bytes``), measured, never computed here.
 * **Analytic bytes**: what the layout of a config *should* take (``analytic_layer_bytes``);
@@ -13,38 +13,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvlab.core.formats import FP8_MAX, INT_BITS
+from kvlab.core.geometry import BASELINE_BITS, CacheGeometry
 
 if TYPE_CHECKING:  # annotations only
     from kvlab.core.kv_config import KVCacheConfig
 
-BASELINE_BYTES_PER_ELEMENT = 2  # the 16-bit reference
+BASELINE_BYTES_PER_ELEMENT = BASELINE_BITS // 8  # the 16-bit reference
 STORAGE_BYTES_PER_ELEMENT = 2  # unquantized parts (residual window, sliding layers) are kept 16-bit
 SCALE_BYTES = 2  # int scales and zero points are float16
 FP8_SCALE_BYTES = 4  # one float32 scale per head and block
-
-
-@dataclass(frozen=True)
-class CacheGeometry:
-    """The shape of a model's KV cache: what the byte formulas need to know."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    layer_windows: tuple[int | None, ...]  # sliding window per layer, None for full attention
-
-    @property
-    def sliding_layers(self) -> tuple[bool, ...]:
-        return tuple(w is not None for w in self.layer_windows)
-
-
-def baseline_kv_bytes(geometry: CacheGeometry, tokens: int) -> int:
-    """16-bit bytes of an uncompressed cache holding ``tokens`` tokens (batch 1)."""
-    per_token = 2 * geometry.num_kv_heads * geometry.head_dim * BASELINE_BYTES_PER_ELEMENT
-    return sum(per_token * (tokens if w is None else min(tokens, w)) for w in geometry.layer_windows)
 
 
 def compression_ratio(baseline_bytes: float, physical_bytes: float) -> float:

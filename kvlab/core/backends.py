@@ -13,12 +13,13 @@ instant and free of torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 #: Which KV-cache configs a client can run on the backend: every format and eviction method
-#: (``all``), the server's ``--kv-cache-dtype`` values only (``server_dtypes``: the format
-#: registry's ``vllm`` / ``sglang`` names), or none (the endpoint decides its own cache).
+#: (``all``), the server's ``--kv-cache-dtype`` values only (``server_dtypes``: the entry's
+#: ``kv_dtypes``), or none (the endpoint decides its own cache).
 KVChoice = Literal["all", "server_dtypes", "none"]
 
 
@@ -30,7 +31,9 @@ class Backend:
     shows under the choice.  ``serves_spec_model``: it
     runs the spec's ``model`` (so that model's context limit applies); an OpenAI-compatible
     endpoint serves a model of its own.  ``fields``: the ``[backend]`` fields it reads, beside
-    ``kind`` and the request settings every backend has.
+    ``kind`` and the request settings every backend has.  ``kv_dtypes`` (a server kvlab launches): kvlab
+    format -> the server's ``--kv-cache-dtype`` value, for the formats it stores; the rest of what kvlab knows
+    of the server is its module's (:mod:`kvlab.engines.servers`), this is what validating a spec reads.
     """
 
     name: str
@@ -43,7 +46,16 @@ class Backend:
     serves_spec_model: bool = True
     wants_gpu: bool = False  # a Ray worker of it asks for a GPU whatever its device
     fields: tuple[str, ...] = ()
+    kv_dtypes: Mapping[str, str] = field(default_factory=dict)
 
+
+# vLLM: vllm/config/cache.py `CacheDType = Literal["auto", ..., "fp8", "fp8_e4m3", "fp8_e5m2", ...]`, the type of
+#   CacheConfig.cache_dtype, exposed by vllm/engine/arg_utils.py EngineArgs.add_cli_args:
+#   cache_group.add_argument("--kv-cache-dtype", **cache_kwargs["cache_dtype"]).  "auto" = model dtype.
+# SGLang: python/sglang/srt/server_args.py ServerArgs.kv_cache_dtype, Arg(choices=["auto", "fp8_e5m2",
+#   "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16", "fp4_e2m1"]) -- no plain "fp8", so
+#   kvlab always names the variant.
+_FP8_SERVER_DTYPES = {"none": "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("embedded", "Embedded (PyTorch)", "kvlab.engines.embedded",
@@ -54,12 +66,16 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             kv_choice="none", serves_spec_model=False, fields=("base_url", "model_id", "api_key_env")),
     Backend("vllm", "vLLM", "kvlab.engines.launched",
             "kvlab starts a vLLM server per KV dtype (--kv-cache-dtype) and reads its pool",
-            kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server")),
+            kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server"),
+            kv_dtypes=_FP8_SERVER_DTYPES),
     Backend("sglang", "SGLang", "kvlab.engines.launched",
             "kvlab starts an SGLang server per KV dtype (--kv-cache-dtype) and reads its pool",
-            kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server")),
+            kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server"),
+            kv_dtypes=_FP8_SERVER_DTYPES),
 )}
 
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
 #: The servers kvlab launches itself.
 SERVER_KINDS: tuple[str, ...] = tuple(name for name, b in BACKENDS.items() if b.launches_server)
+#: Those kinds as a message names them (``'vllm' / 'sglang'``).
+LAUNCHED_KINDS = " / ".join(f"'{kind}'" for kind in SERVER_KINDS)

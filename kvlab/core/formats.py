@@ -1,10 +1,9 @@
 """The quantization format registry: one declarative entry per KV-cache format kvlab knows.
 
 Everything that lists or checks formats reads :data:`FORMATS`: config validation and labels
-(:mod:`kvlab.core.kv_config`), the sweep and tune spaces (:mod:`kvlab.core.space`), the byte accounting and
-the quantizer, the dashboard's tables, the launched servers' ``--kv-cache-dtype``, the
-blog-format mapping, the form, ``kvlab serve --quant`` and ``kvlab methods``.  Adding a format is
-one entry here, naming the settings it reads (plus its storage code in
+(:mod:`kvlab.core.kv_config`), the sweep and tune spaces (:mod:`kvlab.core.space`), the byte accounting
+and the quantizer, the dashboard's tables, the blog-format mapping, the form, ``kvlab serve --quant`` and
+``kvlab methods``.  Adding a format is one entry here, naming the settings it reads (plus its storage code in
 :mod:`kvlab.compress.quantization` if it is a new kind).
 
 Pure data: nothing here imports torch or another kvlab package (the bottom layer, :mod:`kvlab.core`).
@@ -12,8 +11,7 @@ Pure data: nothing here imports torch or another kvlab package (the bottom layer
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 FormatKind = Literal["none", "int", "fp8"]
@@ -67,9 +65,8 @@ class QuantFormat:
 
     ``settings``: the ``KVCacheConfig`` fields its storage reads -- what a sweep or a tune varies
     for it (:mod:`kvlab.core.space`), what its label shows and what ``kvlab serve`` is told; a field it
-    does not read keeps its default.  ``vllm`` / ``sglang``: the engine's ``--kv-cache-dtype``
-    value for this format, or None when the engine has no such cache; ``engine_notes`` then says
-    what it offers instead.
+    does not read keeps its default.  What a serving engine calls a format is the engine's own
+    (:data:`kvlab.core.backends.BACKENDS`' ``kv_dtypes``, and :mod:`kvlab.engines.servers`).
     """
 
     name: str
@@ -82,14 +79,6 @@ class QuantFormat:
     fp8_max: float | None = None  # the largest finite value of an fp8 format
     aliases: tuple[str, ...] = ()  # other names accepted wherever a format is named
     blog_names: tuple[str, ...] = ()  # [kv_cache] dtype names of blog-style specs meaning this format
-    vllm: str | None = None
-    sglang: str | None = None
-    engine_notes: Mapping[str, str] = field(default_factory=dict)
-
-    def engine_dtype(self, kind: str) -> str | None:
-        """The ``--kv-cache-dtype`` value of server ``kind`` (vllm / sglang), None if it has none."""
-        return {"vllm": self.vllm, "sglang": self.sglang}[kind]
-
     def choices(self, name: str) -> tuple[Any, ...]:
         """The values this format takes for setting ``name``; () when it does not read it."""
         return next((s.choices for s in self.settings if s.field == name), ())
@@ -104,35 +93,19 @@ _INT_GROUPS = ("asymmetric min-max, a float16 scale and zero point per group (KI
                "the last residual_length tokens stay 16-bit")
 _FP8_GROUPS = "one float32 scale per head and block of group_size tokens (absolute maximum)"
 
-# Engine names: vllm/config/cache.py CacheDType and sglang/srt/server_args.py kv_cache_dtype choices
-# (see kvlab.engines.server_flags); SGLang rejects plain "fp8", so kvlab always names the variant.
 FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     QuantFormat("none", "none", 16, "bfloat16", "no quantization: 16-bit K and V", "-",
-                blog_names=("auto", "fp16", "bf16", "float16", "bfloat16"), vllm="auto", sglang="auto"),
+                blog_names=("auto", "fp16", "bf16", "float16", "bfloat16")),
     QuantFormat("int8", "int", 8, "uint8", "8-bit integer codes", _INT_GROUPS, _INT_SETTINGS,
-                blog_names=("int8",), engine_notes={
-                    "vllm": "its 8-bit KV caches are fp8 (--kv-cache-dtype fp8_e4m3 / fp8_e5m2: kvlab quant "
-                            "fp8_e4m3 / fp8_e5m2) and, in recent releases, int8_per_token_head and "
-                            "fp8_per_token_head (one scale per token and head, no per-channel keys, no residual "
-                            "window)",
-                    "sglang": "its 8-bit KV caches are fp8_e4m3, fp8_e5m2 (kvlab quant fp8_e4m3 / fp8_e5m2) and "
-                              "mxfp8"}),
+                blog_names=("int8",)),
     QuantFormat("int4", "int", 4, "uint8", "4-bit integer codes, two per byte", _INT_GROUPS, _INT_SETTINGS,
-                blog_names=("int4",), engine_notes={
-                    "vllm": "its 4-bit KV caches are different schemes: int4_per_token_head, nvfp4, nvfp4_4over6, "
-                            "turboquant_4bit_nc and turboquant_k8v4 (recent releases)",
-                    "sglang": "its 4-bit KV caches are FP4 (E2M1) formats, not integer codes: nvfp4, "
-                              "fp4_mx_block16, fp4_e2m1"}),
+                blog_names=("int4",)),
     QuantFormat("int2", "int", 2, "uint8", "2-bit integer codes, four per byte", _INT_GROUPS, _INT_SETTINGS,
-                blog_names=("int2",), engine_notes={
-                    "vllm": "it has no 2-bit KV cache (its lowest are the 3-bit turboquant_3bit_nc and "
-                            "turboquant_k3v4_nc of recent releases)",
-                    "sglang": "it has no 2-bit KV cache"}),
+                blog_names=("int2",)),
     QuantFormat("fp8_e4m3", "fp8", 8, "float8_e4m3fn", "fp8, 4 exponent / 3 mantissa bits", _FP8_GROUPS,
-                _FP8_SETTINGS, fp8_max=448.0, aliases=("fp8",), blog_names=("fp8", "fp8_e4m3"),
-                vllm="fp8_e4m3", sglang="fp8_e4m3"),
+                _FP8_SETTINGS, fp8_max=448.0, aliases=("fp8",), blog_names=("fp8", "fp8_e4m3")),
     QuantFormat("fp8_e5m2", "fp8", 8, "float8_e5m2", "fp8, 5 exponent / 2 mantissa bits", _FP8_GROUPS,
-                _FP8_SETTINGS, fp8_max=57344.0, blog_names=("fp8_e5m2",), vllm="fp8_e5m2", sglang="fp8_e5m2"),
+                _FP8_SETTINGS, fp8_max=57344.0, blog_names=("fp8_e5m2",)),
 )}
 
 def format_settings(*names: str) -> tuple[Setting, ...]:
@@ -157,7 +130,3 @@ FP8_MAX: dict[str, float] = {f.name: f.fp8_max for f in FORMATS.values() if f.ki
 BLOG_DTYPES: dict[str, str] = {blog: f.name for f in FORMATS.values() for blog in f.blog_names}
 BLOG_BITS: dict[int, str] = {f.bits: f.name for f in FORMATS.values() if f.kind in ("none", "int")}
 
-
-def engine_dtypes(kind: str) -> dict[str, str]:
-    """kvlab format name -> ``--kv-cache-dtype`` of server ``kind``, for the formats it runs."""
-    return {f.name: dtype for f in FORMATS.values() if (dtype := f.engine_dtype(kind)) is not None}

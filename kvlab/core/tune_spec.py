@@ -19,11 +19,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvlab.core.backends import BACKENDS
+from kvlab.core.backends import BACKENDS, LAUNCHED_KINDS
 from kvlab.core.formats import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_RESIDUAL_LENGTH,
-    FORMATS,
     GROUP_SIZES,
     MAX_RESIDUAL_LENGTH,
     QUANT_NAMES,
@@ -173,7 +172,7 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
     """The part of the space ``backend_kind`` can run, and a note per thing left out.
 
     The embedded engine and ``kvlab serve`` run everything.  A launched vLLM/SGLang server has
-    only its KV dtypes (the format registry's flags) and no token eviction; an OpenAI-compatible
+    only its KV dtypes (its registry entry's ``kv_dtypes``) and no token eviction; an OpenAI-compatible
     endpoint has no KV setting a client can choose, so there is nothing to tune there.
     """
     kv_choice = BACKENDS[backend_kind].kv_choice
@@ -181,10 +180,11 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
         return tune, []
     if kv_choice == "none":
         raise ValueError("an OpenAI-compatible endpoint decides its own KV cache: there is nothing kvlab can tune "
-                         "through it; tune with backend kind 'embedded' (or 'vllm' / 'sglang', which kvlab launches "
+                         f"through it; tune with backend kind 'embedded' (or {LAUNCHED_KINDS}, which kvlab launches "
                          "with a --kv-cache-dtype)")
     notes = []
-    formats = [q for q in tune.quant if FORMATS[q].engine_dtype(backend_kind) is not None]
+    kv_dtypes = BACKENDS[backend_kind].kv_dtypes
+    formats = [q for q in tune.quant if q in kv_dtypes]
     dropped = [q for q in tune.quant if q not in formats]
     if dropped:
         notes.append(f"{backend_kind} has no KV cache like {', '.join(dropped)}: left out of the search")
@@ -193,7 +193,7 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
         notes.append(f"{backend_kind} evicts no tokens: {', '.join(methods)} left out of the search")
     if not [q for q in formats if q != "none"]:
         raise ValueError(f"nothing left to tune on {backend_kind}: its KV dtypes are "
-                         f"{', '.join(q for q in FORMATS if FORMATS[q].engine_dtype(backend_kind))}; "
+                         f"{', '.join(kv_dtypes)}; "
                          "put one of them in [tune] quant")
     # The engine's own KV dtype has neither kvlab's block size nor its residual window: one value each.
     narrowed = tune.model_copy(update={"quant": formats, "evict": ["none"], "group_sizes": [DEFAULT_GROUP_SIZE],

@@ -20,15 +20,15 @@ import httpx
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import BackendSpec
 from kvlab.core.formats import FORMATS
+from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.dashboard.warm_engine import PlaygroundError
 from kvlab.engines.endpoint_rules import server_root
 from kvlab.engines.factory import openai_endpoint
-from kvlab.engines.launched import Geometry
 from kvlab.engines.openai_compat import EndpointError, LaunchedKV, OpenAICompatEngine
-from kvlab.engines.prometheus import cache_config_pool
 from kvlab.engines.server_logs import KVPool
+from kvlab.engines.servers import SERVERS
 from kvlab.secrets import DEFAULT_KEY_VAR, Endpoint, redact
 from kvlab.tasks import TaskItem
 from kvlab.tasks.single import generated_item, own_item, score
@@ -69,7 +69,8 @@ class EndpointTokenizer:
 def served_config(pool: KVPool | None) -> KVCacheConfig:
     """The config of the server's cache, as far as its pool says (the baseline when it does not)."""
     dtype = pool.cache_dtype if pool is not None else None
-    name = next((name for name, f in FORMATS.items() if dtype and (f.vllm == dtype or dtype in f.aliases)), None)
+    said = {engine_dtype: name for server in SERVERS.values() for name, engine_dtype in server.kv_dtypes.items()}
+    name = said.get(dtype) or next((f.name for f in FORMATS.values() if dtype in f.aliases), None) if dtype else None
     return KVCacheConfig(quant=name) if name else BASELINE
 
 
@@ -77,15 +78,15 @@ def pool_estimate(pool: KVPool | None, config: KVCacheConfig, model: str) -> Lau
     """Bytes per token of the server's pool: as it states them, else from ``model``'s geometry (kvlab's
     registry) at the cache's bits; both unknown for a model kvlab does not know and a pool that is silent."""
     spec = KNOWN_MODELS.get(model)
-    geometry = Geometry(spec.num_layers, spec.num_kv_heads, spec.head_dim) if spec and not spec.sliding_window else None
+    geometry = (CacheGeometry(spec.num_layers, spec.num_kv_heads, spec.head_dim) if spec and not spec.sliding_window
+                else None)
     bits = FORMATS[config.quant].bits
     if pool is not None and pool.bytes_per_token is not None:
         stated = pool.bytes_per_token
         source = pool.source_line
     elif geometry is not None:
         stated = geometry.bytes_per_token(bits)
-        source = (f"{model}'s geometry: {geometry.layers} layers x 2 x {geometry.kv_heads} KV heads x "
-                  f"{geometry.head_dim} x {bits / 8:g} B" + (f" ({pool.source_line})" if pool else ""))
+        source = f"{model}'s geometry: {geometry.formula(bits)}" + (f" ({pool.source_line})" if pool else "")
     else:
         return LaunchedKV(config, None, None, "the server states no pool bytes and kvlab lacks the model's geometry")
     baseline = geometry.bytes_per_token(16) if geometry is not None else stated * 16 / bits
@@ -93,12 +94,14 @@ def pool_estimate(pool: KVPool | None, config: KVCacheConfig, model: str) -> Lau
 
 
 def _pool(endpoint: Endpoint) -> KVPool | None:
-    """vLLM's pool as its ``/metrics`` states it (None for a server that does not)."""
+    """The pool as the server's ``/metrics`` states it, read as each serving engine that states one there would
+    (vLLM's ``cache_config_info``); None for a server that does not."""
     try:
         text = httpx.get(f"{server_root(endpoint.base_url)}/metrics", timeout=10.0, trust_env=False).text
     except httpx.HTTPError:
         return None
-    return cache_config_pool(text)
+    return next((pool for server in SERVERS.values() if server.pool_on_metrics and (pool := server.stated_pool(text))),
+                None)
 
 
 def run_on_endpoint(item_fields: Mapping[str, Any], model: str, base_url: str | None, model_id: str | None,

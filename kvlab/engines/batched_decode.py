@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache
 
-from kvlab.compress.accounting import CacheGeometry, baseline_kv_bytes
 from kvlab.compress.cache import KVLabCache
 from kvlab.compress.decoding import DecodeCompressor
+from kvlab.core.geometry import CacheGeometry
 from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_CONTINUATION, Fidelity
 from kvlab.engines.attention import MemberStates
 
@@ -388,7 +388,7 @@ def member_bytes(geometry: CacheGeometry, tokens: int, fed_tokens: int, vocab_si
     dequantized blocks and their concatenation), and its float32 logits for ``fed_tokens`` tokens
     (twice: the cross-entropy's float copy)."""
     full_layer = 2 * geometry.num_kv_heads * geometry.head_dim * tokens * compute_bytes
-    return baseline_kv_bytes(geometry, tokens) + 2 * full_layer + 2 * fed_tokens * vocab_size * 4
+    return geometry.baseline_bytes(tokens) + 2 * full_layer + 2 * fed_tokens * vocab_size * 4
 
 
 def available_bytes(device: torch.device) -> int:

@@ -26,7 +26,7 @@ import psutil
 import torch
 from transformers import DynamicCache
 
-from kvlab.compress.accounting import CacheGeometry, analytic_kv_bytes, baseline_kv_bytes, check_fits
+from kvlab.compress.accounting import analytic_kv_bytes, check_fits
 from kvlab.compress.cache import KVLabCache, build_compressed_cache
 from kvlab.compress.decoding import DecodeCompressor
 from kvlab.compress.eviction import (
@@ -42,6 +42,7 @@ from kvlab.compress.eviction import (
 )
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec
+from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.results import (
     MEASURED_EMBEDDED,
@@ -453,7 +454,7 @@ class EmbeddedEngine(Engine):
         return _Compressed(cache=cache, compress_s=compress_s, layout=layout, kept=kept, kv=KVMeasurement(
             context_tokens=prefix_len, kept_tokens=kept_mean,
             kept_fraction=(kept_mean - protected) / evictable if evictable else 1.0,
-            baseline_bytes=baseline_kv_bytes(self.geometry, prefix_len), physical_bytes=cache.physical_bytes,
+            baseline_bytes=self.geometry.baseline_bytes(prefix_len), physical_bytes=cache.physical_bytes,
             analytic_bytes=analytic_kv_bytes(config, self.geometry, kept_per_head), source=MEASURED_EMBEDDED,
         ))
 
@@ -503,7 +504,7 @@ class EmbeddedEngine(Engine):
             kv_fields["extra"]["kept_positions"] = self.kept_positions(compressed).to_dict()
         if targets is None:
             kv_fields["extra"]["generation_kv"] = GenerationKV.from_trace(
-                outcome.kv_trace, baseline_kv_bytes(self.geometry, outcome.kv_trace[-1][0])).to_dict()
+                outcome.kv_trace, self.geometry.baseline_bytes(outcome.kv_trace[-1][0])).to_dict()
         return ItemResult(
             item_id=item.item_id, task=item.task, config_name=config.label,
             config=config.model_dump(mode="json"), seed=self.seed, context_length=item.context_length,

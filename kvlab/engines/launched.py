@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 from itertools import groupby
@@ -25,6 +24,7 @@ import httpx
 
 from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.formats import FORMATS
+from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.core.results import ItemResult
@@ -32,9 +32,10 @@ from kvlab.engines.base import Engine, EngineFailure, TelemetryReading, Telemetr
 from kvlab.engines.host import Install, default_python, probe_install, refuse_on_host
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_perplexity
-from kvlab.engines.prometheus import ServerMetricsSource, cache_config_pool
+from kvlab.engines.prometheus import ServerMetricsSource
 from kvlab.engines.server_flags import Installed, check_config, health_path, server_command, server_env
-from kvlab.engines.server_logs import KVPool, parse_kv_pool, startup_failure
+from kvlab.engines.server_logs import KVPool, startup_failure
+from kvlab.engines.servers import SERVERS, serving_engine
 from kvlab.models.resolve import resolve_model
 from kvlab.paths import server_log_dir
 from kvlab.secrets import Endpoint
@@ -44,34 +45,22 @@ from kvlab.threads import available_cores
 log = logging.getLogger(__name__)
 
 #: Bits per stored element of each ``--kv-cache-dtype`` kvlab passes ("auto" is the model's 16-bit dtype).
-KV_DTYPE_BITS = {name: f.bits for name, f in FORMATS.items() if f.vllm or f.sglang}  # what servers run
+KV_DTYPE_BITS = {name: FORMATS[name].bits for server in SERVERS.values() for name in server.kv_dtypes}
 #: How far a pool's bytes per token may stray from the model's geometry before kvlab says so (vLLM
 #: rounds the pool down to whole blocks, so it holds a few bytes a token more than the layers need).
 GEOMETRY_TOLERANCE = 0.01
 
 
-@dataclass(frozen=True)
-class Geometry:
-    """What one token's KV cache holds, from the model's config: ``layers`` x K and V x ``kv_heads`` x ``head_dim``."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-
-    def bytes_per_token(self, bits: int) -> float:
-        return 2 * self.layers * self.kv_heads * self.head_dim * bits / 8
-
-    def check(self, pool_bytes_per_token: float | None, bits: int) -> str:
-        """The pool's bytes per token against the geometry's, in words; a disagreement over
-        :data:`GEOMETRY_TOLERANCE` says so (the bytes reported stay the server's)."""
-        expected = self.bytes_per_token(bits)
-        formula = f"{self.layers} layers x 2 x {self.kv_heads} KV heads x {self.head_dim} x {bits / 8:g} B"
-        if pool_bytes_per_token is None:
-            return f"geometry {expected:,.0f} B/token ({formula}); the server did not state its pool's bytes"
-        off = pool_bytes_per_token / expected - 1
-        verdict = "agree" if abs(off) <= GEOMETRY_TOLERANCE else f"DISAGREE (over {GEOMETRY_TOLERANCE:.0%})"
-        return (f"pool {pool_bytes_per_token:,.0f} B/token vs geometry {expected:,.0f} ({formula}): "
-                f"{off:+.2%}, {verdict}")
+def pool_check(geometry: CacheGeometry, pool_bytes_per_token: float | None, bits: int) -> str:
+    """A pool's bytes per token against the model's geometry, in words; a disagreement over
+    :data:`GEOMETRY_TOLERANCE` says so (the bytes reported stay the server's)."""
+    expected = geometry.bytes_per_token(bits)
+    formula = geometry.formula(bits)
+    if pool_bytes_per_token is None:
+        return f"geometry {expected:,.0f} B/token ({formula}); the server did not state its pool's bytes"
+    off = pool_bytes_per_token / expected - 1
+    verdict = "agree" if abs(off) <= GEOMETRY_TOLERANCE else f"DISAGREE (over {GEOMETRY_TOLERANCE:.0%})"
+    return f"pool {pool_bytes_per_token:,.0f} B/token vs geometry {expected:,.0f} ({formula}): {off:+.2%}, {verdict}"
 
 
 class LaunchedServerEngine(Engine):
@@ -132,7 +121,7 @@ class LaunchedServerEngine(Engine):
         return model, False
 
     @cached_property
-    def _geometry(self) -> Geometry | None:
+    def _geometry(self) -> CacheGeometry | None:
         """The model's KV geometry from its config (None for a model not on this host, or with sliding
         layers, whose pool vLLM shares out differently)."""
         model, local = self._model
@@ -143,7 +132,7 @@ class LaunchedServerEngine(Engine):
         from kvlab.models import model_arch
 
         arch = model_arch(AutoConfig.from_pretrained(model))
-        return None if any(arch.layer_is_sliding) else Geometry(arch.num_layers, arch.num_kv_heads, arch.head_dim)
+        return None if any(arch.layer_is_sliding) else CacheGeometry(arch.num_layers, arch.num_kv_heads, arch.head_dim)
 
     def _command(self, config: KVCacheConfig, port: int) -> list[str]:
         return server_command(self.name, self._model[0], config, self.spec.backend.server, port, self.served_name,
@@ -188,20 +177,21 @@ class LaunchedServerEngine(Engine):
         log_path = server_log_dir() / f"{self.name}-{stamp}-{port}.log"
         self.phase, self.current_config = "launch", config.label
         server = ManagedServer(command, f"http://{host}:{port}{health_path(self.name)}", log_path,
-                               env=server_env(self._installed, local_model=self._model[1]),
+                               env=server_env(self.name, self._installed, local_model=self._model[1]),
                                startup_timeout_s=options.startup_timeout_s)
         try:
             server.start()
             server.wait_healthy()
         except (ServerStartError, OSError) as error:
             server.stop()
-            cause = startup_failure(server.log_text(), str(error).splitlines()[0])
+            cause = startup_failure(server.log_text(), str(error).splitlines()[0],
+                                    serving_engine(self.name).startup_faults)
             raise EngineFailure(f"{self.name} did not start for {config.label}: {cause} (log: {log_path})") from None
         root = f"http://{host}:{port}"
         pool, where = read_pool(self.name, root, server.log_text())
         bits = KV_DTYPE_BITS[config.quant]
         per_token = pool.bytes_per_token if pool else None
-        check = self._geometry.check(per_token, bits) if self._geometry else "no geometry to check it against"
+        check = pool_check(self._geometry, per_token, bits) if self._geometry else "no geometry to check it against"
         if "DISAGREE" in check:
             log.warning("%s pool for %s: %s", self.name, config.label, check)
         launched = LaunchedKV(config=config, bytes_per_token=per_token,
@@ -236,16 +226,17 @@ class LaunchedServerEngine(Engine):
 
 
 def read_pool(kind: str, root: str, log_text: str) -> tuple[KVPool | None, str]:
-    """The pool as ``/metrics`` states it (vLLM's ``cache_config_info``), else as the start-up log does, and
-    which of the two said it; a ``/metrics`` pool without bytes (vLLM sized it itself) takes the log's
-    when the log has them."""
+    """The pool as ``/metrics`` states it (where the engine states it there: vLLM's ``cache_config_info``), else
+    as the start-up log does, and which of the two said it; a ``/metrics`` pool without bytes (vLLM sized it
+    itself) takes the log's when the log has them."""
+    server = serving_engine(kind)
     stated = None
-    if kind == "vllm":
+    if server.pool_on_metrics:
         try:
-            stated = cache_config_pool(httpx.get(f"{root}/metrics", timeout=10, trust_env=False).text)
+            stated = server.stated_pool(httpx.get(f"{root}/metrics", timeout=10, trust_env=False).text)
         except httpx.HTTPError as error:
             log.info("no /metrics from %s (%s): reading the start-up log", root, error)
-    logged = parse_kv_pool(kind, log_text)
+    logged = server.parse_pool(log_text)
     if stated is not None and (stated.bytes is not None or logged is None or logged.bytes is None):
         return stated, "/metrics"
     return logged, "start-up log"

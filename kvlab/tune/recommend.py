@@ -13,13 +13,15 @@ from typing import Any
 
 import tomli_w
 
-from kvlab.core.backends import BACKENDS, SERVER_KINDS
-from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig, SkipLayers
 from kvlab.core.methods import DEFAULT_ALPHA_SAFEGUARD, PARAMS, UNIFORM_HEADS
+from kvlab.engines.servers import SERVERS, serving_engine
 from kvlab.experiments.analysis import ConfigSummary, Decision
 
-ENGINES = {kind: BACKENDS[kind].title for kind in SERVER_KINDS}
+
+def engine_title(kind: str) -> str:
+    """A serving engine's name as a recommendation shows it (its kind, for one this kvlab no longer knows)."""
+    return SERVERS[kind].title if kind in SERVERS else kind
 
 
 def serve_command(model: str, config: KVCacheConfig) -> str:
@@ -69,8 +71,9 @@ def _flag(field: str) -> str:
 def engine_flag(kind: str, config: KVCacheConfig, num_layers: int | None = None) -> dict[str, str | None]:
     """``{"flag": "--kv-cache-dtype X" | None, "statement": ...}`` for launching engine ``kind``; ``num_layers``
     (the model's) names the last layers a config keeps 16-bit."""
-    name = ENGINES[kind]
-    dtype = FORMATS[config.quant].engine_dtype(kind)
+    server = serving_engine(kind)
+    name = server.title
+    dtype = server.kv_dtypes.get(config.quant)
     if config.evict != "none":
         return {"flag": None, "statement": (
             f"{name} has no equivalent: it evicts no tokens from a sequence's KV cache ({config.evict} needs the "
@@ -81,15 +84,15 @@ def engine_flag(kind: str, config: KVCacheConfig, num_layers: int | None = None)
             f"{name} has no equivalent: one --kv-cache-dtype stores keys and values alike (keys in "
             f"{config.quant} and values in {config.value_quant} need the embedded engine or `kvlab serve`)")}
     if dtype is None:
-        note = FORMATS[config.quant].engine_notes.get(kind, "it has no such KV cache")
-        return {"flag": None, "statement": f"{name} has no equivalent of {config.quant}: {note}"}
+        return {"flag": None, "statement": f"{name} has no equivalent of {config.quant}: "
+                                           f"{server.format_note(config.quant)}"}
     flag = f"--kv-cache-dtype {dtype}"
     if config.skip_layers is not None:
-        if kind != "vllm":
+        if server.skip_layers_flag is None:
             return {"flag": None, "statement": f"{name} has no equivalent: kvlab knows no {name} flag that keeps "
                                                f"some layers 16-bit ({config.skip_layers.label}); its cache of "
                                                f"every layer in {config.quant} is {flag}"}
-        flag += f" --kv-cache-dtype-skip-layers {_skipped(config.skip_layers, num_layers)}"
+        flag += f" {server.skip_layers_flag} {_skipped(config.skip_layers, num_layers)}"
     return {"flag": flag, "statement": f"launch {name} with {flag}"}
 
 
@@ -133,7 +136,7 @@ def recommendation(model: str, decision: Decision, summaries: list[ConfigSummary
         "ttft_ms": spot.ttft_s * 1000 if spot.ttft_s is not None else None,
         "tpot_ms": spot.tpot_s * 1000 if spot.tpot_s is not None else None,
         "kvlab_serve": serve_command(model, config),
-        "engines": {kind: engine_flag(kind, config, num_layers) for kind in ENGINES},
+        "engines": {kind: engine_flag(kind, config, num_layers) for kind in SERVERS},
         "toml": config_toml(config),
     }
     return answer
@@ -161,7 +164,7 @@ def describe(answer: dict[str, Any]) -> list[str]:
     if latency:
         lines.append("latency (median): " + ", ".join(latency))
     lines.append(f"deploy: {answer['kvlab_serve']}")
-    for kind, name in ENGINES.items():
-        lines.append(f"{name}: {answer['engines'][kind]['statement']}")
+    for kind, engine in answer["engines"].items():  # the engines known when the tune ended
+        lines.append(f"{engine_title(kind)}: {engine['statement']}")
     lines.append("as a spec entry:\n" + answer["toml"].rstrip())
     return lines

@@ -8,14 +8,13 @@ import pytest
 import torch
 
 from kvlab.compress.accounting import (
-    CacheGeometry,
     analytic_kv_bytes,
     analytic_layer_bytes,
-    baseline_kv_bytes,
     split_tokens,
 )
 from kvlab.compress.cache import CompressedLayer, build_compressed_cache
 from kvlab.compress.quantization import dequantize, pack_codes, quantize, unpack_codes
+from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import QUANT_DTYPES, KVCacheConfig
 
 
@@ -73,7 +72,7 @@ def test_residual_window_kept_exact_and_old_tokens_quantized():
 
 def test_baseline_is_16bit_and_sliding_layers_capped():
     geometry = CacheGeometry(num_layers=3, num_kv_heads=2, head_dim=8, layer_windows=(None, 4, None))
-    assert baseline_kv_bytes(geometry, 10) == 2 * 2 * 8 * 2 * (10 + 4 + 10)
+    assert geometry.baseline_bytes(10) == 2 * 2 * 8 * 2 * (10 + 4 + 10)
     cache = build_compressed_cache(KVCacheConfig(), [(torch.randn(1, 2, n, 8),) * 2 for n in (10, 3, 10)],
                                    geometry.layer_windows, seen_tokens=10)
     assert cache.physical_bytes == analytic_kv_bytes(KVCacheConfig(), geometry, cache.kept_per_head())
@@ -84,7 +83,7 @@ def test_uncompressed_cache_ratio_is_one():
     geometry = CacheGeometry(num_layers=2, num_kv_heads=3, head_dim=64, layer_windows=(None, None))
     cache = build_compressed_cache(KVCacheConfig(), [(torch.randn(1, 3, 50, 64),) * 2] * 2,
                                    geometry.layer_windows, seen_tokens=50)
-    assert cache.physical_bytes == baseline_kv_bytes(geometry, 50)
+    assert cache.physical_bytes == geometry.baseline_bytes(50)
 
 
 def test_group_must_divide_head_dim_and_skipped_layers_must_exist():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.compress.accounting import baseline_kv_bytes
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tasks import TaskSpec
 from kvlab.engines.embedded import EmbeddedEngine
@@ -83,12 +82,12 @@ def test_bytes_over_generation_are_measured_and_fall_at_each_compression(engine,
     tokens, sizes = trace["tokens"], trace["bytes"]
     assert tokens == sorted(tokens) and tokens[-1] == trace["final_tokens"]
     assert any(later < earlier for earlier, later in zip(sizes, sizes[1:], strict=False))  # cut while generating
-    assert trace["final_baseline_bytes"] == baseline_kv_bytes(engine.geometry, trace["final_tokens"])
+    assert trace["final_baseline_bytes"] == engine.geometry.baseline_bytes(trace["final_tokens"])
     assert trace["final_ratio"] == pytest.approx(trace["final_baseline_bytes"] / trace["final_bytes"])
     # after the first cut the cache holds 400 tokens of 16-bit keys and values, then grows by at most
     # one interval before the next cut
     first_cut = next(i for i in range(1, len(sizes)) if sizes[i] < sizes[i - 1])
-    per_token = baseline_kv_bytes(engine.geometry, 1)
+    per_token = engine.geometry.baseline_bytes(1)
     assert sizes[first_cut] >= 400 * per_token
     assert max(sizes[first_cut:]) <= (400 + config.decode.interval) * per_token
     assert ours.peak_kv_bytes >= max(sizes)
@@ -119,7 +118,7 @@ def test_every_method_that_decodes_cuts_the_cache_during_generation(engine):
     item = generate_items(TaskSpec(name="recall", context_lengths=[256], num_items=1), engine.tokenizer, seed=3)[0]
     item = replace(item, max_new_tokens=80, stop=())
     configs = [KVCacheConfig(evict=m, decode={"interval": 65, "target_tokens": 100}) for m in methods_that_decode()]
-    per_token = baseline_kv_bytes(engine.geometry, 1)
+    per_token = engine.geometry.baseline_bytes(1)
     for result in engine.evaluate(item, configs):
         trace = result.extra["generation_kv"]
         assert result.output_tokens == 80

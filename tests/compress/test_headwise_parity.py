@@ -13,7 +13,7 @@ import pytest
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
-from kvlab.compress.accounting import BASELINE_BYTES_PER_ELEMENT, baseline_kv_bytes
+from kvlab.compress.accounting import BASELINE_BYTES_PER_ELEMENT
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tasks import TaskSpec
 from kvlab.tasks import generate_items
@@ -89,7 +89,7 @@ def test_text_matches_kvpress_while_only_kept_entries_are_held(engine, kvpress_p
         n_kept = compute_n_kept(ours.context_tokens, config.ratio)
         assert all(sum(heads) == n_kept * len(heads) for heads in kept)
         assert their_cache.get_seq_length() == ours.context_tokens
-        assert ours.physical_kv_bytes < 0.55 * baseline_kv_bytes(engine.geometry, ours.context_tokens)
+        assert ours.physical_kv_bytes < 0.55 * engine.geometry.baseline_bytes(ours.context_tokens)
     assert ragged, f"{name}: every head kept the same count on every layer: not head-wise"
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from kvlab.compress.accounting import baseline_kv_bytes
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS, METHODS
 from kvlab.core.tasks import TaskSpec
@@ -59,7 +58,7 @@ def test_each_layer_keeps_exactly_the_count_and_its_bytes_fall_with_it(engine):
                KVCacheConfig(evict="snapkv", keep_tokens=120, query_aware=True),
                KVCacheConfig(evict="knorm", keep_tokens=1, query_aware=True)]
     results = {r.config_name: r for r in engine.evaluate(item, configs)}
-    per_token = baseline_kv_bytes(engine.geometry, 1)
+    per_token = engine.geometry.baseline_bytes(1)
     for name, kept in (("snapkv:n200", 200), ("streaming_llm:n100", 100), ("pyramidkv:n256", 256)):
         assert results[name].kept_tokens == kept  # pyramidkv: the mean over layers, its schedule around it
     for name in ("snapkv:n200", "streaming_llm:n100"):  # every layer the same count: bytes by hand

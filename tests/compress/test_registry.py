@@ -20,6 +20,7 @@ from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig, 
 from kvlab.core.methods import BUDGET_BOUNDS, METHODS, PARAMS, REFUSED
 from kvlab.dashboard.spec_form import BUDGET_RANGE, default_form
 from kvlab.dashboard.views import QUANT_BITS
+from kvlab.engines.servers import SERVERS
 from kvlab.spec_files import parse_spec_toml
 
 
@@ -104,10 +105,11 @@ def test_formats_and_their_engine_names():
         if fmt.kind == "fp8":
             assert FP8_DTYPES[fmt.name] == getattr(torch, fmt.storage_dtype)
             assert torch.finfo(FP8_DTYPES[fmt.name]).max == fmt.fp8_max
-        assert fmt.sglang != "fp8"  # SGLang rejects plain fp8
-        for kind in ("vllm", "sglang"):
-            assert (fmt.engine_dtype(kind) is None) == (kind in fmt.engine_notes), (fmt.name, kind)
-    assert FORMATS["int2"].vllm is None  # vLLM has no 2-bit KV cache
+        for server in SERVERS.values():  # each engine either stores a format or says what it has instead
+            assert (fmt.name in server.kv_dtypes) != (fmt.name in server.format_notes), (fmt.name, server.kind)
+    assert SERVERS["sglang"].kv_dtypes["fp8_e4m3"] != "fp8"  # SGLang rejects plain fp8
+    assert "int2" not in SERVERS["vllm"].kv_dtypes  # vLLM has no 2-bit KV cache
+    assert all(set(server.kv_dtypes) <= set(FORMATS) for server in SERVERS.values())
     assert INT_BITS == {"int8": 8, "int4": 4, "int2": 2}
     assert QUANT_BITS == {name: float(f.bits) for name, f in FORMATS.items()}
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvlab.compress.accounting import CacheGeometry
+from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tasks import TaskSpec
 from kvlab.engines.attention import MemberStates, kvlab_attention_forward

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
-from kvlab.engines.server_logs import parse_kv_pool
+from kvlab.engines.servers import SERVERS
 from tests.waiting import SAFETY_S, wait_until
 
 # Refuses connections for 0.2 s, answers 503 for 0.4 s more, then 200 on /health; logs a vLLM pool line.
@@ -84,7 +84,7 @@ def test_becomes_healthy_and_logs_the_pool(tmp_path):
     server, _ = _server(tmp_path, SLOW_SERVER, startup_timeout_s=SAFETY_S, poll_s=0.1)
     with server:
         assert server.alive()
-        pool = parse_kv_pool("vllm", server.log_text())
+        pool = SERVERS["vllm"].parse_pool(server.log_text())
         assert pool is not None and pool.tokens == 8192 and pool.bytes == 1 << 30
     assert not server.alive()
     server.stop()  # idempotent
@@ -94,7 +94,7 @@ def test_log_text_is_this_runs_part_of_an_appended_log(tmp_path):
     (tmp_path / "server.log").write_text("GPU KV cache size: 1 tokens\n")
     server, _ = _server(tmp_path, SLOW_SERVER, startup_timeout_s=SAFETY_S, poll_s=0.1)
     with server:
-        assert parse_kv_pool("vllm", server.log_text()).tokens == 8192
+        assert SERVERS["vllm"].parse_pool(server.log_text()).tokens == 8192
         assert "GPU KV cache size: 1 tokens" not in server.log_text()
     assert (tmp_path / "server.log").read_text().startswith("GPU KV cache size: 1 tokens")
 

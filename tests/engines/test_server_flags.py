@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions
-from kvlab.core.formats import engine_dtypes
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.engines.server_flags import Installed, check_config, health_path, server_command, server_env
 
@@ -17,8 +17,8 @@ BASELINE = KVCacheConfig(name="baseline")
 
 def test_engine_kv_dtypes_map_kvlab_names_to_engine_values():
     expected = {"none": "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-    assert engine_dtypes("vllm") == expected
-    assert engine_dtypes("sglang") == expected
+    assert BACKENDS["vllm"].kv_dtypes == expected
+    assert BACKENDS["sglang"].kv_dtypes == expected
 
 
 def test_vllm_argv_defaults():
@@ -74,9 +74,10 @@ def test_sglang_refuses_the_vllm_only_options():
 
 def test_the_cpu_build_runs_unpinned_threads_and_a_local_model_offline():
     quiet = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    assert server_env(CPU_BUILD, local_model=True) == quiet | {
+    assert server_env("vllm", CPU_BUILD, local_model=True) == quiet | {
         "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "2"}
-    assert server_env(Installed("python"), local_model=False) == quiet
+    assert server_env("vllm", Installed("python"), local_model=False) == quiet
+    assert server_env("sglang", Installed("python"), local_model=False) == {"DO_NOT_TRACK": "1"}
 
 
 def test_sglang_argv_defaults():

@@ -22,11 +22,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from kvlab.engines.prometheus import (
     ServerMetricsSource,
-    cache_config_pool,
     parse_metrics,
     server_kv_snapshot,
 )
-from kvlab.engines.server_logs import GIB, KVPool, parse_kv_pool, startup_failure
+from kvlab.engines.server_logs import GIB, KVPool, startup_failure
+from kvlab.engines.servers import SERVERS
 
 VLLM_LOG = """\
 INFO 10-07 09:12:31 [__init__.py:216] Automatically detected platform cuda.
@@ -112,7 +112,7 @@ sglang:kv_cache_memory_usage_gb{engine_type="unified",model_name="kvlab-model",p
 
 
 def test_vllm_pool_from_log():
-    pool = parse_kv_pool("vllm", VLLM_LOG)
+    pool = SERVERS["vllm"].parse_pool(VLLM_LOG)
     assert pool == KVPool(829_520, round(101.26 * GIB), pool.source_line)
     assert pool.source_line.endswith("GPU KV cache size: 829,520 tokens")
     assert pool.bytes_per_token == pytest.approx(131_072, rel=1e-3)  # Llama-3.1-8B, bf16
@@ -123,17 +123,17 @@ def test_vllm_newer_memory_format_and_restarts_take_the_last_start():
     newer = ("(EngineCore_DP0 pid=9) INFO 01-02 03:04:05 [gpu_worker.py:440] Available KV cache memory: "
              "20.5 GiB (process-scoped)\n"
              "(EngineCore_DP0 pid=9) INFO 01-02 03:04:05 [kv_cache_utils.py:1290] GPU KV cache size: 167,936 tokens\n")
-    pool = parse_kv_pool("vllm", first + newer)
+    pool = SERVERS["vllm"].parse_pool(first + newer)
     assert (pool.tokens, pool.bytes) == (167_936, round(20.5 * GIB))
 
 
 def test_vllm_tokens_without_memory_line():
-    pool = parse_kv_pool("vllm", "INFO 10-07 09:13:05 [kv_cache_utils.py:1087] GPU KV cache size: 4,096 tokens\n")
+    pool = SERVERS["vllm"].parse_pool("INFO 10-07 09:13:05 [kv_cache_utils.py:1087] GPU KV cache size: 4,096 tokens\n")
     assert (pool.tokens, pool.bytes, pool.bytes_per_token) == (4096, None, None)
 
 
 def test_sglang_pool_from_log():
-    pool = parse_kv_pool("sglang", SGLANG_LOG)
+    pool = SERVERS["sglang"].parse_pool(SGLANG_LOG)
     assert pool.tokens == 1_563_446
     assert pool.bytes == round(2 * 47.71 * GIB)
     assert pool.bytes_per_token == pytest.approx(65_536, rel=1e-3)  # Llama-3.1-8B, fp8 K and V
@@ -141,7 +141,7 @@ def test_sglang_pool_from_log():
 
 
 def test_sglang_mla_pool_from_log():
-    pool = parse_kv_pool("sglang", SGLANG_MLA_LOG)
+    pool = SERVERS["sglang"].parse_pool(SGLANG_MLA_LOG)
     assert (pool.tokens, pool.bytes) == (2_618_868, round(75.86 * GIB))
 
 
@@ -149,7 +149,7 @@ def test_sglang_mla_pool_from_log():
     ("vllm", ""), ("vllm", SGLANG_LOG), ("sglang", VLLM_LOG), ("sglang", "Traceback (most recent call last):\n"),
 ])
 def test_no_pool_line_gives_none(kind, text):
-    assert parse_kv_pool(kind, text) is None
+    assert SERVERS[kind].parse_pool(text) is None
 
 
 def test_parse_metrics_sums_label_sets_and_keeps_wire_names():
@@ -181,7 +181,7 @@ def test_unparseable_metrics_give_empty(text):
 
 
 def test_vllm_snapshot_uses_pool_bytes_from_the_log():
-    pool = parse_kv_pool("vllm", VLLM_LOG)
+    pool = SERVERS["vllm"].parse_pool(VLLM_LOG)
     snapshot = server_kv_snapshot("vllm", parse_metrics(VLLM_METRICS), pool)
     assert snapshot.usage == 0.25
     assert snapshot.pool_bytes == pool.bytes
@@ -196,7 +196,7 @@ def test_vllm_snapshot_reads_the_old_usage_name_and_needs_a_pool_for_bytes():
 
 def test_sglang_snapshot_from_log_pool_or_memory_gauge():
     metrics = parse_metrics(SGLANG_METRICS)
-    pool = parse_kv_pool("sglang", SGLANG_LOG)
+    pool = SERVERS["sglang"].parse_pool(SGLANG_LOG)
     snapshot = server_kv_snapshot("sglang", metrics, pool)
     assert snapshot.usage == 0.1
     assert snapshot.kv_bytes == round(0.1 * pool.bytes)
@@ -239,7 +239,7 @@ def metrics_server():
 
 
 def test_metrics_source_reads_kv_bytes(metrics_server):
-    pool = parse_kv_pool("vllm", VLLM_LOG)
+    pool = SERVERS["vllm"].parse_pool(VLLM_LOG)
     source = ServerMetricsSource(f"http://127.0.0.1:{metrics_server.server_port}/", "vllm", pool=pool)
     try:
         assert source.name == "server"
@@ -291,30 +291,31 @@ vllm:cache_config_info{block_size="128",cache_dtype="fp8_e4m3",enable_prefix_cac
 @pytest.mark.parametrize(("log", "tokens", "gib"), [
     (VLLM_CPU_EXPLICIT, 93_184, 1.0), (VLLM_CPU_AUTO, 271_232, 2.91), (VLLM_GPU_RESERVED, 186_368, 4.0)])
 def test_vllm_pool_lines_of_the_cpu_build_and_of_a_pool_sized_in_bytes(log, tokens, gib):
-    pool = parse_kv_pool("vllm", log)
+    pool = SERVERS["vllm"].parse_pool(log)
     assert (pool.tokens, pool.bytes) == (tokens, round(gib * GIB))
     assert "KV cache size" in pool.source_line
 
 
 def test_the_cpu_pool_matches_smollm2_geometry_to_the_block():
     """1 GiB of fp8 holds 93,184 tokens: 11,523 B/token against 30 layers x 2 x 3 heads x 64 x 1 B = 11,520."""
-    from kvlab.engines.launched import Geometry
+    from kvlab.core.geometry import CacheGeometry
+    from kvlab.engines.launched import pool_check
 
-    pool = parse_kv_pool("vllm", VLLM_CPU_EXPLICIT)
-    geometry = Geometry(layers=30, kv_heads=3, head_dim=64)
+    pool = SERVERS["vllm"].parse_pool(VLLM_CPU_EXPLICIT)
+    geometry = CacheGeometry(num_layers=30, num_kv_heads=3, head_dim=64)
     assert round(pool.bytes_per_token) == 11_523 and geometry.bytes_per_token(8) == 11_520
-    assert "+0.02%, agree" in geometry.check(pool.bytes_per_token, 8)
-    assert "DISAGREE" in geometry.check(pool.bytes_per_token, 16)  # the same pool read as 16-bit is half
+    assert "+0.02%, agree" in pool_check(geometry, pool.bytes_per_token, 8)
+    assert "DISAGREE" in pool_check(geometry, pool.bytes_per_token, 16)  # the same pool read as 16-bit is half
 
 
 def test_vllm_metrics_state_the_pool_without_the_log():
-    pool = cache_config_pool(VLLM_CACHE_INFO)
+    pool = SERVERS["vllm"].stated_pool(VLLM_CACHE_INFO)
     assert (pool.tokens, pool.bytes, pool.cache_dtype) == (93_184, 1 << 30, "fp8_e4m3")
     assert "cache_dtype=fp8_e4m3" in pool.source_line and pool.source_line.startswith("vllm:cache_config_info{")
-    auto = cache_config_pool(VLLM_CACHE_INFO.replace('kv_cache_memory_bytes="1073741824"', 'kv_cache_memory_bytes="None"')
+    auto = SERVERS["vllm"].stated_pool(VLLM_CACHE_INFO.replace('kv_cache_memory_bytes="1073741824"', 'kv_cache_memory_bytes="None"')
                              .replace('kv_cache_size_tokens="93184",', ""))
     assert (auto.tokens, auto.bytes) == (728 * 128, None)  # tokens from the blocks; bytes left to the log
-    assert cache_config_pool(VLLM_METRICS) is None and cache_config_pool("<html>busy</html>") is None
+    assert SERVERS["vllm"].stated_pool(VLLM_METRICS) is None and SERVERS["vllm"].stated_pool("<html>busy</html>") is None
 
 
 # Start-up failures of the real vLLM CPU build (measured here), each one line with its cause and fix.
@@ -361,7 +362,7 @@ VLLM_FP8_WITHOUT_AVX512 = """\
 
 
 def test_vllm_fp8_on_a_cpu_without_avx512_names_the_cpu_and_the_fix():
-    said = startup_failure(VLLM_FP8_WITHOUT_AVX512, "server exited with code 1")
+    said = startup_failure(VLLM_FP8_WITHOUT_AVX512, "server exited with code 1", SERVERS["vllm"].startup_faults)
     cause, fix = said.split("; fix: ", 1)
     assert "AVX-512 or AMX" in cause and "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in cause
     assert "GPU" in fix and "quant = 'none'" in fix and "\n" not in said

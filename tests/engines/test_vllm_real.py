@@ -25,10 +25,10 @@ import pytest
 import tomli_w
 
 from kvlab.core.experiment_spec import ServerOptions
+from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.doctor import diagnose
 from kvlab.engines.host import default_python, offer
-from kvlab.engines.launched import Geometry
 from kvlab.engines.managed_server import ManagedServer, free_port
 from kvlab.engines.server_flags import Installed, server_command, server_env
 from kvlab.experiments.engine_agreement import engine_agreement
@@ -44,7 +44,7 @@ FP8 = ["fp8_e4m3", "fp8_e5m2"]
 HERE = offer("vllm")
 DTYPES = [q for q in FP8 if q in HERE.runs]  # and the baseline ("auto": the model's bfloat16 on the CPU build)
 NOT_HERE = {q: HERE.refused[q] for q in FP8 if q not in DTYPES}
-SMOLLM2 = Geometry(layers=30, kv_heads=3, head_dim=64)
+SMOLLM2 = CacheGeometry(num_layers=30, num_kv_heads=3, head_dim=64)
 
 
 def spec_toml(name: str, num_items: int, depths: list[float], **rest: object) -> str:
@@ -161,7 +161,7 @@ def keyed_server(vllm_python, tmp_path_factory):
     command = server_command("vllm", str(resolve_model("smollm2-135m")), KVCacheConfig(), ServerOptions(), port,
                              "smollm2-135m", installed=installed)
     log = tmp_path_factory.mktemp("keyed") / "vllm.log"
-    env = server_env(installed, local_model=True) | {"VLLM_API_KEY": KEY}
+    env = server_env("vllm", installed, local_model=True) | {"VLLM_API_KEY": KEY}
     with ManagedServer(command, f"http://127.0.0.1:{port}/health", log, env=env, startup_timeout_s=SAFETY_S):
         yield f"http://127.0.0.1:{port}/v1"
 

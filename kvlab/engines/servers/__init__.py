@@ -1,0 +1,25 @@
+"""The serving engines kvlab launches, one module each (:mod:`.vllm`, :mod:`.sglang`) behind one interface
+(:class:`~kvlab.engines.servers.base.ServingEngine`).  Adding one is its module, its entry here and its entry
+in the backend registry (:data:`kvlab.core.backends.BACKENDS`, which holds its title and KV dtype names)."""
+
+from __future__ import annotations
+
+from kvlab.core.backends import SERVER_KINDS
+from kvlab.core.errors import ConfigError
+from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine
+from kvlab.engines.servers.sglang import SGLANG
+from kvlab.engines.servers.vllm import VLLM
+
+SERVERS: dict[str, ServingEngine] = {engine.kind: engine for engine in (VLLM, SGLANG)}
+assert tuple(SERVERS) == SERVER_KINDS, "every server backend has its module, and only those"
+
+
+def serving_engine(kind: str) -> ServingEngine:
+    """The serving engine of backend ``kind``; :class:`ConfigError` (a ValueError) for one kvlab does not launch."""
+    try:
+        return SERVERS[kind]
+    except KeyError:
+        raise ConfigError(f"server kind '{kind}': kvlab launches {' and '.join(SERVERS)} servers") from None
+
+
+__all__ = ["SERVERS", "FormLabels", "MetricNames", "ServingEngine", "serving_engine"]

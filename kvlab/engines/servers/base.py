@@ -1,0 +1,119 @@
+"""What kvlab must know of a serving engine it launches, as one interface (vLLM's platform classes are the
+model: each engine's knowledge in its own module, behind the same methods).
+
+A serving engine here is a server that kvlab starts as a subprocess of another Python, waits for, talks
+to over HTTP and stops: its command line, health path, metric names, start-up log and host rules.  The
+generic parts (validating a config against the engine, the flags kvlab owns, the environment, the root
+cause of a failed start) read these objects; nothing outside :mod:`kvlab.engines.servers` branches on an
+engine's kind.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvlab.core.backends import BACKENDS
+
+if TYPE_CHECKING:
+    from kvlab.core.experiment_spec import ServerOptions
+    from kvlab.engines.host import HostCPU, Install
+    from kvlab.engines.server_flags import Installed
+    from kvlab.engines.server_logs import KVPool, StartupFault
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """The Prometheus sample names a server exposes for each reading kvlab takes (the first present wins:
+    later names are older releases')."""
+
+    usage: tuple[str, ...] = ()  # fraction (0..1) of the KV pool held by live requests
+    preemptions: tuple[str, ...] = ()  # cumulative: requests preempted or retracted when the pool ran out
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FormLabels:
+    """How the dashboard's form names the engine's own flags for kvlab's server settings."""
+
+    memory_flag: str  # server.memory_fraction
+    context_flag: str  # server.max_model_len
+    prefix_cache: str  # the label of server.prefix_cache's checkbox
+    python_help: str  # where its interpreter comes from
+    pool_help: str | None = None  # server.kv_cache_gib's flag and default, where the engine sizes its pool in bytes
+
+
+@dataclass(frozen=True)
+class ServingEngine(ABC):
+    """One serving engine.  Its ``kind`` is its entry in the backend registry (:data:`kvlab.core.backends.BACKENDS`),
+    which holds what a spec's validation needs without importing engines: the title and the ``--kv-cache-dtype``
+    value of each kvlab format the engine stores."""
+
+    kind: str
+    module: str  # `python -m MODULE` starts its OpenAI-compatible server
+    health_path: str  # answers 200 only once the server can serve requests
+    install_hint: str  # how to install it, as a sentence's end
+    no_eviction: str  # why a config that evicts tokens cannot run on it, and what cache knobs it has instead
+    plain_fp8: str  # why plain quant = 'fp8' is refused (say which variant)
+    #: kvlab format -> what the engine offers instead, for each format it does not store
+    format_notes: Mapping[str, str]
+    #: flags kvlab sets itself -> the kvlab setting that controls each (refused in server.extra_args)
+    own_flags: Mapping[str, str]
+    #: flags that would put an API key on the command line -> where the key goes instead
+    key_flags: Mapping[str, str]
+    metrics: MetricNames
+    form: FormLabels
+    startup_faults: tuple[StartupFault, ...] = ()  # this engine's own, before the generic ones
+    skip_layers_flag: str | None = None  # keeps listed layers' cache 16-bit, where the engine has one
+    #: the engine's own environment for a launch (beside kvlab's, :func:`kvlab.engines.server_flags.server_env`)
+    quiet_env: Mapping[str, str] = field(default_factory=dict)
+    cpu_flags: tuple[str, ...] = ()  # the CPU flags its host rules read (shown by `kvlab engines`)
+    pool_on_metrics: bool = False  # its /metrics states the pool (:meth:`stated_pool`), read before the log
+
+    @property
+    def title(self) -> str:
+        return BACKENDS[self.kind].title
+
+    @property
+    def kv_dtypes(self) -> Mapping[str, str]:
+        """kvlab format -> the engine's ``--kv-cache-dtype`` value, for the formats it stores."""
+        return BACKENDS[self.kind].kv_dtypes
+
+    def format_note(self, quant: str) -> str:
+        """What the engine offers instead of kvlab format ``quant``."""
+        return self.format_notes.get(quant, "it has no such KV cache format")
+
+    @abstractmethod
+    def check_options(self, options: ServerOptions) -> None:
+        """Raise :class:`~kvlab.core.errors.ConfigError` for a server setting the engine has no flag for."""
+
+    @abstractmethod
+    def launch_args(self, model: str, kv_dtype: str, options: ServerOptions, installed: Installed, dtype: str,
+                    served_model_name: str, seed: int) -> list[str]:
+        """The engine's arguments after ``python -m MODULE --host H --port P``, for one KV dtype (checked)."""
+
+    def launch_env(self, installed: Installed) -> dict[str, str]:
+        """The engine's environment for a launch with ``installed`` (beside kvlab's own)."""
+        return dict(self.quiet_env)
+
+    @abstractmethod
+    def parse_pool(self, log_text: str) -> KVPool | None:
+        """The KV pool in a start-up log (the last start's), or None when the log has no pool line (yet)."""
+
+    def stated_pool(self, metrics_text: str) -> KVPool | None:
+        """The pool as the server's ``/metrics`` states it (engines with ``pool_on_metrics``)."""
+        return None
+
+    def pool_bytes_from_metrics(self, metrics: Mapping[str, float]) -> int | None:
+        """The pool's bytes from a metrics gauge, where the engine has one and its log did not say."""
+        return None
+
+    def why_not_here(self, install: Install, quant: str, cpu: HostCPU, gpus: tuple[str, ...]) -> str | None:
+        """Why ``install`` cannot store a KV cache in format ``quant`` on this host (None: it can).  The CUDA
+        builds need an NVIDIA GPU for every setting."""
+        if not gpus:
+            return f"{install.label} is a CUDA build and NVML sees no NVIDIA GPU here; run it on a GPU host"
+        return None

@@ -1,0 +1,53 @@
+"""Each serving engine is one module of kvlab/engines/servers behind one interface, and nothing else names it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import kvlab
+from kvlab.core.backends import BACKENDS, SERVER_KINDS
+from kvlab.core.formats import FORMATS
+from kvlab.engines.servers import SERVERS, serving_engine
+from kvlab.engines.servers.base import ServingEngine
+
+ROOT = Path(kvlab.__file__).resolve().parent
+#: Where an engine's kind may be spelled out: its own module, and the backend registry that names it.
+ALLOWED = (ROOT / "engines" / "servers", ROOT / "core" / "backends.py")
+
+
+def test_one_module_per_server_backend():
+    assert tuple(SERVERS) == SERVER_KINDS
+    modules = {p.stem for p in (ROOT / "engines" / "servers").glob("*.py")} - {"__init__", "base"}
+    assert modules == set(SERVERS)
+    for kind, server in SERVERS.items():
+        assert isinstance(server, ServingEngine) and server.kind == kind
+        assert type(server).__module__ == f"kvlab.engines.servers.{kind}"
+        assert server.title == BACKENDS[kind].title and set(server.kv_dtypes) <= set(FORMATS)
+        assert server.health_path.startswith("/") and server.module and server.own_flags
+        # every format it lacks has its note (what it offers instead), and only those
+        assert set(server.format_notes) == set(FORMATS) - set(server.kv_dtypes)
+
+
+def test_an_unknown_kind_is_one_line_naming_the_known_ones():
+    with pytest.raises(ValueError, match="kvlab launches vllm and sglang servers"):
+        serving_engine("tgi")
+
+
+def _spelled_kinds(path: Path) -> list[tuple[int, str]]:
+    """(line, kind) of every string constant in ``path`` that is exactly a server kind."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in SERVER_KINDS]
+
+
+def test_no_module_outside_the_servers_and_the_registry_names_an_engine():
+    """Adding an engine is its module and its registry entry: no other module branches on its kind."""
+    sources = [*ROOT.rglob("*.py"), *(ROOT.parent / "pages").glob("*.py"), ROOT.parent / "app.py"]
+    found = {f"{path.relative_to(ROOT.parent)}:{line}": kind for path in sources
+             if not any(path.is_relative_to(allowed) for allowed in ALLOWED)
+             for line, kind in _spelled_kinds(path)}
+    assert not found, f"an engine's kind spelled outside its module: {found}"
+    assert _spelled_kinds(ROOT / "engines" / "servers" / "vllm.py")  # the check reads real constants
