@@ -25,7 +25,7 @@ from kvlab.dashboard.page_table import DashboardPage
 from kvlab.errlog import debug_enabled, log_details, one_line
 from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.secrets import redact
-from kvlab.store import ExperimentNotFoundError, ExperimentRecord, Store, StoreError
+from kvlab.store import ExperimentNotFoundError, ExperimentRecord, ExperimentStore, Store, StoreError
 from kvlab.store.records import baseline_name
 from pages.plotly_view import plotly_figure
 
@@ -185,7 +185,8 @@ def experiment_label(experiment: ExperimentRecord) -> str:
     return f"#{experiment.id} {experiment.name} ({experiment.status})"
 
 
-def pick_experiment(store: Store, candidates: Sequence[ExperimentRecord], what: str, key: str) -> ExperimentRecord:
+def pick_experiment(store: ExperimentStore, candidates: Sequence[ExperimentRecord], what: str,
+                    key: str) -> ExperimentRecord:
     """The experiment the URL's ``id`` names (else the newest of ``candidates``), with a selector to
     switch that keeps ``id`` in the URL; a link to a missing one says so and stops the page."""
     raw = st.query_params.get("id")

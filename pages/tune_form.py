@@ -19,7 +19,7 @@ from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS, HEAD_BUDGETS, ME
 from kvlab.dashboard import estimate, views
 from kvlab.dashboard.launch import Refused, launch_tune
 from kvlab.dashboard.spec_form import HEADS_HELP, TUNE_LABELS, VALUE_QUANT_HELP
-from kvlab.store import Store
+from kvlab.store import ExperimentStore
 from kvlab.tune.progress import plan
 
 
@@ -100,7 +100,7 @@ def preview(spec: ExperimentSpec) -> None:
     st.caption(f"Its recommendation: the {views.md(spec.margins.rule('its'))}.")
 
 
-def launch_row(spec: ExperimentSpec, store: Store, open_tune: Callable[[int], None]) -> None:
+def launch_row(spec: ExperimentSpec, store: ExperimentStore, open_tune: Callable[[int], None]) -> None:
     """Download the spec, or launch the tune (it runs in a background ``kvlab tune`` with its own worker)."""
     download_col, launch_col = st.columns([1.2, 1])
     download_col.download_button("Download spec (TOML)", data=dump_spec(spec), file_name=f"{spec.name}.toml",
@@ -111,7 +111,7 @@ def launch_row(spec: ExperimentSpec, store: Store, open_tune: Callable[[int], No
         launch(spec, store, open_tune)
 
 
-def launch(spec: ExperimentSpec, store: Store, open_tune: Callable[[int], None]) -> None:
+def launch(spec: ExperimentSpec, store: ExperimentStore, open_tune: Callable[[int], None]) -> None:
     """Store the tune, start its driver in the background and open its page; a refused spec says why
     in one line, and nothing is stored."""
     try:

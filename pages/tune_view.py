@@ -18,7 +18,7 @@ import streamlit as st
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.margins import DEFAULT_MAX_DROP
 from kvlab.dashboard import tune_charts, views
-from kvlab.store import ExperimentRecord, Store
+from kvlab.store import ExperimentRecord, ExperimentStore
 from kvlab.store.records import TuneRecord
 from kvlab.tune import progress
 from kvlab.tune.recommend import engine_title, serve_command
@@ -43,7 +43,7 @@ class TuneState:
     configs: dict[int, dict[str, Any]]  # trial id -> KVCacheConfig fields
 
 
-def read_state(store: Store, experiment: ExperimentRecord, tune: TuneRecord) -> TuneState:
+def read_state(store: ExperimentStore, experiment: ExperimentRecord, tune: TuneRecord) -> TuneState:
     trials = store.trials(experiment.id)
     max_drop = float(experiment.spec.get("max_drop", DEFAULT_MAX_DROP))
     shown = progress.points(store.candidates(experiment.id), trials, max_drop)
@@ -58,7 +58,7 @@ def read_state(store: Store, experiment: ExperimentRecord, tune: TuneRecord) -> 
                      configs={t.id: t.config for t in trials})
 
 
-def live(store: Store, experiment: ExperimentRecord, seen: str, show: str, stem: str) -> None:
+def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, show: str, stem: str) -> None:
     """The whole tune view; rerun every few seconds while the tune runs (the page wraps it in a
     fragment).  When the tune's state is no longer ``seen`` (the one the page was drawn for), the
     whole page reruns, which stops the refresh once the tune has ended."""

@@ -20,7 +20,7 @@ from kvlab.errlog import one_line
 from kvlab.experiments.submit import Executor as Runner
 from kvlab.experiments.submit import Handle, LocalWorkers, Submitted, submit
 from kvlab.paths import data_dir
-from kvlab.store import Store, StoreError
+from kvlab.store import ExperimentStore, StoreError
 
 
 class Refused(Exception):
@@ -37,7 +37,7 @@ def launch_sweep(spec: ExperimentSpec, warnings: Sequence[str], executor: Execut
     return _submit(spec, LocalWorkers(workers), warnings).experiment_id
 
 
-def launch_tune(spec: ExperimentSpec, warnings: Sequence[str], store: Store) -> int:
+def launch_tune(spec: ExperimentSpec, warnings: Sequence[str], store: ExperimentStore) -> int:
     """Store the tune and start its driver, a detached ``kvlab tune`` on this host (the model loads
     there); records on the tune that the dashboard launched it, with the process's log; returns its id."""
     from kvlab.tune.session import DetachedTune

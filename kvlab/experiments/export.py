@@ -14,7 +14,7 @@ from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
 from kvlab.experiments.analysis import decide, summarize
 from kvlab.secrets import redact, redact_data
-from kvlab.store import Store
+from kvlab.store import ExperimentStore
 from kvlab.store.records import baseline_name
 
 RESULT_COLUMNS = [f.name for f in fields(ItemResult)]
@@ -45,7 +45,7 @@ def spreadsheet_safe(value: Any) -> Any:
     return value
 
 
-def experiment_document(store: Store, experiment_id: int) -> dict[str, Any]:
+def experiment_document(store: ExperimentStore, experiment_id: int) -> dict[str, Any]:
     """The experiment, its trials, per-config summaries, every item result and its event log."""
     experiment = store.get_experiment(experiment_id)
     trials = store.trials(experiment_id)

@@ -20,7 +20,7 @@ from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.experiments.ray_executor import RayWorkers, WorkerOutcome, refuse_ray_run
 from kvlab.experiments.runner import ExperimentRun, missing_baseline
 from kvlab.experiments.submit import Start, cancelled_on_ctrl_c
-from kvlab.store import Store
+from kvlab.store import ExperimentStore
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class OnRay:
         self.starting()
         yield lambda store, experiment_id: self._run(store, experiment_id, spec)
 
-    def _run(self, store: Store, experiment_id: int, spec: ExperimentSpec) -> ExperimentRun:
+    def _run(self, store: ExperimentStore, experiment_id: int, spec: ExperimentSpec) -> ExperimentRun:
         started, started_at = time.perf_counter(), datetime.now(UTC).isoformat(timespec="seconds")
         if self.limit:
             store.log_event(experiment_id, f"kvlab run --limit {self.limit}: only the first {self.limit} items of "
@@ -68,7 +68,8 @@ class OnRay:
             failure=failure)
 
 
-def _wait(store: Store, experiment_id: int, workers: RayWorkers, name: str, progress: bool) -> list[WorkerOutcome]:
+def _wait(store: ExperimentStore, experiment_id: int, workers: RayWorkers, name: str,
+          progress: bool) -> list[WorkerOutcome]:
     """Until the workers return, with a progress bar read from the store; Ctrl-C cancels the experiment."""
     with tqdm(total=None, disable=not progress, unit="eval", desc=name) as bar:
 
@@ -85,7 +86,7 @@ def _wait(store: Store, experiment_id: int, workers: RayWorkers, name: str, prog
             return workers.wait(stop_when=advance if progress else None)
 
 
-def settle(store: Store, experiment_id: int, outcomes: list[WorkerOutcome]) -> str | None:
+def settle(store: ExperimentStore, experiment_id: int, outcomes: list[WorkerOutcome]) -> str | None:
     """Why the experiment did not end done, if so; one the workers all left unfinished is failed here
     (nothing else would run it) with their reason."""
     record = store.get_experiment(experiment_id)

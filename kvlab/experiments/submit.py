@@ -48,7 +48,7 @@ from kvlab.experiments.runner import ExperimentRun, missing_baseline
 from kvlab.experiments.worker import Worker
 from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.spec_files import check_on_this_host
-from kvlab.store import Store, StoreError, require_shared_store
+from kvlab.store import ExperimentStore, Store, StoreError, require_shared_store
 from kvlab.tasks import check_task_files, planned_items
 
 Handle = TypeVar("Handle", covariant=True)
@@ -122,7 +122,7 @@ def refuse(spec: ExperimentSpec, executor: Executor[object], files_under: Path |
     return spec
 
 
-def store_experiment(store: Store, spec: ExperimentSpec, warnings: Sequence[str] = ()) -> int:
+def store_experiment(store: ExperimentStore, spec: ExperimentSpec, warnings: Sequence[str] = ()) -> int:
     """Store a queued experiment with this host's environment (without torch's facts: the worker that
     runs it records its own); a tune with its search recorded, waiting for its driver.  Its warnings
     become warning events.  Refused first if this host's files say it cannot run
@@ -138,7 +138,7 @@ def store_experiment(store: Store, spec: ExperimentSpec, warnings: Sequence[str]
     return experiment_id
 
 
-def _store_tune(store: Store, spec: ExperimentSpec, tune: TuneSpec) -> int:
+def _store_tune(store: ExperimentStore, spec: ExperimentSpec, tune: TuneSpec) -> int:
     """Store a new tune: the experiment with its baseline (and any fixed ``[[configs]]``) on the first
     round's items, and its search, which the driver that takes it over runs (``kvlab.tune``)."""
     n_items = 0
@@ -222,7 +222,7 @@ class InThisProcess:
             engine.check_configs(spec.all_configs())  # refusals (a server not installed...) store nothing
             described = engine.describe()  # an endpoint is probed here, before anything is stored
 
-            def start(store: Store, experiment_id: int) -> ExperimentRun:
+            def start(store: ExperimentStore, experiment_id: int) -> ExperimentRun:
                 if self.limit:
                     store.log_event(experiment_id, f"kvlab run --limit {self.limit}: only the first {self.limit} "
                                                    "items of the spec")
@@ -241,7 +241,7 @@ class InThisProcess:
             engine.close()
 
 
-def _work(store: Store, experiment_id: int, spec: ExperimentSpec, engine: Engine, limit: int | None,
+def _work(store: ExperimentStore, experiment_id: int, spec: ExperimentSpec, engine: Engine, limit: int | None,
           progress: bool) -> str | None:
     """Run the experiment's trials here until it has ended; returns why it did not end done, if so."""
     settings = WorkerSettings(max_trials=min(len(spec.all_configs()), 1000), exit_when_idle=True)
@@ -270,7 +270,7 @@ def _work(store: Store, experiment_id: int, spec: ExperimentSpec, engine: Engine
 
 
 @contextmanager
-def cancelled_on_ctrl_c(store: Store, experiment_id: int) -> Iterator[None]:
+def cancelled_on_ctrl_c(store: ExperimentStore, experiment_id: int) -> Iterator[None]:
     """Ctrl-C while the experiment runs here: cancel it in the store (its results kept) and raise
     :class:`RunCancelled`."""
     try:

@@ -61,7 +61,7 @@ from kvlab.experiments.runner import build_engine, build_items, evaluate_configs
 from kvlab.experiments.telemetry import SampleContext, TelemetrySampler, detect_sources
 from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.secrets import redact
-from kvlab.store import ExperimentNotFoundError, Store, StoreLost, TrialNotFoundError
+from kvlab.store import ExperimentNotFoundError, ExperimentStore, StoreLost, TrialNotFoundError
 from kvlab.store.records import TelemetrySample, TrialRecord
 from kvlab.tasks import TaskItem
 
@@ -81,7 +81,7 @@ def new_worker_id() -> str:
 
 @dataclass
 class Worker:
-    store: Store
+    store: ExperimentStore
     settings: WorkerSettings = field(default_factory=WorkerSettings)
     worker_id: str = field(default_factory=new_worker_id)
     engine_factory: Callable[[ExperimentSpec], Engine] = build_engine
@@ -350,7 +350,7 @@ class _Heartbeat:
     """Beats for the batch on a thread; ``gone`` collects trials cancelled, deleted or taken away.
     A beat first checks that the store is intact; once it is lost, ``on_lost`` hears it and the beats end."""
 
-    def __init__(self, store: Store, worker_id: str, trial_ids: list[int], period_s: float,
+    def __init__(self, store: ExperimentStore, worker_id: str, trial_ids: list[int], period_s: float,
                  on_lost: Callable[[StoreLost], None]):
         self.store, self.worker_id, self.trial_ids, self.period_s = store, worker_id, trial_ids, period_s
         self.on_lost = on_lost

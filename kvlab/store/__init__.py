@@ -3,7 +3,8 @@
 
 Usage::
 
-    store = Store()                       # a new, empty database gets the schema
+    store = Store()                       # a new, empty database gets the schema (the SQLAlchemy store,
+                                          # which follows kvlab.store.protocol.ExperimentStore)
     experiment_id = store.create_experiment(spec, kvlab.experiments.provenance.environment())
     trials = store.claim_trials("host-1:worker-0")   # a worker takes configs of the oldest experiment
 """
@@ -18,6 +19,16 @@ from kvlab.store.errors import (
     TrialNotFoundError,
 )
 from kvlab.store.migrate import head_revision
+from kvlab.store.protocol import (
+    EventLog,
+    Experiments,
+    ExperimentStore,
+    Integrity,
+    Results,
+    TelemetrySink,
+    Tunes,
+    WorkQueue,
+)
 from kvlab.store.records import (
     LEVELS,
     PHASES,
@@ -33,7 +44,8 @@ from kvlab.store.repository import Store
 
 __all__ = [
     "LEVELS", "PHASES", "SOURCES", "STATUSES", "TERMINAL_STATUSES",
-    "EventRecord", "ExperimentNotFoundError", "ExperimentRecord", "SchemaOutdatedError", "Store",
+    "EventLog", "EventRecord", "ExperimentNotFoundError", "ExperimentRecord", "ExperimentStore", "Experiments",
+    "Integrity", "Results", "SchemaOutdatedError", "Store", "TelemetrySink", "Tunes", "WorkQueue",
     "StoreError", "StoreLost", "StoreReadOnlyError", "TelemetrySample", "TrialNotFoundError", "TrialRecord",
     "head_revision", "require_shared_store",
 ]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, fields
@@ -45,7 +44,6 @@ from kvlab.store.errors import (
     TrialNotFoundError,
 )
 from kvlab.store.records import (
-    LEVELS,
     PHASES,
     SOURCES,
     STATUSES,
@@ -56,10 +54,12 @@ from kvlab.store.records import (
     TrialRecord,
 )
 from kvlab.store.tables import EventRow, ExperimentRow, ItemResultRow, TelemetryRow, TrialRow, TuneRow
-from kvlab.store.tunes import TuneQueries, tune_is_running
+from kvlab.store.transitions import ACTIVE, add_event, roll_up
+from kvlab.store.tunes import TuneQueries
 
 if TYPE_CHECKING:  # the spec's pydantic models are imported where a spec is written, not by every read
     from kvlab.core.experiment_spec import ExperimentSpec
+    from kvlab.store.protocol import ExperimentStore
 
 ORDER_FIELDS = ("id", "name", "status", "created_at", "started_at", "finished_at")
 _RESULT_FIELDS = [f.name for f in fields(ItemResult)]
@@ -67,7 +67,6 @@ _RESULT_FIELDS = [f.name for f in fields(ItemResult)]
 _NAN_FIELDS = ("kept_tokens", "kept_fraction", "compression_ratio", "ttft_s", "prefill_s", "compress_s",
                "decode_s")
 _TELEMETRY_FIELDS = [f.name for f in fields(TelemetrySample)]
-_ACTIVE = ("queued", "running")
 
 
 def _now() -> datetime:
@@ -210,7 +209,7 @@ class Store(TuneQueries):
         """
         from kvlab.core.experiment_spec import spec_to_dict
 
-        if status not in _ACTIVE:
+        if status not in ACTIVE:
             raise ValueError(f"a new experiment is queued or running, not {status!r}")
         now = _now()
         configs = spec.all_configs()
@@ -228,7 +227,7 @@ class Store(TuneQueries):
                  "item_limit": item_limit}
                 for position, config in enumerate(configs)
             ])
-            _event(session, row.id, f"created with {len(configs)} configs: {', '.join(c.label for c in configs)}")
+            add_event(session, row.id, f"created with {len(configs)} configs: {', '.join(c.label for c in configs)}")
             return row.id
 
     def record_environment(self, experiment_id: int, environment: dict[str, Any]) -> None:
@@ -289,13 +288,13 @@ class Store(TuneQueries):
             if row.status in TERMINAL_STATUSES:
                 raise StoreError(f"experiment {experiment_id} is already {row.status}; nothing to cancel")
             cancelled = len(session.scalars(
-                update(TrialRow).where(TrialRow.experiment_id == experiment_id, TrialRow.status.in_(_ACTIVE))
+                update(TrialRow).where(TrialRow.experiment_id == experiment_id, TrialRow.status.in_(ACTIVE))
                 .values(status="cancelled", finished_at=now).returning(TrialRow.id)
                 .execution_options(synchronize_session=False)).all())
             row.status, row.finished_at = "cancelled", now
             session.execute(update(TuneRow).where(TuneRow.experiment_id == experiment_id, TuneRow.state == "running")
                             .values(state="cancelled", finished_at=now))
-            _event(session, experiment_id, f"cancelled ({cancelled} trials stopped)")
+            add_event(session, experiment_id, f"cancelled ({cancelled} trials stopped)")
             return cancelled
 
     def rerun_experiment(self, experiment_id: int, environment: dict[str, Any] | None = None) -> int:
@@ -378,8 +377,8 @@ class Store(TuneQueries):
             rows = session.scalars(select(TrialRow).where(TrialRow.id.in_(ids)).order_by(TrialRow.position)
                                    .execution_options(populate_existing=True)).all()
             for row in rows:
-                _event(session, chosen, f"trial {row.id} ({row.config_name}) claimed by worker {worker_id} "
-                       f"(attempt {row.attempts})", trial_id=row.id)
+                add_event(session, chosen, f"trial {row.id} ({row.config_name}) claimed by worker {worker_id} "
+                          f"(attempt {row.attempts})", trial_id=row.id)
             claimed = [_trial_record(row) for row in rows]
         # A second transaction: under the lock order (experiment, then trials) a claim holding trial
         # locks must not wait for the experiment row.
@@ -424,10 +423,11 @@ class Store(TuneQueries):
                 .execution_options(synchronize_session=False)).all()
             for experiment_id in sorted({row.experiment_id for row in released}):
                 rows = sorted((row for row in released if row.experiment_id == experiment_id), key=lambda r: r.id)
-                _event(session, experiment_id,
-                       f"worker {worker_id} could not run trial(s) {', '.join(r.config_name for r in rows)}: {reason}; "
-                       f"back in the queue for another worker ({sum(r.items_done for r in rows)} item results kept)",
-                       level="warning", trial_id=rows[0].id if len(rows) == 1 else None)
+                add_event(session, experiment_id,
+                          f"worker {worker_id} could not run trial(s) {', '.join(r.config_name for r in rows)}: "
+                          f"{reason}; "
+                          f"back in the queue for another worker ({sum(r.items_done for r in rows)} item results kept)",
+                          level="warning", trial_id=rows[0].id if len(rows) == 1 else None)
             return sorted(row.id for row in released)
 
     def set_items_total(self, trial_id: int, n: int) -> None:
@@ -458,11 +458,11 @@ class Store(TuneQueries):
                 return False
             trial.status, trial.error, trial.finished_at = status, error, now
             progress = f"{trial.items_done}/{trial.items_total if trial.items_total is not None else '?'} items"
-            _event(session, experiment_id, f"trial {trial_id} ({trial.config_name}) {status} ({progress})"
-                   + (f": {error}" if error else ""), level="error" if status == "failed" else "info",
-                   trial_id=trial_id)
+            add_event(session, experiment_id, f"trial {trial_id} ({trial.config_name}) {status} ({progress})"
+                      + (f": {error}" if error else ""), level="error" if status == "failed" else "info",
+                      trial_id=trial_id)
             session.flush()
-            _roll_up(session, experiment, now)
+            roll_up(session, experiment, now)
             return True
 
     def requeue_stale(self, stale_after_s: float = 60, on_stale: str = "requeue") -> list[int]:
@@ -492,15 +492,15 @@ class Store(TuneQueries):
                             f"(last {(now - seen).total_seconds():.0f} s ago)")
                     if on_stale == "requeue":
                         trial.status, trial.worker_id, trial.claimed_at, trial.heartbeat_at = "queued", None, None, None
-                        _event(session, experiment_id, f"{what}; requeued with {trial.items_done} items done",
-                               level="warning", trial_id=trial.id)
+                        add_event(session, experiment_id, f"{what}; requeued with {trial.items_done} items done",
+                                  level="warning", trial_id=trial.id)
                     else:
                         trial.status, trial.error, trial.finished_at = "failed", "worker stopped heartbeating", now
-                        _event(session, experiment_id, f"{what}; failed", level="error", trial_id=trial.id)
+                        add_event(session, experiment_id, f"{what}; failed", level="error", trial_id=trial.id)
                     recovered.append(trial.id)
                 session.flush()
                 if on_stale == "fail":
-                    _roll_up(session, experiment, now)
+                    roll_up(session, experiment, now)
         return recovered
 
     # -- results ------------------------------------------------------------------------------
@@ -577,7 +577,7 @@ class Store(TuneQueries):
 
     def log_event(self, experiment_id: int, message: str, level: str = "info", trial_id: int | None = None) -> None:
         with self._missing(f"an event for experiment {experiment_id}"), self._session(write=True) as session:
-            _event(session, experiment_id, message, level=level, trial_id=trial_id)
+            add_event(session, experiment_id, message, level=level, trial_id=trial_id)
 
     def events(self, experiment_id: int) -> list[EventRecord]:
         with self._session() as session:
@@ -624,36 +624,6 @@ class _FileIdentity:
 
 # -- helpers (run inside a session) ---------------------------------------------------------------
 
-def _event(session: Session, experiment_id: int, message: str, level: str = "info",
-           trial_id: int | None = None) -> None:
-    if level not in LEVELS:
-        raise ValueError(f"event level {level!r}: one of {', '.join(LEVELS)}")
-    session.add(EventRow(experiment_id=experiment_id, trial_id=trial_id, ts=time.time(), level=level,
-                         message=redact(message)))
-
-
-def _roll_up(session: Session, experiment: ExperimentRow, now: datetime) -> None:
-    """Once no trial is queued or running, the experiment ends: failed if any trial failed,
-    else cancelled if any was cancelled, else done."""
-    if experiment.status in TERMINAL_STATUSES or tune_is_running(session, experiment.id):
-        return
-    counts = dict(session.execute(select(TrialRow.status, func.count()).where(
-        TrialRow.experiment_id == experiment.id).group_by(TrialRow.status)).all())
-    if not counts or any(status in counts for status in _ACTIVE):
-        return
-    total = sum(counts.values())
-    if counts.get("failed"):
-        experiment.status = "failed"
-        experiment.error = f"{counts['failed']} of {total} trials failed"
-    elif counts.get("cancelled"):
-        experiment.status = "cancelled"
-    else:
-        experiment.status = "done"
-    experiment.finished_at = now
-    _event(session, experiment.id, f"experiment {experiment.status}" + (f": {experiment.error}"
-           if experiment.status == "failed" else ""), level="error" if experiment.status == "failed" else "info")
-
-
 def _trial_counts(session: Session, experiment_ids: list[int]) -> dict[int, dict[str, int]]:
     """Trial counts per status and item totals of many experiments in one GROUP BY query."""
     if not experiment_ids:
@@ -689,3 +659,7 @@ def _item_result(values: Any) -> ItemResult:
             data[name] = math.nan
     return ItemResult(**data)
 
+
+
+if TYPE_CHECKING:  # mypy checks that the SQLAlchemy store follows the store's contract
+    _CONTRACT: type[ExperimentStore] = Store

@@ -6,6 +6,12 @@ as trials limited to their first N items (``item_limit``), raises the limit of t
 verdict on each (:class:`~kvlab.store.tables.TuneCandidateRow`).  Any worker runs these trials like
 any others.  While the tune runs, the experiment stays open between rounds; the driver closes it.
 
+The tune's Optuna study lives beside the store, never in its tables: Optuna's RDB storage has tables
+named ``trials`` and ``alembic_version`` -- the same names as kvlab's -- so on SQLite it lives in a
+sibling file (``db/kvlab.sqlite`` -> ``db/kvlab.optuna.sqlite``), on PostgreSQL in its own schema of the
+same database (``<kvlab's schema>_optuna``, ``kvlab_optuna`` beside ``public``).  Both servers' users
+thus need nothing new, and a tune resumes, or is served by many hosts, wherever its store is.
+
 :class:`TuneQueries` is mixed into :class:`kvlab.store.repository.Store`.
 """
 
@@ -16,14 +22,15 @@ import socket
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import URL, Engine, func, insert, select, text, update
 
 from kvlab.store.errors import ExperimentNotFoundError, StoreError
 from kvlab.store.records import TERMINAL_STATUSES, CandidateRecord, TuneRecord
 from kvlab.store.tables import TrialRow, TuneCandidateRow, TuneRow
+from kvlab.store.transitions import add_event, roll_up
 
 if TYPE_CHECKING:
     from kvlab.core.kv_config import KVCacheConfig
@@ -57,11 +64,43 @@ def study_name(experiment_id: int) -> str:
     return f"kvlab-experiment-{experiment_id}"
 
 
+def optuna_schema(url: URL) -> str:
+    """The PostgreSQL schema of a store's studies: its own first search_path schema + ``_optuna``."""
+    options = str(url.query.get("options", ""))
+    for part in options.split():
+        if part.startswith("-csearch_path="):
+            return part.split("=", 1)[1].split(",")[0].strip().strip('"') + "_optuna"
+    return "kvlab_optuna"
+
+
+def study_storage_url(engine: Engine) -> str:
+    """The study storage URL beside the store of ``engine`` (password included: never shown or stored)."""
+    url = engine.url
+    if url.get_backend_name() == "sqlite":
+        database = url.database or ""
+        if not database or database == ":memory:" or url.query.get("mode") == "memory":
+            raise ValueError("kvlab tune needs a store on disk (a SQLite file or PostgreSQL), not an in-memory one")
+        path = Path(database.removeprefix("file:"))
+        return URL.create("sqlite", database=str(path.with_name(f"{path.stem}.optuna{path.suffix or '.sqlite'}"))
+                          ).render_as_string(hide_password=False)
+    schema = optuna_schema(url)
+    with engine.begin() as connection:
+        connection.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+    query = dict(url.query)
+    query["options"] = f"-csearch_path={schema}"
+    return url.set(query=query).render_as_string(hide_password=False)
+
+
 class TuneQueries:
     """Tune reads and writes (see the module docstring); relies on the Store's session helpers."""
 
     _session: Any
     _lock_experiment: Any
+    engine: Engine
+
+    def study_storage_url(self) -> str:
+        """Where this store's Optuna studies live, password included (for Optuna only: never shown or stored)."""
+        return study_storage_url(self.engine)
 
     def start_tune(self, experiment_id: int, grid_points: int, grid_item_evals: int, driver_id: str | None) -> None:
         """Record the search on a new experiment, with ``driver_id`` as its driver (None: the driver that
@@ -100,8 +139,6 @@ class TuneQueries:
     def requeue_orphans(self, experiment_id: int) -> list[int]:
         """Requeue the experiment's running trials held by workers of this host whose process is gone
         (a SIGKILLed ``kvlab tune`` took its in-process worker with it): at once, not after the stale timeout."""
-        from kvlab.store.repository import _event  # noqa: PLC0415 -- the repository imports this module
-
         with self._session(write=True) as session:
             rows = session.execute(select(TrialRow.id, TrialRow.worker_id, TrialRow.config_name).where(
                 TrialRow.experiment_id == experiment_id, TrialRow.status == "running")).all()
@@ -109,8 +146,8 @@ class TuneQueries:
             for row in orphans:
                 session.execute(update(TrialRow).where(TrialRow.id == row.id, TrialRow.status == "running")
                                 .values(status="queued", worker_id=None, claimed_at=None, heartbeat_at=None))
-                _event(session, experiment_id, f"trial {row.id} ({row.config_name}): its worker {row.worker_id} is "
-                       "gone from this host; requeued", level="warning", trial_id=row.id)
+                add_event(session, experiment_id, f"trial {row.id} ({row.config_name}): its worker {row.worker_id} is "
+                          "gone from this host; requeued", level="warning", trial_id=row.id)
             return [row.id for row in orphans]
 
     def tune_heartbeat(self, experiment_id: int, driver_id: str) -> bool:
@@ -124,8 +161,6 @@ class TuneQueries:
     def add_candidates(self, experiment_id: int, candidates: Sequence[tuple[KVCacheConfig, int | None]],
                        item_limit: int) -> list[int]:
         """Queue one trial per (config, Optuna trial number) on its first ``item_limit`` items; returns their ids."""
-        from kvlab.store.repository import _event  # noqa: PLC0415 -- the repository imports this module
-
         if not candidates:
             return []
         with self._session(write=True) as session:
@@ -146,8 +181,8 @@ class TuneQueries:
                 for trial_id, (_, number) in zip(ids, candidates, strict=True)])
             if experiment.status == "queued":
                 experiment.status = "running"
-            _event(session, experiment_id, f"round: {len(ids)} candidate(s) on {item_limit} items: "
-                   + ", ".join(c.label for c, _ in candidates))
+            add_event(session, experiment_id, f"round: {len(ids)} candidate(s) on {item_limit} items: "
+                      + ", ".join(c.label for c, _ in candidates))
             return ids
 
     def track_trial(self, experiment_id: int, trial_id: int, number: int | None = None) -> None:
@@ -183,8 +218,6 @@ class TuneQueries:
     def finish_tune(self, experiment_id: int, state: str, recommendation: dict[str, Any] | None,
                     note: str | None) -> None:
         """End the search; the experiment ends with it once its trials have (cancelled with the tune)."""
-        from kvlab.store.repository import _event, _roll_up  # noqa: PLC0415 -- the repository imports this module
-
         now = datetime.now(UTC)
         with self._session(write=True) as session:
             experiment = self._lock_experiment(session, experiment_id)
@@ -196,10 +229,10 @@ class TuneQueries:
                 session.execute(update(TrialRow).where(TrialRow.experiment_id == experiment_id,
                                                        TrialRow.status.in_(("queued", "running")))
                                 .values(status="cancelled", finished_at=now))
-            _event(session, experiment_id, f"tune {state}" + (f": {note}" if note else ""),
-                   level="error" if state == "failed" else "info")
+            add_event(session, experiment_id, f"tune {state}" + (f": {note}" if note else ""),
+                      level="error" if state == "failed" else "info")
             session.flush()
-            _roll_up(session, experiment, now)
+            roll_up(session, experiment, now)
             if experiment.status not in TERMINAL_STATUSES and state != "done":
                 experiment.status, experiment.finished_at = ("cancelled" if state == "cancelled" else "failed"), now
                 experiment.error = note if state == "failed" else None
@@ -218,9 +251,3 @@ class TuneQueries:
                                    .order_by(TuneCandidateRow.trial_id)).all()
             return [CandidateRecord(**{c.key: getattr(r, c.key) for c in TuneCandidateRow.__table__.columns})
                     for r in rows]
-
-
-def tune_is_running(session: Session, experiment_id: int) -> bool:
-    """True while a driver may still add trials: the experiment must not end between rounds."""
-    return session.scalar(select(TuneRow.state).where(TuneRow.experiment_id == experiment_id)) == "running"
-

@@ -31,7 +31,7 @@ from kvlab.engines.base import EngineFailure
 from kvlab.experiments.analysis import decide, summarize
 from kvlab.experiments.decision import PairedScores
 from kvlab.experiments.verdict import judge_tasks
-from kvlab.store import Store, StoreError
+from kvlab.store import ExperimentStore, StoreError
 from kvlab.store.records import CandidateRecord, TrialRecord
 from kvlab.store.tunes import study_name
 from kvlab.tasks import TaskItem
@@ -79,7 +79,7 @@ class Tuner:
     """Drives one tune (see the module docstring).  ``items``: the spec's items in the workers' order
     (:func:`kvlab.experiments.runner.build_items`); ``say``: one line per round for the terminal."""
 
-    def __init__(self, store: Store, experiment_id: int, spec: ExperimentSpec, items: Sequence[TaskItem],
+    def __init__(self, store: ExperimentStore, experiment_id: int, spec: ExperimentSpec, items: Sequence[TaskItem],
                  executor: Executor, driver_id: str, say: Callable[[str], None] = log.info) -> None:
         if spec.tune is None:
             raise ConfigError("the spec has no [tune] table: `kvlab run` runs a fixed list of configs")
@@ -91,7 +91,7 @@ class Tuner:
         self.order = {(item.item_id, item.task): i for i, item in enumerate(items)}
         self.rungs = rungs(len(items), self.tune.min_items, self.tune.eta)
         self.limits = Limits(spec.max_drop, self.tune.max_ttft_ms, self.tune.max_tpot_ms)
-        self.study = studies.open_study(store.engine, study_name(experiment_id), self.tune, spec.seed)
+        self.study = studies.open_study(store.study_storage_url(), study_name(experiment_id), self.tune, spec.seed)
         self._stop = threading.Event()
 
     # -- the loop ---------------------------------------------------------------------------------

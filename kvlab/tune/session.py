@@ -36,7 +36,7 @@ from kvlab.experiments.runner import build_items
 from kvlab.experiments.submit import Start
 from kvlab.experiments.worker import Worker, new_worker_id
 from kvlab.experiments.worker_settings import WorkerSettings
-from kvlab.store import Store, require_shared_store
+from kvlab.store import ExperimentStore, Store, require_shared_store
 from kvlab.tasks import TaskItem
 from kvlab.tune.driver import Tuner
 
@@ -50,7 +50,7 @@ class InProcessWorkers:
     while workers elsewhere finish the ones they hold.  Without a worker (``kvlab tune --workers
     0``) it only waits: ``kvlab worker`` processes on any host run the rounds."""
 
-    store: Store
+    store: ExperimentStore
     worker: Worker | None
     say: Callable[[str], None]
     gone: Callable[[], str | None] = lambda: None  # why the workers elsewhere (Ray actors) all ended, if so
@@ -120,7 +120,7 @@ class TuneHere(Driving):
     def ready(self, spec: ExperimentSpec) -> Iterator[Start[TuneOutcome]]:
         with _prepared(spec, self) as (engine, items):
 
-            def start(store: Store, experiment_id: int) -> TuneOutcome:
+            def start(store: ExperimentStore, experiment_id: int) -> TuneOutcome:
                 driver_id = new_worker_id()
                 store.take_over_tune(experiment_id, driver_id)  # stored a moment ago, with no driver yet
                 return _drive(store, experiment_id, spec, engine, items, self, driver_id, first=True)
@@ -197,8 +197,8 @@ def _prepared(spec: ExperimentSpec, driving: Driving) -> Iterator[tuple[Engine |
             engine.close()
 
 
-def _drive(store: Store, experiment_id: int, spec: ExperimentSpec, engine: Engine | None, items: list[TaskItem],
-           driving: Driving, driver_id: str, first: bool) -> TuneOutcome:
+def _drive(store: ExperimentStore, experiment_id: int, spec: ExperimentSpec, engine: Engine | None,
+           items: list[TaskItem], driving: Driving, driver_id: str, first: bool) -> TuneOutcome:
     """Drive the tune this process has taken over as ``driver_id``; on its ``first`` drive, what fails
     before the first round fails the tune."""
     driving.announce(experiment_id, store.url)
@@ -218,7 +218,7 @@ def _drive(store: Store, experiment_id: int, spec: ExperimentSpec, engine: Engin
         return TuneOutcome(experiment_id, tuner.run(), store.url)
 
 
-def _fail(store: Store, experiment_id: int, error: Exception) -> None:
+def _fail(store: ExperimentStore, experiment_id: int, error: Exception) -> None:
     """End a tune whose driver could not start it, with the reason (the tune page and `kvlab show` say it)."""
     store.finish_tune(experiment_id, "failed", None, one_line(str(error)))
 

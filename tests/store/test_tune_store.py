@@ -13,7 +13,7 @@ from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.store import Store, StoreError
 from kvlab.store.tunes import TuneBusyError
-from kvlab.tune.study import open_study, storage_url
+from kvlab.tune.study import open_study
 from tests.conftest import PG_URL
 from tests.store.test_store import ENV, make_result
 
@@ -82,8 +82,8 @@ def test_cancel_ends_the_tune_too(store):
 
 def test_study_lives_beside_the_sqlite_store(tmp_path):
     with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
-        assert storage_url(store.engine) == f"sqlite:///{tmp_path / 'kvlab.optuna.sqlite'}"
-        study = open_study(store.engine, "s", SPEC.tune, seed=0)
+        assert store.study_storage_url() == f"sqlite:///{tmp_path / 'kvlab.optuna.sqlite'}"
+        study = open_study(store.study_storage_url(), "s", SPEC.tune, seed=0)
         study.enqueue_trial({"quant": "int8"})
     tables = set(inspect(create_engine(f"sqlite:///{tmp_path / 'kvlab.optuna.sqlite'}")).get_table_names())
     assert {"trials", "studies", "alembic_version"} <= tables  # Optuna's own, in its own file
@@ -101,8 +101,8 @@ def test_kvlab_and_optuna_schemas_share_one_postgresql_server(pg_admin):
     try:
         with Store(url) as store:
             assert store.upgrade() == (store.schema_revision(), store.schema_revision())  # already at head
-            open_study(store.engine, "shared", SPEC.tune, seed=0)
-            storage = optuna.storages.RDBStorage(storage_url(store.engine))
+            open_study(store.study_storage_url(), "shared", SPEC.tune, seed=0)
+            storage = optuna.storages.RDBStorage(store.study_storage_url())
             storage.upgrade()
             assert storage.get_current_version() == storage.get_head_version()
             experiment_id = store.create_experiment(SPEC, ENV)

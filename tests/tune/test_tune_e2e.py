@@ -18,7 +18,6 @@ from sqlalchemy import make_url
 
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.store import Store
-from kvlab.tune.study import storage_url
 from tests.conftest import PG_URL
 from tests.waiting import SAFETY_S, wait_until
 
@@ -58,7 +57,7 @@ def environment(tmp_path: Path, url: str) -> dict[str, str]:
 def check_study(store: Store, experiment_id: int) -> None:
     """Every finished Optuna trial is one kvlab trial of the experiment, with the same config; every
     (item, config) was evaluated once, within its trial's item limit."""
-    study = optuna.load_study(study_name=f"kvlab-experiment-{experiment_id}", storage=storage_url(store.engine))
+    study = optuna.load_study(study_name=f"kvlab-experiment-{experiment_id}", storage=store.study_storage_url())
     trials = {t.id: t for t in store.trials(experiment_id)}
     verdicts = {c.number: c for c in store.candidates(experiment_id) if c.number is not None and c.state != "active"}
     linked = [t for t in study.trials if "kvlab_trial_id" in t.user_attrs]

@@ -15,9 +15,10 @@ from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.margins import Margins
 from kvlab.core.tune_spec import TuneSpec, backend_space, candidate_grid, rungs
 from kvlab.experiments.decision import PairedScores
+from kvlab.store.tunes import optuna_schema
 from kvlab.tune.judge import Evidence, Limits, judge, leftover_reason
 from kvlab.tune.recommend import config_toml, engine_flag, serve_command
-from kvlab.tune.study import initial_design, optuna_schema
+from kvlab.tune.study import initial_design
 
 TASKS = [{"name": "passkey", "context_lengths": [512], "num_items": 4}]
 
