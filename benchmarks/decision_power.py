@@ -8,9 +8,9 @@ spec's configs, under each criterion:
   KL         mean KL certified below DEFAULT_MAX_KL nats per token and accuracy not shown to drop by
              more than 5 points (``Margins(max_drop=0.05, max_kl=DEFAULT_MAX_KL)``);
   agreement  top-1 agreement certified above 90%, accuracy likewise (``min_agreement=0.9``).
-Each prefix is judged by kvlab.experiments.analysis.summarize on the results of its items: no model
+Each prefix is judged by kvlab.analysis.summary.summarize on the results of its items: no model
 runs beyond the one run.  "> N": not acceptable even on all N items; for accuracy, the items
-kvlab.experiments.decision.items_needed extrapolates for a config exactly as accurate as the baseline
+kvlab.analysis.decision.items_needed extrapolates for a config exactly as accurate as the baseline
 follow in brackets.  A "*" marks a config accepted on that prefix but not on all N items.
 
 Then whether the criteria rank the configs alike: Spearman's rho across configs between the accuracy
@@ -41,10 +41,10 @@ share_cores()  # before torch loads (kvlab/threads.py): the machine is shared
 
 from scipy import stats  # noqa: E402
 
+from kvlab.analysis.decision import items_needed  # noqa: E402
+from kvlab.analysis.summary import ConfigSummary, summarize  # noqa: E402
 from kvlab.core.margins import DEFAULT_MAX_KL, Margins  # noqa: E402
 from kvlab.core.results import ItemResult  # noqa: E402
-from kvlab.experiments.analysis import ConfigSummary, summarize  # noqa: E402
-from kvlab.experiments.decision import items_needed  # noqa: E402
 from kvlab.experiments.runner import interleave  # noqa: E402
 
 MAX_DROP = 0.05

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import plotly.graph_objects as go
 import streamlit as st
 
+from kvlab.analysis.summary import ConfigSummary, Decision, decide, summarize
 from kvlab.core.errors import ConfigError
 from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
@@ -23,7 +24,6 @@ from kvlab.dashboard import views
 from kvlab.dashboard.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image, warm_up
 from kvlab.dashboard.page_table import DashboardPage
 from kvlab.errlog import debug_enabled, log_details, one_line
-from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.secrets import redact
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord, ExperimentStore, Store, StoreError
 from kvlab.store.records import baseline_name

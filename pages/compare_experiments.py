@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from kvlab.analysis.agreement import engine_agreement
 from kvlab.dashboard import charts, page_table, views
-from kvlab.experiments.engine_agreement import engine_agreement
 from kvlab.store import ExperimentNotFoundError
 from pages.common import chart, empty_state, experiment_label, get_store, results_of, share_box, summaries_of
 

@@ -14,12 +14,12 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
+from kvlab.analysis.summary import breakdown, length_group, question_rank
 from kvlab.core.experiment_spec import dump_spec, parse_spec
 from kvlab.core.margins import Margins
 from kvlab.core.tasks import TASKS
 from kvlab.dashboard import charts, page_table, views
 from kvlab.dashboard.chart_export import report_html
-from kvlab.experiments.analysis import breakdown, length_group, question_rank
 from kvlab.experiments.export import experiment_document, results_csv
 from kvlab.experiments.report import budget_notes
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord

@@ -5,13 +5,13 @@ same results."""
 
 from __future__ import annotations
 
+from kvlab.analysis.decision import PairedScores
+from kvlab.analysis.summary import decide, summarize
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
 from kvlab.core.tune_spec import candidate_grid
-from kvlab.experiments.analysis import decide, summarize
-from kvlab.experiments.decision import PairedScores
 from kvlab.store import Store
 from kvlab.tune.recommend import recommendation
 

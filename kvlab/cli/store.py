@@ -101,8 +101,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(shown("\n".join(describe(tune.recommendation)), lines=True))
     results = store.item_results(args.id)
     if results:
+        from kvlab.analysis.summary import summarize  # scipy: imported only when there is something to summarise
         from kvlab.core.margins import Margins
-        from kvlab.experiments.analysis import summarize  # scipy: imported only when there is something to summarise
         from kvlab.experiments.report import render
         from kvlab.store.records import baseline_name
 
@@ -121,8 +121,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """The same spec on two engines, config by config (:mod:`kvlab.experiments.engine_agreement`)."""
-    from kvlab.experiments.engine_agreement import engine_agreement
+    """The same spec on two engines, config by config (:mod:`kvlab.analysis.agreement`)."""
+    from kvlab.analysis.agreement import engine_agreement
 
     store = _store()
     a, b = store.get_experiment(args.a), store.get_experiment(args.b)

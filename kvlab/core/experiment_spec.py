@@ -143,9 +143,9 @@ class ExperimentSpec(BaseModel):
     tune: TuneSpec | None = None  # `kvlab tune`: the search space (configs/sweep then add fixed candidates)
     max_context_length: Annotated[int, Field(ge=128)] | None = None
     # The sweet spot's non-inferiority margin: the accuracy a config may lose against the baseline
-    # (0.05 = 5 points), decided by a paired test with Holm's correction (kvlab.experiments.decision).
+    # (0.05 = 5 points), decided by a paired test with Holm's correction (kvlab.analysis.decision).
     max_drop: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] = 0.05
-    # Fidelity margins (kvlab.experiments.verdict): a config whose teacher-forced mean KL against the
+    # Fidelity margins (kvlab.analysis.verdict): a config whose teacher-forced mean KL against the
     # baseline is certified below max_kl nats per token (and/or top-1 agreement above min_agreement)
     # is acceptable unless its accuracy is shown to drop by more than max_drop.  0 turns one off.
     max_kl: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] = DEFAULT_MAX_KL

@@ -1,5 +1,5 @@
 """The margins of the sweet-spot rule, and the rule in words (the decision itself is
-:mod:`kvlab.experiments.decision` and :mod:`kvlab.experiments.verdict`)."""
+:mod:`kvlab.analysis.decision` and :mod:`kvlab.analysis.verdict`)."""
 
 from __future__ import annotations
 

@@ -209,7 +209,7 @@ class Fidelity:
     highest probability on the same token.  ``first_divergence``: the first position where they do
     not (where the config's own greedy output leaves the baseline's), None when they never do.
     The tokens of one item are not independent: every interval over fidelity takes the item as its
-    unit (:mod:`kvlab.experiments.fidelity`).
+    unit (:mod:`kvlab.analysis.fidelity`).
     """
 
     kl: tuple[float, ...]

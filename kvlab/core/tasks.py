@@ -235,7 +235,7 @@ class Task:
     items, the same for the same arguments.  ``scorer`` names ``(item, generated) -> float``, the
     score of a generated answer in [0, 1]; None for a task whose items are of kind ``"perplexity"``
     (their NLL is the measure).  ``kind`` is the kind of its items, and so their prompt layout
-    (:class:`~kvlab.tasks.items.TaskItem`): ``"generate"`` is a context then a question ending in
+    (:class:`~kvlab.core.items.TaskItem`): ``"generate"`` is a context then a question ending in
     the answer prefix, in two layouts (query-agnostic: the question is fed after the context is
     compressed; query-aware: all but its last token are prefilled with the context);
     ``"perplexity"`` is a context then a continuation whose likelihood is measured, one layout (no

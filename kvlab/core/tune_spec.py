@@ -55,7 +55,7 @@ class TuneSpec(BaseModel):
 
     Objectives: physical KV bytes (minimise) and accuracy (maximise).  Constraints: accuracy
     non-inferior to the baseline at the spec's ``max_drop`` (the paired rule of
-    :mod:`kvlab.experiments.decision`), and optionally the median TTFT / TPOT in milliseconds.
+    :mod:`kvlab.analysis.decision`), and optionally the median TTFT / TPOT in milliseconds.
     Budget: the search stops at whichever of ``max_trials`` (candidates proposed),
     ``max_minutes`` and ``max_item_evals`` (item x config evaluations, the baseline's included)
     comes first.

@@ -1,7 +1,7 @@
 """Pure figure builders: experiment data -> plotly Figure.  Every axis says its unit.
 
 The dashboard, the HTML report and the exports (``kvlab.dashboard.chart_export``) draw the same figures.
-Metrics come from :mod:`kvlab.experiments.analysis`; nothing here computes one of its own.
+Metrics come from :mod:`kvlab.analysis.summary`; nothing here computes one of its own.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any, TypeGuard, cast
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvlab.analysis.summary import FRONT_METRICS, ConfigSummary, decide, pareto_front
 from kvlab.core.kv_config import BASELINE
 from kvlab.core.margins import Margins
 from kvlab.core.results import CacheLayout, ItemResult
 from kvlab.core.tasks import TASKS
 from kvlab.dashboard.views import MIB, Y_METRICS, CompareRow, fidelity_text
-from kvlab.experiments.analysis import FRONT_METRICS, ConfigSummary, decide, pareto_front
 from kvlab.experiments.nodes import node_of
 from kvlab.store.records import TelemetrySample
 

@@ -21,6 +21,7 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import BackendSpec
 from kvlab.core.formats import FORMATS
 from kvlab.core.geometry import CacheGeometry
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.dashboard.warm_engine import PlaygroundError
@@ -30,7 +31,6 @@ from kvlab.engines.openai_compat import EndpointError, LaunchedKV, OpenAICompatE
 from kvlab.engines.server_logs import KVPool
 from kvlab.engines.servers import SERVERS
 from kvlab.secrets import DEFAULT_KEY_VAR, Endpoint, redact
-from kvlab.tasks import TaskItem
 from kvlab.tasks.single import generated_item, own_item, score
 
 #: Seconds a request to the endpoint may take (a long answer of a big model).

@@ -15,11 +15,11 @@ from datetime import UTC, datetime
 from typing import Any, TypeGuard
 from urllib.parse import urlencode
 
+from kvlab.analysis.agreement import EngineAgreement
+from kvlab.analysis.summary import ConfigSummary, Decision
 from kvlab.core.formats import FORMATS
 from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
-from kvlab.experiments.analysis import ConfigSummary, Decision
-from kvlab.experiments.engine_agreement import EngineAgreement
 from kvlab.experiments.nodes import node_of
 from kvlab.store.records import ExperimentRecord, TrialRecord
 
@@ -88,7 +88,7 @@ def url_number(value: float) -> str:
 
 
 #: The experiments table's "best ratio holding baseline" column, in the words of the decision's own
-#: rule (:meth:`kvlab.experiments.decision.Margins.rule`) at the default margins: each experiment is
+#: rule (:meth:`kvlab.analysis.decision.Margins.rule`) at the default margins: each experiment is
 #: judged at its own (its spec's max_drop, max_kl and min_agreement).
 BEST_RATIO_HELP = (f"The {Margins().rule('its')}. Each experiment is judged at its own margins (its spec's "
                    "max_drop, max_kl and min_agreement; these words give the defaults). Compression ratio = "

@@ -12,9 +12,9 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from typing import Any, Literal, Protocol, TypedDict, TypeVar
 
 from kvlab.core.errors import HostLacksError  # defined there: kvlab.tasks raises it too
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import ItemResult
-from kvlab.tasks import TaskItem
 
 __all__ = ["Engine", "EngineFailure", "HostLacksError", "Phase", "TelemetryReading", "TelemetrySource", "passes"]
 

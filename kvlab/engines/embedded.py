@@ -43,6 +43,7 @@ from kvlab.compress.eviction import (
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.geometry import CacheGeometry
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.results import (
     MEASURED_EMBEDDED,
@@ -64,7 +65,6 @@ from kvlab.engines.batched_decode import (
     member_bytes,
 )
 from kvlab.models import LoadedModel, load_model
-from kvlab.tasks import TaskItem
 
 
 def _layouts(context: list[int], question: list[int]) -> dict[bool, tuple[list[int], list[int]]]:

@@ -25,6 +25,7 @@ import httpx
 from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.formats import FORMATS
 from kvlab.core.geometry import CacheGeometry
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.core.results import ItemResult
@@ -39,7 +40,6 @@ from kvlab.engines.servers import SERVERS, serving_engine
 from kvlab.models.resolve import resolve_model
 from kvlab.paths import server_log_dir
 from kvlab.secrets import Endpoint
-from kvlab.tasks import TaskItem
 from kvlab.threads import available_cores
 
 log = logging.getLogger(__name__)

@@ -28,13 +28,13 @@ import openai
 from kvlab.core.backends import LAUNCHED_KINDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import BackendSpec, ExperimentSpec
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import MEASURED_SERVED, ItemResult, KVMeasurement
 from kvlab.engines.base import Engine, EngineFailure, TelemetrySource
 from kvlab.engines.endpoint_rules import choose_model, error_message, server_root
 from kvlab.engines.prometheus import KVLAB_SERVE, ServerMetricsSource
 from kvlab.secrets import Endpoint, redact
-from kvlab.tasks import TaskItem
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ import re
 from dataclasses import asdict, fields
 from typing import Any
 
+from kvlab.analysis.summary import decide, summarize
 from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
-from kvlab.experiments.analysis import decide, summarize
 from kvlab.secrets import redact, redact_data
 from kvlab.store import ExperimentStore
 from kvlab.store.records import baseline_name

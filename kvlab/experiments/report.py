@@ -6,8 +6,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from kvlab.core.results import GenerationKV, ItemResult
-from kvlab.experiments.analysis import (
+from kvlab.analysis.summary import (
     ConfigSummary,
     Decision,
     breakdown,
@@ -17,6 +16,7 @@ from kvlab.experiments.analysis import (
     question_rank,
     short_of_budget,
 )
+from kvlab.core.results import GenerationKV, ItemResult
 
 MIB = 1024 * 1024
 

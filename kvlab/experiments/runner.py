@@ -15,14 +15,15 @@ from typing import Any
 
 from tqdm import tqdm
 
+from kvlab.analysis.summary import ConfigSummary, Decision, decide, summarize
 from kvlab.core.experiment_spec import ExperimentSpec, spec_to_dict
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.results import ItemResult
 from kvlab.engines.base import Engine, EngineFailure, passes
 from kvlab.engines.factory import build_engine
-from kvlab.experiments.analysis import ConfigSummary, Decision, decide, summarize
 from kvlab.experiments.provenance import environment
-from kvlab.tasks import TaskItem, generate_items, score_item, shortcut_scores
+from kvlab.tasks import generate_items, score_item, shortcut_scores
 from kvlab.tasks.scoring import ScoringError
 
 
@@ -91,7 +92,7 @@ def missing_baseline(spec: ExperimentSpec) -> list[str]:
 def score(item: TaskItem, result: ItemResult) -> ItemResult:
     """The item's score, and (in ``extra["shortcuts"]``) what the task's shortcuts would score; the
     item's stop sequences in ``extra["stop"]`` (a server leaves them out of its text, the embedded
-    engine keeps the one it stopped at: :mod:`kvlab.experiments.engine_agreement` compares the two)."""
+    engine keeps the one it stopped at: :mod:`kvlab.analysis.agreement` compares the two)."""
     if item.kind == "generate" and result.error is None:
         try:
             result.score = score_item(item, result.generated)

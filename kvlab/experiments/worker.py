@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 
 from kvlab.core.errors import ConfigError, HostLacksError
 from kvlab.core.experiment_spec import ExperimentSpec, parse_spec
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.model_registry import ModelNotAvailableError
 from kvlab.core.results import ItemResult
@@ -63,7 +64,6 @@ from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.secrets import redact
 from kvlab.store import ExperimentNotFoundError, ExperimentStore, StoreLost, TrialNotFoundError
 from kvlab.store.records import TelemetrySample, TrialRecord
-from kvlab.tasks import TaskItem
 
 log = logging.getLogger(__name__)
 

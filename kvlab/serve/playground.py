@@ -16,12 +16,12 @@ import regex
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator
 
 from kvlab.core.errors import ConfigError
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.limits import PLAYGROUND_CONFIGS
 from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, check_answer_scorer
 from kvlab.serve.errors import APIError
 from kvlab.serve.generation import ServedModel
-from kvlab.tasks import TaskItem
 from kvlab.tasks.scoring import ScoringError, compile_answer_regex
 from kvlab.tasks.single import GENERATED_TASKS, generated_item, own_item, score
 

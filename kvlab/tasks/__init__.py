@@ -1,14 +1,14 @@
 """Offline, deterministic task generators and scorers.
 
 ``generate_items(spec, tokenizer, seed)`` builds the items of one TaskSpec;
-``score_item(item, generated)`` scores a model's output for one of them.  Each task is one
+``score_item(item, generated)`` scores a model's output for one of them (a
+:class:`kvlab.core.items.TaskItem`).  Each task is one
 entry of the registry (:data:`kvlab.core.tasks.TASKS`).
 """
 
 from __future__ import annotations
 
 from kvlab.tasks.haystack import ContextTooShortError, Tokenizer, count_tokens
-from kvlab.tasks.items import TaskItem
 from kvlab.tasks.jsonl import JsonlFileMissingError, JsonlTaskError, check_task_files
 from kvlab.tasks.registry import generate_items, planned_items, score_item, shortcut_scores
 
@@ -16,7 +16,6 @@ __all__ = [
     "ContextTooShortError",
     "JsonlFileMissingError",
     "JsonlTaskError",
-    "TaskItem",
     "Tokenizer",
     "check_task_files",
     "count_tokens",

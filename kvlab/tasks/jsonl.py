@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import regex
 
 from kvlab.core.errors import ConfigError, HostLacksError
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, TaskSpec, check_answer_scorer, task_new_tokens
 from kvlab.tasks.haystack import Tokenizer, count_tokens
-from kvlab.tasks.items import TaskItem
 from kvlab.tasks.scoring import choice_letter, compile_answer_regex, normalize, parse_number
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ pairs and 0/10 with 40, which would leave little room to see compression hurt.
 
 from __future__ import annotations
 
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import TaskSpec, task_new_tokens
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots, token_depth
-from kvlab.tasks.items import TaskItem
 
 PREFIX = (
     "Some special magic numbers are hidden within the following text. Make sure to "

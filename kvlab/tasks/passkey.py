@@ -12,9 +12,9 @@ the only number in the context, so the task tests retrieval over distance, not d
 
 from __future__ import annotations
 
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import TaskSpec, task_new_tokens
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots, token_depth
-from kvlab.tasks.items import TaskItem
 
 PREFIX = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and "

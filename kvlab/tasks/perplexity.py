@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from functools import partial
 
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import TaskSpec
 from kvlab.tasks.haystack import Tokenizer, fit_to_length, haystack_prompt, item_slots, load_haystack, render_context
-from kvlab.tasks.items import TaskItem
 
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:

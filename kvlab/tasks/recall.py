@@ -18,9 +18,9 @@ short subsequence with the passage; the shortcuts below measure two such lists o
 
 from __future__ import annotations
 
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import TaskSpec
 from kvlab.tasks.haystack import Needle, Tokenizer, count_tokens, haystack_prompt, item_slots, token_depth
-from kvlab.tasks.items import TaskItem
 from kvlab.tasks.multikey import ADJECTIVES, NOUNS
 from kvlab.tasks.scoring import normalize
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import TASKS, TaskSpec
 from kvlab.tasks.haystack import Tokenizer
-from kvlab.tasks.items import TaskItem
 
 
 @cache

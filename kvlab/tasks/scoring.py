@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 import regex
 
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER
-from kvlab.tasks.items import TaskItem
 from kvlab.tasks.registry import resolve
 
 #: How a task scores the text generated for one of its items.

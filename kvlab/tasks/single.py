@@ -10,9 +10,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvlab.core.errors import ConfigError
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, TASKS, TaskSpec
 from kvlab.tasks.haystack import Tokenizer
-from kvlab.tasks.items import TaskItem
 from kvlab.tasks.jsonl import DEFAULT_MAX_NEW_TOKENS
 from kvlab.tasks.registry import generate_items, resolve, score_item
 

@@ -13,9 +13,9 @@ Chance floor: none (no score); shortcuts: none (nothing to guess).
 
 from __future__ import annotations
 
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import TaskSpec, task_new_tokens
 from kvlab.tasks.haystack import Tokenizer, haystack_prompt, item_slots
-from kvlab.tasks.items import TaskItem
 
 QUESTION = "\n\nWhat happens next, in the same style and with the same people:\n\n"
 DEFAULT_MAX_NEW_TOKENS = task_new_tokens("story")

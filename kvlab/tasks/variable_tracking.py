@@ -23,9 +23,9 @@ from __future__ import annotations
 import random
 import string
 
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import TaskSpec
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots
-from kvlab.tasks.items import TaskItem
 from kvlab.tasks.scoring import variable_names
 
 PREFIX = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"

@@ -22,19 +22,19 @@ from typing import Any, Protocol
 
 import optuna
 
+from kvlab.analysis.decision import PairedScores
+from kvlab.analysis.summary import decide, summarize
+from kvlab.analysis.verdict import judge_tasks
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import ItemResult
 from kvlab.core.tune_spec import TuneSpec, backend_space, rungs
 from kvlab.engines.base import EngineFailure
-from kvlab.experiments.analysis import decide, summarize
-from kvlab.experiments.decision import PairedScores
-from kvlab.experiments.verdict import judge_tasks
 from kvlab.store import ExperimentStore, StoreError
 from kvlab.store.records import CandidateRecord, TrialRecord
 from kvlab.store.tunes import study_name
-from kvlab.tasks import TaskItem
 from kvlab.tune import study as studies
 from kvlab.tune.judge import Evidence, Limits, Verdict, confirmed, judge, leftover_reason
 from kvlab.tune.recommend import recommendation

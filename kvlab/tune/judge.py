@@ -1,7 +1,7 @@
 """Which candidates stop, which get more items: successive halving on the paired rule.
 
 Every candidate is compared with the baseline on the *same* first ``n`` items, by the sweet-spot
-rule itself (:mod:`kvlab.experiments.verdict`: task by task, fidelity where a margin is set and the
+rule itself (:mod:`kvlab.analysis.verdict`: task by task, fidelity where a margin is set and the
 engine measures it, else the paired accuracy interval), uncorrected while the search runs; the
 final decision corrects across every candidate examined.
 Items come in rungs (``min_items``, x ``eta``, ..., all).  After each rung a candidate:
@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
+from kvlab.analysis.decision import PairedScores
+from kvlab.analysis.verdict import TaskVerdict
 from kvlab.core.margins import Margins
-from kvlab.experiments.decision import PairedScores
-from kvlab.experiments.verdict import TaskVerdict
 
 
 @dataclass(frozen=True)

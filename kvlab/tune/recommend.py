@@ -13,10 +13,10 @@ from typing import Any
 
 import tomli_w
 
+from kvlab.analysis.summary import ConfigSummary, Decision
 from kvlab.core.kv_config import KVCacheConfig, SkipLayers
 from kvlab.core.methods import DEFAULT_ALPHA_SAFEGUARD, PARAMS, UNIFORM_HEADS
 from kvlab.engines.servers import SERVERS, serving_engine
-from kvlab.experiments.analysis import ConfigSummary, Decision
 
 
 def engine_title(kind: str) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.core.experiment_spec import ExperimentSpec, parse_spec
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tune_spec import backend_space, candidate_grid
 from kvlab.engines.base import Engine, EngineFailure
@@ -37,7 +38,6 @@ from kvlab.experiments.submit import Start
 from kvlab.experiments.worker import Worker, new_worker_id
 from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.store import ExperimentStore, Store, require_shared_store
-from kvlab.tasks import TaskItem
 from kvlab.tune.driver import Tuner
 
 #: The driver's own worker takes a whole round at once: its trials share each item's prefill.

@@ -234,7 +234,7 @@ def test_a_backtracking_regex_answer_is_its_items_error_and_the_run_ends(tmp_pat
 def test_f1_on_a_120000_word_answer_is_linear():
     """The probe's 120,000-word answer (under the 1 MiB line limit) cost ~190 CPU s per item-config with
     the quadratic token matching; counted, it is milliseconds (bound: 100 times that, for a busy machine)."""
-    from kvlab.tasks.items import TaskItem
+    from kvlab.core.items import TaskItem
     from kvlab.tasks.scoring import answer_f1
 
     words = " ".join(f"w{i % 5000}" for i in range(120_000))

@@ -353,7 +353,7 @@ def test_a_catastrophic_regex_answer_is_bounded_and_the_server_stays_up(served, 
 
 @pytest.mark.parametrize("pattern, text", [("(a|aa)+b", "a" * 60), ("( 1| 1 1)+b", " 1" * 60)])
 def test_backtracking_patterns_stop_at_the_scorers_bound(pattern, text):
-    from kvlab.tasks.items import TaskItem
+    from kvlab.core.items import TaskItem
     from kvlab.tasks.scoring import ScoringError, answer_regex
 
     # Unbounded, either search runs for hours; the scorer's time limit makes it this item's error.

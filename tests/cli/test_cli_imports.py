@@ -14,8 +14,8 @@ import sys
 import pytest
 from scipy import stats
 
-from kvlab.experiments.analysis import binomial_two_sided_half
-from kvlab.experiments.decision import normal_isf, normal_sf
+from kvlab.analysis.decision import normal_isf, normal_sf
+from kvlab.analysis.summary import binomial_two_sided_half
 from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.waiting import SAFETY_S

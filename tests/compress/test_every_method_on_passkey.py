@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from kvlab.compress.eviction import scorer_key
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.methods import METHODS
 from kvlab.core.tasks import TaskSpec
-from kvlab.tasks import TaskItem, generate_items
+from kvlab.tasks import generate_items
 
 pytestmark = pytest.mark.model
 

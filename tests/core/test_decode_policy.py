@@ -99,7 +99,7 @@ def _generated(name: str, config: dict, peak: int, final_baseline: int, item: st
 
 
 def test_with_a_decode_policy_every_config_is_compared_on_its_peak_over_the_request():
-    from kvlab.experiments.analysis import MEMORY_AFTER_PROMPT, MEMORY_REQUEST_PEAK, summarize
+    from kvlab.analysis.summary import MEMORY_AFTER_PROMPT, MEMORY_REQUEST_PEAK, summarize
     from kvlab.experiments.report import generation_table
 
     rows = [_generated("baseline", {"quant": "none"}, peak=12_000, final_baseline=12_000),

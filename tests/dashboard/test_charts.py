@@ -6,11 +6,11 @@ import re
 
 import pytest
 
+from kvlab.analysis.summary import breakdown, summarize
 from kvlab.core.margins import Margins
 from kvlab.dashboard import charts
 from kvlab.dashboard.chart_export import browser_path, figure_html, figure_image, redact, report_html
 from kvlab.dashboard.views import MIB, compare_rows
-from kvlab.experiments.analysis import breakdown, summarize
 from kvlab.paths import STATIC_DIR
 from kvlab.store import TelemetrySample
 from tests.dashboard_data import PROFILE, item_result

@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
+from kvlab.analysis.summary import decide, summarize
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.margins import DEFAULT_MAX_DROP, DEFAULT_MAX_KL, Margins
@@ -23,7 +24,6 @@ from kvlab.dashboard.spec_form import (
     list_examples,
     parse_numbers,
 )
-from kvlab.experiments.analysis import decide, summarize
 from kvlab.spec_files import load_spec, parse_spec_toml
 from kvlab.store import ExperimentRecord
 from tests.dashboard_data import PROFILE, item_result

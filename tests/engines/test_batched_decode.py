@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from kvlab.core.geometry import CacheGeometry
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tasks import TaskSpec
 from kvlab.engines.attention import MemberStates, kvlab_attention_forward
 from kvlab.engines.batched_decode import MemberClock, batch_limit, member_bytes, token_kl
 from kvlab.engines.embedded import EmbeddedEngine
-from kvlab.tasks import TaskItem, generate_items
+from kvlab.tasks import generate_items
 
 pytestmark = pytest.mark.model
 

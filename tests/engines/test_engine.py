@@ -6,10 +6,11 @@ import itertools
 
 import pytest
 
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig
 from kvlab.core.results import MEASURED_EMBEDDED
 from kvlab.core.tasks import TaskSpec
-from kvlab.tasks import TaskItem, generate_items, score_item
+from kvlab.tasks import generate_items, score_item
 
 pytestmark = pytest.mark.model
 

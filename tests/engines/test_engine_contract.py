@@ -19,6 +19,7 @@ import pytest
 
 import kvlab
 from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import MEASURED_SERVED, NOT_REPORTED, ItemResult, KVMeasurement
 from kvlab.engines.base import Engine, Phase, passes
@@ -26,7 +27,6 @@ from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.engines.launched import LaunchedServerEngine
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine
 from kvlab.secrets import Endpoint
-from kvlab.tasks import TaskItem
 
 ENGINES = [EmbeddedEngine, OpenAICompatEngine, LaunchedServerEngine]
 METHODS = ["check_configs", "check_items", "evaluate", "evaluate_many", "describe", "close", "current_kv_bytes",

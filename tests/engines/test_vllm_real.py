@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
+from kvlab.analysis.agreement import engine_agreement
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
@@ -31,7 +32,6 @@ from kvlab.doctor import diagnose
 from kvlab.engines.host import default_python, offer
 from kvlab.engines.managed_server import ManagedServer, free_port
 from kvlab.engines.server_flags import Installed, server_command, server_env
-from kvlab.experiments.engine_agreement import engine_agreement
 from kvlab.models import resolve_model
 from kvlab.paths import engine_venv
 from kvlab.store import Store

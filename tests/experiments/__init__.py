@@ -1,1 +1,1 @@
-"""Tests of kvlab.experiments: the runner, workers, executors, telemetry, fidelity and the statistics."""
+"""Tests of kvlab.experiments: the runner, workers, executors, launcher and telemetry."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvlab.analysis.summary import summarize
 from kvlab.compress.accounting import budget_ratio
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.experiments.analysis import summarize
 from kvlab.experiments.report import budget_notes, render
 from tests.store.test_store import make_result
 

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from kvlab.analysis.summary import decide, pareto_front, summarize
 from kvlab.cli.main import main
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.margins import Margins
-from kvlab.experiments.analysis import decide, pareto_front, summarize
 from kvlab.experiments.runner import run_experiment
 
 pytestmark = pytest.mark.model

@@ -10,9 +10,9 @@ import pytest
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import ANSWER_SCORERS, TaskSpec
 from kvlab.tasks import JsonlTaskError, generate_items, score_item
-from kvlab.tasks.items import TaskItem
 from kvlab.tasks.jsonl import validate_file
 from kvlab.tasks.registry import resolve
 from kvlab.tasks.scoring import last_boxed

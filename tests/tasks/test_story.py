@@ -19,8 +19,8 @@ def test_story_items_are_long_generations_with_no_score():
 
 
 def test_a_story_config_is_judged_by_its_fidelity():
+    from kvlab.analysis.summary import decide, summarize
     from kvlab.core.results import Fidelity
-    from kvlab.experiments.analysis import decide, summarize
 
     def row(item: int, name: str, kl: float, config: dict):
         fidelity = (None if name == "baseline"

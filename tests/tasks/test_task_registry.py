@@ -13,12 +13,12 @@ from pydantic import ValidationError
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import SPEC_FIELDS, TASKS, Task, TaskSpec
 from kvlab.experiments.report import render
 from kvlab.experiments.runner import run_experiment
 from kvlab.tasks import generate_items, planned_items, score_item
 from kvlab.tasks.haystack import fit_to_length, item_slots
-from kvlab.tasks.items import TaskItem
 from kvlab.tasks.registry import resolve
 from tests.tasks.test_tasks import WS
 

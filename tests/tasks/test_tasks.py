@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from kvlab.core.items import TaskItem
 from kvlab.core.tasks import TaskSpec
 from kvlab.models.checkpoints import model_dir
-from kvlab.tasks import ContextTooShortError, JsonlTaskError, TaskItem, count_tokens, generate_items, score_item
+from kvlab.tasks import ContextTooShortError, JsonlTaskError, count_tokens, generate_items, score_item
 from kvlab.tasks.haystack import HAYSTACK_FILE, load_haystack
 from kvlab.tasks.multikey import needle_text as multikey_needle
 from kvlab.tasks.passkey import needle_text as passkey_needle

@@ -9,12 +9,12 @@ import tomllib
 
 import pytest
 
+from kvlab.analysis.decision import PairedScores
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.margins import Margins
 from kvlab.core.tune_spec import TuneSpec, backend_space, candidate_grid, rungs
-from kvlab.experiments.decision import PairedScores
 from kvlab.store.tunes import optuna_schema
 from kvlab.tune.judge import Evidence, Limits, judge, leftover_reason
 from kvlab.tune.recommend import config_toml, engine_flag, serve_command
@@ -170,7 +170,7 @@ def test_early_stopped_candidates_count_in_holms_family():
     -z^2 / (20 + z^2) (both constant: no correlation; the baseline's upper end is 1), above -0.25 while
     z^2 < 20/3, i.e. z < 2.582: one-sided level above 0.0049 = 0.025 / m for m < 5.09.  So with 4
     early-stopped candidates (m = 5) it is non-inferior, with 5 (m = 6) it is not."""
-    from kvlab.experiments.analysis import decide, summarize
+    from kvlab.analysis.summary import decide, summarize
     from tests.store.test_store import make_result
 
     results = [make_result(f"passkey-{i}", name, score=1.0, physical_kv_bytes=bytes_, config={"quant": quant})

@@ -13,7 +13,7 @@ cannot show 90%.
 Certification is one-sided: mean KL *below* ``max_kl`` (H0: mean KL >= max_kl), agreement *above*
 ``min_agreement`` (H0: agreement <= min_agreement), at 2.5% (the end of the two-sided 95%
 interval); the p-values are Holm-corrected across the configs judged, by
-:mod:`kvlab.experiments.verdict`.  The t interval assumes item means spread roughly normally: a
+:mod:`kvlab.analysis.verdict`.  The t interval assumes item means spread roughly normally: a
 config that fails badly on a rare kind of item can pass on a handful of items that lack it.  More
 items, and the p99 and max KL shown beside the mean, are the guard a deployment should add.
 """
@@ -25,8 +25,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvlab.analysis.decision import ALPHA_ONE_SIDED, normal_sf
 from kvlab.core.results import Fidelity
-from kvlab.experiments.decision import ALPHA_ONE_SIDED, normal_sf
 
 #: One item cannot show anything: a t interval needs two.
 MIN_ITEMS = 2

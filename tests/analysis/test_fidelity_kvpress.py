@@ -20,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import TEACHER_BASELINE_OUTPUT
 from kvlab.core.tasks import TaskSpec
-from kvlab.tasks import TaskItem, generate_items
+from kvlab.tasks import generate_items
 
 pytestmark = pytest.mark.model
 

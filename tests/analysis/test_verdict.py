@@ -10,11 +10,11 @@ import statistics
 import pytest
 from scipy import stats
 
+from kvlab.analysis.decision import PairedScores, holm
+from kvlab.analysis.summary import decide, summarize
+from kvlab.analysis.verdict import ACCURACY, FIDELITY, NEITHER, judge_tasks
 from kvlab.core.margins import RULE, Margins
 from kvlab.core.results import Fidelity, ItemResult
-from kvlab.experiments.analysis import decide, summarize
-from kvlab.experiments.decision import PairedScores, holm
-from kvlab.experiments.verdict import ACCURACY, FIDELITY, NEITHER, judge_tasks
 
 BASELINE_BYTES = 1000
 

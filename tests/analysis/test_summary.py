@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.core.margins import Margins
-from kvlab.core.results import ItemResult
-from kvlab.experiments.analysis import (
+from kvlab.analysis.decision import PairedScores, holm, items_needed
+from kvlab.analysis.summary import (
     accuracy_interval,
     breakdown,
     decide,
@@ -17,7 +16,8 @@ from kvlab.experiments.analysis import (
     sweet_spot,
     wilson_interval,
 )
-from kvlab.experiments.decision import PairedScores, holm, items_needed
+from kvlab.core.margins import Margins
+from kvlab.core.results import ItemResult
 
 
 def _result(config: str, item: int, score: float, physical: int, baseline: int = 1000) -> ItemResult:

@@ -1,4 +1,4 @@
-"""Cross-engine agreement (kvlab.experiments.engine_agreement): pairs, the stop sequence, bytes per context token."""
+"""Cross-engine agreement (kvlab.analysis.agreement): pairs, the stop sequence, bytes per context token."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvlab.experiments.engine_agreement import answer_text, engine_agreement
+from kvlab.analysis.agreement import answer_text, engine_agreement
 from tests.dashboard_data import item_result
 
 STOP = {"stop": [".", "\n"]}

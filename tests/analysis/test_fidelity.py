@@ -11,9 +11,9 @@ import pytest
 import torch
 from scipy import stats
 
+from kvlab.analysis.fidelity import MIN_ITEMS, FidelitySummary
 from kvlab.core.results import TEACHER_CONTINUATION, Fidelity
 from kvlab.engines.batched_decode import token_kl
-from kvlab.experiments.fidelity import MIN_ITEMS, FidelitySummary
 
 P = [0.7, 0.2, 0.1]  # the reference (baseline)
 Q = [0.5, 0.3, 0.2]  # the config

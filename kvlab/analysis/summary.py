@@ -4,7 +4,7 @@ Accuracy is the mean per-item score in [0, 1] with Wilson's 95% interval (for fr
 too: a score bounded in [0, 1] has variance at most p(1 - p), where a bootstrap interval collapses
 when nearly every score is equal).  A config is compared with the baseline on the *same items*:
 exact McNemar for 0/1 scores, Wilcoxon signed-rank otherwise, and the paired difference with its
-interval and the non-inferiority verdict of :mod:`kvlab.experiments.decision`.
+interval and the non-inferiority verdict of :mod:`kvlab.analysis.decision`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvlab.analysis.decision import ALPHA_ONE_SIDED, PairedScores, holm, items_needed
+from kvlab.analysis.fidelity import FidelitySummary
+from kvlab.analysis.verdict import UNMEASURED, TaskVerdict, judge_tasks
 from kvlab.compress.accounting import budget_ratio, compression_ratio, shortfall_causes
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.margins import DEFAULT_MARGINS, DEFAULT_MAX_DROP, Margins
 from kvlab.core.results import ItemResult
 from kvlab.core.tasks import TASKS
-from kvlab.experiments.decision import ALPHA_ONE_SIDED, PairedScores, holm, items_needed
-from kvlab.experiments.fidelity import FidelitySummary
-from kvlab.experiments.verdict import UNMEASURED, TaskVerdict, judge_tasks
 
 #: What a summary's bytes are of (:func:`memory_basis`), in words a report shows.
 MEMORY_AFTER_PROMPT = "the cache after the prompt was compressed"
@@ -169,7 +169,7 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
               margins: Margins = DEFAULT_MARGINS, untested: int = 0) -> list[ConfigSummary]:
     """One summary per config, in first-seen order; the baseline pairing is by ``(item_id, task)``.
     The decision (``non_inferior``) is taken task by task at ``margins``
-    (:mod:`kvlab.experiments.verdict`), Holm-corrected across these configs and ``untested`` more
+    (:mod:`kvlab.analysis.verdict`), Holm-corrected across these configs and ``untested`` more
     (a tune's early-stopped candidates: examined on these items, so they count in the family, with
     p = 1)."""
     max_drop = margins.max_drop
@@ -374,7 +374,7 @@ class Decision:
 
 
 def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", untested: int = 0) -> Decision:
-    """The most compressed config acceptable on every task (see :mod:`kvlab.experiments.verdict`),
+    """The most compressed config acceptable on every task (see :mod:`kvlab.analysis.verdict`),
     at the margins :func:`summarize` judged the summaries with (``untested``: as given to it)."""
     margins = summaries[0].margins if summaries else Margins()
     max_drop = margins.max_drop

@@ -5,11 +5,11 @@ accepts it (intersection-union: each task tested at the full level, so no correc
 tasks; Holm across the configs within each task).  Pooled over tasks, a config that breaks one
 task could pass on the strength of another: pooled figures are a summary, never the decision.
 
-On a task, with a fidelity margin set (:class:`~kvlab.experiments.decision.Margins`) and fidelity
+On a task, with a fidelity margin set (:class:`~kvlab.analysis.decision.Margins`) and fidelity
 measured there, the config is acceptable when its fidelity is *certified* within the margin
-(:mod:`kvlab.experiments.fidelity`) and its accuracy is not *shown* to drop by more than
+(:mod:`kvlab.analysis.fidelity`) and its accuracy is not *shown* to drop by more than
 ``max_drop`` (its paired 95% interval does not lie wholly below ``-max_drop``).  Without fidelity,
-it is acceptable when its accuracy is shown non-inferior (:mod:`kvlab.experiments.decision`).
+it is acceptable when its accuracy is shown non-inferior (:mod:`kvlab.analysis.decision`).
 
 Accuracy cannot *certify* a config on a task on which the baseline scores at or below the task's
 chance floor plus ``max_drop`` (the best of the task's known shortcuts, e.g. "answer with the first
@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvlab.analysis.decision import ALPHA_ONE_SIDED, PairedScores, holm
+from kvlab.analysis.fidelity import FidelitySummary
 from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
-from kvlab.experiments.decision import ALPHA_ONE_SIDED, PairedScores, holm
-from kvlab.experiments.fidelity import FidelitySummary
 
 FIDELITY, ACCURACY, NEITHER = "fidelity", "accuracy", "none"
 UNMEASURED = "fidelity was not measured (a backend without it, or results stored before kvlab measured it)"
@@ -115,7 +115,7 @@ class _Case:
 def judge_tasks(results: Sequence[ItemResult], baseline_name: str, margins: Margins,
                 untested: int = 0) -> dict[str, list[TaskVerdict]]:
     """Each compared config's verdict on every task, by config name (``untested``: more configs of
-    the family, at p = 1, as in :func:`kvlab.experiments.analysis.summarize`)."""
+    the family, at p = 1, as in :func:`kvlab.analysis.summary.summarize`)."""
     by_task: dict[str, list[ItemResult]] = defaultdict(list)
     for result in results:
         if result.error is None:
