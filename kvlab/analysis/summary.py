@@ -233,13 +233,18 @@ def summarize(results: Sequence[ItemResult], baseline_name: str = "baseline",
 BUDGET_SHORTFALL = 0.9
 
 
-def _budget_ratio(config: dict[str, Any], context_tokens: float) -> float | None:
-    """:func:`budget_ratio` of a stored config (None for one this kvlab no longer reads, or no context)."""
+def stored_config(config: dict[str, Any]) -> KVCacheConfig | None:
+    """A stored config (a summary's ``config``) as kvlab reads it; None for one this kvlab no longer reads."""
     try:
-        parsed = KVCacheConfig(**{k: v for k, v in config.items() if k != "name"})
+        return KVCacheConfig(**{k: v for k, v in config.items() if k != "name"})
     except ValueError:
         return None
-    return None if math.isnan(context_tokens) else budget_ratio(parsed, context_tokens)
+
+
+def _budget_ratio(config: dict[str, Any], context_tokens: float) -> float | None:
+    """:func:`budget_ratio` of a stored config (None for one this kvlab no longer reads, or no context)."""
+    parsed = stored_config(config)
+    return None if parsed is None or math.isnan(context_tokens) else budget_ratio(parsed, context_tokens)
 
 
 def short_of_budget(summaries: Sequence[ConfigSummary]) -> list[tuple[ConfigSummary, list[str]]]:
@@ -249,7 +254,9 @@ def short_of_budget(summaries: Sequence[ConfigSummary]) -> list[tuple[ConfigSumm
     for s in summaries:
         if (s.budget_ratio is not None and not s.kv_bytes_estimated and s.memory_basis == MEMORY_AFTER_PROMPT
                 and not math.isnan(s.compression_ratio) and s.compression_ratio < BUDGET_SHORTFALL * s.budget_ratio):
-            short.append((s, shortfall_causes(KVCacheConfig(**{k: v for k, v in s.config.items() if k != "name"}))))
+            parsed = stored_config(s.config)
+            if parsed is not None:  # it is: its budget_ratio was read from it
+                short.append((s, shortfall_causes(parsed)))
     return short
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeGuard
 from urllib.parse import urlencode
 
 from kvlab.analysis.agreement import EngineAgreement
-from kvlab.analysis.summary import ConfigSummary, Decision
+from kvlab.analysis.summary import ConfigSummary, Decision, stored_config
 from kvlab.core.formats import FORMATS
 from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
@@ -407,12 +407,10 @@ def compare_rows(summaries_by_experiment: Mapping[int, Sequence[ConfigSummary]],
                 continue
             if not _present(s.accuracy) or _missing(s.compression_ratio):
                 continue
-            config = s.config
-            removed = config.get("ratio")
-            if removed is None and config.get("keep_fraction") is not None:
-                removed = 1.0 - config["keep_fraction"]
+            parsed = stored_config(s.config)
+            removed = parsed.removed_fraction if parsed is not None else None
             if removed is None:  # no eviction, or a threshold: what was actually dropped
                 removed = 1.0 - (s.kept_fraction if not _missing(s.kept_fraction) else 1.0)
-            rows.append(CompareRow(experiment_id, s.config_name, QUANT_BITS.get(config.get("quant", "none"), 16.0),
+            rows.append(CompareRow(experiment_id, s.config_name, QUANT_BITS.get(s.config.get("quant", "none"), 16.0),
                                    float(removed), float(s.accuracy), float(s.compression_ratio)))
     return rows

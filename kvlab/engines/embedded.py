@@ -126,6 +126,17 @@ class ServedPrefix:
     prefill_s: float
 
 
+def fidelity_group(configs: Sequence[KVCacheConfig], measure: bool) -> tuple[list[KVCacheConfig], set[int]]:
+    """The configs in decoding order, and the positions whose results are reported.  When fidelity is
+    measured the baseline decodes first, as every other config's reference (added, and not reported,
+    when the configs lack it)."""
+    if not measure:
+        return list(configs), set(range(len(configs)))
+    baseline = next((c for c in configs if c.is_baseline), None)
+    group = [baseline or BASELINE, *(c for c in configs if c is not baseline)]
+    return group, set(range(len(group))) - ({0} if baseline is None else set())
+
+
 class EmbeddedEngine(Engine):
     name = "embedded"
 
@@ -291,10 +302,8 @@ class EmbeddedEngine(Engine):
         # not reported, when the group lacks it); later batches get its finished run.  In the
         # query-aware layout the added baseline has the question in its prefill (float32 there, 16-bit
         # when fed): the same model and tokens as the reported baseline, rounded a little differently.
-        baseline = next((c for c in configs if c.is_baseline), None)
         measure = self.fidelity and any(not c.is_baseline for c in configs)
-        group = [baseline or BASELINE, *(c for c in configs if c is not baseline)] if measure else configs
-        reported = set(range(len(group))) - ({0} if measure and baseline is None else set())
+        group, reported = fidelity_group(configs, measure)
         fed = len(suffix) if targets is not None else 1
         per_member = member_bytes(self.geometry, len(prefix) + len(suffix) + item.max_new_tokens, fed,
                                   self.model.config.vocab_size, self.model.dtype.itemsize)
@@ -337,11 +346,9 @@ class EmbeddedEngine(Engine):
         questions = [self._encode(item.question, special=False) for item in items]
         self.current_config = None
         prefill = self._prefill(context, {scorer_key(c) for c in configs})
-        baseline = next((c for c in configs if c.is_baseline), None)
         multi_turn = items[0].multi_turn
         measure = self.fidelity and not multi_turn and any(not c.is_baseline for c in configs)
-        group = [baseline or BASELINE, *(c for c in configs if c is not baseline)] if measure else configs
-        reported = set(range(len(group))) - ({0} if measure and baseline is None else set())
+        group, reported = fidelity_group(configs, measure)
         answers = [len(q) + i.max_new_tokens for q, i in zip(questions, items, strict=True)]
         longest = len(context) + (sum(answers) if multi_turn else max(answers))
         per_member = member_bytes(self.geometry, longest, 1, self.model.config.vocab_size, self.model.dtype.itemsize)
