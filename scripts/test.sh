@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set everything up and run the tests (the README's test command; CI runs it too).
 #   scripts/test.sh           # the whole suite: mypy, real model, PostgreSQL, chromium, a real vLLM
-#   scripts/test.sh --fast    # the unit tests only: no model, engine, browser or database server (minutes)
+#   scripts/test.sh --fast    # ruff, mypy and the unit tests: no model, engine, browser or database server
 #   scripts/test.sh [--fast] -- PYTEST_ARGS...
 # One line per step. What it starts (PostgreSQL) it stops when it exits: on success, failure and Ctrl-C.
 set -euo pipefail
@@ -19,13 +19,25 @@ step "the linter (ruff check, configured in pyproject.toml)"
 ruff check --quiet .
 
 if [ "$fast" = 1 ]; then
+  # The type checker runs beside the unit tests (a cold check takes about a minute on 2 cores, a warm
+  # one seconds); its verdict is read once they end.
+  mypy_log="${TMPDIR:-/tmp}/kvlab-test-mypy.log"
+  step "the type checker (mypy on kvlab/, beside the tests; its output in $mypy_log)"
+  mypy --no-error-summary >"$mypy_log" 2>&1 &
+  mypy_pid=$!
+  trap 'kill "$mypy_pid" 2>/dev/null || true' EXIT
   # What needs a model, an engine, a browser or a database server is left to the whole suite; the
   # markers are set in tests/conftest.py (a test that uses the model's fixtures is a `model` test).
   step "the fast tier (pytest -m 'not model and not e2e and not server')"
-  python -m pytest -q -m "not model and not e2e and not server" "$@"
-  # the type checker is the whole suite's (a cold check takes about a minute on 2 cores)
+  status=0
+  python -m pytest -q -m "not model and not e2e and not server" "$@" || status=$?
+  if ! wait "$mypy_pid"; then
+    echo "test.sh: mypy found errors:" >&2
+    cat "$mypy_log" >&2
+    status=1
+  fi
   step "done in $((SECONDS - started)) s"
-  exit 0
+  exit "$status"
 fi
 
 # Everything below is required: a test that would skip for want of it fails instead (KVLAB_STRICT_TESTS).

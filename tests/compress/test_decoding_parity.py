@@ -100,8 +100,8 @@ def test_bytes_over_generation_are_measured_and_fall_at_each_compression(engine,
 def test_a_batch_of_policies_decodes_as_each_alone(smollm, engine, recall_item):
     configs = [KVCacheConfig(), CONFIGS["knorm"], CONFIGS["snapkv"],
                KVCacheConfig(quant="int4", evict="streaming_llm", ratio=0.3, decode={"interval": 40, "ratio": 0.3})]
-    together = {r.config_name: r for r in engine.evaluate(recall_item, configs)}
-    alone = EmbeddedEngine(smollm, seed=0, max_batch=1)
+    together = {r.config_name: r for r in engine.evaluate(recall_item, configs)}  # with fidelity, as experiments
+    alone = EmbeddedEngine(smollm, seed=0, max_batch=1, fidelity=False)  # the reference: no member beside it
     for result in alone.evaluate(recall_item, configs):
         batched = together[result.config_name]
         assert batched.generated == result.generated, result.config_name
