@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.model_registry import KNOWN_MODELS
+from kvlab.core.tasks import GENERATED_TASKS
 from kvlab.core.urls import strip_credentials
 from kvlab.dashboard import page_table, views
 from kvlab.dashboard.endpoint_playground import run_on_endpoint
@@ -22,7 +23,6 @@ from kvlab.dashboard.playground import (
     ENGINES,
     MAX_CONFIGS,
     SOURCES,
-    TASK_CHOICES,
     PlaygroundView,
     answer_span,
     config_text,
@@ -84,8 +84,8 @@ source = st.radio("Input", SOURCES, index=SOURCES.index(view.source), horizontal
                                "text": "my own text"}.get)
 if source == "task":
     task_col, length_col, depth_col, seed_col = st.columns(4)
-    task = task_col.selectbox("Task", TASK_CHOICES, index=TASK_CHOICES.index(view.task)
-                              if view.task in TASK_CHOICES else 0)
+    task = task_col.selectbox("Task", GENERATED_TASKS, index=GENERATED_TASKS.index(view.task)
+                              if view.task in GENERATED_TASKS else 0)
     length = length_col.number_input("Context (tokens)", min_value=64, max_value=8192, step=128, value=view.length)
     depth = depth_col.number_input("Needle depth", min_value=0.0, max_value=1.0, step=0.1, value=view.depth)
     seed = seed_col.number_input("Seed", min_value=0, step=1, value=view.seed)

@@ -212,9 +212,10 @@ class TaskSpec(BaseModel):
                              f"several questions of one context are asked by {' and '.join(sharing)}")
         if self.multi_turn and self.questions_per_context == 1:
             raise ValueError("multi_turn: a conversation needs questions_per_context above 1")
-        if self.name == "multikey" and self.questions_per_context > self.num_pairs:
+        bound = TASKS[self.name].questions_bound
+        if bound is not None and self.questions_per_context > getattr(self, bound):
             raise ValueError(f"questions_per_context: {self.questions_per_context} questions need as many keys; "
-                             f"num_pairs = {self.num_pairs}")
+                             f"{bound} = {getattr(self, bound)}")
         if self.scorer is not None and "scorer" not in TASKS[self.name].fields:
             scored = [name for name, task in TASKS.items() if "scorer" in task.fields]
             raise ValueError(f"scorer: only the {' or '.join(scored)} task takes a scorer (the {self.name} task "
@@ -262,9 +263,11 @@ class Task:
     #: New tokens an item may take when the spec sets no ``max_new_tokens``; None where the item decides it
     #: (an answer's length, the hops of a chain): validation then counts at least one.
     default_new_tokens: int | None = None
+    #: The parameter that bounds ``questions_per_context`` (each question asks for a different one of them).
+    questions_bound: str | None = None
 
     def __post_init__(self) -> None:
-        unknown = sorted(self.fields - SPEC_FIELDS)
+        unknown = sorted((self.fields | ({self.questions_bound} if self.questions_bound else set())) - SPEC_FIELDS)
         if unknown:
             raise ValueError(f"task {self.name!r}: {unknown} are not TaskSpec fields")
         if (self.scorer is None) != (self.kind == "perplexity" or self.fidelity_only):
@@ -303,7 +306,7 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          fields=_GENERATED | {"depths", "num_pairs", "questions_per_context", "multi_turn"},
          chance_floor="1/num_pairs (any one number of the context)",
          default_new_tokens=12,  # " 1234567." is 8-9 tokens in digit-splitting tokenizers
-         shortcuts="kvlab.tasks.multikey:shortcut_scores"),
+         shortcuts="kvlab.tasks.multikey:shortcut_scores", questions_bound="num_pairs"),
     Task("variable_tracking", "kvlab.tasks.variable_tracking:generate", scorer="kvlab.tasks.scoring:variable_names",
          fields=_GENERATED | {"num_chains", "num_hops"},
          chance_floor="2/(num_chains+1) F1 (every variable of the context)",
@@ -323,6 +326,14 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          chance_floor="depends on the file", default_new_tokens=32,
          count_items="kvlab.tasks.jsonl:planned_items"),
 )}
+
+
+#: Tasks whose items are generated one at a time to a length (the playground's and ``kvlab serve``'s): neither
+#: a perplexity task nor one that reads the user's file.
+GENERATED_TASKS: tuple[str, ...] = tuple(name for name, task in TASKS.items()
+                                         if task.kind != "perplexity" and not task.reads_file)
+#: The task that runs the rows of the user's JSONL file.
+FILE_TASK: str = next(name for name, task in TASKS.items() if task.reads_file)
 
 
 def task_new_tokens(task: str) -> int:

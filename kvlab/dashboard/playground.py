@@ -14,6 +14,7 @@ from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.limits import PLAYGROUND_CONFIGS
 from kvlab.core.model_registry import DEFAULT_MODEL, KNOWN_MODELS
 from kvlab.core.results import KeptPositions
+from kvlab.core.tasks import FILE_TASK, TASKS
 from kvlab.core.urls import strip_credentials
 from kvlab.dashboard.views import fmt
 from kvlab.tasks.data_dir import checked_data_file
@@ -25,8 +26,6 @@ SOURCES = ("task", "file", "text")
 #: What answers a Run: a warm ``kvlab serve`` (every config, token maps), or an OpenAI-compatible endpoint (a vLLM
 #: or SGLang server: its own cache, :mod:`kvlab.dashboard.endpoint_playground`).
 ENGINES = ("embedded", "endpoint")
-#: Tasks the playground can generate an item of (the server generates it with the model's tokenizer).
-TASK_CHOICES = ("passkey", "multikey", "variable_tracking", "recall", "story")
 #: The configs a first visit compares: the question the playground answers ("what does SnapKV at 75% keep,
 #: and what if I quantize to int4 as well?").
 DEFAULT_CONFIGS = (
@@ -184,10 +183,10 @@ def spec_for(view: PlaygroundView, items: int = 10) -> dict[str, Any]:
                          "own texts in a JSONL file in the data directory)")
     entry: dict[str, Any]
     if view.source == "file":
-        entry = {"name": "jsonl", "path": view.file}
+        entry = {"name": FILE_TASK, "path": view.file}
     else:
         entry = {"name": view.task, "context_lengths": [view.length], "num_items": items}
-    if view.task in ("passkey", "multikey") and view.source == "task":
+    if view.source == "task" and TASKS[view.task].needle_depths:  # its needle at five depths
         entry["depths"] = [0.1, 0.3, 0.5, 0.7, 0.9]
     if view.engine == "endpoint":
         return {"name": f"playground-{entry['name']}-endpoint", "model": view.model, "tasks": [entry],

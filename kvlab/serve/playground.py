@@ -19,11 +19,11 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.limits import PLAYGROUND_CONFIGS
-from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, check_answer_scorer
+from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, GENERATED_TASKS, check_answer_scorer
 from kvlab.serve.errors import APIError
 from kvlab.serve.generation import ServedModel
 from kvlab.tasks.scoring import ScoringError, compile_answer_regex
-from kvlab.tasks.single import GENERATED_TASKS, generated_item, own_item, score
+from kvlab.tasks.single import generated_item, own_item, score
 
 #: Tokens an answer may take.
 MAX_NEW_TOKENS = 256

@@ -11,15 +11,13 @@ from pydantic import ValidationError
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.items import TaskItem
-from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, TASKS, TaskSpec
+from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, GENERATED_TASKS, TASKS, TaskSpec
 from kvlab.tasks.haystack import Tokenizer
 from kvlab.tasks.jsonl import DEFAULT_MAX_NEW_TOKENS
 from kvlab.tasks.registry import generate_items, resolve, score_item
 
 #: The task name of the caller's own text.
 OWN_TEXT = "playground"
-#: Tasks one item of which can be generated (a file's rows are read, a perplexity item has no answer).
-GENERATED_TASKS = tuple(name for name, task in TASKS.items() if task.kind != "perplexity" and name != "jsonl")
 
 
 def generated_item(task: str, context_length: int, depth: float | None, seed: int, tokenizer: Tokenizer,
