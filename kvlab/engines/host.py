@@ -156,7 +156,7 @@ def probe_install(kind: str, python: str) -> Install:
 
 @cache
 def _probe_install(kind: str, python: str, _pythonpath: str) -> Install:
-    install_hint = serving_engine(kind).install_hint
+    install_hint = serving_engine(kind).install_hint.format(venv=engine_venv(kind))  # KVLAB_HOME read now
     try:
         answer = subprocess.run([python, "-c", _PROBE, kind], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:

@@ -55,7 +55,7 @@ class ServingEngine(ABC):
     kind: str
     module: str  # `python -m MODULE` starts its OpenAI-compatible server
     health_path: str  # answers 200 only once the server can serve requests
-    install_hint: str  # how to install it, as a sentence's end
+    install_hint: str  # how to install it, as a sentence's end; ``{venv}``: kvlab's venv for it (KVLAB_HOME)
     no_eviction: str  # why a config that evicts tokens cannot run on it, and what cache knobs it has instead
     plain_fp8: str  # why plain quant = 'fp8' is refused (say which variant)
     #: kvlab format -> what the engine offers instead, for each format it does not store

@@ -15,7 +15,6 @@ from kvlab.core.experiment_spec import DEFAULT_CPU_KV_CACHE_GIB
 from kvlab.core.formats import FORMATS
 from kvlab.engines.server_logs import GIB, KVPool, StartupFault, last_match, line_of
 from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine
-from kvlab.paths import engine_venv
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
@@ -160,7 +159,7 @@ VLLM = VLLMEngine(
     # ``engine_client.check_health()`` (503 once the engine died); uvicorn serves only after the engine is
     # built (api_server.py build_and_serve), so 200 means ready.
     health_path="/health",
-    install_hint=f"run scripts/install_vllm.sh (kvlab then finds it in {engine_venv('vllm')})",
+    install_hint="run scripts/install_vllm.sh (kvlab then finds it in {venv})",
     # CacheConfig.enable_prefix_caching (vllm/config/cache.py): freed prefix blocks are reused LRU, and under
     # memory pressure a whole request is preempted; no token leaves a running sequence's cache.
     no_eviction="vLLM does not evict tokens from a sequence's KV cache; its only cache knobs are the prefix "
