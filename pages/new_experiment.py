@@ -19,7 +19,7 @@ from kvlab.core.experiment_spec import ExperimentSpec, dump_spec, parse_spec, sp
 from kvlab.core.formats import GROUP_SIZES
 from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES
 from kvlab.core.methods import BUDGETS, HEAD_BUDGETS
-from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, DEFAULT_NUM_ITEMS, TASKS
+from kvlab.core.tasks import DEFAULT_NUM_ITEMS, TASKS
 from kvlab.dashboard import estimate, executor_form, page_table, views
 from kvlab.dashboard.launch import Refused, launch_sweep
 from kvlab.dashboard.spec_form import (
@@ -35,6 +35,7 @@ from kvlab.dashboard.spec_form import (
     form_from_spec,
     list_examples,
 )
+from kvlab.dashboard.task_params import ParamWidget, param_widgets
 from kvlab.engines.servers import SERVERS
 from kvlab.models import KNOWN_MODELS
 from kvlab.paths import DATA_DIR_VAR, data_dir
@@ -46,6 +47,7 @@ from pages import tune_form
 from pages.common import get_store, share_box
 from pages.config_table import config_columns
 from pages.executor_choice import executor_choice
+from pages.task_params import form_param_inputs
 
 P = "f:"  # widget keys: P + spec field path
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
@@ -104,11 +106,15 @@ def add_task() -> None:
 def remove_task(index: int) -> None:
     """Shift the later tasks' widget values down one place."""
     count = st.session_state["form_n_tasks"]
-    suffixes = [k.removeprefix(f"{P}tasks.{index}.") for k in list(st.session_state)
-                if isinstance(k, str) and k.startswith(f"{P}tasks.{index}.")]
+    sections = [f"{P}tasks.{i}." for i in range(index, count)]  # tasks differ in their parameters' widgets
+    suffixes = {k.removeprefix(s) for k in list(st.session_state) for s in sections
+                if isinstance(k, str) and k.startswith(s)}
     for later in range(index + 1, count):
         for suffix in suffixes:
-            st.session_state[f"{P}tasks.{later - 1}.{suffix}"] = st.session_state.get(f"{P}tasks.{later}.{suffix}")
+            if f"{P}tasks.{later}.{suffix}" in st.session_state:
+                st.session_state[f"{P}tasks.{later - 1}.{suffix}"] = st.session_state[f"{P}tasks.{later}.{suffix}"]
+            else:
+                st.session_state.pop(f"{P}tasks.{later - 1}.{suffix}", None)
     for suffix in suffixes:
         st.session_state.pop(f"{P}tasks.{count - 1}.{suffix}", None)
     base = dict(st.session_state["form_base"])
@@ -230,8 +236,8 @@ def backend_options(backend: str) -> None:
                      icon=":material/stethoscope:")
 
 
-def on_jsonl_upload(index: int) -> None:
-    """Save an uploaded JSONL file under the data directory and point the task at it."""
+def on_jsonl_upload(index: int, key: str) -> None:
+    """Save an uploaded JSONL file under the data directory and point the task's file widget (``key``) at it."""
     upload = st.session_state.get(f"jsonl_upload_{index}")
     if upload is None:
         return
@@ -241,18 +247,17 @@ def on_jsonl_upload(index: int) -> None:
         st.session_state[f"jsonl_upload_error_{index}"] = str(error)
         return
     st.session_state.pop(f"jsonl_upload_error_{index}", None)
-    st.session_state[f"{P}tasks.{index}.path"] = saved
+    st.session_state[key] = saved
 
 
-def jsonl_field(index: int) -> None:
-    """A jsonl task's file: a path under the data directory, or an upload saved there. Nothing
-    else on this host can be read from a web page."""
+def jsonl_field(index: int, key: str, widget: ParamWidget) -> None:
+    """A task's file (its parameter of kind "file", under ``key``): a path under the data directory, or an
+    upload saved there. Nothing else on this host can be read from a web page."""
     root = data_dir()
-    st.text_input("JSONL file (under the data directory)", key=f"{P}tasks.{index}.path",
-                  help=f'One {{"context", "question", "answer"}} object per line. A path relative to {root} '
-                       f"({DATA_DIR_VAR}), or upload a file below.")
+    st.text_input(f"{widget.label} (under the data directory)", key=key,
+                  help=f"{widget.help} Here: a path relative to {root} ({DATA_DIR_VAR}), or upload a file below.")
     st.file_uploader("…or upload a JSONL file", type=["jsonl"], key=f"jsonl_upload_{index}",
-                     on_change=on_jsonl_upload, args=(index,),
+                     on_change=on_jsonl_upload, args=(index, key),
                      help=f"Saved under {root / UPLOADS}. Size limit: {FILE_MB_VAR} MiB (default {DEFAULT_FILE_MB:g}).")
     if problem := st.session_state.get(f"jsonl_upload_error_{index}"):
         st.error(problem, icon=":material/error:")
@@ -318,7 +323,7 @@ st.header("Tasks")
 for index in range(st.session_state["form_n_tasks"]):
     t = f"tasks.{index}."
     with st.container(border=True):
-        name_col, lengths_col, depths_col, items_col, tokens_col = st.columns([1.3, 2, 2, 1, 1.2])
+        name_col, lengths_col, items_col, tokens_col = st.columns([1.3, 2, 1, 1.2])
         with name_col:
             task_name = st.selectbox("Task", TASK_NAMES, key=P + t + "name")
             slot(t + "name")
@@ -326,10 +331,6 @@ for index in range(st.session_state["form_n_tasks"]):
             st.text_input("Context lengths (tokens)", key=P + t + "context_lengths",
                           help="Comma-separated, each 128..131072, e.g. 1024, 2048")
             slot(t + "context_lengths")
-        with depths_col:
-            st.text_input("Needle depths (fraction of context)", key=P + t + "depths",
-                          help="Comma-separated fractions in [0, 1], e.g. 0.1, 0.5, 0.9")
-            slot(t + "depths")
         with items_col:
             st.number_input("Items per length", min_value=0, step=1, key=P + t + "num_items",
                             help=f"0: the default, {DEFAULT_NUM_ITEMS} per length, and every line of a JSONL file")
@@ -337,18 +338,9 @@ for index in range(st.session_state["form_n_tasks"]):
         with tokens_col:
             st.number_input("Max new tokens (0: task default)", min_value=0, step=1, key=P + t + "max_new_tokens")
             slot(t + "max_new_tokens")
-        if "num_pairs" in TASKS[task_name].fields:
-            st.number_input("Key-value pairs", min_value=0, step=1, key=P + t + "num_pairs")
-            slot(t + "num_pairs")
-        if TASKS[task_name].reads_file:
-            jsonl_field(index)
-        if "scorer" in TASKS[task_name].fields:
-            st.selectbox("Answer scorer", ["", *ANSWER_SCORERS], key=P + t + "scorer",
-                         format_func=lambda name: name or f"{DEFAULT_ANSWER_SCORER} (the default)",
-                         help="How each row's answer is scored, unless the row names its own `scorer`: "
-                              + "; ".join(f"{s.name}: {s.help}" for s in ANSWER_SCORERS.values()))
-            slot(t + "scorer")
-        slot(t + "path")
+        # the task's own parameters, a widget each from its parameter model
+        form_param_inputs(param_widgets(TASKS[task_name].params), P, t, slot,
+                          lambda key, widget, index=index: jsonl_field(index, key, widget))
         slot(f"tasks.{index}")
         if st.session_state["form_n_tasks"] > 1:
             st.button("Remove this task", key=f"remove-task-{index}", on_click=remove_task, args=(index,))

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.model_registry import KNOWN_MODELS
-from kvlab.core.tasks import GENERATED_TASKS
+from kvlab.core.tasks import TASKS, generated_tasks
 from kvlab.core.urls import strip_credentials
 from kvlab.dashboard import page_table, views
 from kvlab.dashboard.endpoint_playground import run_on_endpoint
@@ -33,12 +33,14 @@ from kvlab.dashboard.playground import (
     token_map_html,
 )
 from kvlab.dashboard.spec_form import CONFIG_COLUMNS, config_row, config_rows
+from kvlab.dashboard.task_params import item_param_widgets, params_text
 from kvlab.dashboard.warm_engine import PlaygroundError, WarmEngine
 from kvlab.paths import DATA_DIR_VAR, data_dir
 from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR
 from kvlab.tasks.data_dir import data_files
 from pages.common import share_box
 from pages.config_table import config_columns
+from pages.task_params import item_param_inputs
 
 #: The configs table's columns: the new-experiment form's, but a config's name (its label here).
 DATA_COLUMNS = tuple(c for c in CONFIG_COLUMNS if c != "name")
@@ -83,13 +85,18 @@ source = st.radio("Input", SOURCES, index=SOURCES.index(view.source), horizontal
                   format_func={"task": "an item of a task", "file": "a row of a JSONL file",
                                "text": "my own text"}.get)
 if source == "task":
+    tasks = generated_tasks()
     task_col, length_col, depth_col, seed_col = st.columns(4)
-    task = task_col.selectbox("Task", GENERATED_TASKS, index=GENERATED_TASKS.index(view.task)
-                              if view.task in GENERATED_TASKS else 0)
+    task = task_col.selectbox("Task", tasks, index=tasks.index(view.task) if view.task in tasks else 0)
     length = length_col.number_input("Context (tokens)", min_value=64, max_value=8192, step=128, value=view.length)
-    depth = depth_col.number_input("Needle depth", min_value=0.0, max_value=1.0, step=0.1, value=view.depth)
+    depth = depth_col.number_input("Needle depth", min_value=0.0, max_value=1.0, step=0.1, value=view.depth,
+                                   disabled=not TASKS[task].needle_depths, help="Where the task hides what it asks for")
     seed = seed_col.number_input("Seed", min_value=0, step=1, value=view.seed)
-    inputs = {"task": task, "length": int(length), "depth": float(depth), "seed": int(seed)}
+    # the task's own parameters that shape one item, a widget each from its parameter model
+    widgets = item_param_widgets(TASKS[task].params)
+    own = item_param_inputs(widgets, f"playground-{task}-", view.task_param_values() if task == view.task else {})
+    inputs = {"task": task, "length": int(length), "depth": float(depth), "seed": int(seed),
+              "task_params": params_text(widgets, own)}
 elif source == "file":
     files = list(dict.fromkeys([*([view.file] if view.file else []), *data_files()]))
     file_col, row_col = st.columns([3, 1])

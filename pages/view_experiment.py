@@ -352,7 +352,7 @@ elif section == "Failed items":
         chart(figure("item", view, item), "item-chart", f"{stem}-kl-{slug(item)}")
         st.dataframe(views.item_rows(shown, item), hide_index=True, key="item-table")
 elif section == "Spec & environment":
-    st.code(dump_spec(parse_spec(experiment.spec)), language="toml")
+    st.code(dump_spec(parse_spec(experiment.spec, stored=True)), language="toml")
     st.json({"git_commit": experiment.git_commit, "versions": experiment.versions, "hardware": experiment.hardware},
             expanded=False)
 
@@ -383,7 +383,7 @@ def _report(experiment: ExperimentRecord, view: View) -> str:
                        {"Summary": views.summary_rows(summaries, best.config_name if best else None),
                         "Verdict per task": views.verdict_rows(summaries),
                         "Failed items": views.failed_rows(results, limit=100)},
-                       figures, dump_spec(parse_spec(experiment.spec)),
+                       figures, dump_spec(parse_spec(experiment.spec, stored=True)),
                        {"git_commit": experiment.git_commit, "versions": experiment.versions,
                         "hardware": experiment.hardware})
 

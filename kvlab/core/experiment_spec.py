@@ -30,7 +30,7 @@ from kvlab.core.limits import (
 )
 from kvlab.core.margins import DEFAULT_MAX_KL, Margins
 from kvlab.core.model_registry import context_limit, model_depth
-from kvlab.core.tasks import MAX_PATH_CHARS, TaskSpec
+from kvlab.core.tasks import MAX_PATH_CHARS, STORED, TaskSpec
 from kvlab.core.tasks import TASKS as TASK_REGISTRY
 from kvlab.core.tune_spec import TuneSpec, backend_space
 from kvlab.core.urls import URL_USERINFO, url_credentials
@@ -360,12 +360,14 @@ def refuse_credentials(data: Any, path: str = "") -> None:
                               "never stores; remove the user:password@ part")
 
 
-def parse_spec(data: dict[str, Any]) -> ExperimentSpec:
+def parse_spec(data: dict[str, Any], stored: bool = False) -> ExperimentSpec:
     """Validate a spec dict, raising :class:`ConfigError` with a readable message (a URL with
-    credentials anywhere in it is refused: :func:`refuse_credentials`)."""
+    credentials anywhere in it is refused: :func:`refuse_credentials`).  ``stored``: the spec is one the
+    store holds (kvlab wrote it; what an older kvlab wrote that this one reads no more is dropped:
+    :data:`kvlab.core.tasks.LEGACY_DEFAULTS`)."""
     refuse_credentials(data)
     try:
-        return ExperimentSpec.model_validate(data)
+        return ExperimentSpec.model_validate(data, context={STORED: True} if stored else None)
     except ValidationError as error:
         raise ConfigError(format_validation_error(error)) from None
 

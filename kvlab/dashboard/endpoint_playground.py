@@ -157,4 +157,4 @@ def _item(fields: Mapping[str, Any], tokenizer: EndpointTokenizer, max_new_token
                         **{key: fields[key] for key in ("scorer", "tolerance") if key in fields},
                         max_new_tokens=max_new_tokens)
     return generated_item(fields["task"], fields["context_length"], fields.get("depth"), fields["seed"], tokenizer,
-                          max_new_tokens)
+                          max_new_tokens, fields.get("params"))

@@ -14,7 +14,7 @@ from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.limits import PLAYGROUND_CONFIGS
 from kvlab.core.model_registry import DEFAULT_MODEL, KNOWN_MODELS
 from kvlab.core.results import KeptPositions
-from kvlab.core.tasks import FILE_TASK, TASKS
+from kvlab.core.tasks import FILE_TASK, TASKS, generated_tasks
 from kvlab.core.urls import strip_credentials
 from kvlab.dashboard.views import fmt
 from kvlab.tasks.data_dir import checked_data_file
@@ -41,14 +41,16 @@ MAX_CONFIGS = PLAYGROUND_CONFIGS
 @dataclass(frozen=True)
 class PlaygroundView:
     """Everything the page draws from, each field a query parameter of its share link (``config``: one
-    compact JSON object per config, repeated)."""
+    compact JSON object per config, repeated; ``task_params``: the task's own parameters off their defaults, one
+    compact JSON object, :func:`kvlab.dashboard.task_params.params_text`)."""
 
     model: str = DEFAULT_MODEL
     engine: str = "embedded"
     base_url: str = ""  # never with a user:password (the page strips it): a link carries no secret
     model_id: str = ""
     source: str = "task"
-    task: str = "passkey"
+    task: str = field(default_factory=lambda: generated_tasks()[0])
+    task_params: str = ""
     length: int = 1024
     depth: float = 0.5
     seed: int = 0
@@ -86,6 +88,9 @@ class PlaygroundView:
                         raise ValueError(f"{len(texts)} configs, at most {MAX_CONFIGS} at once")
                     values["config"] = tuple(config_text(json.loads(text)) for text in texts)
                     continue
+                if item.name == "task_params":
+                    values["task_params"] = _params_text(raw if isinstance(raw, str) else raw[-1])
+                    continue
                 text = raw if isinstance(raw, str) else raw[-1]
                 kind = type(getattr(default, item.name))
                 values[item.name] = kind(text)
@@ -101,16 +106,29 @@ class PlaygroundView:
     def configs(self) -> list[dict[str, Any]]:
         return [json.loads(text) for text in self.config]
 
+    def task_param_values(self) -> dict[str, Any]:
+        """The task's own parameters the view sets (the others at their defaults)."""
+        return json.loads(self.task_params) if self.task_params else {}
+
     def item(self) -> dict[str, Any]:
         """The request's ``item``: a task's to generate, a file's row (read here: the server may run elsewhere)
         or the user's text.  :class:`ConfigError` for a file outside the data directory or a row it lacks."""
         if self.source == "task":
-            return {"task": self.task, "context_length": self.length, "depth": self.depth, "seed": self.seed}
+            return {"task": self.task, "context_length": self.length, "depth": self.depth, "seed": self.seed,
+                    **({"params": self.task_param_values()} if self.task_params else {})}
         if self.source == "file":
             record = read_row(checked_data_file(self.file), self.row, label=self.file)
             return {key: record[key] for key in ("context", "question", "answer", "scorer", "tolerance")
                     if key in record}
         return {"context": self.context, "question": self.question, "answer": self.answer}
+
+
+def _params_text(text: str) -> str:
+    """A link's task parameters: a JSON object, made compact (checked against the task when the item is made)."""
+    params = json.loads(text) if text else {}
+    if not isinstance(params, dict):
+        raise ValueError("not a JSON object of the task's parameters")
+    return json.dumps(params, separators=(",", ":"), sort_keys=True) if params else ""
 
 
 def config_text(config: Mapping[str, Any]) -> str:
@@ -185,7 +203,7 @@ def spec_for(view: PlaygroundView, items: int = 10) -> dict[str, Any]:
     if view.source == "file":
         entry = {"name": FILE_TASK, "path": view.file}
     else:
-        entry = {"name": view.task, "context_lengths": [view.length], "num_items": items}
+        entry = {"name": view.task, "context_lengths": [view.length], "num_items": items, **view.task_param_values()}
     if view.source == "task" and TASKS[view.task].needle_depths:  # its needle at five depths
         entry["depths"] = [0.1, 0.3, 0.5, 0.7, 0.9]
     if view.engine == "endpoint":

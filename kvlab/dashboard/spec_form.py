@@ -2,8 +2,9 @@
 
 The form keeps one value per widget, keyed by the spec's own field path (``tasks.0.context_lengths``),
 so a validation error from kvlab's pydantic models (``format_validation_error`` prints the same
-paths) lands next to the widget it is about.  Settings the form has no widget for (a task's
-``num_hops``, a backend's ``base_url``, ...) ride along unchanged in ``base``.
+paths) lands next to the widget it is about.  A task's own parameters have a widget each, drawn from
+its parameter model (:mod:`kvlab.dashboard.task_params`).  Settings the form has no widget for (a
+backend's ``base_url``, ...) ride along unchanged in ``base``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
 from kvlab.core.kv_config import DecodePolicy, KVCacheConfig, SkipLayers, SweepGrid
 from kvlab.core.margins import Margins
 from kvlab.core.methods import BUDGET_BOUNDS, BUDGETS
-from kvlab.core.tasks import TASKS
 from kvlab.core.tune_spec import TuneSpec
+from kvlab.dashboard.task_params import param_values, params_from_values
 from kvlab.engines.server_flags import check_config
 from kvlab.paths import EXAMPLES_DIR
 from kvlab.secrets import DEFAULT_KEY_VAR
-from kvlab.tasks.data_dir import checked_data_file
 
 #: Columns of the configs table, in the order shown; other KVCacheConfig fields are kept as they are.
 #: A config's nested tables (a decode policy, the 16-bit layers) as ``<prefix>_<field>`` columns.
@@ -83,6 +83,8 @@ DEFAULT_SPEC: dict[str, Any] = {
     "tasks": [{"name": "passkey", "context_lengths": [1024], "depths": [0.1, 0.5, 0.9], "num_items": 5}],
     "configs": [{"name": "int4", "quant": "int4"}, {"name": "streaming-50", "evict": "streaming_llm", "ratio": 0.5}],
 }
+#: A new task section's task.
+DEFAULT_TASK: str = DEFAULT_SPEC["tasks"][0]["name"]
 
 
 @dataclass
@@ -126,15 +128,11 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
     for index, task in enumerate(tasks):
         prefix = f"tasks.{index}."
         values |= {
-            prefix + "name": task.get("name", "passkey"),
+            prefix + "name": task.get("name", DEFAULT_TASK),
             prefix + "context_lengths": _join(task.get("context_lengths", [1024])),
-            prefix + "depths": _join(task.get("depths", [0.1, 0.5, 0.9])),
             prefix + "num_items": int(task.get("num_items") or 0),  # 0: unset (the task's default)
             prefix + "max_new_tokens": int(task.get("max_new_tokens") or 0),
-            prefix + "num_pairs": int(task.get("num_pairs", 4)),
-            prefix + "path": task.get("path") or "",
-            prefix + "scorer": task.get("scorer") or "",
-        }
+        } | param_values(prefix, task)  # its own parameters, a widget each
     sweep = _SWEEP_DEFAULTS | (data.get("sweep") or {})
     values |= {
         "sweep.on": data.get("sweep") is not None,
@@ -253,24 +251,13 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
     tasks = []
     for index in range(n_tasks):
         prefix = f"tasks.{index}."
-        task = dict(base_tasks[index]) if index < len(base_tasks) else {}
-        task |= {"name": values.get(prefix + "name", "passkey"),
-                 "context_lengths": numbers(prefix + "context_lengths", int),
-                 "depths": numbers(prefix + "depths", float),
-                 "num_items": int(values.get(prefix + "num_items") or 0) or None,
-                 "num_pairs": int(values.get(prefix + "num_pairs", 4))}
-        max_new = int(values.get(prefix + "max_new_tokens") or 0)
-        task["max_new_tokens"] = max_new or None
-        path = str(values.get(prefix + "path") or "").strip()
-        task["path"] = path or None
-        reads_scorer = task["name"] in TASKS and "scorer" in TASKS[task["name"]].fields
-        task["scorer"] = (str(values.get(prefix + "scorer") or "") or None) if reads_scorer else None
-        # only files under the data directory: this is a web page
-        if path and task["name"] in TASKS and TASKS[task["name"]].reads_file:
-            try:
-                task["path"] = checked_data_file(path)
-            except ConfigError as error:
-                errors.setdefault(prefix + "path", []).append(str(error))
+        name = values.get(prefix + "name", DEFAULT_TASK)
+        base_task = base_tasks[index] if index < len(base_tasks) else {}
+        own, problems = params_from_values(prefix, name, values, base_task if base_task.get("name") == name else {})
+        errors |= problems
+        task = {"name": name, "context_lengths": numbers(prefix + "context_lengths", int),
+                "num_items": int(values.get(prefix + "num_items") or 0) or None,
+                "max_new_tokens": int(values.get(prefix + "max_new_tokens") or 0) or None, **own}
         tasks.append({k: v for k, v in task.items() if v is not None})
 
     data: dict[str, Any] = {k: v for k, v in base.items() if k not in ("sweep", "configs", "tasks", "tune")}

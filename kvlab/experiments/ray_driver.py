@@ -52,7 +52,7 @@ class RayDriver:
 def drive(experiment_id: int, address: str | None) -> str | None:
     """Run the stored experiment on the cluster until it ends; why it did not end done, if so."""
     with Store() as store:
-        spec = parse_spec(store.get_experiment(experiment_id).spec)
+        spec = parse_spec(store.get_experiment(experiment_id).spec, stored=True)
         try:
             workers = RayWorkers(None, experiment_id, spec, address)
         except ConfigError as error:

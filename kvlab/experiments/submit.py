@@ -36,7 +36,7 @@ from tqdm import tqdm
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
 from kvlab.core.results import ItemResult
-from kvlab.core.tasks import TASKS
+from kvlab.core.tasks import FileParams
 from kvlab.core.tune_spec import TuneSpec, grid_size, rungs
 from kvlab.engines.base import Engine
 from kvlab.engines.factory import build_engine
@@ -101,7 +101,7 @@ def rerun(experiment_id: int, workers: int = 1) -> int:
     executor = LocalWorkers(workers)
     require_shared_store()  # before the store is read: an in-memory one has nothing to rerun
     with Store() as store:
-        spec = refuse(parse_spec(store.get_experiment(experiment_id).spec), executor)
+        spec = refuse(parse_spec(store.get_experiment(experiment_id).spec, stored=True), executor)
     return _store_and_start(
         spec, executor, lambda store: store.rerun_experiment(experiment_id, environment(torch_facts=False))
     ).experiment_id
@@ -145,7 +145,9 @@ def _store_tune(store: ExperimentStore, spec: ExperimentSpec, tune: TuneSpec) ->
     for index, task in enumerate(spec.tasks):
         count = planned_items(task)
         if count is None:
-            raise ConfigError(f"tasks.{index}.path: {task.path} cannot be read here")
+            if isinstance(task.params, FileParams):
+                raise ConfigError(f"tasks.{index}.path: {task.params.path} cannot be read here")
+            raise ConfigError(f"tasks.{index}: the {task.name} task's items cannot be counted here")
         n_items += count
     rounds = rungs(n_items, tune.min_items, tune.eta)
     experiment_id = store.create_experiment(spec, environment(torch_facts=False), item_limit=rounds[0])
@@ -167,9 +169,9 @@ def _refuse_files_outside(spec: ExperimentSpec, root: Path) -> None:
     from kvlab.tasks.data_dir import resolve_data_path
 
     for index, task in enumerate(spec.tasks):
-        if TASKS[task.name].reads_file and task.path:
+        if isinstance(task.params, FileParams):
             try:
-                resolve_data_path(task.path, root)
+                resolve_data_path(task.params.path, root)
             except ConfigError as error:
                 raise ConfigError(f"tasks.{index}.path: {error}") from None
 

@@ -202,7 +202,7 @@ class Worker:
             return [t for t in trials if t.id not in heartbeat.gone and t.id not in finished]
 
         try:
-            spec = parse_spec(self.store.get_experiment(experiment_id).spec)
+            spec = parse_spec(self.store.get_experiment(experiment_id).spec, stored=True)
             building = True
             engine = self._engine_for(spec)
             building = False

@@ -19,7 +19,7 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.limits import PLAYGROUND_CONFIGS
-from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, GENERATED_TASKS, check_answer_scorer
+from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, check_answer_scorer, generated_tasks
 from kvlab.serve.errors import APIError
 from kvlab.serve.generation import ServedModel
 from kvlab.tasks.scoring import ScoringError, compile_answer_regex
@@ -30,7 +30,8 @@ MAX_NEW_TOKENS = 256
 
 
 class GeneratedItem(BaseModel):
-    """A task's item, generated as an experiment would (the same seed gives the same item)."""
+    """A task's item, generated as an experiment would (the same seed gives the same item); ``params``: the
+    task's own parameters (its registry entry's model), each absent one at its default."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -38,6 +39,7 @@ class GeneratedItem(BaseModel):
     context_length: int = Field(ge=16)
     depth: float | None = Field(default=None, ge=0, le=1)
     seed: int = 0
+    params: dict[str, Any] = Field(default_factory=dict)
 
 
 class OwnItem(BaseModel):
@@ -97,9 +99,9 @@ def build_item(served: ServedModel, request: PlaygroundRequest) -> TaskItem:
         return own_item(item.context, item.question, item.answer, item.scorer, item.tolerance, request.max_new_tokens)
     try:
         return generated_item(item.task, item.context_length, item.depth, item.seed, served.tokenizer,
-                              request.max_new_tokens)
+                              request.max_new_tokens, item.params)
     except ConfigError as error:
-        where = "item.task" if item.task not in GENERATED_TASKS else "item"
+        where = "item.task" if item.task not in generated_tasks() else "item"
         raise APIError(400, f"{where}: {error}", param=where) from None
 
 

@@ -311,7 +311,7 @@ class Store(TuneQueries):
                              f"`kvlab tune --resume {experiment_id}`")
         env = environment if environment is not None else {
             "versions": old.versions, "git_commit": old.git_commit, "hardware": old.hardware}
-        new_id = self.create_experiment(parse_spec(old.spec), env)
+        new_id = self.create_experiment(parse_spec(old.spec, stored=True), env)
         self.log_event(new_id, f"rerun of experiment {experiment_id}")
         return new_id
 

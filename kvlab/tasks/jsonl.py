@@ -33,7 +33,7 @@ import regex
 
 from kvlab.core.errors import ConfigError, HostLacksError
 from kvlab.core.items import TaskItem
-from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, TaskSpec, check_answer_scorer, task_new_tokens
+from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, JsonlParams, TaskSpec, check_answer_scorer, task_new_tokens
 from kvlab.tasks.haystack import Tokenizer, count_tokens
 from kvlab.tasks.scoring import choice_letter, compile_answer_regex, normalize, parse_number
 
@@ -304,10 +304,11 @@ def validate_file(path: str | Path, label: str | None = None, limits: Limits | N
 def planned_items(spec: TaskSpec) -> int | None:
     """The file's records (at most ``num_items``), or None when the file cannot be read here
     (validation reports why, this count does not)."""
-    assert spec.path is not None  # TaskSpec guarantees it for jsonl
+    params = spec.params_as(JsonlParams)
     try:
-        status = os.stat(spec.path)
-        records = _count_records(spec.path, status.st_mtime_ns, status.st_size, spec.scorer or DEFAULT_ANSWER_SCORER)
+        status = os.stat(params.path)
+        records = _count_records(params.path, status.st_mtime_ns, status.st_size,
+                                 params.scorer or DEFAULT_ANSWER_SCORER)
     except (OSError, JsonlTaskError):
         return None
     return records if spec.num_items is None else min(records, spec.num_items)
@@ -325,14 +326,15 @@ def check_task_files(spec: ExperimentSpec) -> ExperimentSpec:
     is relative to the current directory."""
     tasks: list[TaskSpec] = []
     for index, task in enumerate(spec.tasks):
-        if task.path:  # only a task that reads a file has a path (TaskSpec refuses it on the others)
+        if isinstance(params := task.params, JsonlParams):
             try:
-                shared = SharedContexts(show_path(task.path), task.questions_per_context)
-                for number, record in iter_records(task.path, scorer=task.scorer or DEFAULT_ANSWER_SCORER):
+                shared = SharedContexts(show_path(params.path), params.questions_per_context)
+                for number, record in iter_records(params.path, scorer=params.scorer or DEFAULT_ANSWER_SCORER):
                     shared.rank(number, record)
             except JsonlTaskError as error:
                 raise type(error)(f"tasks.{index}.path: {error}") from None
-            task = task.model_copy(update={"path": str(Path(task.path).absolute())})
+            absolute = params.model_copy(update={"path": str(Path(params.path).absolute())})
+            task = task.model_copy(update={"params": absolute})
         tasks.append(task)
     return spec.model_copy(update={"tasks": tasks})
 
@@ -371,16 +373,17 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
 
     ``seed`` is unused: the file fixes the items.
     """
-    assert spec.path is not None  # TaskSpec guarantees it for jsonl
+    params = spec.params_as(JsonlParams)
+    scorer = params.scorer or DEFAULT_ANSWER_SCORER
     cap = spec.num_items
     items: list[TaskItem] = []
-    shared = SharedContexts(show_path(spec.path), spec.questions_per_context)
-    for number, record in iter_records(spec.path, scorer=spec.scorer or DEFAULT_ANSWER_SCORER):
+    shared = SharedContexts(show_path(params.path), params.questions_per_context)
+    for number, record in iter_records(params.path, scorer=scorer):
         context_id, rank = shared.rank(number, record)
         if cap is not None and len(items) >= cap:
             continue  # keep reading: a bad line further on still makes the file bad
-        items.append(_item(number, record, tokenizer, spec.max_new_tokens, spec.scorer or DEFAULT_ANSWER_SCORER,
-                           context_id, rank, spec.multi_turn))
+        items.append(_item(number, record, tokenizer, spec.max_new_tokens, scorer, context_id, rank,
+                           params.multi_turn))
     return items
 
 

@@ -18,7 +18,7 @@ pairs and 0/10 with 40, which would leave little room to see compression hurt.
 from __future__ import annotations
 
 from kvlab.core.items import TaskItem
-from kvlab.core.tasks import TaskSpec, task_new_tokens
+from kvlab.core.tasks import MultikeyParams, TaskSpec, task_new_tokens
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots, token_depth
 
 PREFIX = (
@@ -158,16 +158,17 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     (``<context id>/q<rank>``, sharing the ``context_id``): the first key at the slot's depth, as
     with one question, the others wherever they were drawn (``metadata["key_depth"]``; their item's
     ``depth`` is None, so the depth heatmap keeps to the spec's depths)."""
+    params = spec.params_as(MultikeyParams)
     items = []
-    asked = spec.questions_per_context
-    for slot in item_slots("multikey", spec.context_lengths, spec.items_per_length, seed, spec.depths):
+    asked = params.questions_per_context
+    for slot in item_slots("multikey", spec.context_lengths, spec.items_per_length, seed, params.depths):
         rng, depth = slot.rng, slot.needle_depth
-        pairs = rng.sample(range(len(ADJECTIVES) * len(NOUNS)), spec.num_pairs)
+        pairs = rng.sample(range(len(ADJECTIVES) * len(NOUNS)), params.num_pairs)
         keys = [f"{ADJECTIVES[p // len(NOUNS)]}-{NOUNS[p % len(NOUNS)]}" for p in pairs]
-        values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), spec.num_pairs)]
-        rank = rng.randrange(spec.num_pairs)  # the target's place among the numbers
+        values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), params.num_pairs)]
+        rank = rng.randrange(params.num_pairs)  # the target's place among the numbers
         before = sorted(rng.uniform(0.0, depth) for _ in range(rank))
-        after = sorted(rng.uniform(depth, 1.0) for _ in range(spec.num_pairs - 1 - rank))
+        after = sorted(rng.uniform(depth, 1.0) for _ in range(params.num_pairs - 1 - rank))
         order = [*keys[1 : rank + 1], keys[0], *keys[rank + 1 :]]
         depths = dict(zip(order, [*before, depth, *after], strict=True))
         by_key = dict(zip(keys, values, strict=True))
@@ -183,8 +184,8 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
                 context_length=slot.length, depth=depth if question_rank == 0 else None,
                 max_new_tokens=spec.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, stop=ANSWER_STOP,
                 context_id=slot.item_id if asked > 1 else None, question_rank=question_rank,
-                multi_turn=spec.multi_turn,
-                metadata=prompt.metadata(needle_token_depth=target_depth, key=key, num_pairs=spec.num_pairs,
+                multi_turn=params.multi_turn,
+                metadata=prompt.metadata(needle_token_depth=target_depth, key=key, num_pairs=params.num_pairs,
                                          target_rank=order.index(key), numbers_in_order=numbers,
                                          **({"key_depth": depths[key]} if asked > 1 else {})),
             ))

@@ -13,7 +13,7 @@ the only number in the context, so the task tests retrieval over distance, not d
 from __future__ import annotations
 
 from kvlab.core.items import TaskItem
-from kvlab.core.tasks import TaskSpec, task_new_tokens
+from kvlab.core.tasks import PasskeyParams, TaskSpec, task_new_tokens
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots, token_depth
 
 PREFIX = (
@@ -33,8 +33,9 @@ def needle_text(key: str) -> str:
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; depths assigned round-robin."""
+    params = spec.params_as(PasskeyParams)
     items = []
-    for slot in item_slots("passkey", spec.context_lengths, spec.items_per_length, seed, spec.depths):
+    for slot in item_slots("passkey", spec.context_lengths, spec.items_per_length, seed, params.depths):
         key = str(slot.rng.randint(10_000, 99_999))
         needle = Needle(needle_text(key), slot.needle_depth)
         prompt = haystack_prompt(slot, tokenizer, PREFIX, QUESTION, [needle])

@@ -14,17 +14,18 @@ from __future__ import annotations
 from functools import partial
 
 from kvlab.core.items import TaskItem
-from kvlab.core.tasks import TaskSpec
+from kvlab.core.tasks import PerplexityParams, TaskSpec
 from kvlab.tasks.haystack import Tokenizer, fit_to_length, haystack_prompt, item_slots, load_haystack, render_context
 
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
-    """``num_items`` items per context length; ``depths`` is not used."""
+    """``num_items`` items per context length."""
+    params = spec.params_as(PerplexityParams)
     haystack = load_haystack()
     items = []
     for slot in item_slots("perplexity", spec.context_lengths, spec.items_per_length, seed):
         prompt = haystack_prompt(slot, tokenizer, "", "")
-        continuation = fit_to_length(tokenizer, spec.continuation_tokens, "",
+        continuation = fit_to_length(tokenizer, params.continuation_tokens, "",
                                      partial(render_context, haystack, " ", prompt.start + prompt.fitted.n_words))
         items.append(TaskItem(
             task="perplexity", item_id=slot.item_id, context=prompt.fitted.context, question="", answer="",

@@ -19,7 +19,7 @@ short subsequence with the passage; the shortcuts below measure two such lists o
 from __future__ import annotations
 
 from kvlab.core.items import TaskItem
-from kvlab.core.tasks import TaskSpec
+from kvlab.core.tasks import RecallParams, TaskSpec
 from kvlab.tasks.haystack import Needle, Tokenizer, count_tokens, haystack_prompt, item_slots, token_depth
 from kvlab.tasks.multikey import ADJECTIVES, NOUNS
 from kvlab.tasks.scoring import normalize
@@ -77,9 +77,10 @@ def shortcut_scores(item: TaskItem) -> dict[str, float]:
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
     """``num_items`` items per context length; depths assigned round-robin."""
+    params = spec.params_as(RecallParams)
     items = []
-    for slot in item_slots("recall", spec.context_lengths, spec.items_per_length, seed, spec.depths):
-        words = passage_words(slot.rng.choice, spec.passage_words)
+    for slot in item_slots("recall", spec.context_lengths, spec.items_per_length, seed, params.depths):
+        words = passage_words(slot.rng.choice, params.passage_words)
         opening = as_list(words[:2 * OPENING_PAIRS])
         passage = as_list(words)
         question = f"\nRepeat the secret list word for word. The secret list: {opening},"

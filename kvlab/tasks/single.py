@@ -4,14 +4,17 @@ dashboard builds items here for an OpenAI-compatible endpoint, ``kvlab serve`` f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
 
 from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import format_validation_error
 from kvlab.core.items import TaskItem
-from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, GENERATED_TASKS, TASKS, TaskSpec
+from kvlab.core.limits import FieldProblem
+from kvlab.core.tasks import ANSWER_SCORERS, DEFAULT_ANSWER_SCORER, TASKS, TaskSpec, generated_tasks
 from kvlab.tasks.haystack import Tokenizer
 from kvlab.tasks.jsonl import DEFAULT_MAX_NEW_TOKENS
 from kvlab.tasks.registry import generate_items, resolve, score_item
@@ -21,16 +24,22 @@ OWN_TEXT = "playground"
 
 
 def generated_item(task: str, context_length: int, depth: float | None, seed: int, tokenizer: Tokenizer,
-                   max_new_tokens: int | None = None) -> TaskItem:
-    """A task's item of ``context_length`` tokens (``depth``: its needle's, for a task that has one);
-    :class:`ConfigError` in one line for a task or a size that cannot be generated."""
-    if task not in GENERATED_TASKS:
-        raise ConfigError(f"task {task!r} cannot be generated here; one of {', '.join(GENERATED_TASKS)}")
+                   max_new_tokens: int | None = None, params: Mapping[str, Any] | None = None) -> TaskItem:
+    """A task's item of ``context_length`` tokens (``depth``: its needle's, for a task that has one; ``params``:
+    its own parameters, its entry's defaults for those not given); :class:`ConfigError` in one line for a task,
+    a parameter or a size that cannot be generated."""
+    if task not in (generated := generated_tasks()):
+        raise ConfigError(f"task {task!r} cannot be generated here; one of {', '.join(generated)}")
     try:
         needle: dict[str, Any] = {"depths": [depth]} if depth is not None and TASKS[task].needle_depths else {}
-        spec = TaskSpec(name=task, context_lengths=[context_length], num_items=1, **needle)
+        own = TASKS[task].parse_params({**(params or {}), **needle})
+        spec = TaskSpec(name=task, context_lengths=[context_length], num_items=1, params=own)
         item = generate_items(spec, tokenizer, seed)[0]
-    except (ValidationError, ValueError) as error:
+    except FieldProblem as problem:
+        raise ConfigError(f"{problem.path}: {problem}") from None
+    except ValidationError as error:
+        raise ConfigError("; ".join(format_validation_error(error).splitlines())) from None
+    except ValueError as error:
         raise ConfigError(str(error).splitlines()[0]) from None
     return replace(item, max_new_tokens=max_new_tokens) if max_new_tokens else item
 

@@ -24,7 +24,7 @@ import random
 import string
 
 from kvlab.core.items import TaskItem
-from kvlab.core.tasks import TaskSpec
+from kvlab.core.tasks import TaskSpec, VariableTrackingParams
 from kvlab.tasks.haystack import Needle, Tokenizer, haystack_prompt, item_slots
 from kvlab.tasks.scoring import variable_names
 
@@ -64,12 +64,13 @@ def shortcut_scores(item: TaskItem) -> dict[str, float]:
 
 
 def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
-    """``num_items`` items per context length; ``depths`` is not used."""
-    per_chain = spec.num_hops + 1
+    """``num_items`` items per context length."""
+    params = spec.params_as(VariableTrackingParams)
+    per_chain = params.num_hops + 1
     items = []
     for slot in item_slots("variable_tracking", spec.context_lengths, spec.items_per_length, seed):
-        names = _names(slot.rng, spec.num_chains * per_chain)
-        values = [str(v) for v in slot.rng.sample(range(10_000, 100_000), spec.num_chains)]
+        names = _names(slot.rng, params.num_chains * per_chain)
+        values = [str(v) for v in slot.rng.sample(range(10_000, 100_000), params.num_chains)]
         needles = []
         for c, value in enumerate(values):
             chain_names = names[c * per_chain : (c + 1) * per_chain]
@@ -81,8 +82,8 @@ def generate(spec: TaskSpec, tokenizer: Tokenizer, seed: int) -> list[TaskItem]:
         items.append(TaskItem(
             task="variable_tracking", item_id=slot.item_id, context=prompt.fitted.context, question=question,
             answer=" ".join(names[:per_chain]), context_length=slot.length, depth=None,
-            max_new_tokens=spec.max_new_tokens or default_max_new_tokens(spec.num_hops),
-            metadata=prompt.metadata(value=values[0], num_chains=spec.num_chains, num_hops=spec.num_hops,
+            max_new_tokens=spec.max_new_tokens or default_max_new_tokens(params.num_hops),
+            metadata=prompt.metadata(value=values[0], num_chains=params.num_chains, num_hops=params.num_hops,
                                      all_names=names),
         ))
     return items

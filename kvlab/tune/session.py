@@ -153,7 +153,7 @@ def drive_stored(experiment_id: int, *, resuming: bool, driving: Driving = Drivi
         store.take_over_tune(experiment_id, driver_id)
         if resuming:
             store.requeue_orphans(experiment_id)
-        spec = parse_spec(store.get_experiment(experiment_id).spec)
+        spec = parse_spec(store.get_experiment(experiment_id).spec, stored=True)
         with ExitStack() as stack:
             try:
                 engine, items = stack.enter_context(_prepared(spec, driving))

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.core.errors import ConfigError, HostLacksError
+from kvlab.core.tasks import JsonlParams
 from kvlab.dashboard.spec_form import build_spec, default_form
 from kvlab.paths import DATA_DIR_VAR
 from kvlab.tasks.data_dir import checked_data_file, resolve_data_path, save_upload
@@ -365,7 +366,7 @@ def test_the_form_puts_file_errors_next_to_the_field(data_root, tmp_path):
     assert result.errors["tasks.0.path"] == ["bad.jsonl:2: duplicate id '1' (first on line 1)"]
     (data_root / "bad.jsonl").write_text(f"{line(id=1)}\n{line(id=2)}\n")  # fixed: read again (new mtime, size)
     result = build_spec(values | {"tasks.0.path": "bad.jsonl"}, form.n_tasks, form.configs, form.base)
-    assert result.spec is not None and result.spec.tasks[0].path == str(data_root / "bad.jsonl")
+    assert result.spec is not None and result.spec.tasks[0].params_as(JsonlParams).path == str(data_root / "bad.jsonl")
 
 
 def test_uploads_are_validated_and_saved_under_the_data_directory(data_root):

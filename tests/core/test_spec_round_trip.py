@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from kvlab.core.experiment_spec import parse_spec, spec_to_dict
-from kvlab.core.tasks import DEFAULT_NUM_ITEMS, TaskSpec
+from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
+from kvlab.core.tasks import DEFAULT_NUM_ITEMS, TASKS, MultikeyParams, TaskSpec
 from kvlab.dashboard import page_table
 from kvlab.store import Store
 from kvlab.tasks import generate_items, planned_items
@@ -51,7 +51,8 @@ def every_field_set(jsonl: Path) -> dict[str, Any]:
                                "enforce_eager": False, "startup_timeout_s": 60.0, "extra_args": ["--x"]}},
         "tasks": [
             {"name": "multikey", "context_lengths": [512, 1024], "depths": [0.25, 0.75], "num_items": 3,
-             "num_pairs": 6, "num_chains": 2, "num_hops": 3, "continuation_tokens": 32, "max_new_tokens": 12},
+             "num_pairs": 6, "max_new_tokens": 12},
+            {"name": "variable_tracking", "context_lengths": [512], "num_items": 1, "num_chains": 2, "num_hops": 3},
             {"name": "jsonl", "path": str(jsonl), "num_items": 20, "scorer": "contains"},
             {"name": "jsonl", "path": str(jsonl)},  # unset: the whole file
         ],
@@ -115,6 +116,44 @@ def test_a_shared_context_survives_the_store(db_url):
         stored = parse_spec(store.get_experiment(store.create_experiment(spec, {})).spec)
     assert_every_field_equal(spec, stored)
     assert len(generate_items(stored.tasks[0], WS, stored.seed)) == planned_items(stored.tasks[0]) == 6
+
+
+def every_task_parameter_set(jsonl: Path) -> list[dict[str, Any]]:
+    """A table of each registered task with every parameter of its own at a value other than its default."""
+    return [
+        {"name": "passkey", "context_lengths": [512], "num_items": 2, "depths": [0.3, 0.6], "max_new_tokens": 9},
+        {"name": "multikey", "context_lengths": [512], "num_items": 2, "depths": [0.2], "num_pairs": 5,
+         "questions_per_context": 3, "multi_turn": True},
+        {"name": "variable_tracking", "context_lengths": [512], "num_items": 1, "num_chains": 2, "num_hops": 3},
+        {"name": "recall", "context_lengths": [512], "num_items": 1, "depths": [0.4], "passage_words": 20},
+        {"name": "story", "context_lengths": [512], "num_items": 1, "max_new_tokens": 20},
+        {"name": "perplexity", "context_lengths": [512], "num_items": 1, "continuation_tokens": 32},
+        {"name": "jsonl", "context_lengths": [1024], "num_items": 20, "path": str(jsonl), "scorer": "contains",
+         "questions_per_context": 2, "multi_turn": True},
+    ]
+
+
+def test_every_tasks_own_parameters_survive_json_and_the_store(db_url, tmp_path):
+    """Each task's parameters (its registry entry's model), every one off its default: the spec's JSON, its
+    TOML-ready dict and the store give back an equal spec, whose items are the same."""
+    tables = every_task_parameter_set(write_rows(tmp_path / "rows.jsonl"))
+    assert [t["name"] for t in tables] == list(TASKS)  # a new task adds its table here
+    for table in tables:
+        for name, field in TASKS[table["name"]].params.model_fields.items():
+            assert table[name] != field.default, (table["name"], name)
+    spec = parse_spec({"name": "every-parameter", "tasks": tables, "configs": [{"quant": "int4"}]})
+    assert spec.tasks[1].params == MultikeyParams(depths=[0.2], num_pairs=5, questions_per_context=3, multi_turn=True)
+    assert spec_to_dict(spec)["tasks"] == tables  # dumped flat, as the tables were written
+    with Store(db_url) as store:
+        stored = parse_spec(store.get_experiment(store.create_experiment(spec, {})).spec, stored=True)
+    for after in (ExperimentSpec.model_validate(json.loads(spec.model_dump_json())),
+                  parse_spec(json.loads(json.dumps(spec.model_dump(mode="json")))), stored):
+        assert after == spec
+        assert_every_field_equal(spec, after)
+        for task_before, task_after in zip(spec.tasks, after.tasks, strict=True):
+            assert type(task_after.params) is TASKS[task_after.name].params
+            items = [i.item_id for i in generate_items(task_before, WS, spec.seed)]
+            assert [i.item_id for i in generate_items(task_after, WS, after.seed)] == items
 
 
 def test_unset_counts_stay_unset_through_json():

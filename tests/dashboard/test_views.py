@@ -14,6 +14,7 @@ from kvlab.analysis.summary import decide, summarize
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.margins import DEFAULT_MAX_DROP, DEFAULT_MAX_KL, Margins
+from kvlab.core.tasks import VariableTrackingParams
 from kvlab.dashboard import estimate, spec_form, views
 from kvlab.dashboard.spec_form import (
     assign_errors,
@@ -290,9 +291,11 @@ def test_form_keeps_fields_it_has_no_widget_for():
     spec, _ = parse_spec_toml('name = "x"\n[[tasks]]\nname = "variable_tracking"\nnum_hops = 7\n'
                              '[[configs]]\nquant = "int4"\nkey_axis = "token"\n')
     form = form_from_spec(spec)
+    assert (form.values["tasks.0.num_hops"], form.values["tasks.0.num_chains"]) == (7, 4)  # its own widgets
+    assert "tasks.0.depths" not in form.values  # another task's parameter
     form.values["tasks.0.num_items"] = 3
     rebuilt = build_spec(form.values, form.n_tasks, form.configs, form.base).spec
-    assert rebuilt.tasks[0].num_hops == 7 and rebuilt.tasks[0].num_items == 3
+    assert rebuilt.tasks[0].params_as(VariableTrackingParams).num_hops == 7 and rebuilt.tasks[0].num_items == 3
     assert rebuilt.configs[0].key_axis == "token"
     assert empty_task_values(2)["tasks.2.name"] == "passkey"
 

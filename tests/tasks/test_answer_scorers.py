@@ -117,5 +117,6 @@ def test_an_unknown_or_misplaced_task_scorer_is_one_line_at_validation(tmp_path)
     with pytest.raises(ConfigError) as refused:
         parse_spec({"tasks": [{"name": "jsonl", "path": str(path), "scorer": "fuzzy"}], "configs": [{}]})
     assert str(refused.value) == f"tasks.0.scorer: unknown scorer 'fuzzy'; known: {', '.join(ANSWER_SCORERS)}"
-    with pytest.raises(ConfigError, match=r"tasks.0: scorer: only the jsonl task takes a scorer"):
+    with pytest.raises(ConfigError, match=r"tasks.0.scorer: the passkey task has no parameter 'scorer' .*; scorer "
+                                          r"is a parameter of jsonl"):
         parse_spec({"tasks": [{"name": "passkey", "scorer": "exact"}], "configs": [{}]})

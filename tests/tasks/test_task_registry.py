@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.items import TaskItem
-from kvlab.core.tasks import SPEC_FIELDS, TASKS, Task, TaskSpec
+from kvlab.core.tasks import COMMON_FIELDS, TASKS, Task, TaskParams, TaskSpec
 from kvlab.experiments.report import render
 from kvlab.experiments.runner import run_experiment
 from kvlab.tasks import generate_items, planned_items, score_item
@@ -50,7 +50,6 @@ def first_word(item: TaskItem) -> dict[str, float]:
 
 HERE = __name__  # the entry names this module's functions, as kvlab's own entries name theirs
 ECHO = Task("echo", f"{HERE}:echo_items", scorer=f"{HERE}:mentions_answer",
-            fields=frozenset({"context_lengths", "num_items", "max_new_tokens"}),
             chance_floor=f"1/{len(WORDS)} (any word of the vocabulary)", shortcuts=f"{HERE}:first_word")
 
 
@@ -75,18 +74,23 @@ def test_every_generated_task_makes_items_of_its_kind_and_counts_them(name):
     items = generate_items(spec, WS, 0)
     assert len(items) == planned_items(spec) == 2
     assert {item.kind for item in items} == {task.kind} and {item.task for item in items} == {name}
-    assert task.fields <= SPEC_FIELDS
+    assert not COMMON_FIELDS & set(task.params.model_fields)
 
 
 def test_an_entry_that_contradicts_itself_is_refused_at_once():
-    with pytest.raises(ValueError, match=r"task 'x': \['num_pair'\] are not TaskSpec fields"):
-        Task("x", ECHO.generate, scorer=ECHO.scorer, chance_floor="0", fields=frozenset({"num_pair"}))
+    class Clashing(TaskParams):
+        num_items: int = 3
+
+    with pytest.raises(ValueError, match=r"task 'x': \['num_items'\] are every task's fields, not parameters"):
+        Task("x", ECHO.generate, scorer=ECHO.scorer, chance_floor="0", params=Clashing)
+    with pytest.raises(ValueError, match="task 'x': params must be a TaskParams model"):
+        Task("x", ECHO.generate, scorer=ECHO.scorer, chance_floor="0", params=dict)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="perplexity items and fidelity-only tasks, and only they, have no scorer"):
-        Task("x", ECHO.generate, scorer=None, chance_floor="0", fields=frozenset())
+        Task("x", ECHO.generate, scorer=None, chance_floor="0")
     with pytest.raises(ValueError, match="perplexity items and fidelity-only tasks, and only they, have no scorer"):
-        Task("x", ECHO.generate, scorer=ECHO.scorer, chance_floor="0", fields=frozenset(), kind="perplexity")
+        Task("x", ECHO.generate, scorer=ECHO.scorer, chance_floor="0", kind="perplexity")
     with pytest.raises(ValueError, match=r"task 'x': \['echo_items'\] are not 'module:function' references"):
-        Task("x", "echo_items", scorer=ECHO.scorer, chance_floor="0", fields=frozenset())
+        Task("x", "echo_items", scorer=ECHO.scorer, chance_floor="0")
 
 
 def test_every_entry_names_functions_that_exist():
@@ -104,8 +108,9 @@ def test_an_unknown_name_is_one_line_naming_every_registered_task(echo):
 
 
 def test_only_a_task_that_reads_a_file_takes_a_path(echo):
-    with pytest.raises(ValidationError, match=r"only the jsonl task reads a file; .* set name = 'jsonl' "
-                                              r"\(got name = 'echo'\)"):
+    with pytest.raises(ValidationError, match=r"the echo task has no parameter 'path' \(its own: none; every task's: "
+                                              r"context_lengths, num_items, max_new_tokens\); path is a parameter of "
+                                              r"jsonl: remove it, or set name = 'jsonl'"):
         TaskSpec(name="echo", path="items.jsonl")
 
 

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from kvlab.core.items import TaskItem
-from kvlab.core.tasks import TaskSpec
+from kvlab.core.tasks import STORED, MultikeyParams, NeedleParams, RecallParams, TaskSpec, VariableTrackingParams
 from kvlab.models.checkpoints import model_dir
 from kvlab.tasks import ContextTooShortError, JsonlTaskError, count_tokens, generate_items, score_item
 from kvlab.tasks.haystack import HAYSTACK_FILE, load_haystack
@@ -236,7 +236,8 @@ def test_jsonl_missing_file(tmp_path):
     [
         (
             {"name": "passkey", "context_length": [1024]},
-            r"context_length\n\s+Extra inputs are not permitted",
+            r"the passkey task has no parameter 'context_length' \(its own: depths; every task's: context_lengths, "
+            r"num_items, max_new_tokens\); did you mean 'context_lengths'\?",
         ),
         (
             {"name": "needle"},
@@ -251,8 +252,10 @@ def test_jsonl_missing_file(tmp_path):
         ({"name": "passkey", "depths": [0.5, 1.5]}, r"depths\n.*\[0, 1\], got \[1\.5\]"),
         ({"name": "multikey", "num_pairs": 1}, r"num_pairs\n.*greater than or equal to 2"),
         ({"name": "passkey", "num_items": 0}, r"num_items\n.*greater than or equal to 1"),
-        ({"name": "jsonl"}, r"path: the jsonl task needs `path`"),
-        ({"name": "passkey", "path": "x.jsonl"}, r"path: only the jsonl task reads a file"),
+        ({"name": "jsonl"}, r"the jsonl task needs `path`: A JSONL file with one"),
+        ({"name": "passkey", "path": "x.jsonl"}, r"path is a parameter of jsonl: remove it, or set name = 'jsonl'"),
+        ({"name": "passkey", "num_pairs": 8}, r"the passkey task has no parameter 'num_pairs'"),
+        ({"name": "variable_tracking", "depths": [0.5]}, r"depths is a parameter of passkey and multikey and recall"),
     ],
 )
 def test_spec_errors_name_the_field_and_allowed_values(fields, message):
@@ -262,9 +265,28 @@ def test_spec_errors_name_the_field_and_allowed_values(fields, message):
 
 def test_spec_defaults():
     spec = TaskSpec(name="multikey")
-    assert spec.context_lengths == [1024] and spec.depths == [0.1, 0.5, 0.9]
-    assert (spec.items_per_length, spec.num_pairs, spec.num_chains, spec.num_hops) == (10, 4, 4, 4)
+    assert spec.context_lengths == [1024] and spec.params_as(MultikeyParams).depths == [0.1, 0.5, 0.9]
+    assert (spec.items_per_length, spec.params_as(MultikeyParams).num_pairs) == (10, 4)
+    assert spec.params_as(NeedleParams) is spec.params  # a base of its model: what code outside the task reads
+    tracking = TaskSpec(name="variable_tracking").params_as(VariableTrackingParams)
+    assert (tracking.num_chains, tracking.num_hops) == (4, 4)
     assert spec.num_items is None  # unset stays unset through a JSON round trip (test_spec_round_trip)
+    with pytest.raises(TypeError, match="the multikey task's parameters are MultikeyParams, not RecallParams"):
+        spec.params_as(RecallParams)
+
+
+def test_a_spec_an_older_kvlab_wrote_reads_as_it_did():
+    """Every task's table held every task's parameters: at their old defaults they are dropped; from the store
+    (kvlab wrote it, and the task ignored them) at any value."""
+    old = {"name": "variable_tracking", "context_lengths": [512], "depths": [0.1, 0.5, 0.9], "num_items": 2,
+           "num_pairs": 4, "num_chains": 3, "num_hops": 2, "continuation_tokens": 64, "passage_words": 48,
+           "questions_per_context": 1, "multi_turn": False, "path": None, "max_new_tokens": None, "scorer": None}
+    assert TaskSpec.model_validate(old) == TaskSpec(name="variable_tracking", context_lengths=[512], num_items=2,
+                                                    num_chains=3, num_hops=2)
+    edited = old | {"depths": [0.5], "num_pairs": 12}  # the old form sent its depths and pairs to every task
+    with pytest.raises(ValidationError, match="the variable_tracking task has no parameter 'depths'"):
+        TaskSpec.model_validate(edited)
+    assert TaskSpec.model_validate(edited, context={STORED: True}) == TaskSpec.model_validate(old)
 
 
 # --- scoring --------------------------------------------------------------------------
