@@ -13,20 +13,16 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from kvlab.core.axes import CONFIG_COLUMNS
 from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, dump_spec, parse_spec, spec_text
-from kvlab.core.formats import GROUP_SIZES
-from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES
-from kvlab.core.methods import BUDGETS, HEAD_BUDGETS
+from kvlab.core.methods import BUDGETS
 from kvlab.core.tasks import DEFAULT_NUM_ITEMS, TASKS
 from kvlab.dashboard import estimate, executor_form, page_table, views
 from kvlab.dashboard.launch import Refused, launch_sweep
 from kvlab.dashboard.spec_form import (
-    CONFIG_COLUMNS,
-    HEADS_HELP,
     MODES,
-    VALUE_QUANT_HELP,
     SpecForm,
     assign_errors,
     build_spec,
@@ -47,6 +43,7 @@ from pages import tune_form
 from pages.common import get_store, share_box
 from pages.config_table import config_columns
 from pages.executor_choice import executor_choice
+from pages.grid_inputs import grid_inputs
 from pages.task_params import form_param_inputs
 
 P = "f:"  # widget keys: P + spec field path
@@ -371,37 +368,7 @@ else:
     st.header("Sweep grid")
     sweep_on = st.toggle("Add a grid: every quantization x every eviction method x every ratio", key=P + "sweep.on")
     if sweep_on:
-        quant_col, evict_col, ratios_col = st.columns(3)
-        with quant_col:
-            st.multiselect("Quantization", list(QUANT_DTYPES), key=P + "sweep.quant")
-            slot("sweep.quant")
-        with evict_col:
-            st.multiselect("Eviction methods", list(EVICTION_METHODS), key=P + "sweep.evict")
-            slot("sweep.evict")
-        with ratios_col:
-            st.text_input("Ratios (fraction removed)", key=P + "sweep.ratios", help="Comma-separated, each in (0, 1)")
-            slot("sweep.ratios")
-        group_col, residual_col, aware_col = st.columns(3)
-        group_col.selectbox("Group size", list(GROUP_SIZES), key=P + "sweep.group_size")
-        with residual_col:
-            st.number_input("Residual length (tokens)", min_value=0, step=1, key=P + "sweep.residual_length")
-            slot("sweep.residual_length")
-        aware_col.checkbox("Query-aware eviction", key=P + "sweep.query_aware",
-                           help="The question is in SnapKV's observation window and never evicted.")
-        with aware_col:
-            st.multiselect("Head budgets", list(HEAD_BUDGETS), key=P + "sweep.heads", help=HEADS_HELP)
-            slot("sweep.heads")
-        with group_col:
-            st.multiselect("Value formats (also)", list(QUANT_DTYPES), key=P + "sweep.value_quant",
-                           help=VALUE_QUANT_HELP)
-            slot("sweep.value_quant")
-        carried = st.session_state["form_base"].get("sweep") or {}
-        if decode := carried.get("decode"):
-            st.caption("Decode policies from the spec, each tried with every ratio of a method that scores during "
-                       f"generation (kept as they are; edit them in the TOML): {decode}")
-        if skipped := carried.get("skip_layers"):
-            st.caption("16-bit layer patterns from the spec, each tried with every quantizing config (kept as they "
-                       f"are; edit them in the TOML): {skipped}")
+        grid_inputs("sweep", P, slot, st.session_state["form_base"].get("sweep") or {})
     slot("sweep")
 
 values = {k.removeprefix(P): v for k, v in st.session_state.items() if isinstance(k, str) and k.startswith(P)}

@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 from pydantic import ValidationError
 
+from kvlab.core.axes import CONFIG_COLUMNS
 from kvlab.core.errors import ConfigError
 from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.core.tasks import TASKS, generated_tasks
@@ -32,7 +33,7 @@ from kvlab.dashboard.playground import (
     spec_for,
     token_map_html,
 )
-from kvlab.dashboard.spec_form import CONFIG_COLUMNS, config_row, config_rows
+from kvlab.dashboard.spec_form import config_row, config_rows
 from kvlab.dashboard.task_params import item_param_widgets, params_text
 from kvlab.dashboard.warm_engine import PlaygroundError, WarmEngine
 from kvlab.paths import DATA_DIR_VAR, data_dir

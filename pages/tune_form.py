@@ -14,18 +14,13 @@ from collections.abc import Callable
 import streamlit as st
 
 from kvlab.core.experiment_spec import ExperimentSpec, dump_spec
-from kvlab.core.formats import FORMATS, GROUP_SIZES
-from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS, HEAD_BUDGETS, METHODS
+from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS
 from kvlab.dashboard import estimate, views
 from kvlab.dashboard.launch import Refused, launch_tune
-from kvlab.dashboard.spec_form import HEADS_HELP, TUNE_LABELS, VALUE_QUANT_HELP
+from kvlab.dashboard.spec_form import TUNE_LABELS
 from kvlab.store import ExperimentStore
 from kvlab.tune.progress import plan
-
-
-def formats_reading(setting: str) -> str:
-    """The formats whose storage reads ``setting`` (the format registry's declaration), for a label."""
-    return ", ".join(name for name, fmt in FORMATS.items() if any(s.field == setting for s in fmt.settings))
+from pages.grid_inputs import grid_inputs
 
 
 def fields(prefix: str, slot: Callable[[str], None]) -> None:
@@ -34,29 +29,8 @@ def fields(prefix: str, slot: Callable[[str], None]) -> None:
     st.caption("The tune searches this space instead of running all of it: formats x group sizes x residual "
                "lengths x eviction methods x budgets. Clear losers stop after a few items, and its recommendation "
                "is the sweet spot by the rule at the margins above (max_drop, max_kl, min_agreement).")
-    quant_col, value_col, group_col, residual_col = st.columns(4)
-    with quant_col:
-        st.multiselect("Quantization formats", list(FORMATS), key=prefix + "tune.quant")
-        slot("tune.quant")
-    with value_col:
-        st.multiselect("Value formats (also)", list(FORMATS), key=prefix + "tune.value_quant", help=VALUE_QUANT_HELP)
-        slot("tune.value_quant")
-    with group_col:
-        st.multiselect(f"Group sizes ({formats_reading('group_size')})", list(GROUP_SIZES),
-                       key=prefix + "tune.group_sizes")
-        slot("tune.group_sizes")
-    with residual_col:
-        st.text_input(f"Residual lengths (tokens; {formats_reading('residual_length')})",
-                      key=prefix + "tune.residual_lengths",
-                      help="Comma-separated, e.g. 32, 64")
-        slot("tune.residual_lengths")
-    evict_col, heads_col, budget_col, low_col, high_col, step_col = st.columns([3, 1.6, 1.2, 1, 1, 1])
-    with evict_col:
-        st.multiselect("Eviction methods", ["none", *METHODS], key=prefix + "tune.evict")
-        slot("tune.evict")
-    with heads_col:
-        st.multiselect("Head budgets", list(HEAD_BUDGETS), key=prefix + "tune.heads", help=HEADS_HELP)
-        slot("tune.heads")
+    grid_inputs("tune", prefix, slot, st.session_state.get("form_base", {}).get("tune") or {})
+    budget_col, low_col, high_col, step_col = st.columns(4)
     with budget_col:
         budget = st.selectbox("Budget", list(FRACTION_COUNT_BUDGETS), key=prefix + "tune.budget")
     low_col.number_input("from", min_value=0.01, max_value=0.99, step=0.05, format="%.3f",

@@ -3,42 +3,52 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
-from kvlab.cli.options import float_between, int_between, positive_int
+from kvlab.cli.options import MAX_INT, float_between, int_between, positive_int
+from kvlab.core.axes import LEAVES, Leaf, config_values
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import format_validation_error
-from kvlab.core.formats import SETTINGS
-from kvlab.core.kv_config import EVICTION_METHODS, MAX_DECODE_TOKENS, MAX_LAYERS, QUANT_DTYPES, KVCacheConfig
-from kvlab.core.methods import BUDGETS, HEAD_BUDGET_NAMES, METHODS, PARAMS, BudgetKind
-
-#: The KVCacheConfig fields kvlab serve takes as options: the format, its settings, the method, its
-#: budget, its parameters (each from its registry) and how the budget is shared out across heads.
-KV_FLAGS = ("quant", "value_quant", *SETTINGS, "evict", *BUDGETS, *PARAMS, "heads", "alpha_safeguard")
-#: ``--decode-<field>``: the fields of a decode policy (compression during generation, by --evict's method).
-DECODE_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
-    "interval": (int_between(1, MAX_DECODE_TOKENS), "compress the cache during generation every N passes"),
-    "target_tokens": (int_between(1, MAX_DECODE_TOKENS), "... back to this many tokens"),
-    "ratio": (float_between(0.0, 1.0, inclusive_low=False), "... or removing this fraction of all tokens seen"),
-    "buffer": (int_between(0, MAX_DECODE_TOKENS), "hidden states of recent passes the scorer reads (default 256)"),
-}
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.methods import METHODS
 
 
-def _budget(kind: BudgetKind) -> Callable[[str], float]:
-    """A parser of budget ``kind``: a number strictly between the registry's bounds (a whole one for a count)."""
-    if kind.integer:
-        return int_between(int(kind.low) + 1, int(kind.high) - 1)
+def _parser(leaf: Leaf) -> Callable[[str], Any]:
+    """The ``type=`` of a KV option: a number within its field's bounds (strict ones kept strict)."""
+    low, high = leaf.low, leaf.high
+    if leaf.kind in ("int", "ints"):
+        return int_between(int(low or 0) + leaf.low_open, int(high if high is not None else MAX_INT) - leaf.high_open)
+    parse_low = float_between(low if low is not None else -math.inf, high if high is not None else math.inf,
+                              inclusive_low=not leaf.low_open)
 
     def parse(text: str) -> float:
-        value = float_between(kind.low, kind.high, inclusive_low=False)(text)
-        if value >= kind.high:
-            raise argparse.ArgumentTypeError(f"must be a number in ({kind.low:g}, {kind.high:g}), got {text!r}")
+        value = parse_low(text)
+        if leaf.high_open and high is not None and value >= high:
+            raise argparse.ArgumentTypeError(f"must be a number in ({low:g}, {high:g}), got {text!r}")
         return value
     return parse
+
+
+def add_kv_options(group: argparse._ArgumentGroup) -> None:
+    """One option per leaf of the axes table that ``kvlab serve`` takes (:data:`kvlab.core.axes.LEAVES`)."""
+    for leaf in LEAVES:
+        if leaf.flag is None:
+            continue
+        flag = "--" + leaf.flag.replace("_", "-")
+        default = f" (default {leaf.default})" if leaf.default not in (None, (), "none") else ""
+        if leaf.kind == "choice":
+            group.add_argument(flag, dest=leaf.flag, choices=list(leaf.choices), type=type(leaf.choices[0]),
+                               help=leaf.help + default)
+        elif leaf.kind == "ints":
+            group.add_argument(flag, dest=leaf.flag, type=_parser(leaf), nargs="+", metavar="INDEX", help=leaf.help)
+        else:
+            group.add_argument(flag, dest=leaf.flag, type=_parser(leaf), help=leaf.help + default,
+                               metavar="N" if leaf.kind == "int" else "NUMBER")
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -60,29 +70,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-body-mb", type=float_between(0.0, 1024.0, inclusive_low=False), default=4.0,
                        help="refuse request bodies larger than this many MiB with a 413 (default: 4)")
     kv = serve.add_argument_group("KV cache (every request's default; a request may send its own `kv_cache`)")
-    kv.add_argument("--quant", choices=QUANT_DTYPES, default="none",
-                    help="the keys' and values' format (the keys' alone with --value-quant)")
-    kv.add_argument("--value-quant", choices=QUANT_DTYPES, help="the values' format where it differs from the keys'")
-    kv.add_argument("--skip-first", type=int_between(0, MAX_LAYERS), help="keep the first N layers 16-bit")
-    kv.add_argument("--skip-last", type=int_between(0, MAX_LAYERS), help="keep the last N layers 16-bit")
-    kv.add_argument("--skip-layers", type=int_between(0, MAX_LAYERS - 1), nargs="+", metavar="INDEX",
-                    help="keep these layers 16-bit (vLLM's --kv-cache-dtype-skip-layers)")
-    for setting in SETTINGS.values():  # used by the formats that read them (`kvlab methods`)
-        kv.add_argument(f"--{setting.field.replace('_', '-')}", type=type(setting.default),
-                        choices=setting.choices or None)
-    kv.add_argument("--evict", choices=EVICTION_METHODS, default="none", help="see `kvlab methods`")
-    for kind in BUDGETS.values():
-        kv.add_argument(f"--{kind.name.replace('_', '-')}", type=_budget(kind),
-                        metavar="TOKENS" if kind.integer else "FRACTION", help=kind.help)
-    for name, param in PARAMS.items():
-        kv.add_argument(f"--{name.replace('_', '-')}", type=int_between(param.low, param.high),
-                        help=f"{param.help} (default {param.default})")
-    kv.add_argument("--heads", choices=HEAD_BUDGET_NAMES,
-                    help="share each layer's budget out across its KV heads (adakv, critical_adakv; default uniform)")
-    kv.add_argument("--alpha-safeguard", type=float_between(0.0, 1.0),
-                    help="with --heads: each head keeps at least this share of an equal split (default 0.2)")
-    for name, (parse, help_text) in DECODE_FLAGS.items():
-        kv.add_argument(f"--decode-{name.replace('_', '-')}", dest=f"decode_{name}", type=parse, help=help_text)
+    add_kv_options(kv)
     serve.set_defaults(func=cmd_serve)
 
 
@@ -90,16 +78,9 @@ def kv_config_from_args(args: argparse.Namespace) -> KVCacheConfig:
     """The server's default config.  Eviction is query-aware by construction (the server sees the
     question), so it is marked so; a method that replays the context (KVzip) scores all but the last
     prompt token as the context."""
-    values = {name: getattr(args, name) for name in KV_FLAGS if getattr(args, name) is not None}
+    values = config_values(vars(args))
     method = values.get("evict", "none")
     values["query_aware"] = method != "none" and not METHODS[method].replays_context
-    decode = {name: value for name in DECODE_FLAGS if (value := getattr(args, f"decode_{name}")) is not None}
-    if decode:
-        values["decode"] = decode
-    skip = {name: value for name, value in (("first", args.skip_first), ("last", args.skip_last),
-                                            ("layers", args.skip_layers)) if value}
-    if skip:
-        values["skip_layers"] = skip
     try:
         return KVCacheConfig(**values)
     except ValidationError as error:  # one line per problem, each naming its option
@@ -112,7 +93,11 @@ def _as_flag(problem: str) -> str:
     path, _, message = problem.partition(": ")
     if path == "spec":  # a check of the whole config: its message names the options
         return message
-    return f"--{path.replace('.', '-').replace('_', '-')}: {message}"
+    field, _, inner = path.partition(".")
+    flag = next((leaf.flag for leaf in LEAVES if leaf.flag is not None and leaf.axis.field == field
+                 and (leaf.name == inner.partition(".")[0] if leaf.axis.nested is not None else True)),
+                path.replace(".", "_"))
+    return f"--{flag.replace('_', '-')}: {message}"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

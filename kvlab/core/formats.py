@@ -30,7 +30,10 @@ class Setting:
     """A ``KVCacheConfig`` field that a format's storage reads, and how a config's label shows it.
 
     ``prefix``: the label's part for a value (``/g64``), None when the label never shows it;
-    ``unlabelled``: values the label leaves out (no residual window: nothing to say).
+    ``unlabelled``: values the label leaves out (no residual window: nothing to say).  ``title`` and
+    ``help``: its column heading and help (:mod:`kvlab.core.axes`); ``sweep_key`` / ``tune_key``: the
+    ``[sweep]`` / ``[tune]`` key that lists its values (None: not varied there); ``column``: shown in the
+    configs table.
     """
 
     field: str
@@ -38,6 +41,11 @@ class Setting:
     choices: tuple[Any, ...] = ()  # the values allowed; () for a range (KVCacheConfig bounds it)
     prefix: str | None = None
     unlabelled: tuple[Any, ...] = ()
+    title: str = ""
+    help: str = ""
+    sweep_key: str | None = None
+    tune_key: str | None = None
+    column: bool = True
 
     def label(self, value: Any) -> str:
         """The part of a config's label that says ``value`` ("" when the label leaves it out)."""
@@ -46,9 +54,14 @@ class Setting:
 
 #: Every setting a format may read (kvlab.compress.cache and .accounting), by field.
 SETTINGS: dict[str, Setting] = {s.field: s for s in (
-    Setting("group_size", DEFAULT_GROUP_SIZE, GROUP_SIZES, prefix="g"),
-    Setting("residual_length", DEFAULT_RESIDUAL_LENGTH, prefix="r", unlabelled=(0,)),
-    Setting("key_axis", KEY_AXES[0], KEY_AXES, prefix="key-", unlabelled=(KEY_AXES[0],)),  # KIVI's axis: unsaid
+    Setting("group_size", DEFAULT_GROUP_SIZE, GROUP_SIZES, prefix="g", title="group size",
+            help="values per scale and zero point (fp8: tokens per scale block)", sweep_key="group_size",
+            tune_key="group_sizes"),
+    Setting("residual_length", DEFAULT_RESIDUAL_LENGTH, prefix="r", unlabelled=(0,), title="residual (tokens)",
+            help="the last tokens kept 16-bit (KIVI's residual window)", sweep_key="residual_length",
+            tune_key="residual_lengths"),
+    Setting("key_axis", KEY_AXES[0], KEY_AXES, prefix="key-", unlabelled=(KEY_AXES[0],),  # KIVI's axis: unsaid
+            title="key axis", help="keys grouped per channel (KIVI) or per token", column=False),
 )}
 _INT_SETTINGS = tuple(SETTINGS.values())
 #: fp8 reads its block size and residual window too, but its labels never showed them (a tune left

@@ -19,6 +19,7 @@ from kvlab.core.formats import (
     KEY_AXES,
     MAX_RESIDUAL_LENGTH,
     QUANT_NAMES,
+    SETTINGS,
     Setting,
     format_settings,
 )
@@ -411,26 +412,31 @@ def space_tables(skip_layers: list[SkipLayers]) -> tuple[dict[str, Any], ...]:
     return tuple(p.model_dump(exclude_defaults=True) for p in skip_layers)
 
 
-class SweepGrid(BaseModel):
-    """A grid over quantization x eviction method x ratio, expanded into configs (:meth:`space`).
+def distinct(values: list[Any]) -> list[Any]:
+    """``values`` when none is listed twice; else a ValueError naming those that are."""
+    twice = [str(value) for value, count in Counter(values).items() if count > 1]
+    if twice:
+        raise ValueError(f"lists {', '.join(twice)} twice: give each value once")
+    return values
 
-    Each list holds at least one value and none twice, so the grid's points are distinct and
-    :meth:`size` counts them without expanding it.  ``group_size`` and ``residual_length`` go to
-    the formats that read them (the format registry's ``settings``).
+
+class GridAxes(BaseModel):
+    """The axes a sweep's grid and a tune's space list alike (:class:`SweepGrid`, :class:`~kvlab.core.tune_spec.
+    TuneSpec`): formats, methods, value formats, 16-bit layer patterns, decode policies and head budgets, each
+    list of distinct values, checked together, and walked by one :class:`ConfigSpace` (:meth:`config_space`).
+    They differ in how they give the budget (a sweep lists ratios, a tune a range on a step) and the format
+    settings (a sweep one value of each, a tune a list: the settings registry's ``sweep_key`` / ``tune_key``).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     quant: list[QuantDtype] = Field(default=["none"], min_length=1)
     evict: list[EvictionMethod] = Field(default=["none"], min_length=1)
-    ratios: list[Fraction] = Field(default=[0.5], min_length=1)
-    group_size: GroupSize = DEFAULT_GROUP_SIZE
-    residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
     query_aware: bool = False
-    #: Decode policies each ratio of a method that scores during generation is also run with
+    #: Decode policies each budget of a method that scores during generation is also run with
     #: (``kvlab methods`` lists those methods; the others run without).
     decode: list[DecodePolicy] = Field(default=[])
-    #: Head budgets each ratio of a method whose scores may be shared out across heads is run with
+    #: Head budgets each budget of a method whose scores may be shared out across heads is run with
     #: (``kvlab methods`` lists them; the other methods keep uniform heads).
     heads: list[HeadBudgetName] = Field(default=[UNIFORM_HEADS], min_length=1)
     #: Value formats each format of ``quant`` is also run with for its values (K8V4: quant int8, value_quant int4)
@@ -443,29 +449,54 @@ class SweepGrid(BaseModel):
     def _canonical_names(cls, value: Any) -> Any:
         return canonical_names(value)
 
+    @field_validator("quant", "evict")
+    @classmethod
+    def _distinct(cls, values: list[Any]) -> list[Any]:
+        return distinct(values)
+
+    @property
+    def budget_kind(self) -> str:
+        """The budget kind the space's methods take."""
+        return "ratio"
+
     @model_validator(mode="after")
-    def _check_decode(self) -> SweepGrid:
+    def _check_axes(self) -> GridAxes:
         check_decode_grid(self.evict, self.decode)
-        check_heads_grid(self.evict, self.heads, "ratio")
+        check_heads_grid(self.evict, self.heads, self.budget_kind)
         check_format_grid(self.quant, self.value_quant, self.skip_layers)
         check_query_aware_grid(self.evict, self.query_aware)
         return self
 
-    @field_validator("quant", "evict", "ratios")
+    def config_space(self, budgets: tuple[float, ...], settings: dict[str, tuple[Any, ...]], *,
+                     with_baseline: bool, budget_step: float | None = None) -> ConfigSpace:
+        """This grid's axes with ``budgets`` of :attr:`budget_kind` and the format ``settings`` offered."""
+        return ConfigSpace(quant=tuple(self.quant), evict=tuple(self.evict), budget=self.budget_kind, budgets=budgets,
+                           budget_step=budget_step, settings=settings, query_aware=self.query_aware,
+                           with_baseline=with_baseline, decode=decode_options(self.decode), heads=tuple(self.heads),
+                           value_quant=tuple(self.value_quant), skip_layers=space_tables(self.skip_layers))
+
+
+class SweepGrid(GridAxes):
+    """A grid over quantization x eviction method x ratio, expanded into configs (:meth:`space`).
+
+    Each list holds at least one value and none twice, so the grid's points are distinct and
+    :meth:`size` counts them without expanding it.  ``group_size`` and ``residual_length`` go to
+    the formats that read them (the format registry's ``settings``).
+    """
+
+    ratios: list[Fraction] = Field(default=[0.5], min_length=1)
+    group_size: GroupSize = DEFAULT_GROUP_SIZE
+    residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
+
+    @field_validator("ratios")
     @classmethod
-    def _distinct(cls, values: list[Any]) -> list[Any]:
-        twice = [str(value) for value, count in Counter(values).items() if count > 1]
-        if twice:
-            raise ValueError(f"lists {', '.join(twice)} twice: give each value once")
-        return values
+    def _distinct_ratios(cls, values: list[Any]) -> list[Any]:
+        return distinct(values)
 
     def space(self) -> ConfigSpace:
         """The grid as a config space: ``ratios`` are the budget kind ``ratio``; the baseline is one of its points."""
-        return ConfigSpace(quant=tuple(self.quant), evict=tuple(self.evict), budget="ratio", budgets=tuple(self.ratios),
-                           settings={"group_size": (self.group_size,), "residual_length": (self.residual_length,)},
-                           query_aware=self.query_aware, with_baseline=True, decode=decode_options(self.decode),
-                           heads=tuple(self.heads), value_quant=tuple(self.value_quant),
-                           skip_layers=space_tables(self.skip_layers))
+        settings = {s.field: (getattr(self, s.sweep_key),) for s in SETTINGS.values() if s.sweep_key is not None}
+        return self.config_space(tuple(self.ratios), settings, with_baseline=True)
 
     def size(self) -> int:
         """Configs :meth:`expand` makes, counted (a method ``none`` takes no ratio)."""
@@ -473,5 +504,3 @@ class SweepGrid(BaseModel):
 
     def expand(self) -> list[KVCacheConfig]:
         return [KVCacheConfig(**point) for point in self.space().points()]
-
-

@@ -14,10 +14,9 @@ Pure data and validation: nothing here imports torch or optuna (``kvlab show`` r
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from kvlab.core.backends import BACKENDS, LAUNCHED_KINDS
 from kvlab.core.formats import (
@@ -26,21 +25,15 @@ from kvlab.core.formats import (
     GROUP_SIZES,
     MAX_RESIDUAL_LENGTH,
     QUANT_NAMES,
+    SETTINGS,
 )
 from kvlab.core.kv_config import (
-    DecodePolicy,
-    HeadBudgetName,
-    SkipLayers,
-    check_decode_grid,
-    check_format_grid,
-    check_heads_grid,
-    check_query_aware_grid,
-    decode_options,
-    space_tables,
+    GridAxes,
+    distinct,
 )
 from kvlab.core.limits import TUNE_POINTS
-from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS, METHOD_NAMES, METHODS, UNIFORM_HEADS
-from kvlab.core.space import ConfigSpace, canonical_names
+from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS, METHOD_NAMES, METHODS
+from kvlab.core.space import ConfigSpace
 
 QuantName = Literal[QUANT_NAMES]  # type: ignore[valid-type]
 MethodName = Literal[METHOD_NAMES]  # type: ignore[valid-type]
@@ -50,7 +43,7 @@ Sampler = Literal["tpe", "gp"]
 MIN_BUDGET_STEP = 0.001
 
 
-class TuneSpec(BaseModel):
+class TuneSpec(GridAxes):
     """What ``kvlab tune`` searches, under which constraints, for how long.
 
     Objectives: physical KV bytes (minimise) and accuracy (maximise).  Constraints: accuracy
@@ -66,26 +59,14 @@ class TuneSpec(BaseModel):
     bigger than a candidate already shown non-inferior on every item, stops.
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
     quant: list[QuantName] = Field(default_factory=lambda: ["none", "int8", "int4", "int2"], min_length=1)
     group_sizes: list[Literal[GROUP_SIZES]] = Field(  # type: ignore[valid-type]
         default_factory=lambda: [DEFAULT_GROUP_SIZE], min_length=1)
     residual_lengths: list[Annotated[int, Field(ge=0, le=MAX_RESIDUAL_LENGTH)]] = Field(
         default_factory=lambda: [DEFAULT_RESIDUAL_LENGTH], min_length=1)
-    evict: list[MethodName] = Field(default_factory=lambda: ["none"], min_length=1)
     budget: Literal[FRACTION_COUNT_BUDGETS] = "ratio"  # type: ignore[valid-type]
     budget_range: tuple[float, float] = (0.25, 0.875)
     budget_step: Annotated[float, Field(ge=MIN_BUDGET_STEP, lt=1)] = 0.125
-    query_aware: bool = False
-    #: Decode policies a method that scores during generation may also get (a dimension of the search)
-    decode: list[DecodePolicy] = Field(default=[])
-    #: Head budgets a method whose scores may be shared out across heads may also get (a dimension)
-    heads: list[HeadBudgetName] = Field(default=[UNIFORM_HEADS], min_length=1)
-    #: Value formats a format of ``quant`` may store its values in (K/V formats as a dimension)
-    value_quant: list[QuantName] = Field(default=[])
-    #: 16-bit layer patterns a quantizing candidate may keep (a dimension)
-    skip_layers: list[SkipLayers] = Field(default=[])
     sampler: Sampler = "tpe"
     candidates_per_round: Annotated[int, Field(ge=1, le=64)] = 4
     min_items: Annotated[int, Field(ge=2, le=10_000)] = 4
@@ -96,10 +77,14 @@ class TuneSpec(BaseModel):
     max_ttft_ms: Annotated[float, Field(gt=0)] | None = None
     max_tpot_ms: Annotated[float, Field(gt=0)] | None = None
 
-    @field_validator("quant", "value_quant", "evict", "heads", mode="before")
+    @field_validator("group_sizes", "residual_lengths")
     @classmethod
-    def _canonical(cls, value: object) -> object:
-        return canonical_names(value)
+    def _distinct_settings(cls, values: list[Any]) -> list[Any]:
+        return distinct(values)
+
+    @property
+    def budget_kind(self) -> str:
+        return self.budget
 
     @model_validator(mode="after")
     def _check(self) -> TuneSpec:
@@ -116,14 +101,6 @@ class TuneSpec(BaseModel):
                                  f"(it takes {', '.join(METHODS[method].budgets)})")
         if self.query_aware and self.evict == ["none"]:
             raise ValueError("query_aware = true needs an eviction method in evict")
-        check_decode_grid(self.evict, self.decode)
-        check_heads_grid(self.evict, self.heads, self.budget)
-        check_format_grid(self.quant, self.value_quant, self.skip_layers)
-        check_query_aware_grid(self.evict, self.query_aware)
-        for name, values in (("quant", self.quant), ("evict", self.evict), ("group_sizes", self.group_sizes),
-                             ("residual_lengths", self.residual_lengths)):
-            if len(set(values)) != len(values):
-                raise ValueError(f"{name} lists a value twice: {_shown(values)}")
         points = grid_points(self)
         if not points:
             raise ValueError("the search space holds only the baseline (quant = ['none'], evict = ['none']): "
@@ -143,19 +120,8 @@ class TuneSpec(BaseModel):
 
     def space(self) -> ConfigSpace:
         """The search space; the baseline is not one of its points (every tune runs it, as the reference)."""
-        return ConfigSpace(quant=tuple(self.quant), evict=tuple(self.evict), budget=self.budget,
-                           budgets=tuple(self.budgets()), budget_step=self.budget_step,
-                           settings={"group_size": tuple(self.group_sizes),
-                                     "residual_length": tuple(self.residual_lengths)},
-                           query_aware=self.query_aware, with_baseline=False, decode=decode_options(self.decode),
-                           heads=tuple(self.heads), value_quant=tuple(self.value_quant),
-                           skip_layers=space_tables(self.skip_layers))
-
-
-def _shown(values: Sequence[object]) -> str:
-    """A list as a message quotes it: a spec may hold thousands of values."""
-    text = repr(values)
-    return text if len(text) <= 80 else text[:77] + "..."
+        settings = {s.field: tuple(getattr(self, s.tune_key)) for s in SETTINGS.values() if s.tune_key is not None}
+        return self.config_space(tuple(self.budgets()), settings, with_baseline=False, budget_step=self.budget_step)
 
 
 def grid_points(tune: TuneSpec) -> int:

@@ -14,28 +14,24 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
+from pydantic import BaseModel
+
+from kvlab.core.axes import AXES, CONFIG_LABELS, LEAVES, NESTED_COLUMNS, Axis, shape
 from kvlab.core.backends import BACKENDS, SERVER_KINDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
-from kvlab.core.kv_config import DecodePolicy, KVCacheConfig, SkipLayers, SweepGrid
+from kvlab.core.kv_config import GridAxes, KVCacheConfig, SweepGrid
 from kvlab.core.margins import Margins
-from kvlab.core.methods import BUDGET_BOUNDS, BUDGETS
+from kvlab.core.methods import BUDGET_BOUNDS
 from kvlab.core.tune_spec import TuneSpec
 from kvlab.dashboard.task_params import param_values, params_from_values
 from kvlab.engines.server_flags import check_config
 from kvlab.paths import EXAMPLES_DIR
 from kvlab.secrets import DEFAULT_KEY_VAR
 
-#: Columns of the configs table, in the order shown; other KVCacheConfig fields are kept as they are.
-#: A config's nested tables (a decode policy, the 16-bit layers) as ``<prefix>_<field>`` columns.
-NESTED_COLUMNS: dict[str, tuple[str, type[DecodePolicy | SkipLayers]]] = {
-    "decode": ("decode_", DecodePolicy), "skip_layers": ("skipped_", SkipLayers)}
-DECODE_COLUMNS = tuple(f"decode_{name}" for name in DecodePolicy.model_fields)
-SKIP_COLUMNS = tuple(f"skipped_{name}" for name in SkipLayers.model_fields)
-CONFIG_COLUMNS = ("name", "quant", "value_quant", "group_size", "residual_length", *SKIP_COLUMNS, "evict", *BUDGETS,
-                  "heads", "alpha_safeguard", "query_aware", *DECODE_COLUMNS)
+#: A configs-table row's defaults (the columns are the axes table's: :data:`kvlab.core.axes.CONFIG_COLUMNS`).
 _CONFIG_DEFAULTS = {k: v for k, v in KVCacheConfig().model_dump(mode="json").items() if k not in NESTED_COLUMNS}
 #: The grid's defaults are the model's; quant and evict suggest a small grid instead of the model's
 #: ["none"] (a grid of the baseline alone shows nothing).
@@ -57,16 +53,6 @@ TUNE_LABELS = {"max_trials": "Max candidates", "max_minutes": "Max minutes", "ma
 TUNE_OPTIONAL = tuple(TUNE_LABELS)
 TUNE_COUNTS = ("max_trials", "max_item_evals")  # whole numbers; the others are minutes and milliseconds
 TUNE_BUDGETS = ("max_trials", "max_minutes", "max_item_evals")  # the search stops at the first one reached
-#: The configs table's column labels (the page's column_config); its messages name the row and the column.
-CONFIG_LABELS = {"group_size": "group size", "residual_length": "residual (tokens)",
-                 **{kind.name: kind.title for kind in BUDGETS.values()}, "heads": "heads (budget shared by)",
-                 "alpha_safeguard": "head safeguard", "query_aware": "query-aware",
-                 "decode_interval": "decode: every (passes)", "decode_target_tokens": "decode: to (tokens)",
-                 "decode_ratio": "decode: ratio (removed)", "decode_buffer": "decode: buffer (passes)",
-                 "value_quant": "value quant (if not quant)", "skipped_first": "16-bit: first (layers)",
-                 "skipped_last": "16-bit: last (layers)", "skipped_layers": "16-bit: layers (indices)"}
-#: A grid's fields the form has no widget for: carried from the spec as they are, and shown.
-CARRIED_GRID_FIELDS = ("decode", "skip_layers")
 #: What a value format is, for the widgets that pick them.
 VALUE_QUANT_HELP = ("Each format is also run with its values stored in these formats (its keys in its own): "
                     "quant int8 with value int4 is K8V4. KIVI's finding: keys need more care than values.")
@@ -77,6 +63,98 @@ HEADS_HELP = ("uniform: every head of a layer keeps the same count; adakv / crit
               "head (streaming_llm, tova) keep uniform heads: `kvlab methods`.")
 #: Fields the form shows as a table, one row per entry: a message about an entry says its row (from 1) and column.
 TABLES = {"configs": CONFIG_LABELS}
+
+#: A grid widget's kind: a list of choices, a list of numbers typed as text, one choice, one number, yes/no,
+#: or a list of tables with no widget (carried from the spec and shown).
+GridKind = Literal["multiselect", "numbers", "select", "number", "checkbox", "carried"]
+GRID_MODELS: dict[str, type[GridAxes]] = {"sweep": SweepGrid, "tune": TuneSpec}
+
+
+@dataclass(frozen=True)
+class GridWidget:
+    """A widget of the ``[sweep]`` or ``[tune]`` table's axes: the table key, its heading, the axis it lists
+    and how it is entered, derived from the axes table and the grid model's field."""
+
+    key: str
+    title: str
+    axis: Axis
+    kind: GridKind
+    options: tuple[Any, ...] = ()
+    item: type = float  # a number list's items
+    required: bool = False  # at least one value
+
+
+def grid_widgets(table: str) -> tuple[GridWidget, ...]:
+    """The widgets of ``table`` ("sweep" or "tune"), one per axis it lists, in the axes table's order."""
+    model = GRID_MODELS[table]
+    widgets = []
+    for axis in AXES:
+        key = axis.sweep if table == "sweep" else axis.tune
+        if key is None:
+            continue
+        info = model.model_fields[key]
+        annotation, _ = shape(info.annotation)
+        required = any(getattr(m, "min_length", 0) for m in info.metadata)
+        kind: GridKind
+        options: tuple[Any, ...] = ()
+        item: type = float
+        if get_origin(annotation) is list:
+            inner, _ = shape(get_args(annotation)[0])
+            if get_origin(inner) is Literal:
+                kind, options = "multiselect", get_args(inner)
+            elif isinstance(inner, type) and issubclass(inner, BaseModel):
+                kind = "carried"
+            else:
+                kind, item = "numbers", inner
+        elif get_origin(annotation) is Literal:
+            kind, options = "select", get_args(annotation)
+        else:
+            kind = "checkbox" if annotation is bool else "number"
+        widgets.append(GridWidget(key, axis.grid_heading, axis, kind, options, item, required))
+    return tuple(widgets)
+
+
+def grid_values(table: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The widget values of ``table``'s axes from its spec table (a number list as ``"0.25, 0.5"``)."""
+    values: dict[str, Any] = {}
+    for widget in grid_widgets(table):
+        value = data[widget.key]
+        if widget.kind == "multiselect":
+            values[f"{table}.{widget.key}"] = list(value)
+        elif widget.kind == "numbers":
+            values[f"{table}.{widget.key}"] = _join(value)
+        elif widget.kind != "carried":
+            values[f"{table}.{widget.key}"] = value
+    return values
+
+
+def grid_from_values(table: str, values: Mapping[str, Any], defaults: Mapping[str, Any],
+                     errors: dict[str, list[str]]) -> dict[str, Any]:
+    """``table``'s axes from the widgets (a widget not drawn keeps ``defaults``), and the problems the form
+    itself finds by field path (a list left empty, a number that is not one)."""
+    out: dict[str, Any] = {}
+    for widget in grid_widgets(table):
+        path = f"{table}.{widget.key}"
+        value = values.get(path, defaults.get(widget.key))
+        if widget.kind == "carried":
+            continue
+        if widget.kind == "numbers":
+            try:
+                value = parse_numbers(str(value if isinstance(value, str) else _join(value or [])), widget.item)
+            except ValueError as error:
+                errors.setdefault(path, []).append(str(error))
+                continue
+        elif widget.kind == "multiselect":
+            value = list(value or [])
+            if widget.required and not value:
+                errors.setdefault(path, []).append("pick at least one")
+        elif widget.kind == "checkbox":
+            value = bool(value)
+        elif widget.kind == "number" or (widget.kind == "select" and isinstance(widget.options[0], int)):
+            value = int(value)
+        out[widget.key] = value
+    return out
+
 
 DEFAULT_SPEC: dict[str, Any] = {
     "name": "my-sweep", "model": "smollm2-135m",
@@ -134,17 +212,7 @@ def form_from_spec(spec: ExperimentSpec | Mapping[str, Any]) -> SpecForm:
             prefix + "max_new_tokens": int(task.get("max_new_tokens") or 0),
         } | param_values(prefix, task)  # its own parameters, a widget each
     sweep = _SWEEP_DEFAULTS | (data.get("sweep") or {})
-    values |= {
-        "sweep.on": data.get("sweep") is not None,
-        "sweep.quant": list(sweep["quant"]),
-        "sweep.evict": list(sweep["evict"]),
-        "sweep.ratios": _join(sweep["ratios"]),
-        "sweep.group_size": int(sweep["group_size"]),
-        "sweep.residual_length": int(sweep["residual_length"]),
-        "sweep.query_aware": bool(sweep["query_aware"]),
-        "sweep.heads": list(sweep["heads"]),
-        "sweep.value_quant": list(sweep["value_quant"]),
-    }
+    values |= {"sweep.on": data.get("sweep") is not None, **grid_values("sweep", sweep)}
     values |= tune_values(data.get("tune"))
     configs = config_rows(data.get("configs", []))
     return SpecForm(values=values, n_tasks=len(tasks), configs=configs, base=data)
@@ -160,10 +228,7 @@ def tune_values(tune: Mapping[str, Any] | None) -> dict[str, Any]:
     """The Tune mode's widget values (``mode`` is Tune when the spec has a ``[tune]`` table)."""
     data = _TUNE_DEFAULTS | dict(tune or {})
     low, high = data["budget_range"]
-    return {"mode": MODES[1] if tune is not None else MODES[0],
-            "tune.quant": list(data["quant"]), "tune.group_sizes": list(data["group_sizes"]),
-            "tune.residual_lengths": _join(data["residual_lengths"]), "tune.evict": list(data["evict"]),
-            "tune.heads": list(data["heads"]), "tune.value_quant": list(data["value_quant"]),
+    return {"mode": MODES[1] if tune is not None else MODES[0], **grid_values("tune", data),
             "tune.budget": data["budget"], "tune.budget_low": float(low), "tune.budget_high": float(high),
             "tune.budget_step": float(data["budget_step"]),
             **{f"tune.{key}": (int if key in TUNE_COUNTS else float)(data[key] or 0) for key in TUNE_OPTIONAL}}
@@ -174,16 +239,7 @@ def tune_from_values(values: Mapping[str, Any],
     """The ``[tune]`` table from the Tune mode's widgets (fields without one, such as ``eta``, ride
     along from ``base``), and the problems the form itself finds, by field path."""
     errors: dict[str, list[str]] = {}
-    tune = dict(base or {})
-    try:
-        tune["residual_lengths"] = parse_numbers(str(values.get("tune.residual_lengths", "")), int)
-    except ValueError as error:
-        errors["tune.residual_lengths"] = [str(error)]
-    for key in ("quant", "group_sizes", "evict", "heads"):
-        tune[key] = list(values.get(f"tune.{key}") or [])
-        if not tune[key]:
-            errors[f"tune.{key}"] = ["pick at least one"]
-    tune["value_quant"] = list(values.get("tune.value_quant") or [])
+    tune = dict(base or {}) | grid_from_values("tune", values, _TUNE_DEFAULTS, errors)
     tune |= {"budget": values.get("tune.budget", _TUNE_DEFAULTS["budget"]),
              "budget_range": [float(values.get("tune.budget_low", _TUNE_DEFAULTS["budget_range"][0])),
                               float(values.get("tune.budget_high", _TUNE_DEFAULTS["budget_range"][1]))],
@@ -279,21 +335,10 @@ def build_spec(values: Mapping[str, Any], n_tasks: int, configs: Sequence[Mappin
         data["tune"], problems = tune_from_values(values, base.get("tune"))
         errors |= problems
     elif values.get("sweep.on"):
-        data["sweep"] = {
-            "quant": list(values.get("sweep.quant") or []), "evict": list(values.get("sweep.evict") or []),
-            "ratios": numbers("sweep.ratios", float),
-            "group_size": int(values.get("sweep.group_size", _SWEEP_DEFAULTS["group_size"])),
-            "residual_length": int(values.get("sweep.residual_length", _SWEEP_DEFAULTS["residual_length"])),
-            "query_aware": bool(values.get("sweep.query_aware", _SWEEP_DEFAULTS["query_aware"])),
-            "heads": list(values.get("sweep.heads") or _SWEEP_DEFAULTS["heads"]),
-            "value_quant": list(values.get("sweep.value_quant") or []),
-        }
-        for key in CARRIED_GRID_FIELDS:  # no widget: carried from the spec, shown
-            if carried := (base.get("sweep") or {}).get(key):
-                data["sweep"][key] = carried
-        for key in ("quant", "evict"):
-            if not data["sweep"][key]:
-                errors.setdefault(f"sweep.{key}", []).append("pick at least one")
+        data["sweep"] = grid_from_values("sweep", values, _SWEEP_DEFAULTS, errors)
+        for widget in grid_widgets("sweep"):  # no widget: carried from the spec, shown
+            if widget.kind == "carried" and (carried := (base.get("sweep") or {}).get(widget.key)):
+                data["sweep"][widget.key] = carried
     if errors:
         return FormResult(None, errors)
     try:
@@ -351,16 +396,14 @@ def config_row(row: Mapping[str, Any]) -> dict[str, Any] | None:
     clean = {k: v for k, v in row.items() if not _blank(v) and k not in NESTED_COLUMNS}
     if not any(k in clean for k in ("name", "quant", "evict")):
         return None
-    integers = [kind.name for kind in BUDGETS.values() if kind.integer]
-    for key in ("group_size", "residual_length", "window_size", "n_sink", "decode_interval",
-                "decode_target_tokens", "decode_buffer", "skipped_first", "skipped_last", *integers):
-        if key in clean:
-            clean[key] = int(clean[key])
-    if "skipped_layers" in clean:
-        with contextlib.suppress(ValueError):
-            clean["skipped_layers"] = parse_numbers(str(clean["skipped_layers"]), int)
-    if "query_aware" in clean:
-        clean["query_aware"] = bool(clean["query_aware"])
+    for leaf in (leaf for leaf in LEAVES if leaf.column in clean):
+        if leaf.kind == "int" or (leaf.kind == "choice" and isinstance(leaf.choices[0], int)):
+            clean[leaf.column] = int(clean[leaf.column])
+        elif leaf.kind == "bool":
+            clean[leaf.column] = bool(clean[leaf.column])
+        elif leaf.kind == "ints":
+            with contextlib.suppress(ValueError):
+                clean[leaf.column] = parse_numbers(str(clean[leaf.column]), int)
     for key, (prefix, model) in NESTED_COLUMNS.items():
         nested = {name: clean.pop(prefix + name) for name in model.model_fields if prefix + name in clean}
         if nested:

@@ -14,8 +14,8 @@ from typing import Any
 import tomli_w
 
 from kvlab.analysis.summary import ConfigSummary, Decision
+from kvlab.core.axes import given_leaves
 from kvlab.core.kv_config import KVCacheConfig, SkipLayers
-from kvlab.core.methods import DEFAULT_ALPHA_SAFEGUARD, PARAMS, UNIFORM_HEADS
 from kvlab.engines.servers import SERVERS, serving_engine
 
 
@@ -25,36 +25,15 @@ def engine_title(kind: str) -> str:
 
 
 def serve_command(model: str, config: KVCacheConfig) -> str:
-    """``kvlab serve`` with ``config`` as every request's default KV cache.
-
-    The format's settings are given when the config's label shows them (``int4/g64/r64``) or when
-    they are off the default (which the server would assume).
-    """
+    """``kvlab serve`` with ``config`` as every request's default KV cache: the option of each axis that
+    applies and is off its default (:func:`kvlab.core.axes.given_leaves`), a format's settings also when
+    the config's label shows them (``int4/g64/r64``)."""
     argv = ["kvlab", "serve", "--model", model]
-    if config.quantizes:
-        argv += ["--quant", config.quant] + (["--value-quant", config.value_quant] if config.value_quant else [])
-        for setting in config.settings:
-            value = getattr(config, setting.field)
-            if setting.label(value) or value != setting.default:
-                argv += [_flag(setting.field), str(value)]
-        if (skip := config.skip_layers) is not None:
-            argv += [arg for count, flag in ((skip.first, "--skip-first"), (skip.last, "--skip-last")) if count
-                     for arg in (flag, str(count))]
-            argv += ["--skip-layers", *map(str, skip.layers)] if skip.layers else []
-    if config.evict != "none":
-        argv += ["--evict", config.evict]
-        for budget, value in config.budgets_given.items():
-            argv += [_flag(budget), _number(value)]
-        for name, param in PARAMS.items():
-            if getattr(config, name) != param.default:
-                argv += [_flag(name), str(getattr(config, name))]
-        if config.heads != UNIFORM_HEADS:
-            argv += ["--heads", config.heads]
-            if config.alpha_safeguard != DEFAULT_ALPHA_SAFEGUARD:
-                argv += ["--alpha-safeguard", _number(config.alpha_safeguard)]
-    if config.decode is not None:
-        for name, value in config.decode.model_dump(exclude_defaults=True, exclude_none=True).items():
-            argv += [_flag(f"decode_{name}"), _number(value)]
+    for leaf, value in given_leaves(config):
+        assert leaf.flag is not None
+        values = value if isinstance(value, tuple) else (value,)
+        argv += [_flag(leaf.flag), *(_number(v) if isinstance(v, float | int) and not isinstance(v, bool) else str(v)
+                                     for v in values)]
     return shlex.join(argv)
 
 

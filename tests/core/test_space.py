@@ -284,11 +284,11 @@ def test_the_budget_registry_is_the_only_list_of_budget_kinds():
 
 
 def test_kinds_of_the_registry_flow_to_every_consumer():
-    from kvlab.cli.serve import KV_FLAGS
-    from kvlab.dashboard.spec_form import CONFIG_COLUMNS, CONFIG_LABELS
+    from kvlab.core.axes import CONFIG_COLUMNS, CONFIG_LABELS, LEAVES
     from kvlab.seed_format import SEED_BUDGETS
 
+    flags = {leaf.flag for leaf in LEAVES}
     for kind in BUDGETS:
-        assert kind in KV_FLAGS and kind in CONFIG_COLUMNS and kind in CONFIG_LABELS
+        assert kind in flags and kind in CONFIG_COLUMNS and kind in CONFIG_LABELS
     assert set(SEED_BUDGETS.values()) <= set(BUDGETS)
     assert list(BUDGETS) == [c for c in CONFIG_COLUMNS if c in BUDGETS]

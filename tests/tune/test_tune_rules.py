@@ -49,7 +49,7 @@ def test_grid_counts_the_conditional_space():
     ({"budget_range": [0.9, 0.5]}, "need 0 < low <= high < 1"),
     ({"max_trials": None}, "give the search a budget"),
     ({"evict": ["streaming_llm"], "budget": "threshold"}, "tune.budget: Input should be 'ratio' or 'keep_fraction'"),
-    ({"quant": ["int4", "int4"]}, "lists a value twice"),
+    ({"quant": ["int4", "int4"]}, "lists int4 twice"),
     ({"quant": ["int5"]}, "tune.quant.0"),
 ])
 def test_bad_tune_tables_are_refused_with_the_field(tune, message):
