@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -328,29 +328,39 @@ def _decode_batch(model: torch.nn.Module, caches: Sequence[KVLabCache], suffix: 
     return _finish(outcomes, traces, ref, own)
 
 
+def teacher_forced(model: torch.nn.Module, cache: KVLabCache, tokens: Sequence[int], position: int,
+                   device: torch.device, compressor: DecodeCompressor | None = None,
+                   logits_to_keep: int = 0) -> Iterator[tuple[int, torch.Tensor]]:
+    """Feed ``tokens`` to ``cache`` from sequence ``position`` on, in as few forward passes as give the
+    attention a token-by-token decode would: a pass ends where a quantized layer moves its full-precision
+    tail into codes (after that, later tokens see codes, earlier ones did not), and where a decode policy
+    compresses the cache (``compressor``, which must count the tokens of a pass: a teacher-forced copy's
+    state, :meth:`DecodeCompressor.fork`).  Yields each pass's offset into ``tokens`` and its logits
+    (``[tokens of the pass, vocab]``; its last ``logits_to_keep`` rows when that is not 0)."""
+    done = 0
+    while done < len(tokens):
+        limits = [n for n in (cache.tokens_before_flush(),
+                              compressor.steps_left(cache) if compressor is not None else None) if n is not None]
+        chunk = list(tokens[done:done + min(limits, default=len(tokens))])
+        start = position + done
+        positions = torch.arange(start, start + len(chunk), device=device).unsqueeze(0)
+        logits = model(input_ids=torch.tensor([chunk], device=device), past_key_values=cache,
+                       position_ids=positions, logits_to_keep=logits_to_keep).logits[0]
+        yield done, logits
+        done += len(chunk)
+
+
 def _teacher_force(model: torch.nn.Module, twin: _Twin, ref: _ReferenceRun, trace: _Trace,
                    device: torch.device, compressor: DecodeCompressor | None = None) -> None:
     """The rest of a diverged member's fidelity: its cache copy fed the reference's tokens after the
-    divergence, each position compared with the reference's.  In as few forward passes as give the
-    attention a token-by-token decode would: a chunk ends where a quantized layer moves its
-    full-precision tail into codes (after that, later tokens see codes, earlier ones did not), and
-    where a decode policy compresses the cache."""
+    divergence (:func:`teacher_forced`), each position compared with the reference's."""
     fed = ref.tokens[twin.at:len(ref.tokens) - 1]
-    done = 0
-    while done < len(fed):
-        limits = [n for n in (twin.cache.tokens_before_flush(),
-                              compressor.steps_left(twin.cache) if compressor is not None else None) if n is not None]
-        chunk = fed[done:done + min(limits, default=len(fed))]
-        start = twin.position + done
-        positions = torch.arange(start, start + len(chunk), device=device).unsqueeze(0)
-        logits = model(input_ids=torch.tensor([chunk], device=device), past_key_values=twin.cache,
-                       position_ids=positions, logits_to_keep=0).logits[0]
+    for done, logits in teacher_forced(model, twin.cache, fed, twin.position, device, compressor):
         first = twin.at + 1 + done
-        wanted = torch.stack(ref.logprobs[first:first + len(chunk)])
+        wanted = torch.stack(ref.logprobs[first:first + len(logits)])
         for kl, top1, ref_top1 in zip(token_kl(wanted, logits).tolist(), logits.argmax(dim=-1).tolist(),
-                                      ref.top1[first:first + len(chunk)], strict=True):
+                                      ref.top1[first:first + len(logits)], strict=True):
             trace.add(kl, top1 == ref_top1)
-        done += len(chunk)
 
 
 def _score_targets(logits: torch.Tensor, targets: list[int], outcomes: list[MemberOutcome], traces: list[_Trace],
