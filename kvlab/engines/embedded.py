@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Generator, Iterable, Iterator, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Any, cast
@@ -63,8 +63,13 @@ from kvlab.engines.batched_decode import (
     decode_batch,
     finished,
     member_bytes,
+    teacher_forced,
 )
+from kvlab.engines.prompt_scoring import GREEDY, PromptScorer, PromptScores, Sampling
 from kvlab.models import LoadedModel, load_model
+
+#: Prefix positions turned into logits at once when a served prompt is scored (a ``[tokens, vocab]`` float32 slice).
+HEAD_CHUNK = 256
 
 
 def _layouts(context: list[int], question: list[int]) -> dict[bool, tuple[list[int], list[int]]]:
@@ -102,6 +107,7 @@ class _Prefill:
     values: list[torch.Tensor]
     collected: CollectedScores
     prefill_s: float
+    hidden: torch.Tensor | None = None  # the last layer's normed hidden states, ``[1, tokens, hidden]``, when asked
 
     def scores_for(self, config: KVCacheConfig) -> list[torch.Tensor | None]:
         key = scorer_key(config)
@@ -417,9 +423,10 @@ class EmbeddedEngine(Engine):
                 decoded[rank].append((replace(held, taken=held.measured()), outcome))  # the cache after this turn
         return decoded
 
-    def _prefill(self, prefix: list[int], scorers: set[Any]) -> _Prefill:
-        """Run the prefix once while every eviction scorer in ``scorers`` records its scores.  An
-        empty prefix (a one-token served prompt) gives empty caches."""
+    def _prefill(self, prefix: list[int], scorers: set[Any], hidden: bool = False) -> _Prefill:
+        """Run the prefix once while every eviction scorer in ``scorers`` records its scores (``hidden``: and
+        keep the last hidden states, for the prefix's own log-probabilities).  An empty prefix (a one-token
+        served prompt) gives empty caches."""
         cache = DynamicCache(config=self.model.config)
         self.phase, self._live_cache = "prefill", cache
         start = time.perf_counter()
@@ -429,15 +436,16 @@ class EmbeddedEngine(Engine):
             return _Prefill(layers, layers, CollectedScores({}, {}), 0.0)
         with replay_scores(self.model, scorers - {None}) as replayed:  # KVzip: after the prefill, its replay
             with collect_scores(self.model, scorers - {None}, self.seed, self.geometry.sliding_layers) as collected:
-                self.model.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=cache,
-                                 use_cache=True)
+                out = self.model.model(input_ids=torch.tensor([prefix], device=self.device), past_key_values=cache,
+                                       use_cache=True)
         elapsed = time.perf_counter() - start
         collected.scores |= replayed.scores
         collected.seconds |= replayed.seconds
         # every layer ran, so every layer's keys and values are set (transformers types them as optional)
         keys = cast(list[torch.Tensor], [layer.keys for layer in cache.layers])
         values = cast(list[torch.Tensor], [layer.values for layer in cache.layers])
-        return _Prefill(keys, values, collected, max(elapsed - sum(collected.seconds.values()), 0.0))
+        return _Prefill(keys, values, collected, max(elapsed - sum(collected.seconds.values()), 0.0),
+                        out.last_hidden_state if hidden else None)
 
     def _compress(self, config: KVCacheConfig, layer_scores: list[torch.Tensor | None],
                   layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], prefix_len: int,
@@ -526,13 +534,14 @@ class EmbeddedEngine(Engine):
             nll_tokens=len(targets) if targets is not None else None,
         )
 
-    def _greedy(self, cache: KVLabCache, logits: torch.Tensor, position: int, max_new_tokens: int,
-                stop: Sequence[str]) -> Iterator[int]:
-        """Greedy decoding, one token id at a time (the first comes from ``logits``), until an end
-        token, a stop string or ``max_new_tokens``.  The end token itself is yielded too."""
+    def _generate_ids(self, cache: KVLabCache, logits: torch.Tensor, position: int, max_new_tokens: int,
+                      stop: Sequence[str], pick: Callable[[torch.Tensor], int]) -> Iterator[int]:
+        """Decoding, one token id at a time (the first picked from ``logits``; ``pick``: greedy or a
+        request's seeded sampler, :class:`Sampling`), until an end token, a stop string or
+        ``max_new_tokens``.  The end token itself is yielded too."""
         generated: list[int] = []
         while True:
-            next_id = int(logits.argmax())
+            next_id = pick(logits)
             generated.append(next_id)
             yield next_id
             if finished(generated, self.stop_ids, max_new_tokens, stop, self.tokenizer.decode):
@@ -542,39 +551,88 @@ class EmbeddedEngine(Engine):
             position += 1
             logits = out.logits[0, -1]
 
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's logits from its last (normed) hidden states, as its own forward computes them."""
+        logits = cast(torch.nn.Module, self.model.get_output_embeddings())(hidden)
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
+
     # -- one served request ----------------------------------------------------------------------
 
     @torch.no_grad()
     def stream(self, context: list[int], question: list[int], config: KVCacheConfig, max_new_tokens: int,
-               stop: Sequence[str] = ()) -> Generator[int | ServedPrefix, None, None]:
+               stop: Sequence[str] = (), forced: Sequence[int] = (), sampling: Sampling = GREEDY,
+               prompt_logprobs: int | None = None, prompt_scorer: PromptScorer | None = None
+               ) -> Generator[int | ServedPrefix | PromptScores, None, None]:
         """Serve one request with the same cache layouts as :meth:`evaluate`: the context is
         compressed before the question is seen, or -- query-aware -- with all but the last question
         token in the prefill, the question never evicted.  A server that cannot tell context from
-        question passes all but the last prompt token as ``context``.  Yields a
-        :class:`ServedPrefix` (the cache right after compression), then the generated token ids.
-        Not thread-safe: callers serialize requests."""
+        question passes all but the last prompt token as ``context``.  ``forced``: more prompt tokens
+        after the question, teacher-forced through the cache the config leaves as its own decoding would
+        feed them (:func:`teacher_forced`; its decode policy compresses on the way), before generation.
+        Yields a :class:`ServedPrefix` (the cache right after compression); with ``prompt_logprobs``
+        (top tokens per position, vLLM's field) the prompt's :class:`PromptScores` (or ``prompt_scorer``'s:
+        some of its tokens, their rows too); then the generated token ids (``sampling``: greedy or seeded).
+        The prefix's positions are scored by the prefill itself (before compression); the question's and
+        ``forced``'s through the compressed cache.  Not thread-safe: callers serialize requests."""
         if not question:
             raise ConfigError("a served prompt needs at least one token")
         prefix, suffix = _layouts(context, question)[config.query_aware]
+        if prompt_scorer is None and prompt_logprobs is not None:
+            prompt_scorer = PromptScorer([*context, *question, *forced], prompt_logprobs)
         key = scorer_key(config)
         self.current_config = config.label
         try:
-            prefill = self._prefill(prefix, {key})
+            hidden = prompt_scorer is not None and prompt_scorer.wants(0, len(prefix))
+            prefill = self._prefill(prefix, {key}, hidden=hidden)
+            if prompt_scorer is not None and prefill.hidden is not None:
+                for start in range(0, prefill.hidden.shape[1], HEAD_CHUNK):
+                    if prompt_scorer.wants(start, HEAD_CHUNK):
+                        prompt_scorer.add(start, self._head(prefill.hidden[0, start:start + HEAD_CHUNK]))
             compressed = self._compress(config, prefill.scores_for(config), prefill.keys, prefill.values,
                                         len(prefix), len(context))
             prefill_s = prefill.prefill_s + prefill.scorer_s(config)
             del prefill
             self.phase, self._live_cache = "decode", compressed.cache
             yield ServedPrefix(compressed=compressed, prefill_s=prefill_s)
+            keep = 0 if prompt_scorer is not None else 1  # every position's logits only when they are scored
             compressor = self._compressor([config], [compressed.cache])
             with compressor.attached() if compressor is not None else nullcontext():
-                positions = torch.arange(len(prefix), len(prefix) + len(suffix), device=self.device).unsqueeze(0)
-                out = self.model(input_ids=torch.tensor([suffix], device=self.device),
-                                 past_key_values=compressed.cache, position_ids=positions, logits_to_keep=1)
-                yield from self._greedy(compressed.cache, out.logits[0, -1], len(prefix) + len(suffix),
-                                        max_new_tokens, stop)
+                position = len(prefix)
+                positions = torch.arange(position, position + len(suffix), device=self.device).unsqueeze(0)
+                logits = self.model(input_ids=torch.tensor([suffix], device=self.device),
+                                    past_key_values=compressed.cache, position_ids=positions,
+                                    logits_to_keep=keep).logits[0]
+                if prompt_scorer is not None:
+                    prompt_scorer.add(position, logits)
+                position += len(suffix)
+                if forced:
+                    if compressor is not None:  # from here on a pass of n tokens counts n decode steps
+                        compressor.fork(compressed.cache, compressed.cache)
+                    for done, logits in teacher_forced(self.model, compressed.cache, forced, position, self.device,
+                                                       compressor, keep):
+                        if prompt_scorer is not None:
+                            prompt_scorer.add(position + done, logits)
+                    position += len(forced)
+                if prompt_scorer is not None:
+                    yield prompt_scorer.scores()
+                yield from self._generate_ids(compressed.cache, logits[-1], position, max_new_tokens, stop,
+                                              sampling.picker(self.device))
         finally:
             self.phase, self.current_config, self._live_cache = "idle", None, None
+
+    def forced_logprobs(self, context: list[int], question: list[int], forced: list[int],
+                        config: KVCacheConfig) -> torch.Tensor:
+        """``config``'s log-probabilities of each token of ``forced`` (``[len(forced), vocab]``, float32) fed after
+        the prompt as :meth:`stream` feeds it (``kvlab serve``'s ``prompt_logprobs`` read these rows): the exact
+        KL(p_baseline || p_config) at each position of a continuation is the sum over its row."""
+        scorer = PromptScorer([*context, *question, *forced], 0, first=len(context) + len(question), rows=True)
+        with closing(self.stream(context, question, config, 1, forced=forced, prompt_scorer=scorer)) as events:
+            for event in events:
+                if isinstance(event, PromptScores):
+                    assert event.rows is not None  # the scorer keeps them
+                    return event.rows
+        raise RuntimeError("the prompt was not scored")
 
     def kept_positions(self, compressed: _Compressed) -> KeptPositions:
         """The prompt positions each KV head of each layer of ``compressed`` holds."""
