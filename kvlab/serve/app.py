@@ -8,6 +8,7 @@ thread, one request at a time, and stops when its client goes away or the server
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Collection
@@ -20,11 +21,13 @@ from starlette.concurrency import run_in_threadpool
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.kv_config import KVCacheConfig
+from kvlab.engines.prompt_scoring import Sampling
 from kvlab.serve import playground
 from kvlab.serve.connection import ClientGone, EventStream, until_disconnected
 from kvlab.serve.engine_thread import EngineLock, Generation
 from kvlab.serve.errors import APIError, install_error_handlers, internal_error, shutting_down
-from kvlab.serve.generation import Delta, Finished, ServedModel
+from kvlab.serve.generation import Decoding, Delta, Finished, ServedModel, ServedPrompt
+from kvlab.serve.logprobs import MAX_LOGPROBS
 from kvlab.serve.middleware import CLIENT_CLOSED, OUTCOME, AllowHosts, CatchErrors, CountRequests, LimitBody
 from kvlab.serve.playground import PlaygroundRequest
 from kvlab.serve.shapes import SSE_DONE, ChatShape, CompletionShape, sse
@@ -39,6 +42,20 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+#: Sampling fields of OpenAI's and vLLM's requests that kvlab serve does not apply: each is refused unless
+#: absent or at a value that leaves the model's distribution as it is (vLLM's neutral values).
+NEUTRAL_SAMPLING: dict[str, tuple[Any, ...]] = {
+    "top_p": (1,), "top_k": (0, -1), "min_p": (0,), "typical_p": (1,), "frequency_penalty": (0,),
+    "presence_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},), "best_of": (1,),
+    "use_beam_search": (False,), "min_tokens": (0,), "ignore_eos": (False,), "stop_token_ids": ([],),
+    "bad_words": ([],), "allowed_token_ids": (), "logprob_token_ids": (), "suffix": ("",),
+    "top_logprobs": (0,), "response_format": (), "structured_outputs": (), "guided_json": (), "guided_regex": (),
+    "guided_choice": (), "guided_grammar": (),
+}
+#: The seeds vLLM takes (signed 64-bit).
+SEED_RANGE = (-2**63, 2**63 - 1)
+
+
 class _Request(BaseModel):
     """Fields shared by both endpoints.  Unknown fields are accepted and ignored (as vLLM does);
     the ones whose non-default values kvlab cannot honour are refused in :meth:`check`."""
@@ -47,26 +64,66 @@ class _Request(BaseModel):
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
+    # kvlab's default (None) is greedy, so that results repeat; vLLM's is 1.0 (or the model's generation config)
     temperature: float | None = None
-    top_p: float | None = None
+    seed: int | None = None
     n: int = 1
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    return_token_ids: bool | None = None  # vLLM's: the prompt's and the generated tokens' ids
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's log-probability, with the top N per position
     kv_cache: dict[str, Any] | None = None  # kvlab's extension: this request's KV-cache config
     # kvlab's extension: also report which prompt positions each KV head of each layer kept (a token map)
     kv_cache_positions: bool = False
 
-    def check(self) -> None:
+    def check(self, vocab_size: int) -> None:
         if self.n != 1:
             raise APIError(400, "kvlab serve returns one choice per request (n = 1)", param="n")
-        if self.temperature not in (None, 0, 0.0):
-            raise APIError(400, "kvlab serve decodes greedily so that results repeat: send temperature = 0",
-                           param="temperature")
-        if self.top_p not in (None, 1, 1.0):
-            raise APIError(400, "kvlab serve decodes greedily: leave top_p unset or 1", param="top_p")
+        temperature = self.temperature
+        if temperature is not None and not (math.isfinite(temperature) and 0 <= temperature <= 2):
+            raise APIError(400, f"temperature must be in [0, 2] (0: greedy), got {temperature}", param="temperature")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise APIError(400, f"seed must be a signed 64-bit integer, got {self.seed}", param="seed")
+        fields = self.model_dump(exclude_unset=True) | (self.model_extra or {})
+        for name, neutral in NEUTRAL_SAMPLING.items():
+            if fields.get(name) is not None and fields[name] not in neutral:
+                leave = f"leave it unset or {neutral[0]!r}" if neutral else "leave it unset"
+                raise APIError(400, f"{name} = {fields[name]!r} is not supported: kvlab serve decodes greedily or "
+                               f"samples from the model's own distribution (temperature and seed only); {leave}",
+                               param=name)
+        if fields.get("echo") or fields.get("logprobs"):
+            name = "echo" if fields.get("echo") else "logprobs"
+            raise APIError(400, f"{name}: kvlab serve does not return the generated tokens' log-probabilities "
+                           "(echo / logprobs); send the tokens to score as the prompt, with prompt_logprobs",
+                           param=name)
+        self._check_prompt_logprobs(vocab_size)
         if len(self.stops) > 4:
             raise APIError(400, "at most 4 stop sequences", param="stop")
+
+    def _check_prompt_logprobs(self, vocab_size: int) -> None:
+        """vLLM's rules and limit (``CompletionRequest.check_logprobs``, ``SamplingParams._validate_logprobs``)."""
+        asked = self.prompt_logprobs
+        if asked is None:
+            return
+        if asked < -1:
+            raise APIError(400, f"prompt_logprobs must be 0 to {MAX_LOGPROBS} (the top tokens returned beside each "
+                           f"prompt token) or -1 (all), got {asked}", param="prompt_logprobs")
+        if self.stream and asked != 0:
+            raise APIError(400, "prompt_logprobs are not available when stream=True", param="prompt_logprobs")
+        wanted = vocab_size if asked == -1 else asked
+        if wanted > MAX_LOGPROBS:
+            raise APIError(400, f"Requested prompt logprobs of {wanted}, which is greater than max allowed: "
+                           f"{MAX_LOGPROBS}", param="prompt_logprobs")
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature or 0.0, self.seed)
+
+    @property
+    def scored(self) -> int | None:
+        """The top tokens per prompt position to return (None: no prompt scores; a stream has none)."""
+        return None if self.prompt_logprobs is None or self.stream else self.prompt_logprobs
 
     @property
     def stops(self) -> list[str]:
@@ -80,8 +137,12 @@ class CompletionRequest(_Request):
     logprobs: int | None = None
     # kvlab's extension: the prompt's last N characters are the question, tokenized on their own and
     # laid out as the embedded backend does (compressed before it is seen, or never evicted when
-    # query-aware).  Without it a server cannot tell, and the last prompt token plays the question.
-    kv_cache_question_chars: int | None = Field(default=None, ge=1)
+    # query-aware).  Without it a server cannot tell, and the last prompt token plays the question (0: so too).
+    kv_cache_question_chars: int | None = Field(default=None, ge=0)
+    # kvlab's extension: [context tokens, question tokens] of the prompt's tokens (as a sampled response's
+    # ``kv_cache_prompt_split`` gives them); the tokens after them are teacher-forced through the cache the
+    # config leaves, as its own decoding would feed them (a continuation to score with prompt_logprobs).
+    kv_cache_prompt_split: list[int] | None = None
 
 
 class TokenizeRequest(BaseModel):
@@ -203,7 +264,7 @@ def _tokenized(served: ServedModel, body: TokenizeRequest) -> dict[str, Any]:
 def _check(served: ServedModel, body: _Request) -> KVCacheConfig:
     """What can be refused before the prompt is tokenized; returns the request's KV config."""
     _check_unicode(body.model_dump(), "")
-    body.check()
+    body.check(served.vocab_size)
     if body.model != served.name:
         raise APIError(404, f"The model `{body.model}` does not exist. This server serves `{served.name}`.",
                        type_="NotFoundError", param="model", code="model_not_found")
@@ -229,19 +290,22 @@ def _check_unicode(value: Any, where: str) -> None:
             _check_unicode(item, f"{where}.{index}")
 
 
-def _completion_prompt(served: ServedModel, body: CompletionRequest) -> tuple[list[int], list[int]]:
-    if body.echo or body.logprobs:
-        raise APIError(400, "kvlab serve does not return log-probabilities (echo / logprobs)", param="logprobs")
+def _completion_prompt(served: ServedModel, body: CompletionRequest) -> ServedPrompt:
     prompt = body.prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
+    if body.kv_cache_prompt_split is not None and body.kv_cache_question_chars:
+        raise APIError(400, "kv_cache_prompt_split and kv_cache_question_chars both say where the question is: "
+                       "send one", param="kv_cache_prompt_split")
     if isinstance(prompt, str):
         _check_length(served, prompt)
         if body.kv_cache_question_chars and body.kv_cache_question_chars >= len(prompt):
             raise APIError(400, "kv_cache_question_chars must be shorter than the prompt",
                            param="kv_cache_question_chars")
-        return served.encode(prompt, body.kv_cache_question_chars)
-    if all(isinstance(t, int) for t in prompt):
+        if body.kv_cache_prompt_split is None:
+            return ServedPrompt(*served.encode(prompt, body.kv_cache_question_chars))
+        ids = served.tokenizer(prompt)["input_ids"]
+    elif all(isinstance(t, int) for t in prompt):
         if body.kv_cache_question_chars:
             raise APIError(400, "kv_cache_question_chars needs a text prompt", param="kv_cache_question_chars")
         ids = cast(list[int], prompt)  # every one an int (all() above does not narrow the list)
@@ -249,11 +313,25 @@ def _completion_prompt(served: ServedModel, body: CompletionRequest) -> tuple[li
             bad = next(t for t in ids if not 0 <= t < served.vocab_size)
             raise APIError(400, f"prompt: token id {bad} is outside the vocabulary (0 to {served.vocab_size - 1})",
                            param="prompt", code="invalid_token_id")
-        return ids[:-1], ids[-1:]
-    raise APIError(400, "one prompt per request", param="prompt")
+    else:
+        raise APIError(400, "one prompt per request", param="prompt")
+    return _split(ids, body.kv_cache_prompt_split)
 
 
-def _chat_prompt(served: ServedModel, body: ChatRequest) -> tuple[list[int], list[int]]:
+def _split(ids: list[int], split: list[int] | None) -> ServedPrompt:
+    """The prompt laid out by ``kv_cache_prompt_split`` (``[context, question]`` tokens, the rest teacher-forced);
+    without it, all but the last token are the context."""
+    if split is None:
+        return ServedPrompt(ids[:-1], ids[-1:])
+    if len(split) != 2 or split[0] < 0 or split[1] < 1 or sum(split) > len(ids):
+        raise APIError(400, f"kv_cache_prompt_split must be [context tokens, question tokens]: two counts, the "
+                       f"question's at least 1, together at most the prompt's {len(ids)} tokens; got {split}",
+                       param="kv_cache_prompt_split")
+    context, question = split
+    return ServedPrompt(ids[:context], ids[context:context + question], ids[context + question:])
+
+
+def _chat_prompt(served: ServedModel, body: ChatRequest) -> ServedPrompt:
     messages = []
     for index, message in enumerate(body.messages):
         fields = message.model_dump(exclude_none=True)
@@ -269,7 +347,7 @@ def _chat_prompt(served: ServedModel, body: ChatRequest) -> tuple[list[int], lis
         raise APIError(400, f"messages: {served.name}'s chat template refused them: {error}",
                        param="messages") from None
     _check_length(served, text)
-    return served.encode(text, special=False)  # the template has the special tokens
+    return ServedPrompt(*served.encode(text, special=False))  # the template has the special tokens
 
 
 def _check_length(served: ServedModel, text: str) -> None:
@@ -293,16 +371,16 @@ def _config(served: ServedModel, body: _Request) -> KVCacheConfig:
 
 
 async def _respond(served: ServedModel, lock: EngineLock, request: Request, body: _Request, config: KVCacheConfig,
-                   prompt: tuple[list[int], list[int]], shape_type: type[CompletionShape]) -> Response:
+                   prompt: ServedPrompt, shape_type: type[CompletionShape]) -> Response:
     max_tokens = body.max_tokens or (DEFAULT_CHAT_MAX_TOKENS if shape_type is ChatShape else 16)
-    length = len(prompt[0]) + len(prompt[1])
-    if served.max_model_len and length + max_tokens > served.max_model_len:
+    if served.max_model_len and len(prompt) + max_tokens > served.max_model_len:
         raise APIError(400, f"this model's maximum context length is {served.max_model_len} tokens; the prompt has "
-                       f"{length} and max_tokens is {max_tokens}", param="max_tokens")
-    if not prompt[1]:
+                       f"{len(prompt)} and max_tokens is {max_tokens}", param="max_tokens")
+    if not prompt.question:
         raise APIError(400, "the prompt is empty", param="prompt")
-    generation = Generation(served, lock, prompt, config, max_tokens, body.stops, body.kv_cache_positions)
-    shape = shape_type(served.name)
+    decoding = Decoding(max_tokens, body.stops, body.sampling, body.scored, body.kv_cache_positions)
+    generation = Generation(served, lock, prompt, config, decoding)
+    shape = shape_type(served.name, prompt.ids if body.return_token_ids else None)
     streaming = False
     try:
         if not await until_disconnected(request, generation.start()):
@@ -335,14 +413,14 @@ async def _sse(request: Request, generation: Generation, shape: CompletionShape,
                include_usage: bool) -> AsyncIterator[str]:
     """The stream's events; an error after the first one is sent as an error event (OpenAI's
     shape, which the ``openai`` client raises) and recorded as the request's outcome."""
-    first = True
+    first, sent_ids = True, 0
     try:
         while (event := await generation.next()) is not None:
             if isinstance(event, Delta):
-                yield sse(shape.chunk(event.text, None, first))
-                first = False
-            elif isinstance(event, Finished):
-                yield sse(shape.chunk("", event.finish_reason, first) | {"kv_cache": event.kv_cache})
+                yield sse(shape.chunk(event.text, None, first, event.token_ids))
+                first, sent_ids = False, sent_ids + len(event.token_ids)
+            elif isinstance(event, Finished):  # with the tokens no text was sent for (an end token, a stop string's)
+                yield sse(shape.last_chunk(event, first, event.token_ids[sent_ids:]))
                 if include_usage:
                     yield sse(shape.usage_chunk(event))
                 yield SSE_DONE

@@ -16,12 +16,12 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.serve.generation import Event, ServedModel, Started
+from kvlab.serve.generation import Decoding, Event, ServedModel, ServedPrompt, Started
 
 _END = object()  # the generation thread is done
 
@@ -90,11 +90,10 @@ class Generation:
     """One request's generation: :meth:`start`, then :meth:`next` until it returns None.
     :meth:`cancel` may be called at any time, and must be once the caller is done with it."""
 
-    def __init__(self, served: ServedModel, lock: EngineLock, prompt: tuple[list[int], list[int]],
-                 config: KVCacheConfig, max_tokens: int, stop: Sequence[str], positions: bool = False):
-        """``positions``: report the prompt positions each head kept (:class:`kvlab.core.results.KeptPositions`)."""
+    def __init__(self, served: ServedModel, lock: EngineLock, prompt: ServedPrompt, config: KVCacheConfig,
+                 decoding: Decoding):
         self._served, self._lock = served, lock
-        self._args = (prompt, config, max_tokens, list(stop), positions)
+        self._args = (prompt, config, decoding)
         self._received = time.perf_counter()
         self._cancel = threading.Event()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -123,10 +122,9 @@ class Generation:
         return None if item is _END else item
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
-        prompt, config, max_tokens, stop, positions = self._args
+        prompt, config, decoding = self._args
         try:
-            for event in self._served.generate(prompt, config, max_tokens, stop, self._cancel, self._received,
-                                               positions):
+            for event in self._served.generate(prompt, config, decoding, self._cancel, self._received):
                 self._put(loop, event)
         except Exception as error:  # raised to the request, which answers 500 and logs it
             self._put(loop, error)

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from torch import nn
@@ -21,7 +21,43 @@ from torch import nn
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import MEASURED_SERVED, KeptPositions, KVMeasurement
 from kvlab.engines.embedded import EmbeddedEngine, ServedPrefix
+from kvlab.engines.prompt_scoring import GREEDY, PromptScores, Sampling
+from kvlab.serve.logprobs import vllm_prompt_logprobs
 from kvlab.serve.metrics import ServerMetrics
+
+
+@dataclass(frozen=True)
+class ServedPrompt:
+    """A request's prompt as the engine lays it out: the ``context`` (compressed by the config), the
+    ``question`` (fed after compression, or in the scorer's window when query-aware) and ``forced``, the
+    rest (teacher-forced through the cache the config leaves, before generation: a continuation to score)."""
+
+    context: list[int]
+    question: list[int]
+    forced: list[int] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        return [*self.context, *self.question, *self.forced]
+
+    @property
+    def split(self) -> list[int]:
+        """kvlab's ``kv_cache_prompt_split``: ``[context tokens, question tokens]`` (the rest is ``forced``)."""
+        return [len(self.context), len(self.question)]
+
+    def __len__(self) -> int:
+        return len(self.context) + len(self.question) + len(self.forced)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """What a request asks of generation beyond its prompt and config."""
+
+    max_tokens: int
+    stop: list[str] = field(default_factory=list)
+    sampling: Sampling = GREEDY
+    prompt_logprobs: int | None = None  # vLLM's: score the prompt, with this many top tokens per position
+    positions: bool = False  # report the prompt positions each head kept (a token map)
 
 
 @dataclass
@@ -32,6 +68,7 @@ class Started:
 @dataclass
 class Delta:
     text: str
+    token_ids: list[int] = field(default_factory=list)  # the tokens generated since the last delta
 
 
 @dataclass
@@ -44,6 +81,10 @@ class Finished:
     prefill_s: float  # the prefill and this config's eviction scorer
     compress_s: float
     positions: KeptPositions | None = None  # what each head kept of the prompt, when the request asked
+    prompt: ServedPrompt | None = None
+    token_ids: list[int] = field(default_factory=list)  # every generated token (an end token too), as vLLM's
+    #: vLLM's ``prompt_logprobs`` (:func:`kvlab.serve.logprobs.vllm_prompt_logprobs`), when the request asked
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
     @property
     def kv_cache(self) -> dict[str, Any]:
@@ -131,38 +172,41 @@ class ServedModel:
         cut = min((i for s in stop if (i := text.find(s)) >= 0), default=-1)
         return (text[:cut], True) if cut >= 0 else (text, False)
 
-    def generate(self, prompt: tuple[list[int], list[int]], config: KVCacheConfig, max_tokens: int,
-                 stop: Sequence[str], cancel: threading.Event, received: float,
-                 positions: bool = False) -> Iterator[Event]:
+    def generate(self, prompt: ServedPrompt, config: KVCacheConfig, decoding: Decoding, cancel: threading.Event,
+                 received: float) -> Iterator[Event]:
         """:class:`Started`, text deltas, then one :class:`Finished` -- or nothing more once
         ``cancel`` or :attr:`stopping` is set (checked at every attention layer).  The caller must
         hold the engine (one request at a time); ``received`` is when the request arrived
-        (``time.perf_counter()``), for TTFT; ``positions``: report what each head kept of the prompt."""
+        (``time.perf_counter()``), for TTFT."""
         self.metrics.running.inc()
         try:
-            yield from self._generate(prompt, config, max_tokens, stop, cancel, received, positions)
+            yield from self._generate(prompt, config, decoding, cancel, received)
         finally:
             self.metrics.running.dec()
 
-    def _generate(self, prompt: tuple[list[int], list[int]], config: KVCacheConfig, max_tokens: int,
-                  stop: Sequence[str], cancel: threading.Event, received: float,
-                  positions: bool) -> Iterator[Event]:
+    def _generate(self, prompt: ServedPrompt, config: KVCacheConfig, decoding: Decoding, cancel: threading.Event,
+                  received: float) -> Iterator[Event]:
         def cancelled() -> bool:
             return cancel.is_set() or self.stopping.is_set()
 
-        prompt_tokens = len(prompt[0]) + len(prompt[1])
+        stop, max_tokens = decoding.stop, decoding.max_tokens
         ids: list[int] = []
-        sent = ""
+        sent, sent_ids = "", 0
         finish = None
         first_at = None
+        scores: PromptScores | None = None
         hold = max((len(s) for s in stop), default=1) - 1
+        tokens = self.engine.stream(prompt.context, prompt.question, config, max_tokens, stop, forced=prompt.forced,
+                                    sampling=decoding.sampling, prompt_logprobs=decoding.prompt_logprobs)
         try:
-            with _stop_between_layers(self.engine.modules, cancelled), \
-                    closing(self.engine.stream(*prompt, config, max_tokens, stop)) as tokens:  # closing frees the cache
+            with _stop_between_layers(self.engine.modules, cancelled), closing(tokens):  # closing frees the cache
                 prefix = next(tokens)
                 assert isinstance(prefix, ServedPrefix)
                 yield Started()
                 for token in tokens:
+                    if isinstance(token, PromptScores):
+                        scores = token
+                        continue
                     assert isinstance(token, int)
                     if first_at is None:
                         first_at = time.perf_counter()
@@ -175,8 +219,8 @@ class ServedModel:
                     # Hold back what may still become a stop string or is half a multi-byte character.
                     ready = text if stopped else text[:max(len(sent), len(text) - hold)].rstrip("\ufffd")
                     if len(ready) > len(sent):
-                        yield Delta(ready[len(sent):])
-                        sent = ready
+                        yield Delta(ready[len(sent):], ids[sent_ids:])
+                        sent, sent_ids = ready, len(ids)
                     if stopped:
                         finish = "stop"
                         break
@@ -186,16 +230,19 @@ class ServedModel:
         finish = finish or ("length" if len(ids) >= max_tokens else "stop")
         text, _ = self._text(ids, stop)
         if len(text) > len(sent):
-            yield Delta(text[len(sent):])
+            yield Delta(text[len(sent):], ids[sent_ids:])
         done = time.perf_counter()
         if first_at is not None and len(ids) > 1:
             self.metrics.tpot.observe((done - first_at) / (len(ids) - 1))
-        self.metrics.prompt_tokens.inc(prompt_tokens)
+        self.metrics.prompt_tokens.inc(len(prompt))
         self.metrics.generation_tokens.inc(len(ids))
         kv = replace(prefix.compressed.measured(), source=MEASURED_SERVED)
         ratio = kv.compression_ratio
         assert ratio is not None  # the embedded engine measures both the baseline's size and the cache's
         self.metrics.last_ratio.set(ratio)
-        yield Finished(finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(ids), config=config,
+        yield Finished(finish_reason=finish, prompt_tokens=len(prompt), completion_tokens=len(ids), config=config,
                        kv=kv, prefill_s=prefix.prefill_s, compress_s=prefix.compressed.compress_s,
-                       positions=self.engine.kept_positions(prefix.compressed) if positions else None)
+                       positions=self.engine.kept_positions(prefix.compressed) if decoding.positions else None,
+                       prompt=prompt, token_ids=ids,
+                       prompt_logprobs=(vllm_prompt_logprobs(scores, prompt.ids, self.tokenizer)
+                                        if scores is not None else None))
