@@ -71,7 +71,9 @@ elif section == views.COMPARE_SECTIONS[2]:
         a, b = (f"#{i}" for i in chosen)
         st.dataframe(views.engine_rows(rows, a, b), hide_index=True)
         st.caption("same outcome: items with equal scores; same text: the answer up to the item's stop sequence; "
-                   "KV B/token: measured from tensors, or ≈ as a server states its pool")
+                   "KV B/token: measured from tensors, or ≈ as a server states its pool; mean KL: each engine's config "
+                   "against that engine's own baseline (the embedded engine's exact KL on the greedy output, a "
+                   "server's estimate from a sampled continuation: different quantities)")
     else:
         st.info("These two experiments share no config and item without an error.")
 elif rows := views.compare_rows(summaries, [k for k in trial_keys if k not in hidden]):

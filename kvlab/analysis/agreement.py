@@ -5,8 +5,10 @@ CPU build computes in bfloat16, the embedded engine in float32) and their format
 cache is per-tensor scaled in vLLM, per block of tokens with a 16-bit residual window in kvlab).  For
 each config both experiments ran (matched by name), this pairs their results item by item (task,
 item id) and says how often the outcomes agree (same score), how often the generated text is the
-same, and what each engine's cache costs per context token: measured bytes on the embedded engine, a
-server's pool estimate on vLLM.
+same, what each engine's cache costs per context token (measured bytes on the embedded engine, a
+server's pool estimate on vLLM), and each engine's fidelity to *its own* baseline: mean KL with its 95%
+interval over the items, and which estimator measured it (the embedded engine's exact KL on the greedy
+output, a server's sampled estimate: compare like with like).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvlab.analysis.fidelity import FidelitySummary
 from kvlab.core.results import ItemResult
 
 
@@ -32,6 +35,36 @@ class EngineAgreement:
     kv_bytes_b: float | None
     estimated_a: bool
     estimated_b: bool
+    fidelity_a: EngineFidelity | None = None  # against engine A's own baseline
+    fidelity_b: EngineFidelity | None = None
+
+
+@dataclass(frozen=True)
+class EngineFidelity:
+    """A config's fidelity to its engine's baseline over the paired items: mean KL and its 95% t interval,
+    top-1 agreement, and the estimator (:attr:`kvlab.core.results.Fidelity.teacher`)."""
+
+    mean_kl: float
+    kl_low: float
+    kl_high: float
+    agreement: float
+    items: int
+    teacher: str
+
+    @classmethod
+    def of(cls, results: Sequence[ItemResult]) -> EngineFidelity | None:
+        fidelities = [f for r in results if (f := r.fidelity) is not None]
+        if not fidelities:
+            return None
+        summary = FidelitySummary.of(fidelities)
+        low, high = summary.kl_interval()
+        teachers = sorted({f.teacher for f in fidelities})
+        return cls(summary.mean_kl, low, high, summary.agreement, summary.items, " + ".join(teachers))
+
+    @property
+    def text(self) -> str:
+        """``0.012 [0, 0.031]``: the mean KL and its interval."""
+        return f"{self.mean_kl:.3g} [{self.kl_low:.3g}, {self.kl_high:.3g}]"
 
 
 def answer_text(result: ItemResult) -> str:
@@ -75,5 +108,6 @@ def engine_agreement(results_a: Sequence[ItemResult], results_b: Sequence[ItemRe
             kv_bytes_a=_mean([_per_token(x) for x, _ in pairs]),
             kv_bytes_b=_mean([_per_token(y) for _, y in pairs]),
             estimated_a=any(x.kv_bytes_estimated for x, _ in pairs),
-            estimated_b=any(y.kv_bytes_estimated for _, y in pairs)))
+            estimated_b=any(y.kv_bytes_estimated for _, y in pairs),
+            fidelity_a=EngineFidelity.of([x for x, _ in pairs]), fidelity_b=EngineFidelity.of([y for _, y in pairs])))
     return rows

@@ -7,11 +7,16 @@ import json
 import logging
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from kvlab.cli.options import add_margin_options, int_between, margin_overrides, non_negative_int, positive_int
 from kvlab.cli.outputs import check_output, shown, write_output
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import redact
+
+if TYPE_CHECKING:
+    from kvlab.analysis.agreement import EngineFidelity
+    from kvlab.store import ExperimentStore
 
 
 def _store():
@@ -133,7 +138,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"A = experiment {a.id} '{shown(a.name)}' ({shown(a.backend_kind)}), "
           f"B = experiment {b.id} '{shown(b.name)}' ({shown(b.backend_kind)})")
     print(f"{'config':24} {'items':>5}  {'acc A':>6} {'acc B':>6}  {'same outcome':>12}  {'same text':>9}  "
-          f"{'KV B/token A':>12}  {'KV B/token B':>12}")
+          f"{'KV B/token A':>12}  {'KV B/token B':>12}  {'mean KL A [95% CI]':>22}  {'mean KL B [95% CI]':>22}")
 
     def number(value: float | None, estimated: bool = False, form: str = ",.0f") -> str:
         return "-" if value is None else ("≈" if estimated else "") + format(value, form)
@@ -142,9 +147,43 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"{shown(row.config_name)[:24]:24} {row.items:>5}  {number(row.accuracy_a, form='.2f'):>6} "
               f"{number(row.accuracy_b, form='.2f'):>6}  {number(row.same_outcome, form='.0%'):>12}  "
               f"{number(row.same_text, form='.0%'):>9}  {number(row.kv_bytes_a, row.estimated_a):>12}  "
-              f"{number(row.kv_bytes_b, row.estimated_b):>12}")
+              f"{number(row.kv_bytes_b, row.estimated_b):>12}  {_kl(row.fidelity_a):>22}  {_kl(row.fidelity_b):>22}")
     print("≈: estimated from a server's pool (bytes per token x prompt tokens); otherwise measured from tensors")
+    teachers = {f"{side}: {f.teacher}" for row in rows for side, f in (("A", row.fidelity_a), ("B", row.fidelity_b))
+                if f is not None}
+    if teachers:
+        print("mean KL: each engine's config against that engine's own baseline, over the paired items; measured on "
+              + "; ".join(sorted(teachers)))
+    _baselines_against_each_other(store, a, b)
     return 0
+
+
+def _baselines_against_each_other(store: ExperimentStore, *experiments: Any) -> None:
+    """Where one experiment ran on the embedded engine and the other kept its baseline's sampled continuations
+    (a server's), how far that server's baseline is from the embedded engine's
+    (:mod:`kvlab.experiments.cross_engine`)."""
+    from kvlab.core.backends import BACKENDS
+
+    embedded = [e for e in experiments if BACKENDS.get(e.backend_kind) and BACKENDS[e.backend_kind].loads_model_here]
+    if not embedded:
+        return
+    from kvlab.experiments.cross_engine import baseline_kl_to_embedded, references
+
+    for served in (e for e in experiments if e not in embedded):
+        refs = references(store.item_results(served.id))
+        if not refs:
+            continue
+        summary = baseline_kl_to_embedded(refs, embedded[0].spec["model"])
+        if summary is not None:
+            low, high = summary.kl_interval()
+            print(f"baselines: KL({shown(served.backend_kind)} #{served.id}'s baseline || the embedded engine's) "
+                  f"{summary.mean_kl:.3g} [{low:.3g}, {high:.3g}], top-1 agreement {summary.agreement:.1%} over "
+                  f"{summary.items} items: the server's sampled continuations scored by the embedded float32 model "
+                  "(the floor below which the two engines cannot tell KV settings apart)")
+
+
+def _kl(fidelity: EngineFidelity | None) -> str:
+    return "-" if fidelity is None else fidelity.text
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

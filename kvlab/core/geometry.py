@@ -37,15 +37,21 @@ class CacheGeometry:
         """One token's keys and values in one layer at ``bits`` per element."""
         return 2 * self.num_kv_heads * self.head_dim * bits / 8
 
-    def bytes_per_token(self, bits: float = BASELINE_BITS) -> float:
-        """One token's keys and values in every layer at ``bits`` per element (a server's pool of one dtype)."""
-        return self.num_layers * self.layer_bytes_per_token(bits)
+    def bytes_per_token(self, bits: float = BASELINE_BITS, layers_16bit: int = 0) -> float:
+        """One token's keys and values in every layer at ``bits`` per element (a server's pool of one dtype), but
+        ``layers_16bit`` of them at 16 bits (a server's 16-bit layers under a quantized cache)."""
+        return ((self.num_layers - layers_16bit) * self.layer_bytes_per_token(bits)
+                + layers_16bit * self.layer_bytes_per_token(BASELINE_BITS))
 
     def baseline_bytes(self, tokens: int) -> int:
         """16-bit bytes of an uncompressed cache holding ``tokens`` tokens (batch 1), windows applied."""
         per_token = round(self.layer_bytes_per_token())
         return sum(per_token * (tokens if w is None else min(tokens, w)) for w in self.layer_windows)
 
-    def formula(self, bits: float) -> str:
+    def formula(self, bits: float, layers_16bit: int = 0) -> str:
         """:meth:`bytes_per_token` in words (``30 layers x 2 x 3 KV heads x 64 x 2 B``)."""
-        return f"{self.num_layers} layers x 2 x {self.num_kv_heads} KV heads x {self.head_dim} x {bits / 8:g} B"
+        per_layer = f"2 x {self.num_kv_heads} KV heads x {self.head_dim}"
+        if not layers_16bit:
+            return f"{self.num_layers} layers x {per_layer} x {bits / 8:g} B"
+        return (f"{self.num_layers - layers_16bit} layers x {per_layer} x {bits / 8:g} B + {layers_16bit} 16-bit "
+                f"layers x {per_layer} x 2 B")

@@ -197,6 +197,10 @@ class GenerationKV:
 #: What a config was teacher-forced on (:attr:`Fidelity.teacher`).
 TEACHER_BASELINE_OUTPUT = "the baseline's greedy output"
 TEACHER_CONTINUATION = "the reference continuation"
+#: The sampled estimator (a server's prompt log-probabilities): ``kl[i]`` is log p(y_i) - log q(y_i) for a token
+#: y_i the baseline sampled at temperature 1, an unbiased estimate of position i's KL (it can be negative);
+#: :mod:`kvlab.engines.server_fidelity`.
+TEACHER_BASELINE_SAMPLE = "the baseline's sampled continuation (estimated KL)"
 
 
 @dataclass(frozen=True)

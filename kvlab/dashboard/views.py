@@ -394,7 +394,9 @@ def engine_rows(rows: Sequence[EngineAgreement], a: str, b: str) -> list[dict[st
              f"accuracy {b}": None if row.accuracy_b is None else round(row.accuracy_b, 3),
              "same outcome": share(row.same_outcome), "same text": share(row.same_text),
              f"KV B/token {a}": per_token(row.kv_bytes_a, row.estimated_a),
-             f"KV B/token {b}": per_token(row.kv_bytes_b, row.estimated_b)} for row in rows]
+             f"KV B/token {b}": per_token(row.kv_bytes_b, row.estimated_b),
+             f"mean KL {a} [95% CI]": row.fidelity_a.text if row.fidelity_a else "-",
+             f"mean KL {b} [95% CI]": row.fidelity_b.text if row.fidelity_b else "-"} for row in rows]
 
 
 def compare_rows(summaries_by_experiment: Mapping[int, Sequence[ConfigSummary]],

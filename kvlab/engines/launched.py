@@ -26,7 +26,7 @@ from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.formats import FORMATS
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.items import TaskItem
-from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.core.results import ItemResult
 from kvlab.engines.base import Engine, EngineFailure, TelemetryReading, TelemetrySource
@@ -34,6 +34,7 @@ from kvlab.engines.host import Install, default_python, probe_install, refuse_on
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_perplexity
 from kvlab.engines.prometheus import ServerMetricsSource
+from kvlab.engines.server_fidelity import SAMPLED_ESTIMATOR, Reference
 from kvlab.engines.server_flags import Installed, check_config, health_path, server_command, server_env
 from kvlab.engines.server_logs import KVPool, startup_failure
 from kvlab.engines.servers import SERVERS, serving_engine
@@ -51,11 +52,11 @@ KV_DTYPE_BITS = {name: FORMATS[name].bits for server in SERVERS.values() for nam
 GEOMETRY_TOLERANCE = 0.01
 
 
-def pool_check(geometry: CacheGeometry, pool_bytes_per_token: float | None, bits: int) -> str:
-    """A pool's bytes per token against the model's geometry, in words; a disagreement over
-    :data:`GEOMETRY_TOLERANCE` says so (the bytes reported stay the server's)."""
-    expected = geometry.bytes_per_token(bits)
-    formula = geometry.formula(bits)
+def pool_check(geometry: CacheGeometry, pool_bytes_per_token: float | None, bits: int, layers_16bit: int = 0) -> str:
+    """A pool's bytes per token against the model's geometry (``layers_16bit`` of its layers kept 16-bit), in
+    words; a disagreement over :data:`GEOMETRY_TOLERANCE` says so (the bytes reported stay the server's)."""
+    expected = geometry.bytes_per_token(bits, layers_16bit)
+    formula = geometry.formula(bits, layers_16bit)
     if pool_bytes_per_token is None:
         return f"geometry {expected:,.0f} B/token ({formula}); the server did not state its pool's bytes"
     off = pool_bytes_per_token / expected - 1
@@ -78,6 +79,10 @@ class LaunchedServerEngine(Engine):
         self._config: KVCacheConfig | None = None
         self._inner: OpenAICompatEngine | None = None
         self._metrics = _CurrentServerMetrics()
+        #: The baseline's reference of each item (the sampled fidelity estimator), made on the baseline's server
+        #: and read by every other config's: one launch of the baseline per engine at most.
+        self.references: dict[str, Reference] = {}
+        self.fidelity_note: str | None = None  # why fidelity is not measured here, once known
 
     # -- Engine protocol -----------------------------------------------------------------------
 
@@ -87,7 +92,8 @@ class LaunchedServerEngine(Engine):
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.spec.model, "served_model_name": self.served_name,
-                "tokenizer": self.tokenizer_note, "launches": self.launches}
+                "tokenizer": self.tokenizer_note, "launches": self.launches,
+                "fidelity": self.fidelity_note or SAMPLED_ESTIMATOR}
 
     def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
         for config in configs:  # every refusal happens here, before anything is launched
@@ -135,8 +141,10 @@ class LaunchedServerEngine(Engine):
         return None if any(arch.layer_is_sliding) else CacheGeometry(arch.num_layers, arch.num_kv_heads, arch.head_dim)
 
     def _command(self, config: KVCacheConfig, port: int) -> list[str]:
+        num_layers = self._geometry.num_layers if config.skip_layers is not None and self._geometry else None
         return server_command(self.name, self._model[0], config, self.spec.backend.server, port, self.served_name,
-                              self.spec.seed, dtype=self.spec.backend.dtype, installed=self._installed)
+                              self.spec.seed, dtype=self.spec.backend.dtype, installed=self._installed,
+                              num_layers=num_layers)
 
     def check_items(self, items: Sequence[TaskItem]) -> None:
         refuse_perplexity(items)
@@ -151,6 +159,8 @@ class LaunchedServerEngine(Engine):
         flat = ((item, config) for item, configs in work for config in configs)
         for _, group in groupby(flat, key=lambda pair: pair[1].label):
             pairs = list(group)
+            if not pairs[0][1].is_baseline:
+                self._references([item for item, _ in pairs])
             inner = self._launch(pairs[0][1])
             try:
                 yield from inner.evaluate_many([(item, [config]) for item, config in pairs])
@@ -164,6 +174,19 @@ class LaunchedServerEngine(Engine):
         self._stop()
 
     # -- one server per config -------------------------------------------------------------------
+
+    def _references(self, items: Sequence[TaskItem]) -> None:
+        """The baseline's references of ``items`` that no earlier pass made: on the baseline's server (launched
+        for them; a server that cannot answer them leaves fidelity unmeasured, and says so once)."""
+        if self.fidelity_note is not None or all(item.item_id in self.references or item.multi_turn
+                                                 for item in items):
+            return
+        try:
+            self.fidelity_note = self._launch(BASELINE).ensure_references(items)
+        except EngineFailure as error:
+            raise EngineFailure(self._crash_report(error)) from None
+        if self.fidelity_note:
+            log.warning("%s: %s", self.name, self.fidelity_note)
 
     def _launch(self, config: KVCacheConfig) -> OpenAICompatEngine:
         if self._inner is not None and self._config == config and self._server is not None and self._server.alive():
@@ -191,18 +214,23 @@ class LaunchedServerEngine(Engine):
         pool, where = read_pool(self.name, root, server.log_text())
         bits = KV_DTYPE_BITS[config.quant]
         per_token = pool.bytes_per_token if pool else None
-        check = pool_check(self._geometry, per_token, bits) if self._geometry else "no geometry to check it against"
+        geometry = self._geometry
+        layers_16bit = len(config.skip_layers.indices(geometry.num_layers)) if config.skip_layers and geometry else 0
+        check = pool_check(geometry, per_token, bits, layers_16bit) if geometry else "no geometry to check it against"
         if "DISAGREE" in check:
             log.warning("%s pool for %s: %s", self.name, config.label, check)
-        launched = LaunchedKV(config=config, bytes_per_token=per_token,
-                              baseline_bytes_per_token=per_token * 16 / bits if per_token else None,
+        # the same pool at 16 bits: the server's own bytes scaled by the geometry's ratio (its rounding kept)
+        scale = (geometry.bytes_per_token() / geometry.bytes_per_token(bits, layers_16bit)) if geometry else 16 / bits
+        baseline = per_token * scale if per_token else None
+        launched = LaunchedKV(config=config, bytes_per_token=per_token, baseline_bytes_per_token=baseline,
                               source=(f"{self.name} {where}: {pool.source_line}" if pool else
                                       f"{self.name}: no KV pool on /metrics or in the start-up log") + f"; {check}")
         endpoint = Endpoint(base_url=f"{root}/v1", model_id=self.served_name, api_key=None,
                             key_source="none (a server kvlab launched on this host)")
         self._server, self._config = server, config
         self._inner = OpenAICompatEngine(endpoint, self.spec.backend, self._tokenizer, self.tokenizer_note,
-                                         launched=launched, seed=self.spec.seed)
+                                         launched=launched, seed=self.spec.seed, references=self.references,
+                                         plain_sampling=serving_engine(self.name).plain_sampling)
         self._metrics.current = ServerMetricsSource(root, self.name, pool)
         self.launches.append({"config": config.label, "command": command, "log": str(log_path),
                               "kv_pool": launched.source, "geometry_check": check})

@@ -18,7 +18,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +30,20 @@ from kvlab.core.backends import LAUNCHED_KINDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import BackendSpec, ExperimentSpec
 from kvlab.core.items import TaskItem
-from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.results import MEASURED_SERVED, ItemResult, KVMeasurement
 from kvlab.engines.base import Engine, EngineFailure, TelemetrySource
 from kvlab.engines.endpoint_rules import choose_model, error_message, server_root
 from kvlab.engines.prometheus import KVLAB_SERVE, ServerMetricsSource
+from kvlab.engines.server_fidelity import (
+    NOT_MEASURED,
+    SAMPLED_ESTIMATOR,
+    Reference,
+    ScoringUnsupported,
+    ServerScorer,
+    fidelity,
+    item_seed,
+)
 from kvlab.secrets import Endpoint, redact
 
 log = logging.getLogger(__name__)
@@ -71,7 +81,11 @@ class OpenAICompatEngine(Engine):
     name = "openai_compat"
 
     def __init__(self, endpoint: Endpoint, backend: BackendSpec, tokenizer: Any, tokenizer_note: str = "",
-                 launched: LaunchedKV | None = None, seed: int = 0):
+                 launched: LaunchedKV | None = None, seed: int = 0, references: dict[str, Reference] | None = None,
+                 plain_sampling: Mapping[str, Any] | None = None):
+        """``references``: the baseline's reference of each item (:mod:`kvlab.engines.server_fidelity`), shared
+        by the servers of one launched engine; a server of the baseline config (or ``kvlab serve``) adds to it.
+        ``plain_sampling``: the request fields that make a launched engine's sampling plain."""
         self.endpoint = endpoint
         self.backend = backend
         self._tokenizer = tokenizer
@@ -86,6 +100,9 @@ class OpenAICompatEngine(Engine):
         self._probed = False
         self._in_flight = 0  # requests in flight: the phase is "request" while there are any
         self._in_flight_lock = threading.Lock()
+        self.references: dict[str, Reference] = references if references is not None else {}
+        self._reference_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self.scorer = ServerScorer(self.client, self._model, self._scoring_fields, plain_sampling)
 
     # -- Engine protocol -----------------------------------------------------------------------
 
@@ -102,6 +119,8 @@ class OpenAICompatEngine(Engine):
             info["server"] = self.server_info.get("engine", {}) | {"per_request_kv_cache": True}
         if self.launched:
             info["kv_pool"] = self.launched.source
+        if self.scorer.probed:
+            info["fidelity"] = self.scorer.why_not() or SAMPLED_ESTIMATOR
         return info
 
     def close(self) -> None:
@@ -245,14 +264,91 @@ class OpenAICompatEngine(Engine):
         ttft = (first_at or ended) - started
         decode_s = ended - first_at if first_at else 0.0
         kv, prefill_s, compress_s = self._measure(prompt_tokens, output_tokens, reported)
+        fields = kv.result_fields()
+        fields["extra"] = fields.get("extra", {}) | self._fidelity(item, config)
         return ItemResult(
             item_id=item.item_id, task=item.task, config_name=config.label, config=config.model_dump(mode="json"),
             seed=self.seed, context_length=item.context_length, depth=item.depth, prompt_tokens=prompt_tokens,
             generated=text, answer=item.answer, output_tokens=output_tokens, ttft_s=ttft,
             tpot_s=decode_s / (output_tokens - 1) if output_tokens > 1 and first_at else None,
             prefill_s=prefill_s, compress_s=compress_s, decode_s=decode_s, peak_memory_bytes=None,
-            **kv.result_fields(),
+            **fields,
         )
+
+    # -- fidelity (the sampled estimator) ----------------------------------------------------------
+
+    @property
+    def makes_references(self) -> bool:
+        """Whether this server is the baseline's: ``kvlab serve`` (any config per request) or a launched server
+        of the baseline config."""
+        return self.per_request_configs or (self.launched is not None and self.launched.config.is_baseline)
+
+    def _model(self) -> str:
+        self.probe()
+        assert self.model_id is not None
+        return self.model_id
+
+    def _scoring_fields(self, item: TaskItem | None, config: KVCacheConfig,
+                        reference: Reference | None) -> dict[str, Any] | None:
+        """kvlab serve's fields of a sampling (``item``) or scoring (``reference``) request under ``config``."""
+        if not self.per_request_configs:
+            return None
+        fields: dict[str, Any] = {"kv_cache": config.model_dump(mode="json")}
+        if item is not None:
+            fields["kv_cache_question_chars"] = len(item.question)
+        if reference is not None and reference.split is not None:
+            fields["kv_cache_prompt_split"] = list(reference.split)
+        return fields
+
+    def reference(self, item: TaskItem) -> Reference:
+        """The baseline's reference of ``item`` (sampled and scored on this server once, then remembered)."""
+        with self._reference_locks[item.item_id]:
+            if item.item_id not in self.references:
+                seed = item_seed(self.seed, item.item_id)
+                self.references[item.item_id] = self.scorer.reference(item, BASELINE, seed)
+            return self.references[item.item_id]
+
+    def ensure_references(self, items: Sequence[TaskItem]) -> str | None:
+        """Make the references of ``items`` that are missing (on this, the baseline's server), several requests at
+        once; None, or why this server cannot (then no fidelity is measured against it)."""
+        if (why := self.scorer.why_not()) is not None:
+            return why
+        missing = [item for item in items if item.item_id not in self.references and _measurable(item)]
+        with ThreadPoolExecutor(self.backend.max_concurrency, thread_name_prefix="kvlab-reference") as pool:
+            for future in [pool.submit(self._guarded_reference, item) for item in missing]:
+                future.result()
+        return None
+
+    def _guarded_reference(self, item: TaskItem) -> Reference:
+        try:
+            return self.reference(item)
+        except openai.APIError as error:
+            raise EndpointError(self._explain(error)) from None
+
+    def _fidelity(self, item: TaskItem, config: KVCacheConfig) -> dict[str, Any]:
+        """``{"fidelity": ...}`` of ``config`` against the baseline's reference on ``item``, ``{"fidelity_note": why}``
+        where it cannot be measured; for the baseline itself on its server, the reference it makes there
+        (``{"fidelity_reference": ...}``: the tokens another engine can score later)."""
+        if not _measurable(item) or not (self.makes_references or self.references):
+            return {}
+        if (why := self.scorer.why_not()) is not None:
+            return {"fidelity_note": why}
+        try:
+            if config.is_baseline:
+                return {"fidelity_reference": self.reference(item).to_dict()} if self.makes_references else {}
+            reference = self.reference(item) if self.makes_references else self.references.get(item.item_id)
+            if reference is None:
+                return {"fidelity_note": "no reference from the baseline's server for this item"}
+            if not reference.tokens:
+                return {"fidelity_note": "the baseline's sample held no token"}
+            logprobs, top1 = self.scorer.score(reference, config)
+            return {"fidelity": fidelity(reference, logprobs, top1).to_dict()}
+        except ScoringUnsupported as error:
+            return {"fidelity_note": f"{NOT_MEASURED} ({error})"}
+        except (openai.BadRequestError, openai.UnprocessableEntityError) as error:
+            return {"fidelity_note": redact(f"{NOT_MEASURED} ({_message(error)})")}
+        except openai.APIError as error:
+            raise EndpointError(self._explain(error)) from None
 
     def _measure(self, prompt_tokens: int, output_tokens: int, reported: Any
                  ) -> tuple[KVMeasurement, float, float]:
@@ -277,6 +373,11 @@ class OpenAICompatEngine(Engine):
             answer=item.answer, output_tokens=0, ttft_s=math.nan, tpot_s=None, prefill_s=math.nan,
             compress_s=math.nan, decode_s=math.nan, peak_memory_bytes=None, error=error,
             **KVMeasurement(context_tokens=0).result_fields())
+
+
+def _measurable(item: TaskItem) -> bool:
+    """Whether fidelity applies to ``item``: not a conversation's later turn (its history is each config's own)."""
+    return not item.multi_turn
 
 
 def refuse_perplexity(items: Sequence[TaskItem]) -> None:

@@ -33,12 +33,9 @@ def check_config(kind: str, config: KVCacheConfig) -> None:
     if config.value_quant is not None:
         raise ConfigError(f"config '{label}': value_quant = '{config.value_quant}' cannot run on {engine}: one "
                           f"--kv-cache-dtype stores keys and values alike. Run it with backend kind 'embedded'.")
-    if config.skip_layers is not None:
-        raise ConfigError(f"config '{label}': skip_layers ({config.skip_layers.label}) is not launched on {engine} "
-                          f"by kvlab (its pool bytes would no longer follow one --kv-cache-dtype). Run it with "
-                          f"backend kind 'embedded'" + (f"; the recommendation names {engine}'s "
-                                                        f"{server.skip_layers_flag}." if server.skip_layers_flag
-                                                        else "."))
+    if config.skip_layers is not None and server.skip_layers_flag is None:
+        raise ConfigError(f"config '{label}': skip_layers ({config.skip_layers.label}) cannot run on {engine}: it "
+                          "has no flag that keeps some layers' cache 16-bit. Run it with backend kind 'embedded'.")
     if config.quant in server.kv_dtypes:
         return
     if config.quant == "fp8":  # only reachable by bypassing validation: KVCacheConfig maps fp8 -> fp8_e4m3
@@ -89,13 +86,14 @@ def server_command(
     *,
     dtype: str = "auto",
     installed: Installed | None = None,
+    num_layers: int | None = None,
 ) -> list[str]:
     """The argv that starts the engine's OpenAI-compatible server for one KV-cache config.
 
     ``port`` is the real port (``server.port`` may be 0, meaning "pick one": the caller resolves it
     with :func:`kvlab.engines.managed_server.free_port`).  ``dtype`` is the spec's ``backend.dtype``;
-    ``installed``: the server install (default: ``server.python``, not the CPU build).  No API key
-    ever appears here.
+    ``installed``: the server install (default: ``server.python``, not the CPU build); ``num_layers``: the
+    model's, which a config's 16-bit last layers need (``skip_layers.last``).  No API key ever appears here.
     """
     installed = installed or Installed(options.python or "python")
     server = serving_engine(kind)
@@ -107,6 +105,13 @@ def server_command(
     argv = [installed.python, "-m", server.module, "--host", options.host, "--port", str(port)]
     argv += server.launch_args(model, server.kv_dtypes[config.quant], options, installed, dtype, served_model_name,
                                seed)
+    if (skip := config.skip_layers) is not None and server.skip_layers_flag is not None:
+        if num_layers is None:
+            raise ConfigError(f"config '{config.label}': skip_layers needs the model's layer count, which kvlab reads "
+                              f"from a local model only (give the layers by index: skip_layers.layers)")
+        if problem := skip.check(num_layers):
+            raise ConfigError(f"config '{config.label}': {problem}")
+        argv += [server.skip_layers_flag, *map(str, sorted(skip.indices(num_layers)))]
     return argv + list(options.extra_args)
 
 

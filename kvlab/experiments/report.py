@@ -16,7 +16,7 @@ from kvlab.analysis.summary import (
     question_rank,
     short_of_budget,
 )
-from kvlab.core.results import GenerationKV, ItemResult
+from kvlab.core.results import TEACHER_BASELINE_SAMPLE, GenerationKV, ItemResult
 
 MIB = 1024 * 1024
 
@@ -189,8 +189,15 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
         parts += ["", "the cache over the generation (mean over items; ratio: the uncompressed cache of the same "
                   "tokens / the final cache):", generation]
     if any(s.mean_kl is not None for s in summaries):
-        parts.append("mean KL: KL(baseline || config) in nats per token, teacher-forced on the baseline's output, "
-                     "mean over items with a 95% t interval (the item is the unit); p99 KL: over every token; agree: "
-                     "mean over items of each item's share of tokens with the same top-1 token as the baseline"
+        teachers = {f.teacher for r in results if (f := r.fidelity) is not None}
+        how = ("estimated from a continuation the baseline's server sampled at temperature 1: per token log p(y) - "
+               "log q(y), unbiased, one draw per token (so an estimate may be below 0); p99 KL: of those terms"
+               if teachers == {TEACHER_BASELINE_SAMPLE} else
+               "teacher-forced on the baseline's output; p99 KL: over every token")
+        parts.append(f"mean KL: KL(baseline || config) in nats per token, {how}; mean over items with a 95% t interval "
+                     "(the item is the unit); agree: mean over items of each item's share of tokens with the same "
+                     "top-1 token as the baseline"
                      + ("" if margins is None or margins.fidelity else "; no fidelity margin is set: accuracy decides"))
+        if notes := sorted({note for r in results if (note := (r.extra or {}).get("fidelity_note"))}):
+            parts.append("fidelity: " + "; ".join(notes))
     return "\n".join(parts)

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from kvlab.analysis.agreement import answer_text, engine_agreement
+from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE, Fidelity
 from tests.dashboard_data import item_result
 
 STOP = {"stop": [".", "\n"]}
@@ -49,3 +50,21 @@ def test_results_with_an_error_or_only_on_one_side_are_left_out():
     a = [embedded("baseline", 0), replace(embedded("int4", 0), error="boom")]
     b = [served("baseline", 1, 23_046), served("int4", 0, 11_523)]
     assert engine_agreement(a, b) == []
+
+
+def test_each_engine_shows_its_configs_fidelity_to_its_own_baseline_and_its_estimator():
+    def with_kl(result, kls, teacher):
+        fid = Fidelity(kl=tuple(kls), agree=tuple(k < 0.5 for k in kls), teacher=teacher)
+        return replace(result, extra=result.extra | {"fidelity": fid.to_dict()})
+
+    a = [embedded("baseline", item) for item in range(3)]
+    a += [with_kl(embedded("int4", item), [0.1 * (item + 1), 0.0], TEACHER_BASELINE_OUTPUT) for item in range(3)]
+    b = [served("baseline", item, 23_046) for item in range(3)]
+    b += [with_kl(served("int4", item, 11_523), [0.2, -0.1 + item], TEACHER_BASELINE_SAMPLE) for item in range(3)]
+    rows = {row.config_name: row for row in engine_agreement(a, b)}
+    assert rows["baseline"].fidelity_a is None and rows["baseline"].fidelity_b is None
+    int4_a, int4_b = rows["int4"].fidelity_a, rows["int4"].fidelity_b
+    assert int4_a is not None and int4_b is not None
+    assert int4_a.mean_kl == pytest.approx(0.1) and int4_a.items == 3 and int4_a.teacher == TEACHER_BASELINE_OUTPUT
+    assert int4_b.mean_kl == pytest.approx((0.05 + 0.55 + 1.05) / 3) and int4_b.teacher == TEACHER_BASELINE_SAMPLE
+    assert int4_a.kl_low <= int4_a.mean_kl <= int4_a.kl_high and int4_a.text.startswith("0.1 [")

@@ -191,3 +191,16 @@ def test_bad_kind_and_port_are_refused():
 def test_health_paths():
     assert health_path("vllm") == "/health"
     assert health_path("sglang") == "/health_generate"
+
+
+def test_vllm_launches_16bit_layers_with_its_flag_and_sglang_refuses_them():
+    config = KVCacheConfig(quant="fp8_e4m3", skip_layers={"first": 2, "last": 1, "layers": [7]})
+    argv = server_command("vllm", "m", config, ServerOptions(), 8000, "m", num_layers=30)
+    flag = argv.index("--kv-cache-dtype-skip-layers")
+    assert argv[flag + 1:flag + 5] == ["0", "1", "7", "29"] and argv[argv.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    with pytest.raises(ConfigError, match="layer count"):  # the last layers need the model's depth
+        server_command("vllm", "m", config, ServerOptions(), 8000, "m")
+    with pytest.raises(ConfigError, match="names layer 7, but the model has 4"):
+        server_command("vllm", "m", config, ServerOptions(), 8000, "m", num_layers=4)
+    with pytest.raises(ConfigError, match="SGLang.*no flag that keeps some layers"):
+        check_config("sglang", config)

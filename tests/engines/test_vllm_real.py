@@ -16,6 +16,7 @@ the fp8 checks become checks of kvlab's refusal; the run's summary names what th
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from kvlab.analysis.agreement import engine_agreement
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE
 from kvlab.doctor import diagnose
 from kvlab.engines.host import default_python, offer
 from kvlab.engines.managed_server import ManagedServer, free_port
@@ -122,6 +124,28 @@ def test_every_config_shows_the_pool_bytes_of_its_own_server(runs):
                                                                                     rel=0.01)
 
 
+def test_the_sweep_is_decided_by_fidelity_measured_through_vllm(runs):
+    """Each fp8 config's items carry the sampled estimate against the baseline's server (the baseline's continuation
+    sampled at temperature 1 and scored on both through prompt_logprobs), and the verdict is fidelity's."""
+    if not DTYPES:
+        could_not_run("a fidelity decision on vLLM (the sweep holds the baseline alone: no fp8 on this host)",
+                      next(iter(NOT_HERE.values())))
+        assert all(r.fidelity is None for r in runs["vllm"])
+        return
+    for result in runs["vllm"]:
+        if result.config_name == "baseline":
+            assert result.fidelity is None
+            continue
+        fidelity = result.fidelity
+        assert fidelity is not None and fidelity.teacher == TEACHER_BASELINE_SAMPLE, result.extra
+        assert fidelity.tokens >= 1 and all(math.isfinite(kl) for kl in fidelity.kl)
+    verdicts = runs["stdout"].split("verdict per task", 1)[1].split("\n\n", 1)[0].splitlines()
+    for dtype in DTYPES:
+        row = next(line for line in verdicts if line.startswith(dtype))
+        assert " fidelity " in row and "mean KL" in row, row
+    assert "sampled at temperature 1" in runs["stdout"]
+
+
 def test_the_server_metrics_reach_the_telemetry(runs):
     server = [s for s in runs["telemetry"] if s.source == "server"]
     assert server, "no /metrics sample was stored"
@@ -144,9 +168,17 @@ def test_the_same_spec_on_two_engines_in_one_table(runs):
     for dtype in DTYPES:  # vLLM's fp8 is one byte an element; kvlab's adds scales and the residual window
         assert rows[dtype].kv_bytes_b == pytest.approx(SMOLLM2.bytes_per_token(8), rel=0.01)
         assert rows[dtype].kv_bytes_a > rows[dtype].kv_bytes_b
+    for dtype in DTYPES:  # each engine's config against its own baseline, each with its own estimator
+        assert rows[dtype].fidelity_a.teacher == TEACHER_BASELINE_OUTPUT, rows[dtype]
+        assert rows[dtype].fidelity_b.teacher == TEACHER_BASELINE_SAMPLE and rows[dtype].fidelity_b.items == 4
     table = runs["compare"]
     assert table.returncode == 0, table.stderr
     assert "same outcome" in table.stdout and all(name in table.stdout for name in rows)
+    assert "mean KL A [95% CI]" in table.stdout
+    # vLLM's baseline kept its sampled continuations; the embedded float32 model scores them: the floor
+    (floor,) = [line for line in table.stdout.splitlines() if line.startswith("baselines: KL(vllm #1's baseline")]
+    agreement = float(floor.split("top-1 agreement ", 1)[1].split("%", 1)[0])
+    assert "over 4 items" in floor and agreement >= 50, floor  # the same weights in bfloat16 and in float32
     if runs["float16"] is not None:  # two settings of one server: bfloat16 and float16 weights
         (row,) = engine_agreement(runs["vllm"], runs["float16"])
         assert row.items == 4 and row.same_outcome >= 0.75 and row.estimated_a and row.estimated_b, row
@@ -202,9 +234,10 @@ def test_the_playground_on_a_live_vllm_sizes_the_item_by_its_tokenizer_and_estim
         run_on_endpoint(wrong, "smollm2-135m", view.base_url, None)
 
 
-# 8 items cannot certify a 5-point margin (that takes about 96 with vLLM, which measures no fidelity): the
-# tune's test checks the search and the flag it ends in, not the power of its decision (max_drop 0.5)
-TUNE = spec_toml("vllm-tune", 8, [0.5], max_drop=0.5,
+# The tune decides by fidelity measured through vLLM (the sampled estimator); 8 items of 8 sampled tokens cannot
+# certify mean KL below 0.05, so its test checks the search and the flag it ends in at loose margins (max_kl 0.5,
+# max_drop 0.5), not the power of its decision.
+TUNE = spec_toml("vllm-tune", 8, [0.5], max_drop=0.5, max_kl=0.5,
                  tune={"quant": ["none", "int4", *FP8], "min_items": 8, "candidates_per_round": 2, "max_trials": 2})
 
 

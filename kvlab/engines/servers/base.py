@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvlab.core.backends import BACKENDS
 
@@ -72,6 +72,9 @@ class ServingEngine(ABC):
     quiet_env: Mapping[str, str] = field(default_factory=dict)
     cpu_flags: tuple[str, ...] = ()  # the CPU flags its host rules read (shown by `kvlab engines`)
     pool_on_metrics: bool = False  # its /metrics states the pool (:meth:`stated_pool`), read before the log
+    #: Request fields that make its sampling plain temperature sampling (its defaults may come from the model's
+    #: generation config): the sampled fidelity estimator draws from the baseline's own distribution.
+    plain_sampling: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def title(self) -> str:

@@ -207,4 +207,7 @@ VLLM = VLLMEngine(
     quiet_env={"VLLM_NO_USAGE_STATS": "1"},
     cpu_flags=FP8_CPU_FLAGS,
     pool_on_metrics=True,
+    # vllm/entrypoints/openai/completion/protocol.py: a field left None takes the model's generation config
+    # (--generation-config auto); vllm/sampling_params.py: top_k 0 disables it.
+    plain_sampling={"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0},
 )
