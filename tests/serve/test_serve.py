@@ -222,8 +222,8 @@ def test_unknown_model_and_bad_settings_get_openai_errors(client):
     with pytest.raises(openai.BadRequestError, match="kv_cache.quant"):
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0,
                                   extra_body={"kv_cache": {"quant": "int3"}})
-    with pytest.raises(openai.BadRequestError, match="temperature = 0"):
-        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0.7)
+    with pytest.raises(openai.BadRequestError, match=r"temperature must be in \[0, 2\]"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=-0.7)
     with pytest.raises(openai.BadRequestError, match="maximum context length is 8192"):
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=9000, temperature=0)
 
