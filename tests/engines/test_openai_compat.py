@@ -14,6 +14,7 @@ import pytest
 from kvlab.cli.main import main
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.results import TEACHER_BASELINE_SAMPLE
 from kvlab.engines.factory import build_engine
 from kvlab.engines.openai_compat import EndpointError
 from kvlab.experiments.runner import run_experiment
@@ -67,7 +68,12 @@ def test_cli_run_against_kvlab_serve_writes_results(kvlab_server, key, tmp_path,
     assert main(["run", str(spec), "--quiet", "--json", str(tmp_path / "out.json")]) == 0
     out = json.loads((tmp_path / "out.json").read_text())
     assert {r["config_name"] for r in out["results"]} == {"baseline", "int8"}
-    assert "sweet spot" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "sweet spot" in printed
+    # fidelity through the endpoint: kvlab serve samples the baseline's continuation and scores it under int8
+    by_config = {r["config_name"]: r for r in out["results"]}
+    assert by_config["int8"]["extra"]["fidelity"]["teacher"] == TEACHER_BASELINE_SAMPLE
+    assert by_config["baseline"]["extra"]["fidelity_reference"]["tokens"] and "sampled at temperature 1" in printed
     assert API_KEY not in (tmp_path / "out.json").read_text()
 
 
