@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from kvlab.engines.managed_server import ManagedServer, free_port
@@ -33,3 +36,38 @@ def kvlab_serve(log_dir: Path, *args: str, auth: bool = False) -> Iterator[tuple
         yield server, f"http://127.0.0.1:{port}/v1"
     finally:
         server.stop()
+
+
+class PlainOpenAIHandler(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server that says nothing beyond the API: one model on ``/v1/models``, and completions
+    of text alone (no token ids, no log-probabilities, nothing about its KV cache)."""
+
+    def _send(self, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._send({"object": "list", "data": [{"id": "plain-model", "object": "model"}]})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._send({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "plain-model",
+                    "choices": [{"index": 0, "text": " Rome", "finish_reason": "length", "logprobs": None}]})
+
+    def log_message(self, *args):
+        pass
+
+
+@contextmanager
+def plain_openai_server() -> Iterator[str]:
+    """A :class:`PlainOpenAIHandler` server on 127.0.0.1; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), PlainOpenAIHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1"
+    finally:
+        server.shutdown()

@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -20,7 +19,7 @@ from kvlab.engines.openai_compat import EndpointError
 from kvlab.experiments.runner import run_experiment
 from kvlab.experiments.worker import Worker, WorkerSettings
 from kvlab.store import Store
-from tests.serving import API_KEY, API_KEY_VAR, kvlab_serve
+from tests.serving import API_KEY, API_KEY_VAR, kvlab_serve, plain_openai_server
 
 pytestmark = pytest.mark.model
 
@@ -112,27 +111,10 @@ def test_a_worker_runs_an_openai_compat_experiment_into_the_store(kvlab_server, 
     assert "server" in sources
 
 
-class _PlainOpenAIServer(BaseHTTPRequestHandler):
-    """An OpenAI-compatible server that says nothing about its KV cache."""
-
-    def do_GET(self):
-        body = json.dumps({"object": "list", "data": [{"id": "plain-model", "object": "model"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def plain_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _PlainOpenAIServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/v1"
-    server.shutdown()
+    with plain_openai_server() as base_url:
+        yield base_url
 
 
 def test_an_endpoint_that_decides_its_own_cache_runs_only_the_baseline(plain_server):

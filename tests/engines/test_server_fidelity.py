@@ -3,10 +3,6 @@ writes them, the estimate's arithmetic, seeds per item, and a server that cannot
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import openai
 import pytest
 
@@ -20,6 +16,7 @@ from kvlab.engines.server_fidelity import (
     fidelity,
     item_seed,
 )
+from tests.serving import plain_openai_server
 
 #: vLLM's prompt_logprobs for the prompt [5, 6] + continuation [7, 9] (JSON keys are strings; rank 1 is the top):
 #: at position 2 the given token 7 is the top-1, at position 3 the given token 9 is second to token 8.
@@ -66,30 +63,10 @@ def test_item_seeds_are_fixed_by_the_run_seed_and_the_item():
     assert all(0 <= item_seed(seed, "x") < 2**31 - 1 for seed in (0, 1, 2**40))
 
 
-class _TextOnlyServer(BaseHTTPRequestHandler):
-    """An OpenAI-compatible server that answers completions with text alone (no token ids, no prompt_logprobs)."""
-
-    def do_POST(self):
-        length = int(self.headers.get("Content-Length", 0))
-        json.loads(self.rfile.read(length))
-        body = json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "plain-model",
-                           "choices": [{"index": 0, "text": " Rome", "finish_reason": "length", "logprobs": None}]})
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def text_only_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _TextOnlyServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/v1"
-    server.shutdown()
+    with plain_openai_server() as base_url:
+        yield base_url
 
 
 def test_a_server_without_token_ids_or_prompt_logprobs_is_one_line(text_only_server):
