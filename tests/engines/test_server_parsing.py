@@ -306,6 +306,11 @@ def test_the_cpu_pool_matches_smollm2_geometry_to_the_block():
     assert round(pool.bytes_per_token) == 11_523 and geometry.bytes_per_token(8) == 11_520
     assert "+0.02%, agree" in pool_check(geometry, pool.bytes_per_token, 8)
     assert "DISAGREE" in pool_check(geometry, pool.bytes_per_token, 16)  # the same pool read as 16-bit is half
+    # 3 of 30 layers kept 16-bit under fp8: 27 x 384 B + 3 x 768 B = 12,672 B/token, said in the formula
+    assert geometry.bytes_per_token(8, layers_16bit=3) == 12_672
+    mixed = pool_check(geometry, 12_675, 8, layers_16bit=3)
+    assert "+0.02%, agree" in mixed and "27 layers x 2 x 3 KV heads x 64 x 1 B + 3 16-bit layers" in mixed
+    assert "DISAGREE" in pool_check(geometry, pool.bytes_per_token, 8, layers_16bit=3)  # a uniform fp8 pool
 
 
 def test_vllm_metrics_state_the_pool_without_the_log():
