@@ -55,6 +55,9 @@ class PlainOpenAIHandler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path.rstrip("/") != "/v1/completions":  # no /tokenize, no chat: what a plain server may lack
+            self.send_error(501)
+            return
         self._send({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "plain-model",
                     "choices": [{"index": 0, "text": " Rome", "finish_reason": "length", "logprobs": None}]})
 

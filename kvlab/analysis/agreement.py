@@ -17,7 +17,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.analysis.fidelity import FidelitySummary
 from kvlab.core.results import ItemResult
 
 
@@ -56,6 +55,8 @@ class EngineFidelity:
         fidelities = [f for r in results if (f := r.fidelity) is not None]
         if not fidelities:
             return None
+        from kvlab.analysis.fidelity import FidelitySummary  # its t quantiles import scipy: only when there is one
+
         summary = FidelitySummary.of(fidelities)
         low, high = summary.kl_interval()
         teachers = sorted({f.teacher for f in fidelities})

@@ -165,11 +165,12 @@ def _baselines_against_each_other(store: ExperimentStore, *experiments: Any) -> 
     from kvlab.core.backends import BACKENDS
 
     embedded = [e for e in experiments if BACKENDS.get(e.backend_kind) and BACKENDS[e.backend_kind].loads_model_here]
-    if not embedded:
+    others = [e for e in experiments if e not in embedded]
+    if not embedded or not others:
         return
     from kvlab.experiments.cross_engine import baseline_kl_to_embedded, references
 
-    for served in (e for e in experiments if e not in embedded):
+    for served in others:
         refs = references(store.item_results(served.id))
         if not refs:
             continue

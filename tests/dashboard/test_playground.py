@@ -260,18 +260,10 @@ def test_a_run_while_the_server_answers_someone_else_waits_its_turn(kvlab_server
 def test_a_task_on_an_endpoint_without_tokenize_is_one_line_that_says_what_runs_there():
     """A server that lists its model but has no /tokenize (not vLLM, not kvlab serve): a task's item cannot be
     sized in its tokens, and the refusal says what can run there instead."""
-    import threading
-    from http.server import ThreadingHTTPServer
-
     from kvlab.dashboard.endpoint_playground import run_on_endpoint
     from kvlab.dashboard.warm_engine import PlaygroundError
-    from tests.engines.test_openai_compat import _PlainOpenAIServer
+    from tests.serving import plain_openai_server
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _PlainOpenAIServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with pytest.raises(PlaygroundError, match=r"/tokenize answered 501: .* give a JSONL row or your own text"):
-            run_on_endpoint(PlaygroundView(length=256).item(), "smollm2-135m",
-                            f"http://127.0.0.1:{server.server_port}/v1", None)
-    finally:
-        server.shutdown()
+    with plain_openai_server() as base_url, pytest.raises(
+            PlaygroundError, match=r"/tokenize answered 501: .* give a JSONL row or your own text"):
+        run_on_endpoint(PlaygroundView(length=256).item(), "smollm2-135m", base_url, None)
