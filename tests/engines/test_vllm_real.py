@@ -260,3 +260,28 @@ def test_a_tune_on_vllm_searches_its_kv_dtypes_and_ends_in_the_exact_flag(vllm_p
     assert dtype in DTYPES, answer
     assert answer["engines"]["vllm"]["flag"] == f"--kv-cache-dtype {dtype}"
     assert f"--kv-cache-dtype {dtype}" in tuned.stdout
+
+
+def test_16bit_layers_launch_with_vllms_flag_and_its_pool_follows_the_mixed_geometry(vllm_python, tmp_path):
+    """fp8 with the first and last 2 layers 16-bit: vLLM's --kv-cache-dtype-skip-layers 0 1 28 29, and its pool's
+    bytes per token are 26 fp8 layers and 4 bfloat16 ones (13,056 B/token by the geometry)."""
+    if "fp8_e4m3" not in DTYPES:
+        could_not_run("vLLM's 16-bit layers under an fp8 cache (--kv-cache-dtype-skip-layers)",
+                      next(iter(NOT_HERE.values())))
+        return
+    spec = tmp_path / "skip.toml"
+    spec.write_text(spec_toml("vllm-skip", 1, [0.5], configs=[
+        {"name": "baseline"}, {"name": "fp8-16b", "quant": "fp8_e4m3", "skip_layers": {"first": 2, "last": 2}}]))
+    ran = kvlab("run", str(spec), "--json", str(tmp_path / "out.json"), db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    results = {r["config_name"]: r for r in json.loads((tmp_path / "out.json").read_text())["results"]}
+    skipped = results["fp8-16b"]
+    per_token = skipped["physical_kv_bytes"] / skipped["prompt_tokens"]
+    assert per_token == pytest.approx(SMOLLM2.bytes_per_token(8, layers_16bit=4), rel=0.01)
+    source = skipped["extra"]["kv_bytes_source"]
+    assert "+ 4 16-bit layers" in source and ", agree" in source, source
+    launches = json.loads((tmp_path / "out.json").read_text())["engine"]["launches"]
+    command = next(launch["command"] for launch in launches if launch["config"] == "fp8-16b")
+    flag = command.index("--kv-cache-dtype-skip-layers")
+    assert command[flag + 1:flag + 5] == ["0", "1", "28", "29"]
+    assert skipped["extra"]["fidelity"]["teacher"] == TEACHER_BASELINE_SAMPLE
