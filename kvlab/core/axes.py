@@ -31,10 +31,10 @@ from kvlab.core.formats import SETTINGS
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.methods import BUDGETS, PARAMS
 
-#: When an axis's value means something: ``always``; ``quantizes`` (a config that quantizes); ``setting``
+#: When an axis's value means something: ``always``; ``setting``
 #: (a format of the config reads it: the format registry's ``settings``); ``evicts`` (a config with an
 #: eviction method); ``given`` (a nested table that is set).
-Applies = Literal["always", "quantizes", "setting", "evicts", "given"]
+Applies = Literal["always", "setting", "evicts", "given"]
 #: How a leaf is entered: one of ``choices``, a whole number, a number, yes/no, text, or whole numbers.
 LeafKind = Literal["choice", "int", "float", "bool", "text", "ints"]
 
@@ -218,8 +218,6 @@ NESTED_COLUMNS: dict[str, tuple[str, type[BaseModel]]] = {
 
 def applies(axis: Axis, config: KVCacheConfig) -> bool:
     """Whether ``axis`` means something in ``config`` (its value would change what is stored)."""
-    if axis.applies == "quantizes":
-        return config.quantizes
     if axis.applies == "setting":
         return config.quantizes and any(s.field == axis.field for s in config.settings)
     if axis.applies == "evicts":

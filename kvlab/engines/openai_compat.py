@@ -329,8 +329,8 @@ class OpenAICompatEngine(Engine):
         """``{"fidelity": ...}`` of ``config`` against the baseline's reference on ``item``, ``{"fidelity_note": why}``
         where it cannot be measured; for the baseline itself on its server, the reference it makes there
         (``{"fidelity_reference": ...}``: the tokens another engine can score later)."""
-        if not _measurable(item) or not (self.makes_references or self.references):
-            return {}
+        if not _measurable(item) or not (self.makes_references or self.launched is not None):
+            return {}  # an endpoint that serves one config it chose: nothing to compare it with
         if (why := self.scorer.why_not()) is not None:
             return {"fidelity_note": why}
         try:
