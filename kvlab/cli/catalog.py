@@ -72,7 +72,7 @@ def add_catalog_parsers(sub: argparse._SubParsersAction) -> None:
     models_sub = models.add_subparsers(dest="action", required=True)
     models_sub.add_parser("list", help="known models and whether they are pulled")
     pull = models_sub.add_parser("pull", help="fetch and convert a model once")
-    pull.add_argument("name")
+    pull.add_argument("name", help="a registry name (`kvlab models list`)")
     pull.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     models.set_defaults(func=cmd_models)
     methods = sub.add_parser("methods", help="list quantization formats and eviction methods")

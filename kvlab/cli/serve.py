@@ -56,7 +56,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--model", default="smollm2-135m", help="kvlab model name, local dir or .gguf")
     serve.add_argument("--served-model-name", help="the id clients send as `model` (default: --model)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    serve.add_argument("--port", type=int_between(1, 65535), default=8000)
+    serve.add_argument("--port", type=int_between(1, 65535), default=8000,
+                       help="port to listen on (default: %(default)s)")
     serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                        help="a Host name answered besides the address's own (repeatable); without an API key "
                             "only those names are answered, and with one too once this is given")

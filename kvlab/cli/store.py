@@ -245,7 +245,8 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
     worker.add_argument("--heartbeat-s", type=float, default=5.0, help="seconds between a worker's signs of life")
     worker.add_argument("--stale-after-s", type=float, default=60.0,
                         help="requeue trials of workers silent this long (at least twice --heartbeat-s)")
-    worker.add_argument("--on-stale", choices=["requeue", "fail"], default="requeue")
+    worker.add_argument("--on-stale", choices=["requeue", "fail"], default="requeue",
+                        help="what to do with a silent worker's trials (default: %(default)s)")
     worker.add_argument("--telemetry-hz", type=float, default=1.0, help="sampling rate, 0.1..20")
     worker.add_argument("--threads", type=int, help="torch CPU threads (default: the cores this process may use; "
                         "local workers started together split them)")
@@ -256,13 +257,14 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
     worker.add_argument("--exit-when-idle", action="store_true", help="stop when nothing is queued")
     worker.set_defaults(func=cmd_worker)
     ls = sub.add_parser("ls", help="list experiments")
-    ls.add_argument("--status", choices=["queued", "running", "done", "failed", "cancelled"])
+    ls.add_argument("--status", choices=["queued", "running", "done", "failed", "cancelled"],
+                    help="only experiments in this state")
     ls.add_argument("--search", help="substring of the name")
-    ls.add_argument("--tag")
+    ls.add_argument("--tag", help="only experiments with this tag")
     ls.add_argument("--limit", type=positive_int, default=50, help="at most this many (default: %(default)s)")
     ls.set_defaults(func=cmd_ls)
     show = sub.add_parser("show", help="an experiment's trials, summary and events")
-    show.add_argument("id", type=positive_int)
+    show.add_argument("id", type=positive_int, help="the experiment's id (`kvlab ls`)")
     add_margin_options(show, "the experiment's")
     show.add_argument("--events", type=non_negative_int, default=10, help="how many recent events to print (0: none)")
     show.set_defaults(func=cmd_show)
@@ -272,18 +274,20 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("b", type=positive_int, help="another (say, the same spec on vLLM)")
     compare.set_defaults(func=cmd_compare)
     cancel = sub.add_parser("cancel", help="cancel an experiment's queued and running trials")
-    cancel.add_argument("id", type=positive_int)
+    cancel.add_argument("id", type=positive_int, help="the experiment's id")
     cancel.set_defaults(func=cmd_cancel)
     rerun = sub.add_parser("rerun", help="queue the same spec again as a new experiment and start a local worker")
-    rerun.add_argument("id", type=positive_int)
+    rerun.add_argument("id", type=positive_int, help="the experiment whose spec to run again")
     rerun.add_argument("--workers", type=int_between(0, MAX_LOCAL_WORKERS), default=1,
                        help=f"local workers to start (0: none; at most {MAX_LOCAL_WORKERS})")
     rerun.set_defaults(func=cmd_rerun)
     export = sub.add_parser("export", help="an experiment's results as CSV or JSON")
-    export.add_argument("id", type=positive_int)
-    export.add_argument("--format", choices=["csv", "json"], default="json")
+    export.add_argument("id", type=positive_int, help="the experiment's id")
+    export.add_argument("--format", choices=["csv", "json"], default="json",
+                        help="csv: one row per item result; json: everything (default: %(default)s)")
     export.add_argument("--out", help="file to write, in an existing directory (default: stdout)")
     export.set_defaults(func=cmd_export)
     db = sub.add_parser("db", help="database schema")
-    db.add_argument("action", choices=["upgrade", "status"])
+    db.add_argument("action", choices=["upgrade", "status"],
+                    help="upgrade: migrate the schema to this kvlab's; status: show its revision")
     db.set_defaults(func=cmd_db)

@@ -41,6 +41,11 @@ BackendKind = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # the backend 
 MAX_SPEC_BYTES = 1 << 20
 
 
+#: The KV pool vLLM's CPU build gets when the spec does not size it: 1 GiB holds 46,592 bf16 tokens
+#: of SmolLM2-135M (measured), room for the longest context it takes at several requests at once.
+DEFAULT_CPU_KV_CACHE_GIB = 1.0
+
+
 class ServerOptions(BaseModel):
     """How kvlab launches a vLLM or SGLang server (backends ``vllm`` and ``sglang`` only).
 
@@ -57,19 +62,27 @@ class ServerOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    # The interpreter that has vllm / sglang installed; unset: the venv scripts/install_vllm.sh made
-    # ($KVLAB_HOME/engines/<kind>), else `python` on the PATH.
-    python: str | None = None
-    host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=0, le=65535)] = 0  # 0: pick a free port
-    memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    # The KV pool in GiB; unset: DEFAULT_CPU_KV_CACHE_GIB on vLLM's CPU build, else the engine sizes it.
-    kv_cache_gib: Annotated[float, Field(gt=0.0, le=4096)] | None = None
-    max_model_len: Annotated[int, Field(ge=128)] | None = None
-    prefix_cache: bool = True
-    enforce_eager: bool | None = None  # unset: true on vLLM's CPU build, the engine's default elsewhere
-    startup_timeout_s: Annotated[float, Field(gt=0)] = 900.0
-    extra_args: list[str] = []
+    python: str | None = Field(
+        default=None, description="The interpreter that has vllm / sglang installed; unset: the venv "
+        "scripts/install_vllm.sh made ($KVLAB_HOME/engines/<kind>), else `python` on the PATH.")
+    host: str = Field(default="127.0.0.1", description="The address the launched server listens on.")
+    port: Annotated[int, Field(ge=0, le=65535)] = Field(default=0, description="Its port; 0: a free one.")
+    memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
+        default=None, description="vLLM's --gpu-memory-utilization, SGLang's --mem-fraction-static (a fraction of "
+        "host memory on vLLM's CPU build); or kv_cache_gib, not both.")
+    kv_cache_gib: Annotated[float, Field(gt=0.0, le=4096)] | None = Field(
+        default=None, description=f"The KV pool in GiB (vLLM's --kv-cache-memory-bytes); unset: "
+        f"{DEFAULT_CPU_KV_CACHE_GIB:g} on vLLM's CPU build, else the engine sizes it.")
+    max_model_len: Annotated[int, Field(ge=128)] | None = Field(
+        default=None, description="--max-model-len (vLLM) / --context-length (SGLang); unset: the model's.")
+    prefix_cache: bool = Field(default=True, description="false: --no-enable-prefix-caching (vLLM) / "
+                               "--disable-radix-cache (SGLang).")
+    enforce_eager: bool | None = Field(
+        default=None, description="vLLM's --enforce-eager; unset: true on vLLM's CPU build, the engine's default "
+        "elsewhere.")
+    startup_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        default=900.0, description="Seconds to wait for the server's health check before the config fails.")
+    extra_args: list[str] = Field(default=[], description="More command-line arguments for the server, as is.")
 
     @model_validator(mode="after")
     def _one_pool_size(self) -> ServerOptions:
@@ -77,10 +90,6 @@ class ServerOptions(BaseModel):
             raise ValueError("give memory_fraction or kv_cache_gib, not both: vLLM sizes the KV pool by one of them")
         return self
 
-
-#: The KV pool vLLM's CPU build gets when the spec does not size it: 1 GiB holds 46,592 bf16 tokens
-#: of SmolLM2-135M (measured), room for the longest context it takes at several requests at once.
-DEFAULT_CPU_KV_CACHE_GIB = 1.0
 
 
 class BackendSpec(BaseModel):
@@ -94,16 +103,29 @@ class BackendSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    kind: BackendKind = "embedded"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    base_url: str | None = None
-    model_id: str | None = None
-    api_key_env: str = "KVLAB_API_KEY"
-    max_concurrency: Annotated[int, Field(ge=1, le=256)] = 4
-    max_retries: Annotated[int, Field(ge=0, le=20)] = 3
-    request_timeout_s: Annotated[float, Field(gt=0)] = 300.0
-    server: ServerOptions = ServerOptions()
+    kind: BackendKind = Field(default="embedded", description="Where the model runs: the backend registry's "
+                              "names (see the backends table).")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="The embedded engine's device; auto: cuda where torch sees a GPU, else cpu.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="The dtype the model computes in (embedded: auto is float32 on a CPU, bfloat16 "
+        "on a GPU; a launched server: its --dtype).")
+    base_url: str | None = Field(
+        default=None, description="openai_compat: the endpoint, e.g. http://127.0.0.1:8000/v1 (else "
+        "KVLAB_BASE_URL); never with user:password@.")
+    model_id: str | None = Field(
+        default=None, description="The model name the server serves (openai_compat: else KVLAB_MODEL_ID; vllm / "
+        "sglang: default `model`).")
+    api_key_env: str = Field(default="KVLAB_API_KEY", description="The environment variable (or key of "
+                             ".streamlit/secrets.toml) holding the API key; the key itself is never in a spec.")
+    max_concurrency: Annotated[int, Field(ge=1, le=256)] = Field(
+        default=4, description="Requests in flight at once to a server.")
+    max_retries: Annotated[int, Field(ge=0, le=20)] = Field(
+        default=3, description="Retries of a 429, a 5xx or a dropped connection, with exponential backoff.")
+    request_timeout_s: Annotated[float, Field(gt=0)] = Field(default=300.0, description="Seconds one request may "
+                                                             "take.")
+    server: ServerOptions = Field(default=ServerOptions(), description="How kvlab launches a vllm or sglang server "
+                                  "([backend.server]).")
 
     @model_validator(mode="after")
     def _check(self) -> BackendSpec:
@@ -124,8 +146,10 @@ class Resources(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    num_cpus: Annotated[float, Field(gt=0, le=1024)] = 1.0
-    num_gpus: Annotated[float, Field(ge=0, le=64)] | None = None
+    num_cpus: Annotated[float, Field(gt=0, le=1024)] = Field(default=1.0, description="CPUs each Ray worker "
+                                                             "holds.")
+    num_gpus: Annotated[float, Field(ge=0, le=64)] | None = Field(
+        default=None, description="GPUs each Ray worker holds; unset: 1 for vllm/sglang or device cuda, else 0.")
 
 
 class ExperimentSpec(BaseModel):
@@ -133,26 +157,37 @@ class ExperimentSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: str = "experiment"
-    model: str = "smollm2-135m"
-    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0  # the database stores it as a 64-bit integer
-    backend: BackendSpec = BackendSpec()
-    tasks: list[TaskSpec] = Field(min_length=1)
-    configs: list[KVCacheConfig] = []
-    sweep: SweepGrid | None = None
-    tune: TuneSpec | None = None  # `kvlab tune`: the search space (configs/sweep then add fixed candidates)
-    max_context_length: Annotated[int, Field(ge=128)] | None = None
-    # The sweet spot's non-inferiority margin: the accuracy a config may lose against the baseline
-    # (0.05 = 5 points), decided by a paired test with Holm's correction (kvlab.analysis.decision).
-    max_drop: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] = 0.05
-    # Fidelity margins (kvlab.analysis.verdict): a config whose teacher-forced mean KL against the
-    # baseline is certified below max_kl nats per token (and/or top-1 agreement above min_agreement)
-    # is acceptable unless its accuracy is shown to drop by more than max_drop.  0 turns one off.
-    max_kl: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] = DEFAULT_MAX_KL
-    min_agreement: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
-    tags: list[str] = []
-    notes: str = ""
-    resources: Resources | None = None  # for the Ray executor; None: its defaults
+    name: str = Field(default="experiment", description="The experiment's name in the store and the dashboard.")
+    model: str = Field(default="smollm2-135m", description="A model registry name (`kvlab models list`), a local "
+                       "Hugging Face directory or a .gguf file.")
+    # the database stores it as a 64-bit integer
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = Field(default=0, description="Seeds the task generators and "
+                                                            "every seeded method: the same seed, the same items.")
+    backend: BackendSpec = Field(default=BackendSpec(), description="Where the model runs ([backend]).")
+    tasks: list[TaskSpec] = Field(min_length=1, description="The task suite ([[tasks]]): every config runs on "
+                                  "every item.")
+    configs: list[KVCacheConfig] = Field(default=[], description="KV-cache configs ([[configs]]); the baseline "
+                                         "(no quantization, no eviction) is always added first.")
+    sweep: SweepGrid | None = Field(default=None, description="A grid expanded into more configs ([sweep]).")
+    tune: TuneSpec | None = Field(
+        default=None, description="What `kvlab tune` searches ([tune]); configs and sweep then add fixed "
+        "candidates.")
+    max_context_length: Annotated[int, Field(ge=128)] | None = Field(
+        default=None, description="Refuse context lengths above this (the model's own limit applies too).")
+    max_drop: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] = Field(
+        default=0.05, description="The sweet spot's accuracy margin: the accuracy a config may lose against the "
+        "baseline (0.05 = 5 points), by a paired test with Holm's correction.")
+    max_kl: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] = Field(
+        default=DEFAULT_MAX_KL, description="Fidelity margin: a config whose mean KL(baseline || config) per token "
+        "is certified below this many nats is acceptable unless its accuracy is shown to drop by more than "
+        "max_drop (0: off).")
+    min_agreement: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = Field(
+        default=0.0, description="Fidelity margin: top-1 agreement with the baseline certified above this "
+        "(0: off).")
+    tags: list[str] = Field(default=[], description="Labels to find the experiment by (kvlab ls --tag).")
+    notes: str = Field(default="", description="Free text shown with the experiment.")
+    resources: Resources | None = Field(default=None, description="What each Ray worker holds ([resources]; "
+                                        "`kvlab run --executor ray`); unset: its defaults.")
 
     @model_validator(mode="before")
     @classmethod

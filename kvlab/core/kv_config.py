@@ -74,10 +74,18 @@ class DecodePolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    interval: Annotated[int, Field(ge=1, le=MAX_DECODE_TOKENS)]
-    target_tokens: Annotated[int, Field(ge=1, le=MAX_DECODE_TOKENS)] | None = None
-    ratio: Fraction | None = None
-    buffer: Annotated[int, Field(ge=0, le=MAX_DECODE_TOKENS)] = DEFAULT_DECODE_BUFFER
+    interval: Annotated[int, Field(ge=1, le=MAX_DECODE_TOKENS)] = Field(
+        description="Compress every this many forward passes after the prompt (the question's pass counts as one, "
+        "each generated token as one).")
+    target_tokens: Annotated[int, Field(ge=1, le=MAX_DECODE_TOKENS)] | None = Field(
+        default=None, description="Tokens each layer keeps after a compression (kvpress's target_size); or give "
+        "ratio.")
+    ratio: Fraction | None = Field(
+        default=None, description="Fraction of all tokens seen so far removed at each compression "
+        "(CompressionRatioDecodingPress); or give target_tokens.")
+    buffer: Annotated[int, Field(ge=0, le=MAX_DECODE_TOKENS)] = Field(
+        default=DEFAULT_DECODE_BUFFER, description="Hidden states of the last passes the scorer reads "
+        "(kvpress's hidden_states_buffer_size).")
 
     @model_validator(mode="after")
     def _one_target(self) -> DecodePolicy:
@@ -100,9 +108,11 @@ class SkipLayers(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    first: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = 0
-    last: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = 0
-    layers: tuple[Annotated[int, Field(ge=0, lt=MAX_LAYERS)], ...] = ()
+    first: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description="Keep the first N layers "
+                                                                "16-bit.")
+    last: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description="Keep the last N layers 16-bit.")
+    layers: tuple[Annotated[int, Field(ge=0, lt=MAX_LAYERS)], ...] = Field(
+        default=(), description="Keep these layers 16-bit, by index from 0.")
 
     @model_validator(mode="after")
     def _some(self) -> SkipLayers:
@@ -165,25 +175,42 @@ class KVCacheConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    name: str = ""
-    quant: QuantDtype = "none"
-    value_quant: QuantDtype | None = None  # V's format where it differs from K's (``quant``)
-    skip_layers: SkipLayers | None = None  # layers kept 16-bit under the quantization
-    group_size: GroupSize = DEFAULT_GROUP_SIZE
-    residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
-    key_axis: KeyAxis = KEY_AXES[0]
-    evict: EvictionMethod = "none"
+    name: str = Field(default="", description="The config's name in results; blank: derived from its settings "
+                      "(e.g. int4/g64/r64+snapkv:r0.75).")
+    quant: QuantDtype = Field(default="none", description="The storage format of keys and values (of keys alone "
+                              "when value_quant is set): the format registry's names.")
+    value_quant: QuantDtype | None = Field(
+        default=None, description="The values' format where it differs from the keys' (K8V4: quant int8, "
+        "value_quant int4); unset: as quant.")
+    skip_layers: SkipLayers | None = Field(
+        default=None, description="Layers whose cache stays 16-bit under the quantization (vLLM's "
+        "--kv-cache-dtype-skip-layers).")
+    group_size: GroupSize = Field(default=DEFAULT_GROUP_SIZE, description=SETTINGS["group_size"].help)
+    residual_length: ResidualLength = Field(default=DEFAULT_RESIDUAL_LENGTH,
+                                            description=SETTINGS["residual_length"].help)
+    key_axis: KeyAxis = Field(default=KEY_AXES[0], description=SETTINGS["key_axis"].help)
+    evict: EvictionMethod = Field(default="none", description="The eviction method (a kvpress scorer; none keeps "
+                                  "every token): the method registry's names, `kvlab methods`.")
     # The budget registry's kinds (kvlab.core.methods.BUDGETS), one field each:
-    ratio: Fraction | None = None
-    keep_fraction: Fraction | None = None
-    threshold: Fraction | None = None
-    keep_tokens: Annotated[int, Field(ge=1, lt=MAX_KEEP_TOKENS)] | None = None
-    query_aware: bool = False
-    window_size: _param("window_size") = PARAMS["window_size"].default  # type: ignore[valid-type]
-    n_sink: _param("n_sink") = PARAMS["n_sink"].default  # type: ignore[valid-type]
-    decode: DecodePolicy | None = None  # compression during generation, scored by ``evict``
-    heads: HeadBudgetName = UNIFORM_HEADS
-    alpha_safeguard: Annotated[float, Field(ge=0.0, le=1.0)] = DEFAULT_ALPHA_SAFEGUARD
+    ratio: Fraction | None = Field(default=None, description=BUDGETS["ratio"].help)
+    keep_fraction: Fraction | None = Field(default=None, description=BUDGETS["keep_fraction"].help)
+    threshold: Fraction | None = Field(default=None, description=BUDGETS["threshold"].help)
+    keep_tokens: Annotated[int, Field(ge=1, lt=MAX_KEEP_TOKENS)] | None = Field(
+        default=None, description=BUDGETS["keep_tokens"].help)
+    query_aware: bool = Field(default=False, description="The question is prefilled with the context and never "
+                              "evicted, so query-driven scorers see it (SnapKV's observation window).")
+    window_size: _param("window_size") = Field(  # type: ignore[valid-type]
+        default=PARAMS["window_size"].default, description=PARAMS["window_size"].help)
+    n_sink: _param("n_sink") = Field(  # type: ignore[valid-type]
+        default=PARAMS["n_sink"].default, description=PARAMS["n_sink"].help)
+    decode: DecodePolicy | None = Field(
+        default=None, description="Compress during generation too, scored by evict (kvpress's DecodingPress); "
+        "with it the prompt's budget is optional.")
+    heads: HeadBudgetName = Field(default=UNIFORM_HEADS, description="How a layer's budget is shared out across "
+                                  "its KV heads: the head-budget registry's names (adakv, critical_adakv).")
+    alpha_safeguard: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        default=DEFAULT_ALPHA_SAFEGUARD, description="With a head-wise budget: the least share of an equal split "
+        "each head keeps (kvpress's alpha_safeguard).")
 
     @field_validator("name")
     @classmethod
@@ -430,19 +457,22 @@ class GridAxes(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    quant: list[QuantDtype] = Field(default=["none"], min_length=1)
-    evict: list[EvictionMethod] = Field(default=["none"], min_length=1)
-    query_aware: bool = False
-    #: Decode policies each budget of a method that scores during generation is also run with
-    #: (``kvlab methods`` lists those methods; the others run without).
-    decode: list[DecodePolicy] = Field(default=[])
-    #: Head budgets each budget of a method whose scores may be shared out across heads is run with
-    #: (``kvlab methods`` lists them; the other methods keep uniform heads).
-    heads: list[HeadBudgetName] = Field(default=[UNIFORM_HEADS], min_length=1)
-    #: Value formats each format of ``quant`` is also run with for its values (K8V4: quant int8, value_quant int4)
-    value_quant: list[QuantDtype] = Field(default=[])
-    #: 16-bit layer patterns each quantizing config is also run with
-    skip_layers: list[SkipLayers] = Field(default=[])
+    quant: list[QuantDtype] = Field(default=["none"], min_length=1, description="Quantization formats, each "
+                                    "crossed with every method and budget.")
+    evict: list[EvictionMethod] = Field(default=["none"], min_length=1, description="Eviction methods, each "
+                                        "crossed with every format (none: no eviction).")
+    query_aware: bool = Field(default=False, description="Every eviction config of the grid is query-aware.")
+    decode: list[DecodePolicy] = Field(
+        default=[], description="Decode policies each budget of a method that scores during generation is also run "
+        "with (`kvlab methods` lists those methods; the others run without).")
+    heads: list[HeadBudgetName] = Field(
+        default=[UNIFORM_HEADS], min_length=1, description="Head budgets each budget of a method whose scores may "
+        "be shared out across heads is run with (`kvlab methods` lists them; the others keep uniform heads).")
+    value_quant: list[QuantDtype] = Field(
+        default=[], description="Value formats each format of quant is also run with for its values (int4 with "
+        "int8 values: K4V8).")
+    skip_layers: list[SkipLayers] = Field(default=[], description="16-bit layer patterns each quantizing config is "
+                                          "also run with.")
 
     @field_validator("quant", "value_quant", "evict", "heads", mode="before")
     @classmethod
@@ -484,9 +514,11 @@ class SweepGrid(GridAxes):
     the formats that read them (the format registry's ``settings``).
     """
 
-    ratios: list[Fraction] = Field(default=[0.5], min_length=1)
-    group_size: GroupSize = DEFAULT_GROUP_SIZE
-    residual_length: ResidualLength = DEFAULT_RESIDUAL_LENGTH
+    ratios: list[Fraction] = Field(default=[0.5], min_length=1, description="Budgets of every eviction method, "
+                                   "as fractions of context tokens removed.")
+    group_size: GroupSize = Field(default=DEFAULT_GROUP_SIZE, description=SETTINGS["group_size"].help)
+    residual_length: ResidualLength = Field(default=DEFAULT_RESIDUAL_LENGTH,
+                                            description=SETTINGS["residual_length"].help)
 
     @field_validator("ratios")
     @classmethod

@@ -59,23 +59,39 @@ class TuneSpec(GridAxes):
     bigger than a candidate already shown non-inferior on every item, stops.
     """
 
-    quant: list[QuantName] = Field(default_factory=lambda: ["none", "int8", "int4", "int2"], min_length=1)
+    quant: list[QuantName] = Field(default_factory=lambda: ["none", "int8", "int4", "int2"], min_length=1,
+                                   description="Quantization formats the search may pick.")
     group_sizes: list[Literal[GROUP_SIZES]] = Field(  # type: ignore[valid-type]
-        default_factory=lambda: [DEFAULT_GROUP_SIZE], min_length=1)
+        default_factory=lambda: [DEFAULT_GROUP_SIZE], min_length=1,
+        description="Group sizes the search may pick for the formats that read one.")
     residual_lengths: list[Annotated[int, Field(ge=0, le=MAX_RESIDUAL_LENGTH)]] = Field(
-        default_factory=lambda: [DEFAULT_RESIDUAL_LENGTH], min_length=1)
-    budget: Literal[FRACTION_COUNT_BUDGETS] = "ratio"  # type: ignore[valid-type]
-    budget_range: tuple[float, float] = (0.25, 0.875)
-    budget_step: Annotated[float, Field(ge=MIN_BUDGET_STEP, lt=1)] = 0.125
-    sampler: Sampler = "tpe"
-    candidates_per_round: Annotated[int, Field(ge=1, le=64)] = 4
-    min_items: Annotated[int, Field(ge=2, le=10_000)] = 4
-    eta: Annotated[int, Field(ge=2, le=10)] = 3
-    max_trials: Annotated[int, Field(ge=1, le=10_000)] | None = 40
-    max_minutes: Annotated[float, Field(gt=0)] | None = None
-    max_item_evals: Annotated[int, Field(ge=1)] | None = None
-    max_ttft_ms: Annotated[float, Field(gt=0)] | None = None
-    max_tpot_ms: Annotated[float, Field(gt=0)] | None = None
+        default_factory=lambda: [DEFAULT_RESIDUAL_LENGTH], min_length=1,
+        description="Residual windows (tokens kept 16-bit) the search may pick for the formats that read one.")
+    budget: Literal[FRACTION_COUNT_BUDGETS] = Field(  # type: ignore[valid-type]
+        default="ratio", description="The budget kind of every eviction candidate (a fraction of the context).")
+    budget_range: tuple[float, float] = Field(default=(0.25, 0.875), description="The lowest and highest budget, "
+                                              "both included.")
+    budget_step: Annotated[float, Field(ge=MIN_BUDGET_STEP, lt=1)] = Field(
+        default=0.125, description="Budgets are drawn on this step from the range's low end.")
+    sampler: Sampler = Field(default="tpe", description="Optuna's multi-objective TPE sampler, or gp (Gaussian "
+                             "process).")
+    candidates_per_round: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=4, description="Candidates proposed per round; a round's candidates share each item's prefill.")
+    min_items: Annotated[int, Field(ge=2, le=10_000)] = Field(default=4, description="Items each candidate first "
+                                                              "runs on.")
+    eta: Annotated[int, Field(ge=2, le=10)] = Field(
+        default=3, description="A promoted candidate runs on eta times more items; the most compressed 1/eta of "
+        "the plausibly non-inferior ones of a rung are promoted.")
+    max_trials: Annotated[int, Field(ge=1, le=10_000)] | None = Field(
+        default=40, description="Distinct candidates proposed at most.")
+    max_minutes: Annotated[float, Field(gt=0)] | None = Field(default=None, description="Stop the search after "
+                                                              "this many minutes.")
+    max_item_evals: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="Stop after this many item x config evaluations (the baseline's included).")
+    max_ttft_ms: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="Constraint: a candidate's median TTFT in milliseconds at most this.")
+    max_tpot_ms: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="Constraint: a candidate's median TPOT in milliseconds at most this.")
 
     @field_validator("group_sizes", "residual_lengths")
     @classmethod

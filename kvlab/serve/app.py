@@ -39,7 +39,7 @@ ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: bool = Field(default=False, description="End the stream with a chunk holding the token usage.")
 
 
 #: Sampling fields of OpenAI's and vLLM's requests that kvlab serve does not apply: each is refused unless
@@ -62,20 +62,28 @@ class _Request(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    model: str = Field(description="The served model's name (`/v1/models`).")
+    max_tokens: int | None = Field(default=None, ge=1, description=f"New tokens at most; unset: 16 for a completion, "
+                                   f"{DEFAULT_CHAT_MAX_TOKENS} for a chat.")
     # kvlab's default (None) is greedy, so that results repeat; vLLM's is 1.0 (or the model's generation config)
-    temperature: float | None = None
-    seed: int | None = None
-    n: int = 1
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    return_token_ids: bool | None = None  # vLLM's: the prompt's and the generated tokens' ids
-    prompt_logprobs: int | None = None  # vLLM's: each prompt token's log-probability, with the top N per position
-    kv_cache: dict[str, Any] | None = None  # kvlab's extension: this request's KV-cache config
-    # kvlab's extension: also report which prompt positions each KV head of each layer kept (a token map)
-    kv_cache_positions: bool = False
+    temperature: float | None = Field(default=None, description="In [0, 2]; unset or 0: greedy (results repeat); "
+                                      "above 0: samples the model's own distribution.")
+    seed: int | None = Field(default=None, description="Seeds sampling: the same seed, the same tokens.")
+    n: int = Field(default=1, description="Choices per request: 1 only.")
+    stop: str | list[str] | None = Field(default=None, description="Up to 4 stop strings.")
+    stream: bool = Field(default=False, description="Answer as server-sent events.")
+    stream_options: StreamOptions | None = Field(default=None, description="OpenAI's stream options.")
+    return_token_ids: bool | None = Field(
+        default=None, description="vLLM's: the prompt's and the generated tokens' ids (prompt_token_ids, token_ids).")
+    prompt_logprobs: int | None = Field(
+        default=None, description="vLLM's: each prompt token's log-probability with the top N tokens per position "
+        f"(0 to {MAX_LOGPROBS}, -1: all); not with stream.")
+    kv_cache: dict[str, Any] | None = Field(
+        default=None, description="kvlab's: this request's KV-cache config (a [[configs]] entry's fields); unset: "
+        "the server's default config.")
+    kv_cache_positions: bool = Field(
+        default=False, description="kvlab's: also report which prompt positions each KV head of each layer kept "
+        "(kept_positions, a token map).")
 
     def check(self, vocab_size: int) -> None:
         if self.n != 1:
@@ -132,17 +140,20 @@ class _Request(BaseModel):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[int] | list[str]
-    echo: bool = False
-    logprobs: int | None = None
-    # kvlab's extension: the prompt's last N characters are the question, tokenized on their own and
-    # laid out as the embedded backend does (compressed before it is seen, or never evicted when
-    # query-aware).  Without it a server cannot tell, and the last prompt token plays the question (0: so too).
-    kv_cache_question_chars: int | None = Field(default=None, ge=0)
-    # kvlab's extension: [context tokens, question tokens] of the prompt's tokens (as a sampled response's
-    # ``kv_cache_prompt_split`` gives them); the tokens after them are teacher-forced through the cache the
-    # config leaves, as its own decoding would feed them (a continuation to score with prompt_logprobs).
-    kv_cache_prompt_split: list[int] | None = None
+    prompt: str | list[int] | list[str] = Field(description="The prompt: text, or token ids.")
+    echo: bool = Field(default=False, description="Refused when true: send the tokens to score as the prompt, with "
+                       "prompt_logprobs.")
+    logprobs: int | None = Field(default=None, description="Refused when set (the generated tokens' "
+                                 "log-probabilities are not returned).")
+    # Without kv_cache_question_chars a server cannot tell the question, and the last prompt token plays it.
+    kv_cache_question_chars: int | None = Field(
+        default=None, ge=0, description="kvlab's: the prompt's last N characters are the question, tokenized on "
+        "their own and laid out as the embedded engine does (compressed before it is seen, or never evicted when "
+        "query-aware); unset or 0: the last prompt token plays the question.")
+    kv_cache_prompt_split: list[int] | None = Field(
+        default=None, description="kvlab's: [context tokens, question tokens] of a token prompt (as a sampled "
+        "answer's kv_cache_prompt_split gives them); the tokens after them are teacher-forced through the cache the "
+        "config leaves (a continuation to score with prompt_logprobs).")
 
 
 class TokenizeRequest(BaseModel):
@@ -150,21 +161,24 @@ class TokenizeRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str
-    prompt: str
-    add_special_tokens: bool = True
-    return_token_strs: bool = False
-    return_offsets: bool = False
+    model: str = Field(description="The served model's name.")
+    prompt: str = Field(description="The text to tokenize.")
+    add_special_tokens: bool = Field(default=True, description="As the completions endpoint adds them.")
+    return_token_strs: bool = Field(default=False, description="Also return each token as a string.")
+    return_offsets: bool = Field(default=False, description="kvlab's: each token's [start, end) character span in "
+                                 "the prompt.")
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    role: Literal["system", "user", "assistant", "developer", "tool"] = Field(description="Who speaks.")
+    content: str | list[dict[str, Any]] | None = Field(default=None, description="Text, or OpenAI's content "
+                                                       "parts.")
 
 
 class ChatRequest(_Request):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, description="The conversation, laid out by the model's "
+                                        "chat template.")
 
 
 def create_app(served: ServedModel, api_key: str | None = None,

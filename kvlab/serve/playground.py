@@ -35,11 +35,13 @@ class GeneratedItem(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    task: str
-    context_length: int = Field(ge=16)
-    depth: float | None = Field(default=None, ge=0, le=1)
-    seed: int = 0
-    params: dict[str, Any] = Field(default_factory=dict)
+    task: str = Field(description="A generated task's name (the task registry's).")
+    context_length: int = Field(ge=16, description="The prompt's length in tokens.")
+    depth: float | None = Field(default=None, ge=0, le=1, description="Where a needle task hides its needle; "
+                                "unset: as the task's depths parameter gives it.")
+    seed: int = Field(default=0, description="The same seed gives the same item.")
+    params: dict[str, Any] = Field(default_factory=dict, description="The task's own parameters (the spec reference's "
+                                   "task parameters), each absent one at its default.")
 
 
 class OwnItem(BaseModel):
@@ -48,11 +50,12 @@ class OwnItem(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    context: str = Field(min_length=1)
-    question: str = Field(min_length=1)
-    scorer: str = DEFAULT_ANSWER_SCORER  # before answer, whose check reads it
-    answer: str = ""
-    tolerance: float | None = Field(default=None, ge=0)
+    context: str = Field(min_length=1, description="The text that is compressed.")
+    question: str = Field(min_length=1, description="Fed after the context is compressed.")
+    # before answer, whose check reads it
+    scorer: str = Field(default=DEFAULT_ANSWER_SCORER, description="The answer scorer (a JSONL row's).")
+    answer: str = Field(default="", description="The expected answer; empty: not scored.")
+    tolerance: float | None = Field(default=None, ge=0, description="The numeric scorer's relative tolerance.")
 
     @field_validator("scorer")
     @classmethod
@@ -86,10 +89,14 @@ PlaygroundItem = Annotated[Annotated[GeneratedItem, Tag("generated")] | Annotate
 class PlaygroundRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str
-    item: PlaygroundItem
-    configs: list[dict[str, Any]] = Field(default=[], max_length=PLAYGROUND_CONFIGS)
-    max_new_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
+    model: str = Field(description="The served model's name.")
+    item: PlaygroundItem = Field(description="A task's item (task, context_length, ...) or your own text (context, "
+                                 "question, ...).")
+    configs: list[dict[str, Any]] = Field(default=[], max_length=PLAYGROUND_CONFIGS,
+                                          description="KV-cache configs ([[configs]] entries' fields); the baseline "
+                                          "runs beside them.")
+    max_new_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS, description="New tokens at most; "
+                                       "unset: the item's own budget.")
 
 
 def build_item(served: ServedModel, request: PlaygroundRequest) -> TaskItem:
