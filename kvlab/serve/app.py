@@ -210,14 +210,18 @@ def create_app(served: ServedModel, api_key: str | None = None,
 
     @app.get("/health")
     async def health() -> Response:
+        """200 once the model is loaded (no auth, as on vLLM)."""
         return Response(status_code=200)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
+        """Prometheus text: kvlab:kv_cache_bytes, kvlab:requests_total (by endpoint and status),
+        kvlab:time_to_first_token_seconds, tokens, queue (no auth)."""
         return PlainTextResponse(served.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models() -> dict[str, Any]:
+        """The served model, its max_model_len, and (kvlab's) its default KV-cache config and engine."""
         return {"object": "list", "data": [{
             "id": served.name, "object": "model", "created": int(time.time()), "owned_by": "kvlab",
             "max_model_len": served.max_model_len,
@@ -227,12 +231,14 @@ def create_app(served: ServedModel, api_key: str | None = None,
 
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        """OpenAI's completions, streaming or not; every answer carries a kv_cache block with the measured bytes."""
         config = _check(served, body)
         prompt = await run_in_threadpool(_completion_prompt, served, body)
         return await _respond(served, lock, request, body, config, prompt, CompletionShape)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        """OpenAI's chat completions (a model with a chat template), streaming or not, with the kv_cache block."""
         config = _check(served, body)
         if not served.has_chat_template:
             raise APIError(400, f"{served.name} has no chat template (a base model): use /v1/completions")

@@ -1,0 +1,1 @@
+"""Tests of the documentation site: it builds strictly, its reference is the code's, its tutorial runs."""
