@@ -123,6 +123,48 @@ class FidelitySummary:
         return max(p_items, normal_sf(z))
 
 
+def items_to_certify(mean: float, sd: float, max_kl: float, alpha: float = ALPHA_ONE_SIDED,
+                     limit: int = 100_000) -> int | None:
+    """The fewest items on which a config whose item means have this ``mean`` and standard deviation ``sd`` gets
+    its mean KL certified below ``max_kl`` at one-sided level ``alpha`` (:meth:`FidelitySummary.p_kl_below`
+    inverted): the smallest n (at least :data:`MIN_ITEMS`) with ``t(1 - alpha, n - 1) * sd / sqrt(n) <
+    max_kl - mean``, i.e. n ~ (t * sd / (max_kl - mean))^2.  None when ``mean >= max_kl`` or beyond ``limit``."""
+    gap = max_kl - mean
+    if gap <= 0:
+        return None
+
+    def certified(n: int) -> bool:
+        return sd == 0 or _t_quantile(1 - alpha, n - 1) * sd / math.sqrt(n) < gap
+
+    if not certified(limit):
+        return None
+    low, high = MIN_ITEMS, limit  # certified(n) is monotone in n (the quantile and sd / sqrt(n) both fall): bisect
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if certified(mid) else (mid + 1, high)
+    return low
+
+
+def holm_items_to_certify(figures: dict[str, tuple[float, float]], max_kl: float, alpha: float = ALPHA_ONE_SIDED,
+                          limit: int = 100_000) -> dict[str, int | None]:
+    """:func:`items_to_certify` for each config of ``figures`` (its item means' mean and standard deviation) with
+    Holm's correction across them all: on equal items the p-values rank as the margins in standard deviations,
+    ``(max_kl - mean) / sd``, so the j-th best (from 0) is tested at ``alpha / (m - j)`` and certified only once
+    every better one is too (Holm steps down): its count is the largest of theirs and its own."""
+    def margin(name: str) -> float:
+        mean, sd = figures[name]
+        return (max_kl - mean) / sd if sd > 0 else math.copysign(math.inf, max_kl - mean)
+
+    needed: dict[str, int | None] = {}
+    so_far: int | None = 0
+    for rank, name in enumerate(sorted(figures, key=margin, reverse=True)):
+        mean, sd = figures[name]
+        own = items_to_certify(mean, sd, max_kl, alpha / (len(figures) - rank), limit)
+        so_far = None if so_far is None or own is None else max(so_far, own)
+        needed[name] = so_far
+    return needed
+
+
 def _one_sided(gap: float, se: float, n: int) -> float:
     """p-value for H0 ``mean - bound >= 0`` given ``gap = mean - bound`` < 0 supports the alternative."""
     if n < MIN_ITEMS or gap >= 0:

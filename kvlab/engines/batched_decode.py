@@ -136,6 +136,16 @@ def token_kl(reference_logprobs: torch.Tensor, logits: torch.Tensor) -> torch.Te
     return (reference_logprobs.exp() * (reference_logprobs - logprobs)).sum(dim=-1).clamp_min(0.0)
 
 
+def token_kl_variance(reference_logprobs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Var over y ~ p_reference of log p_reference(y) - log p(y), along the last axis: the noise of one sampled
+    token's log-ratio as an estimate of :func:`token_kl` (the sampled estimator's, :mod:`kvlab.analysis.sampled_kl`);
+    ``logits`` are the config's, unnormalized."""
+    ratio = reference_logprobs - F.log_softmax(logits.float(), dim=-1)
+    probs = reference_logprobs.exp()
+    kl = torch.where(probs > 0, probs * ratio, 0.0).sum(dim=-1, keepdim=True)
+    return torch.where(probs > 0, probs * (ratio - kl) ** 2, 0.0).sum(dim=-1)
+
+
 @dataclass
 class _Trace:
     """One member's fidelity so far, position by position."""
