@@ -39,7 +39,7 @@ from kvlab.engines.endpoint_rules import (
 from kvlab.secrets import DEFAULT_KEY_VAR, mask, redact, remember_secret, remember_url_credentials
 
 Status = Literal["ok", "warn", "fail", "skip"]
-CHECK_NAMES = ("base URL", "proxy", "connection", "auth", "models", "completion")
+CHECK_NAMES = ("base URL", "proxy", "connection", "auth", "models", "completion", "engine")
 DEFAULT_PORTS = {"http": 80, "https": 443, "socks5": 1080, "socks5h": 1080}
 MAX_BODY_CHARS = 200
 MAX_LISTED_MODELS = 10
@@ -204,6 +204,8 @@ class _Run:
         model = self.check_models(response)
         if model is not None:
             self.check_completion(base, model)
+            if self.checks["completion"].status == "ok":
+                self.check_engine(response)
 
     def connection_failed(self, url: httpx.URL, error: httpx.HTTPError) -> None:
         if self.proxy and isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout, httpx.ProxyError)):
@@ -326,6 +328,21 @@ class _Run:
             if response.status_code != 404:
                 break
         self.judge_completion(path, response, model)
+
+    def check_engine(self, models: httpx.Response) -> None:
+        """Which serving engine answers, by the ``owned_by`` of its model list, and what kvlab measures on it."""
+        from kvlab.engines.servers import SERVERS
+
+        owners = _owners(models)
+        for server in SERVERS.values():
+            if owner := next((o for o in owners if o in server.owned_by), None):
+                self.set("engine", "ok", f"{server.title} (its models are owned_by '{owner}'): kvlab measures "
+                                         f"{server.attached_note}")
+                return
+        said = f"owned_by '{owners[0]}'" if owners else "no owned_by"
+        self.set("engine", "ok", f"not an engine kvlab knows by its model list ({said}): kvlab measures accuracy and "
+                                 "latency, and fidelity if it answers prompt_logprobs and return_token_ids (probed "
+                                 "once at the first run)")
 
     def judge_completion(self, path: str, response: httpx.Response, model: str) -> None:
         status, answered = response.status_code, _has_choices(response)
@@ -471,6 +488,13 @@ def _model_ids(response: httpx.Response) -> list[str] | None:
     if not isinstance(data, list):
         return None
     return [str(item["id"]) for item in data if isinstance(item, dict) and "id" in item]
+
+
+def _owners(response: httpx.Response) -> list[str]:
+    """The ``owned_by`` of each model an OpenAI ``/models`` answer lists (where it says)."""
+    body = _json(response)
+    data = body.get("data") if isinstance(body, dict) else None
+    return [str(item["owned_by"]) for item in data or [] if isinstance(item, dict) and item.get("owned_by")]
 
 
 def _has_choices(response: httpx.Response) -> bool:

@@ -71,6 +71,10 @@ fi
 # backend against it. About 2.5 min and 2.5 GB the first time; a later run finds it installed.
 step "a real vLLM (scripts/install_vllm.sh)"
 bash scripts/install_vllm.sh
+# A real llama.cpp (llama-cpp-python's server on the llama.cpp it vendors, built for this host in its own venv):
+# tests/engines/test_llamacpp_real.py. Built once (minutes of compiling); a later run finds it built.
+step "a real llama.cpp (scripts/install_llamacpp.sh)"
+bash scripts/install_llamacpp.sh
 step "what this host's engines run (kvlab engines)"
 kvlab engines >&2
 step "the tests"

@@ -44,6 +44,7 @@ class Behaviour:
     prefix: str = "/v1"
     key: str | None = None
     models: tuple[str, ...] = ("tiny-model", "other-model")
+    owned_by: str | None = None
     completion: Reply | None = None  # both completion routes answer this
     everything: Reply | None = None  # every request answers this
     delay_s: float = 0.0
@@ -86,7 +87,9 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             return json_reply({"error": {"message": f"Incorrect API key provided: {sent}"}}, 401)
         endpoint = self.path.removeprefix(behaviour.prefix)
         if endpoint == "/models" and self.command == "GET":
-            return json_reply({"object": "list", "data": [{"id": m, "object": "model"} for m in behaviour.models]})
+            return json_reply({"object": "list", "data": [{"id": m, "object": "model"}
+                                                          | ({"owned_by": behaviour.owned_by} if behaviour.owned_by else {})
+                                                          for m in behaviour.models]})
         if endpoint == "/completions" and behaviour.chat_only:
             return json_reply({"detail": "Not Found"}, 404)
         if endpoint in ("/completions", "/chat/completions") and self.command == "POST":
@@ -372,7 +375,7 @@ def test_timeout_says_which_and_how_long(serve):
     connection = check(report, "connection")
     assert connection.status == "fail" and "read timeout" in connection.detail and "0.2 s" in connection.detail
     assert "--timeout" in connection.fix
-    assert [c.status for c in report.checks[3:]] == ["skip"] * 3
+    assert [c.status for c in report.checks[3:]] == ["skip"] * (len(CHECK_NAMES) - 3)
 
 
 def test_connection_refused():
@@ -465,3 +468,17 @@ def test_a_run_refuses_the_base_url_mistakes_the_doctor_corrects(monkeypatch):
         openai_endpoint("http://127.0.0.1:9/v1", "m", "KVLAB_API_KEY")
     assert error_message({"error": {"message": "no such model"}}) == "no such model"
     assert error_message({"detail": "Not Found"}) == "Not Found" and error_message("oops") is None
+
+
+@pytest.mark.parametrize(("owned_by", "said"), [
+    ("llamacpp", "llama.cpp (its models are owned_by 'llamacpp'): kvlab measures accuracy, latency and tokens; not "
+                 "fidelity"),
+    ("me", "llama.cpp (its models are owned_by 'me')"),
+    ("vllm", "vLLM (its models are owned_by 'vllm'): kvlab measures accuracy, latency and fidelity"),
+    ("acme", "not an engine kvlab knows by its model list (owned_by 'acme')"),
+    (None, "not an engine kvlab knows by its model list (no owned_by)"),
+])
+def test_the_engine_is_recognised_by_its_model_list_and_says_what_kvlab_measures_there(serve, owned_by, said):
+    report = diagnose(serve(Behaviour(owned_by=owned_by)) + "/v1", "tiny-model", None)
+    engine = check(report, "engine")
+    assert engine.status == "ok" and engine.detail.startswith(said), engine.detail

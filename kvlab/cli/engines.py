@@ -25,13 +25,15 @@ def host_line() -> str:
 
 def engines_report() -> list[str]:
     """The report's lines: the host, then one block per backend (formats it runs, and each it cannot with why)."""
-    from kvlab.core.formats import FORMATS
+    from kvlab.core.formats import KVLAB_QUANT_NAMES
     from kvlab.engines.host import offer
 
     lines = [host_line()]
     for name, backend in BACKENDS.items():
         if backend.kv_choice == "all":
-            lines.append(f"{name:14} {backend.title}: runs every format ({', '.join(FORMATS)}) and eviction method")
+            formats = ", ".join(KVLAB_QUANT_NAMES)
+            lines.append(f"{name:14} {backend.title}: runs every format of kvlab's cache ({formats}) and eviction "
+                         "method")
         elif backend.kv_choice == "none":
             lines.append(f"{name:14} {backend.title}: the server decides its own cache "
                          "(`kvlab doctor --base-url URL` checks one)")

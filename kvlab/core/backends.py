@@ -32,7 +32,8 @@ class Backend:
     runs the spec's ``model`` (so that model's context limit applies); an OpenAI-compatible
     endpoint serves a model of its own.  ``fields``: the ``[backend]`` fields it reads, beside
     ``kind`` and the request settings every backend has.  ``kv_dtypes`` (a server kvlab launches): kvlab
-    format -> the server's ``--kv-cache-dtype`` value, for the formats it stores; the rest of what kvlab knows
+    format -> the server's ``--kv-cache-dtype`` value, for the formats it stores (``separate_kv``: keys and values each
+    in one of them); the rest of what kvlab knows
     of the server is its module's (:mod:`kvlab.engines.servers`), this is what validating a spec reads.
     """
 
@@ -47,6 +48,7 @@ class Backend:
     wants_gpu: bool = False  # a Ray worker of it asks for a GPU whatever its device
     fields: tuple[str, ...] = ()
     kv_dtypes: Mapping[str, str] = field(default_factory=dict)
+    separate_kv: bool = False  # the server stores keys and values in types of their own (a config's value_quant)
 
 
 # vLLM: vllm/config/cache.py `CacheDType = Literal["auto", ..., "fp8", "fp8_e4m3", "fp8_e5m2", ...]`, the type of
@@ -56,6 +58,9 @@ class Backend:
 #   "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16", "fp4_e2m1"]) -- no plain "fp8", so
 #   kvlab always names the variant.
 _FP8_SERVER_DTYPES = {"none": "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+# llama.cpp: common/arg.cpp kv_cache_types (--cache-type-k / --cache-type-v): f32, f16, bf16, q8_0, q4_0, q4_1,
+#   iq4_nl, q5_0, q5_1; f16 is its default.  kvlab names its block formats as llama.cpp does (kind "ggml").
+_LLAMACPP_DTYPES = {"none": "f16"} | {name: name for name in ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")}
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("embedded", "Embedded (PyTorch)", "kvlab.engines.embedded",
@@ -72,6 +77,10 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             "kvlab starts an SGLang server per KV dtype (--kv-cache-dtype) and reads its pool",
             kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server"),
             kv_dtypes=_FP8_SERVER_DTYPES),
+    Backend("llamacpp", "llama.cpp", "kvlab.engines.launched",
+            "kvlab starts a llama.cpp server (llama-cpp-python's) per K and V cache type on the model's GGUF file "
+            "and reads its pool", kv_choice="server_dtypes", launches_server=True, fields=("model_id", "server"),
+            kv_dtypes=_LLAMACPP_DTYPES, separate_kv=True),
 )}
 
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)

@@ -14,7 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-FormatKind = Literal["none", "int", "fp8"]
+FormatKind = Literal["none", "int", "fp8", "ggml"]
+#: The kinds kvlab's own cache stores (:mod:`kvlab.compress`): the embedded engine and ``kvlab serve``.  A
+#: ``ggml`` format is llama.cpp's own block format, stored by a llama.cpp server only.
+KVLAB_KINDS: tuple[FormatKind, ...] = ("none", "int", "fp8")
 
 #: Tokens (int keys, fp8 blocks) or channels (int values) sharing one scale; KVCacheConfig.group_size.
 GROUP_SIZES = (32, 64, 128)
@@ -92,6 +95,20 @@ class QuantFormat:
     fp8_max: float | None = None  # the largest finite value of an fp8 format
     aliases: tuple[str, ...] = ()  # other names accepted wherever a format is named
     blog_names: tuple[str, ...] = ()  # [kv_cache] dtype names of blog-style specs meaning this format
+    #: a ggml format's block: (values, bytes) -- the values of one row's run and the bytes that store them with
+    #: their scale (and minimum): ggml/src/ggml-common.h's block_q8_0 and the others
+    block: tuple[int, int] | None = None
+
+    @property
+    def bits_per_value(self) -> float:
+        """Stored bits per element, scales included where they sit inside the block (ggml's: q8_0 is 8.5)."""
+        return self.block[1] * 8 / self.block[0] if self.block else self.bits
+
+    @property
+    def kvlab_stores(self) -> bool:
+        """Whether kvlab's own cache stores it (the embedded engine, ``kvlab serve``)."""
+        return self.kind in KVLAB_KINDS
+
     def choices(self, name: str) -> tuple[Any, ...]:
         """The values this format takes for setting ``name``; () when it does not read it."""
         return next((s.choices for s in self.settings if s.field == name), ())
@@ -105,6 +122,13 @@ _INT_GROUPS = ("asymmetric min-max, a float16 scale and zero point per group (KI
                "group_size tokens (or per token, key_axis), values per token over group_size channels; "
                "the last residual_length tokens stay 16-bit")
 _FP8_GROUPS = "one float32 scale per head and block of group_size tokens (absolute maximum)"
+# ggml/src/ggml-common.h (llama.cpp, as llama-cpp-python 0.3.36 vendors it): QK8_0 = QK4_0 = QK4_1 = QK5_0 = QK5_1 =
+# QK4_NL = 32 values per block; block_q8_0 {ggml_half d; int8_t qs[32]} = 34 bytes, block_q4_0 {d; qs[16]} = 18,
+# block_q4_1 {d, m; qs[16]} = 20, block_q5_0 {d; qh[4]; qs[16]} = 22, block_q5_1 {d, m; qh[4]; qs[16]} = 24,
+# block_iq4_nl {d; qs[16]} = 18 (16 non-uniform levels, kvalues_iq4nl).  Blocks run along a K or V row: one
+# token's head_dim x KV heads values in one layer.
+_GGML_GROUPS = "llama.cpp's own: blocks of 32 consecutive values of a token's K or V row"
+_GGML_HOW = "llama.cpp's {}: per block of 32 values {}"
 
 FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     QuantFormat("none", "none", 16, "bfloat16", "no quantization: 16-bit K and V", "-",
@@ -119,6 +143,19 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
                 _FP8_SETTINGS, fp8_max=448.0, aliases=("fp8",), blog_names=("fp8", "fp8_e4m3")),
     QuantFormat("fp8_e5m2", "fp8", 8, "float8_e5m2", "fp8, 5 exponent / 2 mantissa bits", _FP8_GROUPS,
                 _FP8_SETTINGS, fp8_max=57344.0, blog_names=("fp8_e5m2",)),
+    QuantFormat("q8_0", "ggml", 8, "ggml", _GGML_HOW.format("q8_0", "a float16 scale and 8-bit codes"),
+                _GGML_GROUPS, block=(32, 34)),
+    QuantFormat("q5_1", "ggml", 5, "ggml", _GGML_HOW.format("q5_1", "a float16 scale and minimum, 5-bit codes"),
+                _GGML_GROUPS, block=(32, 24)),
+    QuantFormat("q5_0", "ggml", 5, "ggml", _GGML_HOW.format("q5_0", "a float16 scale, 5-bit codes"),
+                _GGML_GROUPS, block=(32, 22)),
+    QuantFormat("q4_1", "ggml", 4, "ggml", _GGML_HOW.format("q4_1", "a float16 scale and minimum, 4-bit codes"),
+                _GGML_GROUPS, block=(32, 20)),
+    QuantFormat("q4_0", "ggml", 4, "ggml", _GGML_HOW.format("q4_0", "a float16 scale, 4-bit codes"),
+                _GGML_GROUPS, block=(32, 18)),
+    QuantFormat("iq4_nl", "ggml", 4, "ggml",
+                _GGML_HOW.format("iq4_nl", "a float16 scale, 4-bit codes of 16 non-uniform levels"),
+                _GGML_GROUPS, block=(32, 18)),
 )}
 
 def format_settings(*names: str) -> tuple[Setting, ...]:
@@ -133,6 +170,8 @@ def format_settings(*names: str) -> tuple[Setting, ...]:
 
 
 QUANT_NAMES: tuple[str, ...] = tuple(FORMATS)
+#: The formats kvlab's own cache stores (the embedded engine, ``kvlab serve``), in registry order.
+KVLAB_QUANT_NAMES: tuple[str, ...] = tuple(name for name, f in FORMATS.items() if f.kvlab_stores)
 #: Every alias -> its canonical format name.
 QUANT_ALIASES: dict[str, str] = {alias: f.name for f in FORMATS.values() for alias in f.aliases}
 #: Integer formats: name -> bits.

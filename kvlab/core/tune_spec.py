@@ -22,6 +22,7 @@ from kvlab.core.backends import BACKENDS, LAUNCHED_KINDS
 from kvlab.core.formats import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_RESIDUAL_LENGTH,
+    FORMATS,
     GROUP_SIZES,
     MAX_RESIDUAL_LENGTH,
     QUANT_NAMES,
@@ -153,32 +154,44 @@ def candidate_grid(tune: TuneSpec) -> list[dict[str, Any]]:
 def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str]]:
     """The part of the space ``backend_kind`` can run, and a note per thing left out.
 
-    The embedded engine and ``kvlab serve`` run everything.  A launched vLLM/SGLang server has
-    only its KV dtypes (its registry entry's ``kv_dtypes``) and no token eviction; an OpenAI-compatible
-    endpoint has no KV setting a client can choose, so there is nothing to tune there.
+    The embedded engine and ``kvlab serve`` run every format of kvlab's cache and every method.  A launched server
+    has only its KV dtypes (its registry entry's ``kv_dtypes``; value formats of their own where it stores keys and
+    values apart: llama.cpp) and no token eviction; an OpenAI-compatible endpoint has no KV setting a client can
+    choose, so there is nothing to tune there.
     """
-    kv_choice = BACKENDS[backend_kind].kv_choice
-    if kv_choice == "all":
-        return tune, []
-    if kv_choice == "none":
+    backend = BACKENDS[backend_kind]
+    if backend.kv_choice == "none":
         raise ValueError("an OpenAI-compatible endpoint decides its own KV cache: there is nothing kvlab can tune "
                          f"through it; tune with backend kind 'embedded' (or {LAUNCHED_KINDS}, which kvlab launches "
-                         "with a --kv-cache-dtype)")
+                         "with its KV cache types)")
+    if backend.kv_choice == "all":
+        runs = {name for name, fmt in FORMATS.items() if fmt.kvlab_stores}
+        values = [v for v in tune.value_quant if v in runs]
+    else:
+        runs = set(backend.kv_dtypes)
+        values = [v for v in tune.value_quant if v in runs] if backend.separate_kv else []
     notes = []
-    kv_dtypes = BACKENDS[backend_kind].kv_dtypes
-    formats = [q for q in tune.quant if q in kv_dtypes]
-    dropped = [q for q in tune.quant if q not in formats]
-    if dropped:
+    formats = [q for q in tune.quant if q in runs]
+    if dropped := [q for q in tune.quant if q not in formats]:
         notes.append(f"{backend_kind} has no KV cache like {', '.join(dropped)}: left out of the search")
+    if dropped_values := [v for v in tune.value_quant if v not in values]:
+        why = "" if backend.separate_kv or backend.kv_choice == "all" else " (one dtype holds keys and values)"
+        notes.append(f"{backend_kind} stores no values in {', '.join(dropped_values)}{why}: left out of the search")
+    if backend.kv_choice == "all":
+        if not formats:
+            raise ValueError(f"nothing left to tune on {backend_kind}: put one of {', '.join(sorted(runs))} in "
+                             "[tune] quant")
+        return (tune.model_copy(update={"quant": formats, "value_quant": values}), notes) if notes else (tune, [])
     methods = [m for m in tune.evict if m != "none"]
     if methods:
         notes.append(f"{backend_kind} evicts no tokens: {', '.join(methods)} left out of the search")
-    if not [q for q in formats if q != "none"]:
+    if not [q for q in formats if q != "none"] and not values:
         raise ValueError(f"nothing left to tune on {backend_kind}: its KV dtypes are "
-                         f"{', '.join(kv_dtypes)}; "
+                         f"{', '.join(backend.kv_dtypes)}; "
                          "put one of them in [tune] quant")
     # The engine's own KV dtype has neither kvlab's block size nor its residual window: one value each.
-    narrowed = tune.model_copy(update={"quant": formats, "evict": ["none"], "group_sizes": [DEFAULT_GROUP_SIZE],
+    narrowed = tune.model_copy(update={"quant": formats, "value_quant": values, "evict": ["none"],
+                                       "group_sizes": [DEFAULT_GROUP_SIZE],
                                        "residual_lengths": [DEFAULT_RESIDUAL_LENGTH], "query_aware": False})
     return narrowed, notes
 

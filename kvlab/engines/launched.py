@@ -22,12 +22,13 @@ from typing import Any
 
 import httpx
 
+from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.formats import FORMATS
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
-from kvlab.core.model_registry import KNOWN_MODELS
+from kvlab.core.model_registry import KNOWN_MODELS, ModelNotAvailableError
 from kvlab.core.results import ItemResult
 from kvlab.engines.base import Engine, EngineFailure, TelemetryReading, TelemetrySource
 from kvlab.engines.host import Install, default_python, probe_install, refuse_on_host
@@ -37,22 +38,24 @@ from kvlab.engines.prometheus import ServerMetricsSource
 from kvlab.engines.server_fidelity import SAMPLED_ESTIMATOR, Reference
 from kvlab.engines.server_flags import Installed, check_config, health_path, server_command, server_env
 from kvlab.engines.server_logs import KVPool, startup_failure
-from kvlab.engines.servers import SERVERS, serving_engine
-from kvlab.models.resolve import resolve_model
+from kvlab.engines.servers import serving_engine
+from kvlab.models.resolve import resolve_gguf, resolve_model
 from kvlab.paths import server_log_dir
 from kvlab.secrets import Endpoint
 from kvlab.threads import available_cores
 
 log = logging.getLogger(__name__)
 
-#: Bits per stored element of each ``--kv-cache-dtype`` kvlab passes ("auto" is the model's 16-bit dtype).
-KV_DTYPE_BITS = {name: FORMATS[name].bits for server in SERVERS.values() for name in server.kv_dtypes}
+def kv_bits(config: KVCacheConfig) -> float:
+    """Bits per stored element of a launched config's cache, keys and values together (a ggml format's scales
+    included: q8_0 is 8.5); "none" is the model's 16-bit dtype."""
+    return (FORMATS[config.quant].bits_per_value + FORMATS[config.value_format].bits_per_value) / 2
 #: How far a pool's bytes per token may stray from the model's geometry before kvlab says so (vLLM
 #: rounds the pool down to whole blocks, so it holds a few bytes a token more than the layers need).
 GEOMETRY_TOLERANCE = 0.01
 
 
-def pool_check(geometry: CacheGeometry, pool_bytes_per_token: float | None, bits: int, layers_16bit: int = 0) -> str:
+def pool_check(geometry: CacheGeometry, pool_bytes_per_token: float | None, bits: float, layers_16bit: int = 0) -> str:
     """A pool's bytes per token against the model's geometry (``layers_16bit`` of its layers kept 16-bit), in
     words; a disagreement over :data:`GEOMETRY_TOLERANCE` says so (the bytes reported stay the server's)."""
     expected = geometry.bytes_per_token(bits, layers_16bit)
@@ -127,6 +130,17 @@ class LaunchedServerEngine(Engine):
         return model, False
 
     @cached_property
+    def _served_model(self) -> str:
+        """What the server is told to load: :attr:`_model`, or the model's GGUF file for an engine that loads GGUF
+        (llama.cpp: a registry model's own file, no conversion)."""
+        if serving_engine(self.name).model_file == "gguf":
+            try:
+                return str(resolve_gguf(self.spec.model))
+            except ModelNotAvailableError as error:
+                raise ConfigError(str(error)) from None
+        return self._model[0]
+
+    @cached_property
     def _geometry(self) -> CacheGeometry | None:
         """The model's KV geometry from its config (None for a model not on this host, or with sliding
         layers, whose pool vLLM shares out differently)."""
@@ -142,7 +156,7 @@ class LaunchedServerEngine(Engine):
 
     def _command(self, config: KVCacheConfig, port: int) -> list[str]:
         num_layers = self._geometry.num_layers if config.skip_layers is not None and self._geometry else None
-        return server_command(self.name, self._model[0], config, self.spec.backend.server, port, self.served_name,
+        return server_command(self.name, self._served_model, config, self.spec.backend.server, port, self.served_name,
                               self.spec.seed, dtype=self.spec.backend.dtype, installed=self._installed,
                               num_layers=num_layers)
 
@@ -212,7 +226,7 @@ class LaunchedServerEngine(Engine):
             raise EngineFailure(f"{self.name} did not start for {config.label}: {cause} (log: {log_path})") from None
         root = f"http://{host}:{port}"
         pool, where = read_pool(self.name, root, server.log_text())
-        bits = KV_DTYPE_BITS[config.quant]
+        bits = kv_bits(config)
         per_token = pool.bytes_per_token if pool else None
         geometry = self._geometry
         layers_16bit = len(config.skip_layers.indices(geometry.num_layers)) if config.skip_layers and geometry else 0

@@ -1,4 +1,4 @@
-"""Command lines for the serving engines kvlab launches as subprocesses (vLLM, SGLang).
+"""Command lines for the serving engines kvlab launches as subprocesses (vLLM, SGLang, llama.cpp).
 
 Each engine's flags were read from its sources and live in its module (:mod:`kvlab.engines.servers`,
 each mapping citing the file and definition it comes from); here is what every launch shares: a config
@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions
+from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.engines.servers import serving_engine
+from kvlab.engines.servers import SERVERS, serving_engine
 
 
 def check_config(kind: str, config: KVCacheConfig) -> None:
@@ -30,24 +31,32 @@ def check_config(kind: str, config: KVCacheConfig) -> None:
             f"config '{label}': evict = '{config.evict}' cannot run on {engine}: {server.no_eviction}. "
             "Run token eviction with backend kind 'embedded'."
         )
-    if config.value_quant is not None:
+    if config.value_quant is not None and not server.separate_kv:
         raise ConfigError(f"config '{label}': value_quant = '{config.value_quant}' cannot run on {engine}: one "
                           f"--kv-cache-dtype stores keys and values alike. Run it with backend kind 'embedded'.")
     if config.skip_layers is not None and server.skip_layers_flag is None:
         raise ConfigError(f"config '{label}': skip_layers ({config.skip_layers.label}) cannot run on {engine}: it "
                           "has no flag that keeps some layers' cache 16-bit. Run it with backend kind 'embedded'.")
-    if config.quant in server.kv_dtypes:
+    if config.quant in server.kv_dtypes and config.value_format in server.kv_dtypes:
         return
     if config.quant == "fp8":  # only reachable by bypassing validation: KVCacheConfig maps fp8 -> fp8_e4m3
         raise ConfigError(
             f"config '{label}': plain quant = 'fp8' is refused ({server.plain_fp8}); use fp8_e4m3 or fp8_e5m2 "
             f"({engine} runs quant = {supported})"
         )
-    reason = server.format_note(config.quant)
+    field, name = (("quant", config.quant) if config.quant not in server.kv_dtypes
+                   else ("value_quant", config.value_format))
+    fmt = FORMATS[name]
+    where = "backend kind 'embedded'" if fmt.kvlab_stores else f"backend kind '{_storing_backend(name)}'"
     raise ConfigError(
-        f"config '{label}': quant = '{config.quant}' (KIVI integer quantization) cannot run on {engine}: "
-        f"{reason}. kvlab runs quant = {supported} on {engine}; run {config.quant} with backend kind 'embedded'."
+        f"config '{label}': {field} = '{name}' ({fmt.description}) cannot run on {engine}: "
+        f"{server.format_note(name)}. kvlab runs {field} = {supported} on {engine}; run {name} with {where}."
     )
+
+
+def _storing_backend(quant: str) -> str:
+    """The first backend whose server stores ``quant`` (a format kvlab's own cache does not store)."""
+    return next(kind for kind, server in SERVERS.items() if quant in server.kv_dtypes)
 
 
 def _check_extra_args(kind: str, extra_args: list[str]) -> None:
@@ -102,9 +111,9 @@ def server_command(
     server.check_options(options)
     if not 0 < port < 65536:
         raise ConfigError(f"server port {port}: give a port in 1..65535")
-    argv = [installed.python, "-m", server.module, "--host", options.host, "--port", str(port)]
-    argv += server.launch_args(model, server.kv_dtypes[config.quant], options, installed, dtype, served_model_name,
-                               seed)
+    argv = [installed.python, *server.entry(), "--host", options.host, "--port", str(port)]
+    kv_dtypes = (server.kv_dtypes[config.quant], server.kv_dtypes[config.value_format])
+    argv += server.launch_args(model, kv_dtypes, options, installed, dtype, served_model_name, seed)
     if (skip := config.skip_layers) is not None and server.skip_layers_flag is not None:
         if num_layers is None:
             raise ConfigError(f"config '{config.label}': skip_layers needs the model's layer count, which kvlab reads "

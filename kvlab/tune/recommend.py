@@ -48,24 +48,27 @@ def _flag(field: str) -> str:
 
 
 def engine_flag(kind: str, config: KVCacheConfig, num_layers: int | None = None) -> dict[str, str | None]:
-    """``{"flag": "--kv-cache-dtype X" | None, "statement": ...}`` for launching engine ``kind``; ``num_layers``
+    """``{"flag": "--kv-cache-dtype X" | None, "statement": ...}`` for launching engine ``kind`` (its own flags:
+    llama.cpp's ``--cache-type-k X --cache-type-v Y -fa on``); ``num_layers``
     (the model's) names the last layers a config keeps 16-bit."""
     server = serving_engine(kind)
     name = server.title
     dtype = server.kv_dtypes.get(config.quant)
+    value_dtype = server.kv_dtypes.get(config.value_format)
     if config.evict != "none":
         return {"flag": None, "statement": (
             f"{name} has no equivalent: it evicts no tokens from a sequence's KV cache ({config.evict} needs the "
             "embedded engine or `kvlab serve`)" + (f"; its quantization alone is --kv-cache-dtype {dtype}"
                                                     if dtype and config.quant != "none" else ""))}
-    if config.value_quant is not None:
+    if config.value_quant is not None and not server.separate_kv:
         return {"flag": None, "statement": (
             f"{name} has no equivalent: one --kv-cache-dtype stores keys and values alike (keys in "
             f"{config.quant} and values in {config.value_quant} need the embedded engine or `kvlab serve`)")}
-    if dtype is None:
-        return {"flag": None, "statement": f"{name} has no equivalent of {config.quant}: "
-                                           f"{server.format_note(config.quant)}"}
-    flag = f"--kv-cache-dtype {dtype}"
+    for quant, engine_dtype in ((config.quant, dtype), (config.value_format, value_dtype)):
+        if engine_dtype is None:
+            return {"flag": None, "statement": f"{name} has no equivalent of {quant}: {server.format_note(quant)}"}
+    assert dtype is not None and value_dtype is not None
+    flag = server.deploy_flag(dtype, value_dtype)
     if config.skip_layers is not None:
         if server.skip_layers_flag is None:
             return {"flag": None, "statement": f"{name} has no equivalent: kvlab knows no {name} flag that keeps "

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kvlab.compress.accounting import analytic_layer_bytes
-from kvlab.core.formats import FORMATS, GROUP_SIZES, KEY_AXES, SETTINGS
+from kvlab.core.formats import FORMATS, GROUP_SIZES, KEY_AXES, KVLAB_QUANT_NAMES, SETTINGS
 from kvlab.core.kv_config import KVCacheConfig, SweepGrid, describe
 from kvlab.core.methods import BUDGETS, COUNT_BUDGETS, FRACTION_COUNT_BUDGETS, HEAD_BUDGET_NAMES, METHODS, methods_with
 from kvlab.core.space import (
@@ -200,7 +200,7 @@ def test_a_launched_server_tunes_only_its_dtypes_at_the_default_settings():
 SETTING_VALUES = {"group_size": GROUP_SIZES, "residual_length": (0, 16, 64, 200), "key_axis": KEY_AXES}
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("fmt", KVLAB_QUANT_NAMES)  # a ggml format is a llama.cpp server's to store
 def test_a_format_declares_exactly_the_settings_its_bytes_depend_on(fmt):
     """The byte accounting (what is measured) reads a setting for a format iff the format declares it."""
     assert set(SETTING_VALUES) == set(SETTINGS)

@@ -182,7 +182,7 @@ def test_extra_args_may_not_override_flags_kvlab_sets(kind, flag, owner):
 
 
 def test_bad_kind_and_port_are_refused():
-    with pytest.raises(ConfigError, match="vllm and sglang"):
+    with pytest.raises(ConfigError, match="vllm, sglang, llamacpp"):
         server_command("tgi", "/m", FP8, ServerOptions(), 8000, "m")
     with pytest.raises(ConfigError, match="1..65535"):
         server_command("vllm", "/m", FP8, ServerOptions(), 0, "m")

@@ -1,16 +1,18 @@
-"""The serving engines kvlab launches, one module each (:mod:`.vllm`, :mod:`.sglang`) behind one interface
-(:class:`~kvlab.engines.servers.base.ServingEngine`).  Adding one is its module, its entry here and its entry
-in the backend registry (:data:`kvlab.core.backends.BACKENDS`, which holds its title and KV dtype names)."""
+"""The serving engines kvlab launches, one module each (:mod:`.vllm`, :mod:`.sglang`, :mod:`.llamacpp`) behind
+one interface (:class:`~kvlab.engines.servers.base.ServingEngine`).  Adding one is its module, its entry here and
+its entry in the backend registry (:data:`kvlab.core.backends.BACKENDS`, which holds its title and KV dtype
+names)."""
 
 from __future__ import annotations
 
 from kvlab.core.backends import SERVER_KINDS
 from kvlab.core.errors import ConfigError
 from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine
+from kvlab.engines.servers.llamacpp import LLAMACPP
 from kvlab.engines.servers.sglang import SGLANG
 from kvlab.engines.servers.vllm import VLLM
 
-SERVERS: dict[str, ServingEngine] = {engine.kind: engine for engine in (VLLM, SGLANG)}
+SERVERS: dict[str, ServingEngine] = {engine.kind: engine for engine in (VLLM, SGLANG, LLAMACPP)}
 assert tuple(SERVERS) == SERVER_KINDS, "every server backend has its module, and only those"
 
 
@@ -19,7 +21,7 @@ def serving_engine(kind: str) -> ServingEngine:
     try:
         return SERVERS[kind]
     except KeyError:
-        raise ConfigError(f"server kind '{kind}': kvlab launches {' and '.join(SERVERS)} servers") from None
+        raise ConfigError(f"server kind '{kind}': kvlab launches {', '.join(SERVERS)} servers") from None
 
 
 __all__ = ["SERVERS", "FormLabels", "MetricNames", "ServingEngine", "serving_engine"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvlab.core.backends import BACKENDS
 
@@ -46,6 +46,14 @@ class FormLabels:
     pool_help: str | None = None  # server.kv_cache_gib's flag and default, where the engine sizes its pool in bytes
 
 
+def llamacpp_formats_note(own: str) -> dict[str, str]:
+    """The note of every llama.cpp block format (kind ``ggml``) for an engine that stores none of them; ``own``:
+    what it has instead."""
+    from kvlab.core.formats import FORMATS
+
+    return {name: f"{name} is llama.cpp's own block format; {own}" for name, f in FORMATS.items() if f.kind == "ggml"}
+
+
 @dataclass(frozen=True)
 class ServingEngine(ABC):
     """One serving engine.  Its ``kind`` is its entry in the backend registry (:data:`kvlab.core.backends.BACKENDS`),
@@ -75,6 +83,14 @@ class ServingEngine(ABC):
     #: Request fields that make its sampling plain temperature sampling (its defaults may come from the model's
     #: generation config): the sampled fidelity estimator draws from the baseline's own distribution.
     plain_sampling: Mapping[str, Any] = field(default_factory=dict)
+    #: the ``owned_by`` of its ``GET /v1/models`` entries, by which `kvlab doctor` recognises a running one
+    owned_by: tuple[str, ...] = ()
+    #: what kvlab measures on a running one reached by URL (backend kind ``openai_compat``), as the doctor says it
+    attached_note: str = ""
+    package: str | None = None  # what its Python imports (default: its kind)
+    distributions: tuple[str, ...] = ()  # its package's distributions, the first found named (default: its kind)
+    #: what it loads: a transformers directory, or the model's GGUF file (a registry model's own)
+    model_file: Literal["directory", "gguf"] = "directory"
 
     @property
     def title(self) -> str:
@@ -85,6 +101,11 @@ class ServingEngine(ABC):
         """kvlab format -> the engine's ``--kv-cache-dtype`` value, for the formats it stores."""
         return BACKENDS[self.kind].kv_dtypes
 
+    @property
+    def separate_kv(self) -> bool:
+        """Whether it stores keys and values in types of their own (a config's ``value_quant``)."""
+        return BACKENDS[self.kind].separate_kv
+
     def format_note(self, quant: str) -> str:
         """What the engine offers instead of kvlab format ``quant``."""
         return self.format_notes.get(quant, "it has no such KV cache format")
@@ -94,9 +115,18 @@ class ServingEngine(ABC):
         """Raise :class:`~kvlab.core.errors.ConfigError` for a server setting the engine has no flag for."""
 
     @abstractmethod
-    def launch_args(self, model: str, kv_dtype: str, options: ServerOptions, installed: Installed, dtype: str,
-                    served_model_name: str, seed: int) -> list[str]:
-        """The engine's arguments after ``python -m MODULE --host H --port P``, for one KV dtype (checked)."""
+    def launch_args(self, model: str, kv_dtypes: tuple[str, str], options: ServerOptions, installed: Installed,
+                    dtype: str, served_model_name: str, seed: int) -> list[str]:
+        """The engine's arguments after ``python -m MODULE --host H --port P``, for one KV dtype of keys and one of
+        values (checked; the same but where the engine has ``separate_kv``)."""
+
+    def entry(self) -> list[str]:
+        """What follows the interpreter on the command line, before the flags: ``-m MODULE``."""
+        return ["-m", self.module]
+
+    def deploy_flag(self, key_dtype: str, value_dtype: str) -> str:
+        """The flags that launch the engine's own server with these cache dtypes (what a recommendation names)."""
+        return f"--kv-cache-dtype {key_dtype}"
 
     def launch_env(self, installed: Installed) -> dict[str, str]:
         """The engine's environment for a launch with ``installed`` (beside kvlab's own)."""

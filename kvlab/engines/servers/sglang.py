@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from kvlab.core.errors import ConfigError
 from kvlab.engines.server_logs import GIB, KVPool, last_match, line_of
-from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine
+from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine, llamacpp_formats_note
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
@@ -38,8 +38,9 @@ class SGLangEngine(ServingEngine):
         if options.enforce_eager is not None:
             raise ConfigError("server.enforce_eager is a vLLM flag; SGLang has no such option (remove it)")
 
-    def launch_args(self, model: str, kv_dtype: str, options: ServerOptions, installed: Installed, dtype: str,
-                    served_model_name: str, seed: int) -> list[str]:
+    def launch_args(self, model: str, kv_dtypes: tuple[str, str], options: ServerOptions, installed: Installed,
+                    dtype: str, served_model_name: str, seed: int) -> list[str]:
+        kv_dtype = kv_dtypes[0]  # one --kv-cache-dtype: keys and values alike
         # python/sglang/srt/server_args.py ServerArgs (flags derived from field names): host, port, model_path
         # (alias --model), kv_cache_dtype, mem_fraction_static, context_length, disable_radix_cache,
         # enable_metrics ("Enable log prometheus metrics.", off by default), served_model_name, random_seed.
@@ -69,7 +70,7 @@ _FORMAT_NOTES: Mapping[str, str] = {
     "int8": "its 8-bit KV caches are fp8_e4m3, fp8_e5m2 (kvlab quant fp8_e4m3 / fp8_e5m2) and mxfp8",
     "int4": "its 4-bit KV caches are FP4 (E2M1) formats, not integer codes: nvfp4, fp4_mx_block16, fp4_e2m1",
     "int2": "it has no 2-bit KV cache",
-}
+} | llamacpp_formats_note("SGLang's 8-bit caches are fp8_e4m3, fp8_e5m2 and mxfp8")
 
 SGLANG = SGLangEngine(
     kind="sglang",
@@ -104,6 +105,10 @@ SGLANG = SGLangEngine(
     # sglang:num_retracted_requests_total (requests retracted when the pool ran out: SGLang's preemption).
     metrics=MetricNames(usage=("sglang:token_usage",), preemptions=("sglang:num_retracted_requests_total",),
                         running=("sglang:num_running_reqs",), waiting=("sglang:num_queue_reqs",)),
+    # python/sglang/srt/entrypoints/openai/protocol.py ModelCard.owned_by = "sglang"
+    owned_by=("sglang",),
+    attached_note="accuracy and latency, and fidelity where its OpenAI completions answer prompt_logprobs and "
+                  "return_token_ids (kvlab probes it once), not the KV setting: the server chose it at launch",
     form=FormLabels(memory_flag="--mem-fraction-static", context_flag="--context-length", prefix_cache="Radix cache",
                     python_help="kvlab starts `python -m ...` with it (pip install 'kvlab[sglang]' on a CUDA host)"),
 )

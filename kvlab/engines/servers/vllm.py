@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from kvlab.core.experiment_spec import DEFAULT_CPU_KV_CACHE_GIB
 from kvlab.core.formats import FORMATS
 from kvlab.engines.server_logs import GIB, KVPool, StartupFault, last_match, line_of
-from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine
+from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine, llamacpp_formats_note
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
@@ -55,8 +55,9 @@ class VLLMEngine(ServingEngine):
     def check_options(self, options: ServerOptions) -> None:
         pass  # every server setting has a vLLM flag
 
-    def launch_args(self, model: str, kv_dtype: str, options: ServerOptions, installed: Installed, dtype: str,
-                    served_model_name: str, seed: int) -> list[str]:
+    def launch_args(self, model: str, kv_dtypes: tuple[str, str], options: ServerOptions, installed: Installed,
+                    dtype: str, served_model_name: str, seed: int) -> list[str]:
+        kv_dtype = kv_dtypes[0]  # one --kv-cache-dtype: keys and values alike
         # vllm/entrypoints/openai/cli_args.py FrontendArgs: host, port (--host, --port).
         # vllm/engine/arg_utils.py EngineArgs.add_cli_args: model_group "--model", "--dtype", "--max-model-len",
         # "--served-model-name", "--seed", "--enforce-eager"; cache_group "--kv-cache-dtype",
@@ -147,7 +148,7 @@ _FORMAT_NOTES: Mapping[str, str] = {
             "turboquant_4bit_nc and turboquant_k8v4 (recent releases)",
     "int2": "it has no 2-bit KV cache (its lowest are the 3-bit turboquant_3bit_nc and turboquant_k3v4_nc of "
             "recent releases)",
-}
+} | llamacpp_formats_note("vLLM's 8-bit caches are fp8_e4m3 and fp8_e5m2")
 
 VLLM = VLLMEngine(
     kind="vllm",
@@ -207,6 +208,10 @@ VLLM = VLLMEngine(
     quiet_env={"VLLM_NO_USAGE_STATS": "1"},
     cpu_flags=FP8_CPU_FLAGS,
     pool_on_metrics=True,
+    # vllm/entrypoints/serve/engine/protocol.py ModelCard.owned_by = "vllm"
+    owned_by=("vllm",),
+    attached_note="accuracy, latency and fidelity (its prompt_logprobs and return_token_ids), not the KV setting: "
+                  "the server chose it at launch",
     # vllm/entrypoints/openai/completion/protocol.py: a field left None takes the model's generation config
     # (--generation-config auto); vllm/sampling_params.py: top_k 0 disables it.
     plain_sampling={"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0},
