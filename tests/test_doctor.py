@@ -87,9 +87,9 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             return json_reply({"error": {"message": f"Incorrect API key provided: {sent}"}}, 401)
         endpoint = self.path.removeprefix(behaviour.prefix)
         if endpoint == "/models" and self.command == "GET":
-            return json_reply({"object": "list", "data": [{"id": m, "object": "model"}
-                                                          | ({"owned_by": behaviour.owned_by} if behaviour.owned_by else {})
-                                                          for m in behaviour.models]})
+            owner = {"owned_by": behaviour.owned_by} if behaviour.owned_by else {}
+            return json_reply({"object": "list",
+                               "data": [{"id": m, "object": "model"} | owner for m in behaviour.models]})
         if endpoint == "/completions" and behaviour.chat_only:
             return json_reply({"detail": "Not Found"}, 404)
         if endpoint in ("/completions", "/chat/completions") and self.command == "POST":

@@ -90,6 +90,8 @@ def _stream_bytes(config: KVCacheConfig, fmt: str, groups: int, heads: int, head
         return elements * STORAGE_BYTES_PER_ELEMENT
     if fmt in FP8_MAX:
         return elements + (tokens // flush_block(config)) * heads * FP8_SCALE_BYTES
+    if block := FORMATS[fmt].block:  # llama.cpp's: the scales are inside the blocks (a server's pool, by its layout)
+        return elements * block[1] // block[0]
     return elements * INT_BITS[fmt] // 8 + 2 * SCALE_BYTES * groups  # codes, a scale and a zero point per group
 
 
@@ -156,7 +158,7 @@ def budget_ratio(config: KVCacheConfig, context_tokens: float) -> float | None:
 def shortfall_causes(config: KVCacheConfig) -> list[str]:
     """What in ``config`` keeps more bytes than its budget and formats suggest (:func:`budget_ratio`)."""
     causes = []
-    if config.quantizes and config.residual_length:
+    if config.residual_length and any(s.field == "residual_length" for s in config.settings):
         causes.append(f"its 16-bit residual window ({config.residual_length} tokens and a partial block per layer)")
     if config.skip_layers is not None:
         causes.append(f"its 16-bit layers ({config.skip_layers.label})")
