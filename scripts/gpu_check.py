@@ -8,7 +8,9 @@ Run from a checkout (kvlab need not be installed; no internet is needed when the
 Stages: NVML facts (kvlab.experiments.telemetry.NvmlSource, sampled a few times); then for each of vllm and
 sglang installed in this interpreter: start its server with an fp8_e4m3 KV cache
 (server_command + ManagedServer), read the KV pool from its log, scrape /metrics once, send one
-completion with the openai client, stop it; with --sweep, ``kvlab run`` a tiny vLLM spec
+completion with the openai client, make one fidelity reference through the engine's own scoring
+requests (one request pair: a continuation sampled at temperature 1, then scored as given tokens;
+vLLM's prompt_logprobs, SGLang's native /generate), stop it; with --sweep, ``kvlab run`` a tiny vLLM spec
 (baseline vs fp8_e4m3, passkey, 2 items at 1024 tokens); then the embedded engine's batched decode
 on CUDA (--embedded-model, default smollm2-135m): one decode step for a batch of K configs against K
 single steps, K = 1, 2, 4, 8, 16, at 2048 tokens.  Server logs and the sweep's files go to
@@ -167,8 +169,36 @@ def check_server(report: Report, kind: str, args: argparse.Namespace, nvml: Any,
                                                      max_tokens=8, temperature=0.0)
             report.add(f"{kind} completion", "OK", f"{response.choices[0].text!r}; usage {response.usage}")
 
+        def fidelity() -> None:
+            # the sampled estimator's request pair as kvlab sends it to this engine (ServingEngine.scoring_api):
+            # the baseline's reference of one item, sampled and then scored as given tokens on the same server
+            from kvlab.core.items import TaskItem
+            from kvlab.core.kv_config import BASELINE
+            from kvlab.engines.server_fidelity import ServerScorer
+            from kvlab.engines.servers import serving_engine
+
+            engine = serving_engine(kind)
+            item = TaskItem(task="gpu-check", item_id="gpu-check", context="The capital of France is Paris.",
+                            question=" The capital of Italy is", answer="", context_length=0, depth=None,
+                            max_new_tokens=8)
+            with openai.OpenAI(base_url=root + "/v1", api_key="no-key", timeout=120.0, max_retries=0,
+                               http_client=openai.DefaultHttpxClient(trust_env=False)) as client:
+                scorer = ServerScorer(client, lambda: SERVED_NAME, lambda *_: None, engine.plain_sampling,
+                                      engine.scoring_api)
+                reference = scorer.reference(item, BASELINE, seed=1)
+            if not reference.tokens or len(reference.logprobs) != len(reference.tokens) or not all(
+                    lp <= 0.0 for lp in reference.logprobs):
+                report.add(f"{kind} fidelity", "FAIL", f"a reference kvlab cannot use: {reference}")
+                return
+            top1 = sum(a == b for a, b in zip(reference.tokens, reference.top1, strict=True))
+            report.add(f"{kind} fidelity", "OK", f"{len(reference.tokens)} sampled tokens after "
+                       f"{len(reference.prompt_ids)} prompt tokens scored, mean logprob "
+                       f"{sum(reference.logprobs) / len(reference.logprobs):.3f}, {top1} of them the top-1; "
+                       f"{scorer.estimator}")
+
         report.run(f"{kind} metrics", scrape)
         report.run(f"{kind} completion", complete)
+        report.run(f"{kind} fidelity", fidelity)
     finally:
         server.stop()
         print(f"  {kind} server stopped (alive: {server.alive()})", flush=True)

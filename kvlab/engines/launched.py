@@ -35,7 +35,7 @@ from kvlab.engines.host import Install, default_python, probe_install, refuse_on
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_perplexity
 from kvlab.engines.prometheus import ServerMetricsSource
-from kvlab.engines.server_fidelity import SAMPLED_ESTIMATOR, Reference
+from kvlab.engines.server_fidelity import Reference, estimator
 from kvlab.engines.server_flags import Installed, check_config, health_path, server_command, server_env
 from kvlab.engines.server_logs import KVPool, startup_failure
 from kvlab.engines.servers import serving_engine
@@ -96,7 +96,7 @@ class LaunchedServerEngine(Engine):
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.spec.model, "served_model_name": self.served_name,
                 "tokenizer": self.tokenizer_note, "launches": self.launches,
-                "fidelity": self.fidelity_note or SAMPLED_ESTIMATOR}
+                "fidelity": self.fidelity_note or estimator(serving_engine(self.name).scoring_api)}
 
     def check_configs(self, configs: Sequence[KVCacheConfig]) -> None:
         for config in configs:  # every refusal happens here, before anything is launched
@@ -244,7 +244,8 @@ class LaunchedServerEngine(Engine):
         self._server, self._config = server, config
         self._inner = OpenAICompatEngine(endpoint, self.spec.backend, self._tokenizer, self.tokenizer_note,
                                          launched=launched, seed=self.spec.seed, references=self.references,
-                                         plain_sampling=serving_engine(self.name).plain_sampling)
+                                         plain_sampling=serving_engine(self.name).plain_sampling,
+                                         scoring_api=serving_engine(self.name).scoring_api)
         self._metrics.current = ServerMetricsSource(root, self.name, pool)
         self.launches.append({"config": config.label, "command": command, "log": str(log_path),
                               "kv_pool": launched.source, "geometry_check": check})

@@ -37,13 +37,13 @@ from kvlab.engines.endpoint_rules import choose_model, error_message, server_roo
 from kvlab.engines.prometheus import KVLAB_SERVE, ServerMetricsSource
 from kvlab.engines.server_fidelity import (
     NOT_MEASURED,
-    SAMPLED_ESTIMATOR,
     Reference,
     ScoringUnsupported,
     ServerScorer,
     fidelity,
     item_seed,
 )
+from kvlab.engines.servers.base import ScoringAPI
 from kvlab.secrets import Endpoint, redact
 
 log = logging.getLogger(__name__)
@@ -82,10 +82,11 @@ class OpenAICompatEngine(Engine):
 
     def __init__(self, endpoint: Endpoint, backend: BackendSpec, tokenizer: Any, tokenizer_note: str = "",
                  launched: LaunchedKV | None = None, seed: int = 0, references: dict[str, Reference] | None = None,
-                 plain_sampling: Mapping[str, Any] | None = None):
+                 plain_sampling: Mapping[str, Any] | None = None, scoring_api: ScoringAPI | None = None):
         """``references``: the baseline's reference of each item (:mod:`kvlab.engines.server_fidelity`), shared
         by the servers of one launched engine; a server of the baseline config (or ``kvlab serve``) adds to it.
-        ``plain_sampling``: the request fields that make a launched engine's sampling plain."""
+        ``plain_sampling``: the request fields that make a launched engine's sampling plain; ``scoring_api``: the
+        launched engine's own API for the estimator, where its OpenAI completions cannot answer it."""
         self.endpoint = endpoint
         self.backend = backend
         self._tokenizer = tokenizer
@@ -102,7 +103,7 @@ class OpenAICompatEngine(Engine):
         self._in_flight_lock = threading.Lock()
         self.references: dict[str, Reference] = references if references is not None else {}
         self._reference_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
-        self.scorer = ServerScorer(self.client, self._model, self._scoring_fields, plain_sampling)
+        self.scorer = ServerScorer(self.client, self._model, self._scoring_fields, plain_sampling, scoring_api)
 
     # -- Engine protocol -----------------------------------------------------------------------
 
@@ -120,7 +121,7 @@ class OpenAICompatEngine(Engine):
         if self.launched:
             info["kv_pool"] = self.launched.source
         if self.scorer.probed:
-            info["fidelity"] = self.scorer.why_not() or SAMPLED_ESTIMATOR
+            info["fidelity"] = self.scorer.why_not() or self.scorer.estimator
         return info
 
     def close(self) -> None:

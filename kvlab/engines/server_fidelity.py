@@ -6,8 +6,9 @@ that returns *the log-probability of given prompt tokens* suffices:
 1. the baseline's server samples a continuation of the item's prompt at temperature 1 (seeded per item, and
    recorded: :class:`Reference`), returning the token ids of the prompt and of the continuation;
 2. the baseline's server and each config's server score prompt + that continuation as one prompt
-   (``prompt_logprobs``, vLLM's field, which ``kvlab serve`` answers in the same shape): each continuation
-   token's log-probability, and the top-1 token at each position;
+   (``prompt_logprobs``, vLLM's field, which ``kvlab serve`` answers in the same shape; a serving engine whose
+   OpenAI completions cannot answer names its own API instead, :class:`~kvlab.engines.servers.base.ScoringAPI`):
+   each continuation token's log-probability, and the top-1 token at each position;
 3. per position, log p(y) - log q(y) is an unbiased estimate of that position's KL (one draw: it can be negative),
    and top-1 equality gives agreement.  An item's mean over its positions is an unbiased estimate of the
    item's mean KL along the baseline's sampled trajectory, so the item-level t interval of
@@ -20,7 +21,8 @@ like with like.
 
 Prefix caching makes the scoring request cheap on vLLM: the prompt's blocks are already in the cache (the
 accuracy request put them there, in the config's KV dtype, so the continuation is scored against the cache the
-config stores).  The requests go through the official ``openai`` client, kvlab's fields in ``extra_body``.
+config stores).  The requests go through the official ``openai`` client, kvlab's fields in ``extra_body``; an
+engine's own API through the same client's ``post`` (the same retries, timeouts and error types).
 """
 
 from __future__ import annotations
@@ -37,17 +39,25 @@ import openai
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.results import TEACHER_BASELINE_SAMPLE, Fidelity
-from kvlab.engines.endpoint_rules import error_message
+from kvlab.engines.endpoint_rules import error_message, server_root
+from kvlab.engines.servers.base import ScoringAPI, ScoringUnsupported
 
 #: Why a server's fidelity cannot be measured, in the words a result shows.
 NOT_MEASURED = "fidelity not measured by this endpoint"
-#: What a server that answers measures, as an engine's description says it.
-SAMPLED_ESTIMATOR = ("sampled estimator: KL(baseline || config) from prompt_logprobs on a continuation the baseline "
-                     "sampled at temperature 1")
 
 
-class ScoringUnsupported(RuntimeError):
-    """The server does not answer what the estimator needs (prompt log-probabilities or token ids)."""
+def estimator(api: ScoringAPI | None = None) -> str:
+    """What a server that answers measures, as an engine's description says it (``api``: its engine's own API)."""
+    reads = api.reads if api is not None else "prompt_logprobs"
+    return (f"sampled estimator: KL(baseline || config) from {reads} on a continuation the baseline sampled at "
+            "temperature 1")
+
+
+#: What a server that answers through its OpenAI completions measures.
+SAMPLED_ESTIMATOR = estimator()
+
+__all__ = ["NOT_MEASURED", "SAMPLED_ESTIMATOR", "Reference", "ScoringUnsupported", "ServerScorer",
+           "continuation_scores", "estimator", "fidelity", "item_seed"]
 
 
 @dataclass(frozen=True)
@@ -121,20 +131,27 @@ class ServerScorer:
 
     ``config_fields`` gives a request's kvlab fields for a config (``kvlab serve``'s ``kv_cache``; None for a
     server that holds one config); ``plain_sampling``: the fields that make the server's sampling plain
-    temperature sampling (its serving engine's).  :meth:`why_not` probes the server once (a short sampled
-    request with token ids, then its scoring) and remembers the answer: None when the estimator works there,
-    else the reason.
+    temperature sampling (its serving engine's); ``api``: its serving engine's own API for the two requests, where
+    its OpenAI completions cannot answer them (such a server holds one config: ``config_fields`` is not asked).
+    :meth:`why_not` probes the server once (a short sampled request with token ids, then its scoring) and
+    remembers the answer: None when the estimator works there, else the reason.
     """
 
     def __init__(self, client: openai.OpenAI, model_id: Callable[[], str],
                  config_fields: Callable[[TaskItem | None, KVCacheConfig, Reference | None], dict[str, Any] | None],
-                 plain_sampling: Mapping[str, Any] | None = None):
+                 plain_sampling: Mapping[str, Any] | None = None, api: ScoringAPI | None = None):
         self.client = client
         self.plain_sampling = dict(plain_sampling or {})
         self.model_id = model_id
         self.config_fields = config_fields
+        self.api = api
         self._verdict: tuple[str | None] | None = None
         self._lock = threading.Lock()
+
+    @property
+    def estimator(self) -> str:
+        """What this server measures when it answers, in words."""
+        return estimator(self.api)
 
     @property
     def probed(self) -> bool:
@@ -155,11 +172,23 @@ class ServerScorer:
         except ScoringUnsupported as error:
             return f"{NOT_MEASURED} ({error})"
         except (openai.BadRequestError, openai.UnprocessableEntityError, openai.NotFoundError) as error:
-            return f"{NOT_MEASURED} (it refused a prompt_logprobs request: {_message(error)})"
+            asked = self.api.path if self.api is not None else "prompt_logprobs"
+            return f"{NOT_MEASURED} (it refused a {asked} request: {_message(error)})"
         return None if reference.tokens else f"{NOT_MEASURED} (its sample held no token)"
 
     def reference(self, item: TaskItem, config: KVCacheConfig, seed: int) -> Reference:
-        """Sample ``item``'s continuation on this (the baseline's) server and score it there."""
+        """Sample ``item``'s continuation on this (the baseline's) server and score it there (the baseline's own
+        log-probabilities come from the same scoring request as every config's, so that like meets like)."""
+        sampled = self._sample(item, config, seed)
+        logprobs, top1 = self.score(sampled, config)
+        return Reference(sampled.prompt_ids, sampled.tokens, tuple(logprobs), tuple(top1), seed, sampled.split)
+
+    def _sample(self, item: TaskItem, config: KVCacheConfig, seed: int) -> Reference:
+        """``item``'s prompt ids and a continuation sampled at temperature 1 with ``seed`` (not yet scored)."""
+        if self.api is not None:
+            answer = self._post(self.api.sample_body(item.context + item.question, item.max_new_tokens, seed))
+            prompt_ids, tokens = self.api.sampled(answer)
+            return Reference(tuple(prompt_ids), tuple(tokens), (), (), seed)
         response = self.client.completions.create(
             model=self.model_id(), prompt=item.context + item.question, max_tokens=item.max_new_tokens,
             temperature=1.0, top_p=1.0, seed=seed, extra_body=(self.config_fields(item, config, None) or {})
@@ -169,21 +198,27 @@ class ServerScorer:
         if not isinstance(prompt_ids, list) or not isinstance(tokens, list):
             raise ScoringUnsupported("it returns no token ids (return_token_ids)")
         split = _field(response, "kv_cache_prompt_split")
-        sampled = Reference(tuple(prompt_ids), tuple(tokens), (), (), seed,
-                            tuple(split) if isinstance(split, list) and len(split) == 2 else None)
-        logprobs, top1 = self.score(sampled, config)
-        return Reference(sampled.prompt_ids, sampled.tokens, tuple(logprobs), tuple(top1), seed, sampled.split)
+        return Reference(tuple(prompt_ids), tuple(tokens), (), (), seed,
+                         tuple(split) if isinstance(split, list) and len(split) == 2 else None)
 
     def score(self, reference: Reference, config: KVCacheConfig) -> tuple[list[float], list[int]]:
         """Each continuation token's log-probability and each position's top-1 token under ``config``."""
         if not reference.tokens:
             return [], []
+        if self.api is not None:
+            answer = self._post(self.api.score_body(reference.prompt_ids, reference.tokens))
+            return self.api.scored(answer, reference.prompt_ids, reference.tokens)
         response = self.client.completions.create(
             model=self.model_id(), prompt=list(reference.prompt_ids + reference.tokens), max_tokens=1,
             temperature=0.0, extra_body=(self.config_fields(None, config, reference) or {}) | {"prompt_logprobs": 1})
         return continuation_scores(_field(response.choices[0], "prompt_logprobs"), len(reference.prompt_ids),
                                    reference.tokens)
 
+    def _post(self, body: dict[str, Any]) -> Any:
+        """``body`` to the engine's own route, from the server's root; its parsed JSON answer."""
+        assert self.api is not None
+        return self.client.post(server_root(str(self.client.base_url)) + self.api.path, cast_to=object, body=body)
+
 
 def _message(error: openai.APIError) -> str:
-    return (error_message(error.body) or error.message)[:200]
+    return " ".join((error_message(error.body) or error.message).split())[:200]  # one line

@@ -2,7 +2,8 @@
 
 vLLM and SGLang need a CUDA GPU, so the servers launched here are stand-ins
 (tests/fake_engines): the same ``python -m ...`` command lines, the real engines' start-up log
-lines, and ``kvlab serve``'s OpenAI API underneath.  scripts/gpu_check.py runs the real ones.
+lines, and ``kvlab serve``'s OpenAI API underneath (SGLang's native /generate too, which its
+fidelity is measured through).  scripts/gpu_check.py runs the real ones.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import pytest
 
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.results import TEACHER_BASELINE_SAMPLE
+from kvlab.engines.server_fidelity import NOT_MEASURED
 from kvlab.experiments.runner import run_experiment
 from tests.waiting import SAFETY_S
 
@@ -60,6 +63,29 @@ def test_one_server_per_config_with_bytes_from_its_start_up_log(stand_ins, kind,
         port = launch["command"][launch["command"].index("--port") + 1]
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    # fidelity: the baseline's server sampled each item's continuation, and the fp8 server scored it (vLLM through
+    # prompt_logprobs on its OpenAI completions, SGLang through its native /generate: its stand-in, as SGLang,
+    # ignores prompt_logprobs there)
+    assert all(r.extra["fidelity_reference"]["tokens"] for r in by_config["baseline"])
+    for row in by_config["fp8"]:
+        assert row.fidelity is not None and row.fidelity.teacher == TEACHER_BASELINE_SAMPLE, row.extra
+        assert row.fidelity.tokens >= 1 and "fidelity_note" not in row.extra
+    reads = {"vllm": "from prompt_logprobs", "sglang": "from SGLang's /generate input_token_logprobs"}[kind]
+    assert reads in run.engine["fidelity"] and "sampled at temperature 1" in run.engine["fidelity"]
+
+
+def test_sglang_without_generate_logprobs_says_so_in_one_line_and_accuracy_decides(stand_ins, monkeypatch):
+    monkeypatch.setenv("KVLAB_STAND_IN_NO_LOGPROBS", "1")  # its /generate answers text and ids, no logprobs
+    run = run_experiment(spec_for("sglang", [{"name": "baseline"}, {"name": "fp8", "quant": "fp8_e5m2"}]))
+    assert run.failure is None, run.failure
+    assert all(r.error is None and r.score is not None and r.fidelity is None for r in run.results)
+    notes = {r.extra.get("fidelity_note") for r in run.results if r.config_name == "fp8"}
+    assert len(notes) == 1, notes
+    note = notes.pop()
+    assert note is not None and note.startswith(NOT_MEASURED) and "input_token_logprobs" in note and "\n" not in note
+    assert run.engine["fidelity"] == note  # said once, where the engine is described
+    fp8 = next(s for s in run.summaries() if s.config_name == "fp8")
+    assert fp8.task_verdicts and {v.criterion for v in fp8.task_verdicts} == {"accuracy"}
 
 
 def test_a_server_that_fails_to_start_stops_the_run_with_its_log(stand_ins, monkeypatch):

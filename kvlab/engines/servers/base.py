@@ -11,7 +11,7 @@ engine's kind.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -44,6 +44,48 @@ class FormLabels:
     prefix_cache: str  # the label of server.prefix_cache's checkbox
     python_help: str  # where its interpreter comes from
     pool_help: str | None = None  # server.kv_cache_gib's flag and default, where the engine sizes its pool in bytes
+
+
+class ScoringUnsupported(RuntimeError):
+    """The server does not answer what the sampled fidelity estimator needs (token ids, or the log-probabilities
+    of given tokens); the message says what it lacks, as a result's note shows it."""
+
+
+class ScoringAPI(ABC):
+    """How a serving engine's server answers the sampled fidelity estimator (:mod:`kvlab.engines.server_fidelity`)
+    through an API of its own, where its OpenAI completions cannot: the request bodies of its two requests, and
+    where the token ids and log-probabilities lie in the answers.  kvlab's scorer sends both as JSON to
+    ``POST {server root}{path}`` and hands the parsed answers back here.
+
+    1. the baseline's server samples a continuation of ``prompt`` at temperature 1 (plain sampling: the model's own
+       distribution) and says the prompt's token ids and the continuation's (:meth:`sample_body`, :meth:`sampled`);
+    2. a server scores prompt + continuation as given tokens: each continuation token's log-probability, and the
+       top-1 token at each continuation position (:meth:`score_body`, :meth:`scored`).
+
+    An engine without one (:attr:`ServingEngine.scoring_api` None) is asked through its OpenAI completions, with
+    vLLM's ``return_token_ids`` and ``prompt_logprobs`` (``kvlab serve`` answers them in the same shape).  The
+    parsing methods raise :class:`ScoringUnsupported` for an answer without what is asked."""
+
+    path: str  # the route of both requests, from the server's root
+    reads: str  # what the estimate is read from, as an engine's description says it
+
+    @abstractmethod
+    def sample_body(self, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]:
+        """The body that samples up to ``max_tokens`` tokens after ``prompt`` at temperature 1 with ``seed``."""
+
+    @abstractmethod
+    def sampled(self, answer: Any) -> tuple[list[int], list[int]]:
+        """The prompt's token ids and the sampled continuation's, from the answer to :meth:`sample_body`."""
+
+    @abstractmethod
+    def score_body(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> dict[str, Any]:
+        """The body that scores ``prompt_ids + tokens`` as given tokens."""
+
+    @abstractmethod
+    def scored(self, answer: Any, prompt_ids: Sequence[int], tokens: Sequence[int]
+               ) -> tuple[list[float], list[int]]:
+        """Each of ``tokens``' log-probability and each of their positions' top-1 token, from the answer to
+        :meth:`score_body`."""
 
 
 def llamacpp_formats_note(own: str) -> dict[str, str]:
@@ -83,6 +125,9 @@ class ServingEngine(ABC):
     #: Request fields that make its sampling plain temperature sampling (its defaults may come from the model's
     #: generation config): the sampled fidelity estimator draws from the baseline's own distribution.
     plain_sampling: Mapping[str, Any] = field(default_factory=dict)
+    #: How its server answers the sampled fidelity estimator when its OpenAI completions cannot (None: they can,
+    #: with vLLM's ``return_token_ids`` and ``prompt_logprobs``).
+    scoring_api: ScoringAPI | None = None
     #: the ``owned_by`` of its ``GET /v1/models`` entries, by which `kvlab doctor` recognises a running one
     owned_by: tuple[str, ...] = ()
     #: what kvlab measures on a running one reached by URL (backend kind ``openai_compat``), as the doctor says it

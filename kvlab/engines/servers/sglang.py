@@ -5,14 +5,22 @@ the file).  SGLang runs only on a CUDA host here: its tests use a stand-in behin
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvlab.core.errors import ConfigError
 from kvlab.engines.server_logs import GIB, KVPool, last_match, line_of
-from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine, llamacpp_formats_note
+from kvlab.engines.servers.base import (
+    FormLabels,
+    MetricNames,
+    ScoringAPI,
+    ScoringUnsupported,
+    ServingEngine,
+    llamacpp_formats_note,
+)
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
@@ -66,6 +74,117 @@ class SGLangEngine(ServingEngine):
         return round(gib * GIB) if gib > 0 else None
 
 
+class SGLangGenerate(ScoringAPI):
+    """The sampled fidelity estimator through SGLang's native ``/generate``: its OpenAI completions take no
+    ``prompt_logprobs`` (python/sglang/srt/entrypoints/openai/protocol.py CompletionRequest has ``echo`` and
+    ``logprobs``, by token text, and ``return_token_ids``; pydantic drops unknown fields, so a ``prompt_logprobs``
+    field is ignored, not refused).
+
+    python/sglang/srt/entrypoints/http_server.py: ``@app.api_route("/generate", methods=["POST", "PUT"])`` takes a
+    GenerateReqInput body and answers a non-streamed request with the tokenizer manager's output dict, ``{"text",
+    "output_ids", "meta_info"}``; a ValueError is a 400 ``{"error": {"message": ...}}`` (``_create_error_response``).
+    python/sglang/srt/managers/io_struct.py GenerateReqInput: ``text`` or ``input_ids`` (one prompt each);
+    ``sampling_params`` (a dict of SamplingParams' fields); ``return_logprob``; ``logprob_start_len`` (where the
+    prompt's log-probabilities start; default -1: the output tokens' only); ``top_logprobs_num`` (top tokens per
+    position); ``return_text_in_logprobs`` (default False: each entry's text is None).
+    python/sglang/srt/managers/tokenizer_manager.py TokenizerManager.add_logprob_to_meta_info /
+    detokenize_logprob_tokens / detokenize_top_logprobs_tokens: ``meta_info["input_token_logprobs"]`` and
+    ``["output_token_logprobs"]`` hold one ``[logprob, token_id, text]`` per position; ``["input_top_logprobs"]``
+    and ``["output_top_logprobs"]`` one entry per position, None or a list of ``top_logprobs_num``
+    ``[logprob, token_id, text]`` (best first).
+    python/sglang/srt/managers/scheduler_output_processor_mixin.py add_input_logprob_return_values (later releases:
+    the scheduler's logprob result processor, ``_process_input_token_logprobs`` / ``_process_input_top_logprobs``):
+    the input entries cover ``origin_input_ids[logprob_start_len:]`` and their logprobs are ``[None] +
+    computed[:-1]`` (top lists likewise): the entry at ``logprob_start_len`` holds None, and each later entry the
+    log-probability of its token given all before it.
+    python/sglang/srt/managers/schedule_batch.py Req (``_compute_max_prefix_len``): with ``return_logprob`` the radix
+    cache's matched prefix is cut at ``logprob_start_len``, so a scoring request that starts at the prompt's last
+    token reuses the prompt's cached blocks (the accuracy request's, stored in the server's KV dtype).
+    """
+
+    path = "/generate"
+    reads = "SGLang's /generate input_token_logprobs"
+
+    def sample_body(self, prompt: str, max_tokens: int, seed: int) -> dict[str, Any]:
+        # python/sglang/srt/sampling/sampling_params.py SamplingParams: temperature 1, top_p 1, top_k -1 (the whole
+        # vocabulary), min_p 0 and neutral penalties are plain sampling; given here because a server's
+        # --preferred-sampling-params fills the fields a request leaves out (tokenizer_manager.py
+        # _create_tokenized_object).  sampling_seed seeds the draw only under --enable-deterministic-inference
+        # (python/sglang/srt/sampling/sampling_batch_info.py reads it then alone); the reference records the tokens
+        # it drew, so nothing depends on repeating them.
+        # logprob_start_len 0: input_token_logprobs then name every prompt token (the prompt's ids as the server
+        # tokenized them, which the scoring requests send back); it also costs the baseline's server one pass over
+        # the whole prompt per item, outside its prefix cache.
+        return {"text": prompt, "sampling_params": {
+                    "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                    "frequency_penalty": 0.0, "presence_penalty": 0.0, "max_new_tokens": max_tokens,
+                    "sampling_seed": seed},
+                "return_logprob": True, "logprob_start_len": 0}
+
+    def sampled(self, answer: Any) -> tuple[list[int], list[int]]:
+        meta = _meta_info(answer)
+        prompt_ids = _entry_ids(meta, "input_token_logprobs", "its /generate answers hold no prompt token ids")
+        # meta_info["prompt_tokens"]: the prompt's length (tokenizer_manager.py _handle_batch_output); a server that
+        # started the log-probabilities later than asked would leave the prompt's ids short
+        counted = meta.get("prompt_tokens")
+        if isinstance(counted, int) and counted != len(prompt_ids):
+            raise ScoringUnsupported(f"its input_token_logprobs name {len(prompt_ids)} of the prompt's {counted} "
+                                     "tokens (logprob_start_len 0)")
+        return prompt_ids, _entry_ids(meta, "output_token_logprobs", "its /generate answers hold no output token ids")
+
+    def score_body(self, prompt_ids: Sequence[int], tokens: Sequence[int]) -> dict[str, Any]:
+        # One greedy token (the health check's own request shape: http_server.py health_generate); the log-
+        # probabilities start at the prompt's last token, whose entry is None, so the ones after it are the
+        # continuation's.
+        return {"input_ids": [*prompt_ids, *tokens], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                "return_logprob": True, "logprob_start_len": len(prompt_ids) - 1, "top_logprobs_num": 1}
+
+    def scored(self, answer: Any, prompt_ids: Sequence[int], tokens: Sequence[int]
+               ) -> tuple[list[float], list[int]]:
+        meta = _meta_info(answer)
+        given, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
+        sent = [prompt_ids[-1], *tokens]
+        if not isinstance(given, list) or [_token(e) for e in given] != sent:
+            raise ScoringUnsupported("its input_token_logprobs do not cover the tokens sent")
+        if not isinstance(tops, list) or len(tops) != len(sent):
+            raise ScoringUnsupported("its /generate answers hold no input_top_logprobs")
+        logprobs, top1 = [], []
+        for offset, (entry, top) in enumerate(zip(given[1:], tops[1:], strict=True), start=len(prompt_ids)):
+            best = top[0] if isinstance(top, list) and top else None
+            if not (_finite(entry[0]) and isinstance(best, list) and len(best) >= 2 and isinstance(best[1], int)):
+                raise ScoringUnsupported(f"its input_token_logprobs lack the log-probabilities at position {offset}")
+            logprobs.append(float(entry[0]))
+            top1.append(best[1])
+        return logprobs, top1
+
+
+def _meta_info(answer: Any) -> Mapping[str, Any]:
+    meta = answer.get("meta_info") if isinstance(answer, Mapping) else None
+    if not isinstance(meta, Mapping):
+        raise ScoringUnsupported("its /generate answers hold no meta_info")
+    reason = meta.get("finish_reason")
+    if isinstance(reason, Mapping) and reason.get("type") == "abort":  # io_struct / schedule_batch FINISH_ABORT
+        raise ScoringUnsupported(f"it aborted the request: {str(reason.get('message'))[:200]}")
+    return meta
+
+
+def _token(entry: Any) -> int | None:
+    """The token id of one ``[logprob, token_id, text]`` entry."""
+    return entry[1] if isinstance(entry, list) and len(entry) >= 2 and isinstance(entry[1], int) else None
+
+
+def _entry_ids(meta: Mapping[str, Any], key: str, missing: str) -> list[int]:
+    entries = meta.get(key)
+    ids = [_token(entry) for entry in entries] if isinstance(entries, list) else [None]
+    if any(token is None for token in ids):
+        raise ScoringUnsupported(f"{missing} ({key}, return_logprob)")
+    return [token for token in ids if token is not None]
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 _FORMAT_NOTES: Mapping[str, str] = {
     "int8": "its 8-bit KV caches are fp8_e4m3, fp8_e5m2 (kvlab quant fp8_e4m3 / fp8_e5m2) and mxfp8",
     "int4": "its 4-bit KV caches are FP4 (E2M1) formats, not integer codes: nvfp4, fp4_mx_block16, fp4_e2m1",
@@ -107,8 +226,10 @@ SGLANG = SGLangEngine(
                         running=("sglang:num_running_reqs",), waiting=("sglang:num_queue_reqs",)),
     # python/sglang/srt/entrypoints/openai/protocol.py ModelCard.owned_by = "sglang"
     owned_by=("sglang",),
-    attached_note="accuracy and latency, and fidelity where its OpenAI completions answer prompt_logprobs and "
-                  "return_token_ids (kvlab probes it once), not the KV setting: the server chose it at launch",
+    attached_note="accuracy and latency, not the KV setting: the server chose it at launch (its OpenAI completions "
+                  "take no prompt_logprobs; backend kind sglang launches one server per KV setting and measures "
+                  "fidelity through SGLang's native /generate)",
+    scoring_api=SGLangGenerate(),
     form=FormLabels(memory_flag="--mem-fraction-static", context_flag="--context-length", prefix_cache="Radix cache",
                     python_help="kvlab starts `python -m ...` with it (pip install 'kvlab[sglang]' on a CUDA host)"),
 )
