@@ -242,13 +242,17 @@ class LaunchedServerEngine(Engine):
         endpoint = Endpoint(base_url=f"{root}/v1", model_id=self.served_name, api_key=None,
                             key_source="none (a server kvlab launched on this host)")
         self._server, self._config = server, config
-        self._inner = OpenAICompatEngine(endpoint, self.spec.backend, self._tokenizer, self.tokenizer_note,
+        backend = self.spec.backend
+        if serving_engine(self.name).one_request_at_a_time and backend.max_concurrency > 1:
+            backend = backend.model_copy(update={"max_concurrency": 1})
+        self._inner = OpenAICompatEngine(endpoint, backend, self._tokenizer, self.tokenizer_note,
                                          launched=launched, seed=self.spec.seed, references=self.references,
                                          plain_sampling=serving_engine(self.name).plain_sampling,
                                          scoring_api=serving_engine(self.name).scoring_api)
         self._metrics.current = ServerMetricsSource(root, self.name, pool)
         self.launches.append({"config": config.label, "command": command, "log": str(log_path),
-                              "kv_pool": launched.source, "geometry_check": check})
+                              "kv_pool": launched.source, "geometry_check": check,
+                              "requests_in_flight": backend.max_concurrency})
         self.phase = "request"
         return self._inner
 

@@ -33,7 +33,7 @@ def test_argv_sets_both_cache_types_flash_attention_and_the_logits_fidelity_read
     assert argv[3:] == ["--host", "127.0.0.1", "--port", "8123", "--model", "/m/SmolLM2.gguf", "--model_alias", "smol",
                         "--type_k", "8", "--type_v", "2", "--flash_attn", "true", "--logits_all", "true",
                         "--n_ctx", "4096", "--n_threads", "2", "--n_threads_batch", "2", "--seed", "3",
-                        "--verbose", "true"]
+                        "--verbose", "true", "--interrupt_requests", "false"]
 
 
 def test_the_baseline_is_llamacpps_default_f16_with_the_same_attention():

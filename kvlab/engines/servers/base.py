@@ -133,6 +133,9 @@ class ServingEngine(ABC):
     #: what kvlab measures on a running one reached by URL (backend kind ``openai_compat``), as the doctor says it
     attached_note: str = ""
     package: str | None = None  # what its Python imports (default: its kind)
+    #: its server answers one request at a time: kvlab sends one at a time, so that a TTFT is the server's own and
+    #: not a queue's (backend.max_concurrency does not apply)
+    one_request_at_a_time: bool = False
     distributions: tuple[str, ...] = ()  # its package's distributions, the first found named (default: its kind)
     #: what it loads: a transformers directory, or the model's GGUF file (a registry model's own)
     model_file: Literal["directory", "gguf"] = "directory"

@@ -72,7 +72,10 @@ class LlamaCppEngine(ServingEngine):
                 "--flash_attn", "true", "--logits_all", "true",
                 "--n_ctx", str(options.max_model_len or 0),
                 "--n_threads", str(installed.threads), "--n_threads_batch", str(installed.threads),
-                "--seed", str(seed), "--verbose", "true"]
+                "--seed", str(seed), "--verbose", "true",
+                # llama_cpp/server/settings.py ServerSettings.interrupt_requests (default true): a streamed answer
+                # stops at the next token once another request waits, so queued requests would cut each other short
+                "--interrupt_requests", "false"]
 
     def parse_pool(self, log_text: str) -> KVPool | None:
         match = last_match(_POOL, log_text)
@@ -128,6 +131,7 @@ LLAMACPP = LlamaCppEngine(
         "--n_ctx": "server.max_model_len", "--n_threads": "kvlab (this worker's cores)",
         "--n_threads_batch": "kvlab (this worker's cores)", "--seed": "the spec's seed",
         "--verbose": "kvlab (on: its log states the KV pool)",
+        "--interrupt_requests": "kvlab (off: an answer is never cut short by the next request)",
     },
     # llama_cpp/server/settings.py ServerSettings.api_key: a flag (or the API_KEY environment variable that
     # pydantic-settings reads)
@@ -147,6 +151,8 @@ LLAMACPP = LlamaCppEngine(
                      "registry model's own GGUF)"),
     ),
     model_file="gguf",
+    # llama_cpp/server/app.py get_llama_proxy: one request holds the model at a time (its two locks)
+    one_request_at_a_time=True,
     # tools/server/server-context.cpp (llama-server): {"owned_by", "llamacpp"}; llama_cpp/server/app.py
     # (llama-cpp-python): "owned_by": "me"
     owned_by=("llamacpp", "me"),

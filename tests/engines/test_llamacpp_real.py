@@ -1,0 +1,217 @@
+"""kvlab's llama.cpp backend against a real llama.cpp: the build ``scripts/install_llamacpp.sh`` makes for this host
+(llama-cpp-python's server on the vendored llama.cpp, in its own venv under ``$KVLAB_HOME/engines/llamacpp``).
+
+The README's test command builds it once (then it is cached), so under that command a missing build fails these
+tests instead of skipping them.  llama.cpp runs on every x86 CPU this project has (AVX-512 or not): nothing here
+depends on the host's instruction set.  One sweep of four K/V pairs runs through ``kvlab run`` (one server per pair,
+each started once, in seconds) on the default model's own GGUF file; the same items run on the embedded engine with
+its closest formats under the same config names, for the cross-engine table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from kvlab.analysis.agreement import engine_agreement
+from kvlab.core.experiment_spec import ServerOptions
+from kvlab.core.formats import FORMATS
+from kvlab.core.geometry import CacheGeometry
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE
+from kvlab.engines.host import default_python
+from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
+from kvlab.engines.server_flags import Installed, server_command, server_env
+from kvlab.engines.server_logs import startup_failure
+from kvlab.engines.servers import serving_engine
+from kvlab.paths import engine_venv
+from kvlab.store import Store
+from tests.waiting import SAFETY_S
+
+pytestmark = pytest.mark.model
+
+SMOLLM2 = CacheGeometry(num_layers=30, num_kv_heads=3, head_dim=64)
+LLAMACPP = serving_engine("llamacpp")
+ITEMS = 8
+# llama.cpp's K/V pairs, named so that the embedded engine's closest formats pair with them in the cross-engine
+# table: q8_0 (32 values per float16 scale) with kvlab's int8 in groups of 32 channels per token, no 16-bit window.
+LLAMACPP_CONFIGS = [
+    {"name": "baseline"},
+    {"name": "8-bit", "quant": "q8_0"},
+    {"name": "4-bit", "quant": "q4_0"},
+    {"name": "k8v4", "quant": "q8_0", "value_quant": "q4_0"},
+]
+EMBEDDED_CONFIGS = [
+    {"name": "baseline"},
+    {"name": "8-bit", "quant": "int8", "group_size": 32, "key_axis": "token", "residual_length": 0},
+]
+
+
+def spec_toml(name: str, kind: str, configs: list[dict] | None, num_items: int = ITEMS, **rest: object) -> str:
+    """Passkey items at 512 tokens (and a server that may take as long as the host needs to start); ``configs``
+    None: a tune's spec."""
+    backend: dict = {"kind": kind}
+    if kind == "llamacpp":
+        backend["server"] = {"startup_timeout_s": SAFETY_S, "max_model_len": 2048}
+    return tomli_w.dumps({
+        "name": name, "model": "smollm2-135m", "seed": 0, **rest, "backend": backend,
+        "tasks": [{"name": "passkey", "context_lengths": [512], "depths": [0.25, 0.75], "num_items": num_items,
+                   "max_new_tokens": 8}],
+    } | ({"configs": configs} if configs is not None else {}))
+
+
+@pytest.fixture(scope="module")
+def llamacpp_python() -> str:
+    python = default_python("llamacpp")
+    if python == "python":
+        pytest.skip(f"llama.cpp is not built in {engine_venv('llamacpp')}: run scripts/install_llamacpp.sh")
+    return python
+
+
+def kvlab(*args: str, db: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"KVLAB_DATABASE_URL": f"sqlite:///{db}"}
+    return subprocess.run([sys.executable, "-m", "kvlab.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=SAFETY_S, check=False)
+
+
+@pytest.fixture(scope="module")
+def runs(llamacpp_python, tmp_path_factory) -> dict:
+    """The sweep on llama.cpp (experiment 1), the same items on the embedded engine (experiment 2), one store."""
+    folder = tmp_path_factory.mktemp("llamacpp-real")
+    db = folder / "kvlab.sqlite"
+    (folder / "llamacpp.toml").write_text(spec_toml("llamacpp-real", "llamacpp", LLAMACPP_CONFIGS))
+    (folder / "embedded.toml").write_text(spec_toml("embedded-real", "embedded", EMBEDDED_CONFIGS))
+    on_llamacpp = kvlab("run", "llamacpp.toml", "--json", "out.json", db=db, cwd=folder)
+    assert on_llamacpp.returncode == 0, on_llamacpp.stderr[-3000:]
+    embedded = kvlab("run", "embedded.toml", db=db, cwd=folder)
+    assert embedded.returncode == 0, embedded.stderr[-3000:]
+    compared = kvlab("compare", "2", "1", db=db, cwd=folder)
+    with Store(f"sqlite:///{db}") as store:
+        yield {"llamacpp": store.item_results(1), "embedded": store.item_results(2), "stdout": on_llamacpp.stdout,
+               "json": json.loads((folder / "out.json").read_text()), "compare": compared}
+
+
+def _bits(config: dict) -> float:
+    key = config.get("quant", "none")
+    return (FORMATS[key].bits_per_value + FORMATS[config.get("value_quant", key)].bits_per_value) / 2
+
+
+def test_every_pair_shows_the_pool_bytes_of_its_own_server_against_the_hand_formula(runs):
+    """llama.cpp's log states each pool (cells, K and V MiB); per token it is the geometry with ggml's blocks:
+    f16 23,040 B, q8_0 12,240 B (34 B per 32 values), q4_0 6,480 B (18 B per 32), q8_0 keys with q4_0 values 9,360."""
+    results = runs["llamacpp"]
+    assert {r.config_name for r in results} == {c["name"] for c in LLAMACPP_CONFIGS}
+    assert all(r.error is None and r.physical_kv_bytes and r.kv_bytes_estimated for r in results)
+    for config in LLAMACPP_CONFIGS:
+        result = next(r for r in results if r.config_name == config["name"])
+        per_token = result.physical_kv_bytes / result.prompt_tokens
+        assert per_token == pytest.approx(SMOLLM2.bytes_per_token(_bits(config)), rel=0.01), config
+        source = result.extra["kv_bytes_source"]
+        assert "llama_kv_cache: size =" in source and ", agree" in source, source
+    assert all(r.score == 1.0 for r in results if r.config_name == "baseline")  # the model does the task here
+
+
+def test_value_quantization_runs_with_flash_attention_and_the_launch_says_so(runs):
+    launches = {launch["config"]: launch["command"] for launch in runs["json"]["engine"]["launches"]}
+    assert set(launches) == {c["name"] for c in LLAMACPP_CONFIGS}
+    for command in launches.values():
+        assert command[command.index("--flash_attn") + 1] == "true"
+    k8v4 = launches["k8v4"]
+    assert (k8v4[k8v4.index("--type_k") + 1], k8v4[k8v4.index("--type_v") + 1]) == ("8", "2")
+    assert k8v4[k8v4.index("--model") + 1].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")  # the model's own file
+
+
+def test_the_sweep_is_decided_by_fidelity_measured_through_llamacpp(runs):
+    """Each pair's items carry the sampled estimate against the f16 server's sampled continuation, and the verdict
+    per task is fidelity's."""
+    for result in runs["llamacpp"]:
+        if result.config_name == "baseline":
+            assert result.fidelity is None and result.extra.get("fidelity_reference")
+            continue
+        fidelity = result.fidelity
+        assert fidelity is not None and fidelity.teacher == TEACHER_BASELINE_SAMPLE, result.extra
+        assert fidelity.tokens >= 1 and all(math.isfinite(kl) for kl in fidelity.kl)
+    verdicts = runs["stdout"].split("verdict per task", 1)[1].split("\n\n", 1)[0].splitlines()
+    for name in ("8-bit", "4-bit", "k8v4"):
+        row = next(line for line in verdicts if line.startswith(name))
+        assert " fidelity " in row and "mean KL" in row, row
+
+
+def test_the_same_items_on_two_engines_in_one_table(runs):
+    rows = {row.config_name: row for row in engine_agreement(runs["embedded"], runs["llamacpp"])}
+    assert set(rows) == {"baseline", "8-bit"}
+    for row in rows.values():
+        assert row.items == ITEMS and row.estimated_b and not row.estimated_a
+        # two engines (float32 PyTorch, llama.cpp on Q4_1 weights) and two 8-bit formats, the same answers to most
+        # passkey items at 512 tokens
+        assert row.same_outcome >= 0.75, row
+    # 16-bit caches of the same tokens: the same bytes per token, measured here and stated by llama.cpp
+    assert rows["baseline"].kv_bytes_b == pytest.approx(rows["baseline"].kv_bytes_a, rel=0.01)
+    assert rows["8-bit"].fidelity_a.teacher == TEACHER_BASELINE_OUTPUT
+    assert rows["8-bit"].fidelity_b.teacher == TEACHER_BASELINE_SAMPLE and rows["8-bit"].fidelity_b.items == ITEMS
+    table = runs["compare"]
+    assert table.returncode == 0, table.stderr
+    assert "same outcome" in table.stdout and "mean KL A [95% CI]" in table.stdout
+    # llama.cpp's baseline kept its sampled continuations; the embedded float32 model scores them: the floor
+    (floor,) = [line for line in table.stdout.splitlines() if line.startswith("baselines: KL(llamacpp #1's baseline")]
+    assert f"over {ITEMS} items" in floor, floor
+
+
+def test_a_tune_on_llamacpp_searches_its_kv_types_and_ends_in_llama_servers_flags(llamacpp_python, tmp_path):
+    """At loose margins (4 items cannot certify a tight one): the search, its notes and the flags it ends in."""
+    spec = tmp_path / "tune.toml"
+    spec.write_text(spec_toml("llamacpp-tune", "llamacpp", None, num_items=4, max_drop=0.5, max_kl=0.5,
+                              tune={"quant": ["q8_0", "int8"], "value_quant": ["q4_0"], "min_items": 4,
+                                    "candidates_per_round": 2, "max_trials": 2}))
+    tuned = kvlab("tune", str(spec), "--json", str(tmp_path / "tune.json"), db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    assert "llamacpp has no KV cache like int8: left out of the search" in tuned.stdout + tuned.stderr
+    answer = json.loads((tmp_path / "tune.json").read_text())
+    config = answer["config"]
+    assert config["quant"] == "q8_0", answer
+    value = config.get("value_quant") or "q8_0"
+    flag = f"--cache-type-k q8_0 --cache-type-v {value} -fa on"
+    assert answer["engines"]["llamacpp"]["flag"] == flag and flag in tuned.stdout
+
+
+def test_a_taken_port_fails_the_run_in_one_line_with_its_root_cause(llamacpp_python, tmp_path):
+    spec = tmp_path / "taken.toml"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        spec.write_text(spec_toml("llamacpp-taken", "llamacpp", [{"name": "baseline"}], num_items=1).replace(
+            "[backend.server]\n", f"[backend.server]\nport = {port}\n"))
+        ran = kvlab("run", str(spec), "--no-store", db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
+    assert ran.returncode != 0 and "Traceback" not in ran.stderr, ran.stderr[-3000:]
+    (error,) = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
+    assert "its port is taken by another process" in error and "address already in use" in error.lower(), error
+
+
+@pytest.mark.parametrize(("model", "cause"), [
+    ("absent.gguf", "its GGUF file is not there"),
+    ("garbage.gguf", "llama.cpp cannot load the model file"),
+])
+def test_a_server_that_cannot_load_its_model_says_why_in_one_line(llamacpp_python, tmp_path, model, cause):
+    """The launch kvlab makes, on a model file that is missing or not GGUF: the failure is the line naming it."""
+    (tmp_path / "garbage.gguf").write_bytes(b"not a gguf file" * 64)
+    installed = Installed(llamacpp_python, threads=1)
+    port = free_port()
+    command = server_command("llamacpp", str(tmp_path / model), KVCacheConfig(), ServerOptions(), port, "m",
+                             installed=installed)
+    server = ManagedServer(command, f"http://127.0.0.1:{port}/v1/models", tmp_path / "server.log",
+                           env=server_env("llamacpp", installed, local_model=True), startup_timeout_s=SAFETY_S)
+    with pytest.raises(ServerStartError) as failed:
+        server.start()
+        server.wait_healthy()
+    server.stop()
+    said = startup_failure(server.log_text(), str(failed.value).splitlines()[0], LLAMACPP.startup_faults)
+    assert said.startswith(cause) and "\n" not in said, said
