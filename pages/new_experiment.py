@@ -204,13 +204,16 @@ def backend_options(backend: str) -> None:
             python_col.text_input("Python with the engine installed", key=P + "backend.server.python",
                                   help=form.python_help)
             fraction_col, pool_col, length_col, prefix_col = st.columns(4)
+            in_tokens = f"{SERVERS[backend].title} sizes its pool in tokens: the max model length"
             fraction_col.number_input(
                 "GPU memory fraction (0: engine default)", min_value=0.0, max_value=1.0, step=0.05,
-                key=P + "backend.server.memory_fraction", help=form.memory_flag)
+                key=P + "backend.server.memory_fraction", disabled=form.memory_flag is None,
+                help=form.memory_flag or in_tokens)
             pool_col.number_input(
                 "KV pool GiB (0: default)", min_value=0.0, max_value=4096.0, step=0.5,
                 key=P + "backend.server.kv_cache_gib", disabled=form.pool_help is None,
-                help=form.pool_help or f"{SERVERS[backend].title} sizes its pool by the memory fraction only")
+                help=form.pool_help or (f"{SERVERS[backend].title} sizes its pool by the memory fraction only"
+                                        if form.memory_flag else in_tokens))
             length_col.number_input("Max model length (0: engine default)", min_value=0, step=1024,
                                     key=P + "backend.server.max_model_len", help=form.context_flag)
             prefix_col.checkbox(form.prefix_cache, key=P + "backend.server.prefix_cache")

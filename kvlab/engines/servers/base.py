@@ -39,7 +39,7 @@ class MetricNames:
 class FormLabels:
     """How the dashboard's form names the engine's own flags for kvlab's server settings."""
 
-    memory_flag: str  # server.memory_fraction
+    memory_flag: str | None  # server.memory_fraction (None: the engine sizes its pool in tokens, max_model_len)
     context_flag: str  # server.max_model_len
     prefix_cache: str  # the label of server.prefix_cache's checkbox
     python_help: str  # where its interpreter comes from

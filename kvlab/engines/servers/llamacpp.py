@@ -137,7 +137,7 @@ LLAMACPP = LlamaCppEngine(
     # pydantic-settings reads)
     key_flags={"--api_key": "llama-cpp-python's server reads the key from the API_KEY environment variable instead"},
     metrics=MetricNames(),  # llama-cpp-python's server has no /metrics
-    form=FormLabels(memory_flag="(none: llama.cpp sizes its pool in tokens)", context_flag="--n_ctx",
+    form=FormLabels(memory_flag=None, context_flag="--n_ctx (the pool's cells)",
                     prefix_cache="Prefix reuse (always on)",
                     python_help="kvlab starts `python -m llama_cpp.server` with it. Blank: the venv "
                                 "scripts/install_llamacpp.sh made, else `python`"),
