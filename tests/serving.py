@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import pytest
 
 from kvlab.engines.managed_server import ManagedServer, free_port
 from tests.waiting import SAFETY_S
@@ -74,3 +77,22 @@ def plain_openai_server() -> Iterator[str]:
         yield f"http://127.0.0.1:{server.server_port}/v1"
     finally:
         server.shutdown()
+
+
+def kvlab_cli(*args: str, db: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``kvlab ARGS`` in a fresh process on the SQLite store ``db``, run from ``cwd`` (however long the host needs)."""
+    env = os.environ | {"KVLAB_DATABASE_URL": f"sqlite:///{db}"}
+    return subprocess.run([sys.executable, "-m", "kvlab.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=SAFETY_S, check=False)
+
+
+def installed_engine_python(kind: str) -> str:
+    """The interpreter of the venv ``scripts/install_{kind}.sh`` made for a launched engine; the test skips without
+    it (a failure under the README's test command, which installs it: KVLAB_STRICT_TESTS)."""
+    from kvlab.engines.host import default_python
+    from kvlab.paths import engine_venv
+
+    python = default_python(kind)
+    if python == "python":
+        pytest.skip(f"{kind} is not installed in {engine_venv(kind)}: run scripts/install_{kind}.sh")
+    return python

@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import tomli_w
@@ -27,13 +23,12 @@ from kvlab.core.formats import FORMATS
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE
-from kvlab.engines.host import default_python
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.server_flags import Installed, server_command, server_env
 from kvlab.engines.server_logs import startup_failure
 from kvlab.engines.servers import serving_engine
-from kvlab.paths import engine_venv
 from kvlab.store import Store
+from tests.serving import installed_engine_python, kvlab_cli
 from tests.waiting import SAFETY_S
 
 pytestmark = pytest.mark.model
@@ -70,16 +65,7 @@ def spec_toml(name: str, kind: str, configs: list[dict] | None, num_items: int =
 
 @pytest.fixture(scope="module")
 def llamacpp_python() -> str:
-    python = default_python("llamacpp")
-    if python == "python":
-        pytest.skip(f"llama.cpp is not built in {engine_venv('llamacpp')}: run scripts/install_llamacpp.sh")
-    return python
-
-
-def kvlab(*args: str, db: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"KVLAB_DATABASE_URL": f"sqlite:///{db}"}
-    return subprocess.run([sys.executable, "-m", "kvlab.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=SAFETY_S, check=False)
+    return installed_engine_python("llamacpp")
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +75,11 @@ def runs(llamacpp_python, tmp_path_factory) -> dict:
     db = folder / "kvlab.sqlite"
     (folder / "llamacpp.toml").write_text(spec_toml("llamacpp-real", "llamacpp", LLAMACPP_CONFIGS))
     (folder / "embedded.toml").write_text(spec_toml("embedded-real", "embedded", EMBEDDED_CONFIGS))
-    on_llamacpp = kvlab("run", "llamacpp.toml", "--json", "out.json", db=db, cwd=folder)
+    on_llamacpp = kvlab_cli("run", "llamacpp.toml", "--json", "out.json", db=db, cwd=folder)
     assert on_llamacpp.returncode == 0, on_llamacpp.stderr[-3000:]
-    embedded = kvlab("run", "embedded.toml", db=db, cwd=folder)
+    embedded = kvlab_cli("run", "embedded.toml", db=db, cwd=folder)
     assert embedded.returncode == 0, embedded.stderr[-3000:]
-    compared = kvlab("compare", "2", "1", db=db, cwd=folder)
+    compared = kvlab_cli("compare", "2", "1", db=db, cwd=folder)
     with Store(f"sqlite:///{db}") as store:
         yield {"llamacpp": store.item_results(1), "embedded": store.item_results(2), "stdout": on_llamacpp.stdout,
                "json": json.loads((folder / "out.json").read_text()), "compare": compared}
@@ -171,7 +157,8 @@ def test_a_tune_on_llamacpp_searches_its_kv_types_and_ends_in_llama_servers_flag
     spec.write_text(spec_toml("llamacpp-tune", "llamacpp", None, num_items=4, max_drop=0.5, max_kl=0.5,
                               tune={"quant": ["q8_0", "int8"], "value_quant": ["q4_0"], "min_items": 4,
                                     "candidates_per_round": 2, "max_trials": 2}))
-    tuned = kvlab("tune", str(spec), "--json", str(tmp_path / "tune.json"), db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
+    tuned = kvlab_cli("tune", str(spec), "--json", str(tmp_path / "tune.json"), db=tmp_path / "kvlab.sqlite",
+                      cwd=tmp_path)
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     assert "llamacpp has no KV cache like int8: left out of the search" in tuned.stdout + tuned.stderr
     answer = json.loads((tmp_path / "tune.json").read_text())
@@ -190,7 +177,7 @@ def test_a_taken_port_fails_the_run_in_one_line_with_its_root_cause(llamacpp_pyt
         port = holder.getsockname()[1]
         spec.write_text(spec_toml("llamacpp-taken", "llamacpp", [{"name": "baseline"}], num_items=1).replace(
             "[backend.server]\n", f"[backend.server]\nport = {port}\n"))
-        ran = kvlab("run", str(spec), "--no-store", db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
+        ran = kvlab_cli("run", str(spec), "--no-store", db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
     assert ran.returncode != 0 and "Traceback" not in ran.stderr, ran.stderr[-3000:]
     (error,) = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
     assert "its port is taken by another process" in error and "address already in use" in error.lower(), error

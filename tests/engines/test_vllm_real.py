@@ -17,10 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import tomli_w
@@ -31,13 +27,13 @@ from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE
 from kvlab.doctor import diagnose
-from kvlab.engines.host import default_python, offer
+from kvlab.engines.host import offer
 from kvlab.engines.managed_server import ManagedServer, free_port
 from kvlab.engines.server_flags import Installed, server_command, server_env
 from kvlab.models import resolve_model
-from kvlab.paths import engine_venv
 from kvlab.store import Store
 from tests.host_limits import could_not_run
+from tests.serving import installed_engine_python, kvlab_cli
 from tests.waiting import SAFETY_S
 
 pytestmark = pytest.mark.model
@@ -69,16 +65,7 @@ KEY = "kvlab-test-key-0123456789"
 
 @pytest.fixture(scope="module")
 def vllm_python() -> str:
-    python = default_python("vllm")
-    if python == "python":
-        pytest.skip(f"vLLM is not installed in {engine_venv('vllm')}: run scripts/install_vllm.sh")
-    return python
-
-
-def kvlab(*args: str, db: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"KVLAB_DATABASE_URL": f"sqlite:///{db}"}
-    return subprocess.run([sys.executable, "-m", "kvlab.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=SAFETY_S, check=False)
+    return installed_engine_python("vllm")
 
 
 @pytest.fixture(scope="module")
@@ -87,16 +74,16 @@ def runs(vllm_python, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("vllm-real")
     spec, db = folder / "spec.toml", folder / "kvlab.sqlite"
     spec.write_text(SPEC)
-    on_vllm = kvlab("run", str(spec), db=db, cwd=folder)
+    on_vllm = kvlab_cli("run", str(spec), db=db, cwd=folder)
     assert on_vllm.returncode == 0, on_vllm.stderr[-3000:]
-    embedded = kvlab("run", str(spec), "--backend", "embedded", db=db, cwd=folder)
+    embedded = kvlab_cli("run", str(spec), "--backend", "embedded", db=db, cwd=folder)
     assert embedded.returncode == 0, embedded.stderr[-3000:]
-    compared = kvlab("compare", "2", "1", db=db, cwd=folder)
+    compared = kvlab_cli("compare", "2", "1", db=db, cwd=folder)
     if NOT_HERE:
         could_not_run(f"vLLM --kv-cache-dtype {', '.join(NOT_HERE)} (test_vllm_real compared the baseline with "
                       f"float16 weights instead)", next(iter(NOT_HERE.values())))
         (folder / "float16.toml").write_text(FLOAT16)
-        on_float16 = kvlab("run", str(folder / "float16.toml"), db=db, cwd=folder)
+        on_float16 = kvlab_cli("run", str(folder / "float16.toml"), db=db, cwd=folder)
         assert on_float16.returncode == 0, on_float16.stderr[-3000:]
     with Store(f"sqlite:///{db}") as store:
         yield {"vllm": store.item_results(1), "embedded": store.item_results(2), "trials": store.trials(1),
@@ -244,7 +231,7 @@ TUNE = spec_toml("vllm-tune", 8, [0.5], max_drop=0.5, max_kl=0.5,
 def test_a_tune_on_vllm_searches_its_kv_dtypes_and_ends_in_the_exact_flag(vllm_python, tmp_path):
     spec, out = tmp_path / "tune.toml", tmp_path / "tune.json"
     spec.write_text(TUNE)
-    tuned = kvlab("tune", str(spec), "--json", str(out), db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
+    tuned = kvlab_cli("tune", str(spec), "--json", str(out), db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
     if NOT_HERE:  # vLLM has no KV dtype but fp8 to search: the tune is refused in one line, before any server
         could_not_run("a tune over vLLM's fp8 KV dtypes (test_vllm_real checked its refusal)",
                       next(iter(NOT_HERE.values())))
@@ -272,7 +259,7 @@ def test_16bit_layers_launch_with_vllms_flag_and_its_pool_follows_the_mixed_geom
     spec = tmp_path / "skip.toml"
     spec.write_text(spec_toml("vllm-skip", 1, [0.5], configs=[
         {"name": "baseline"}, {"name": "fp8-16b", "quant": "fp8_e4m3", "skip_layers": {"first": 2, "last": 2}}]))
-    ran = kvlab("run", str(spec), "--json", str(tmp_path / "out.json"), db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
+    ran = kvlab_cli("run", str(spec), "--json", str(tmp_path / "out.json"), db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     results = {r["config_name"]: r for r in json.loads((tmp_path / "out.json").read_text())["results"]}
     skipped = results["fp8-16b"]
