@@ -114,9 +114,15 @@ class KVLabFields:
         if not isinstance(body, dict) or not (body.get("prompt_logprobs") or body.get("return_token_ids")):
             await self.app(scope, _replay(raw, receive), send)
             return
-        async for proxy in server_app.get_llama_proxy():  # the package's two locks, as its routes take them
-            llama = proxy(body.get("model"))
-            choice = await run_in_threadpool(_score if body.get("prompt_logprobs") else _sample, llama, body)
+        try:
+            async for proxy in server_app.get_llama_proxy():  # the package's two locks, as its routes take them
+                llama = proxy(body.get("model"))
+                choice = await run_in_threadpool(_score if body.get("prompt_logprobs") else _sample, llama, body)
+        except Exception as error:  # noqa: BLE001 -- a request llama.cpp cannot answer (longer than its context...)
+            # answered as the package answers a bad request, so that the client says why in one line
+            await JSONResponse({"error": {"message": f"{type(error).__name__}: {error}",
+                                          "type": "invalid_request_error"}}, status_code=400)(scope, receive, send)
+            return
         prompt_tokens = len(choice["prompt_token_ids"])
         await JSONResponse({
             "id": "cmpl-kvlab", "object": "text_completion", "model": body.get("model"), "choices": [choice],
