@@ -112,3 +112,38 @@ def engine_agreement(results_a: Sequence[ItemResult], results_b: Sequence[ItemRe
             estimated_b=any(y.kv_bytes_estimated for _, y in pairs),
             fidelity_a=EngineFidelity.of([x for x, _ in pairs]), fidelity_b=EngineFidelity.of([y for _, y in pairs])))
     return rows
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One config of one engine's experiment, over the items every compared experiment ran without an error:
+    its accuracy, its fidelity to that engine's own baseline and its KV bytes per context token."""
+
+    experiment_id: int
+    engine: str
+    config_name: str
+    items: int
+    accuracy: float | None
+    kv_bytes: float | None
+    estimated: bool
+    fidelity: EngineFidelity | None
+
+
+def engines_table(runs: Sequence[tuple[int, str, Sequence[ItemResult]]]) -> list[EngineConfig]:
+    """Every config of every run (``(experiment id, engine, results)``, the same spec on several engines, each with
+    its own formats), on the items all of the runs ran: the table that sets engines side by side even where their
+    configs differ (llama.cpp's q8_0 beside the embedded engine's int8), each against its own baseline."""
+    def items(results: Sequence[ItemResult]) -> set[tuple[str, str]]:
+        return {(r.task, r.item_id) for r in results if r.error is None}
+
+    shared = set.intersection(*(items(results) for _, _, results in runs)) if runs else set()
+    rows = []
+    for experiment_id, engine, results in runs:
+        kept = [r for r in results if r.error is None and (r.task, r.item_id) in shared]
+        for name in dict.fromkeys(r.config_name for r in kept):
+            mine = [r for r in kept if r.config_name == name]
+            rows.append(EngineConfig(
+                experiment_id=experiment_id, engine=engine, config_name=name, items=len(mine),
+                accuracy=_mean([r.score for r in mine]), kv_bytes=_mean([_per_token(r) for r in mine]),
+                estimated=any(r.kv_bytes_estimated for r in mine), fidelity=EngineFidelity.of(mine)))
+    return rows

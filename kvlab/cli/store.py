@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from kvlab.cli.exits import UserError
 from kvlab.cli.options import add_margin_options, int_between, margin_overrides, non_negative_int, positive_int
 from kvlab.cli.outputs import check_output, shown, write_output
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
@@ -126,23 +127,58 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """The same spec on two engines, config by config (:mod:`kvlab.analysis.agreement`)."""
+    """The same spec on several engines (:mod:`kvlab.analysis.agreement`): two experiments config by config, and
+    every experiment's configs side by side, each against its own engine's baseline."""
+    store = _store()
+    if len(args.ids) < 2:
+        raise UserError(f"kvlab compare: give two or more experiment ids (got {args.ids[0]} alone)")
+    experiments = [store.get_experiment(i) for i in args.ids]
+    if len(experiments) == 2:
+        _pairwise(store, *experiments)
+    _engines(store, experiments)
+    _baselines_against_each_other(store, *experiments)
+    return 0
+
+
+def _engines(store: ExperimentStore, experiments: list[Any]) -> None:
+    """Every experiment's configs on the items all of them ran (:func:`kvlab.analysis.agreement.engines_table`)."""
+    from kvlab.analysis.agreement import engines_table
+
+    rows = engines_table([(e.id, e.backend_kind, store.item_results(e.id)) for e in experiments])
+    if not rows:
+        print(f"experiments {', '.join(str(e.id) for e in experiments)} share no item without an error: no engines "
+              "table")
+        return
+    shared = max(row.items for row in rows)
+    print(f"\nevery engine's configs on the {shared} item(s) all of these experiments ran, each against its own "
+          "baseline:")
+    print(f"{'experiment':>10}  {'engine':14} {'config':24} {'items':>5}  {'accuracy':>8}  {'KV B/token':>11}  "
+          f"{'mean KL [95% CI]':>26}  {'agree':>6}  estimator")
+    for row in rows:
+        fidelity = row.fidelity
+        print(f"{row.experiment_id:>10}  {shown(row.engine)[:14]:14} {shown(row.config_name)[:24]:24} {row.items:>5}  "
+              f"{_number(row.accuracy, form='.2f'):>8}  {_number(row.kv_bytes, row.estimated):>11}  "
+              f"{_kl(fidelity):>26}  {_number(fidelity.agreement if fidelity else None, form='.1%'):>6}  "
+              f"{fidelity.teacher if fidelity else '-'}")
+
+
+def _number(value: float | None, estimated: bool = False, form: str = ",.0f") -> str:
+    return "-" if value is None else ("≈" if estimated else "") + format(value, form)
+
+
+def _pairwise(store: ExperimentStore, a: Any, b: Any) -> None:
+    """Two experiments config by config: the configs both ran, paired item by item."""
     from kvlab.analysis.agreement import engine_agreement
 
-    store = _store()
-    a, b = store.get_experiment(args.a), store.get_experiment(args.b)
-    rows = engine_agreement(store.item_results(args.a), store.item_results(args.b))
+    rows = engine_agreement(store.item_results(a.id), store.item_results(b.id))
     if not rows:
-        print(f"experiments {args.a} and {args.b} share no config and item without an error: nothing to compare")
-        return 0
+        print(f"experiments {a.id} and {b.id} share no config and item without an error: nothing to pair")
+        return
     print(f"A = experiment {a.id} '{shown(a.name)}' ({shown(a.backend_kind)}), "
           f"B = experiment {b.id} '{shown(b.name)}' ({shown(b.backend_kind)})")
     print(f"{'config':24} {'items':>5}  {'acc A':>6} {'acc B':>6}  {'same outcome':>12}  {'same text':>9}  "
           f"{'KV B/token A':>12}  {'KV B/token B':>12}  {'mean KL A [95% CI]':>22}  {'mean KL B [95% CI]':>22}")
-
-    def number(value: float | None, estimated: bool = False, form: str = ",.0f") -> str:
-        return "-" if value is None else ("≈" if estimated else "") + format(value, form)
-
+    number = _number
     for row in rows:
         print(f"{shown(row.config_name)[:24]:24} {row.items:>5}  {number(row.accuracy_a, form='.2f'):>6} "
               f"{number(row.accuracy_b, form='.2f'):>6}  {number(row.same_outcome, form='.0%'):>12}  "
@@ -154,8 +190,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if teachers:
         print("mean KL: each engine's config against that engine's own baseline, over the paired items; measured on "
               + "; ".join(sorted(teachers)))
-    _baselines_against_each_other(store, a, b)
-    return 0
 
 
 def _baselines_against_each_other(store: ExperimentStore, *experiments: Any) -> None:
@@ -268,10 +302,12 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
     add_margin_options(show, "the experiment's")
     show.add_argument("--events", type=non_negative_int, default=10, help="how many recent events to print (0: none)")
     show.set_defaults(func=cmd_show)
-    compare = sub.add_parser("compare", help="the same spec on two engines: per config, both accuracies, how often "
-                                             "outcomes and texts agree, both KV bytes")
-    compare.add_argument("a", type=positive_int, help="an experiment id (say, on the embedded engine)")
-    compare.add_argument("b", type=positive_int, help="another (say, the same spec on vLLM)")
+    compare = sub.add_parser("compare", help="the same spec on two or more engines: of two, per config both "
+                             "accuracies, how often outcomes and texts agree, both KV bytes; of any number, every "
+                             "engine's configs on the items all ran, each against its own baseline, and each server's "
+                             "baseline against the embedded engine's")
+    compare.add_argument("ids", type=positive_int, nargs="+", metavar="ID",
+                         help="two or more experiment ids: the same spec on the embedded engine, vLLM, llama.cpp ...")
     compare.set_defaults(func=cmd_compare)
     cancel = sub.add_parser("cancel", help="cancel an experiment's queued and running trials")
     cancel.add_argument("id", type=positive_int, help="the experiment's id")

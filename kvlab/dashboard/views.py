@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeGuard
 from urllib.parse import urlencode
 
-from kvlab.analysis.agreement import EngineAgreement
+from kvlab.analysis.agreement import EngineAgreement, EngineConfig
 from kvlab.analysis.summary import ConfigSummary, Decision, stored_config
 from kvlab.core.formats import FORMATS
 from kvlab.core.margins import Margins
@@ -397,6 +397,17 @@ def engine_rows(rows: Sequence[EngineAgreement], a: str, b: str) -> list[dict[st
              f"KV B/token {b}": per_token(row.kv_bytes_b, row.estimated_b),
              f"mean KL {a} [95% CI]": row.fidelity_a.text if row.fidelity_a else "-",
              f"mean KL {b} [95% CI]": row.fidelity_b.text if row.fidelity_b else "-"} for row in rows]
+
+
+def engines_table_rows(rows: Sequence[EngineConfig]) -> list[dict[str, Any]]:
+    """Every engine's configs on the items all compared experiments ran (``kvlab compare A B C``), as the page
+    shows them."""
+    return [{"experiment": f"#{row.experiment_id}", "engine": row.engine, "config": row.config_name,
+             "items": row.items, "accuracy": None if row.accuracy is None else round(row.accuracy, 3),
+             "KV B/token": "-" if row.kv_bytes is None else ("≈" if row.estimated else "") + f"{row.kv_bytes:,.0f}",
+             "mean KL [95% CI]": row.fidelity.text if row.fidelity else "-",
+             "agreement": f"{row.fidelity.agreement:.1%}" if row.fidelity else "-",
+             "estimator": row.fidelity.teacher if row.fidelity else "-"} for row in rows]
 
 
 def compare_rows(summaries_by_experiment: Mapping[int, Sequence[ConfigSummary]],

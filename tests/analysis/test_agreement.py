@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvlab.analysis.agreement import answer_text, engine_agreement
+from kvlab.analysis.agreement import answer_text, engine_agreement, engines_table
 from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE, Fidelity
 from tests.dashboard_data import item_result
 
@@ -68,3 +68,25 @@ def test_each_engine_shows_its_configs_fidelity_to_its_own_baseline_and_its_esti
     assert int4_a.mean_kl == pytest.approx(0.1) and int4_a.items == 3 and int4_a.teacher == TEACHER_BASELINE_OUTPUT
     assert int4_b.mean_kl == pytest.approx((0.05 + 0.55 + 1.05) / 3) and int4_b.teacher == TEACHER_BASELINE_SAMPLE
     assert int4_a.kl_low <= int4_a.mean_kl <= int4_a.kl_high and int4_a.text.startswith("0.1 [")
+
+
+def test_engines_side_by_side_on_the_items_all_of_them_ran_whatever_their_configs():
+    """Three engines with formats of their own: every config of each, against its own baseline, on the shared items."""
+    embedded_run = [embedded(config, item) for config in ("baseline", "int2") for item in range(4)]
+    def own(name: str, item: int, per_token: float):  # a config of the engine's own format, answered as the baseline
+        return replace(served("baseline", item, per_token), config_name=name)
+
+    llama = [own(config, item, per_token) for config, per_token in (("baseline", 23_040), ("q8_0", 12_240))
+             for item in range(4)]
+    vllm = [own(config, item, per_token) for config, per_token in (("baseline", 23_046), ("fp8_e4m3", 11_523))
+            for item in range(3)]  # one item fewer: the table keeps the 3 all of them ran
+    vllm.append(replace(own("fp8_e4m3", 3, 11_523), error="boom"))
+    rows = engines_table([(1, "embedded", embedded_run), (2, "llamacpp", llama), (3, "vllm", vllm)])
+    assert [(r.experiment_id, r.engine, r.config_name) for r in rows] == [
+        (1, "embedded", "baseline"), (1, "embedded", "int2"), (2, "llamacpp", "baseline"), (2, "llamacpp", "q8_0"),
+        (3, "vllm", "baseline"), (3, "vllm", "fp8_e4m3")]
+    assert {r.items for r in rows} == {3}
+    q8 = rows[3]
+    assert q8.kv_bytes == pytest.approx(12_240) and q8.estimated and q8.accuracy == 1.0
+    assert not rows[1].estimated and rows[1].accuracy == pytest.approx(1 / 3)  # int2 misses items 0 and 1: PROFILE
+    assert engines_table([(1, "embedded", embedded_run), (2, "llamacpp", [served("baseline", 9, 1.0)])]) == []

@@ -146,6 +146,9 @@ def test_the_same_items_on_two_engines_in_one_table(runs):
     table = runs["compare"]
     assert table.returncode == 0, table.stderr
     assert "same outcome" in table.stdout and "mean KL A [95% CI]" in table.stdout
+    # every engine's configs, paired by name or not (llama.cpp's k8v4 has no embedded counterpart)
+    engines = table.stdout.split("each against its own baseline:", 1)[1]
+    assert all(f" {name} " in engines for name in ("8-bit", "4-bit", "k8v4")), engines
     # llama.cpp's baseline kept its sampled continuations; the embedded float32 model scores them: the floor
     (floor,) = [line for line in table.stdout.splitlines() if line.startswith("baselines: KL(llamacpp #1's baseline")]
     assert f"over {ITEMS} items" in floor, floor
