@@ -14,8 +14,9 @@ from kvlab.compress.accounting import (
 )
 from kvlab.compress.cache import CompressedLayer, build_compressed_cache
 from kvlab.compress.quantization import dequantize, pack_codes, quantize, unpack_codes
+from kvlab.core.formats import KVLAB_QUANT_NAMES
 from kvlab.core.geometry import CacheGeometry
-from kvlab.core.kv_config import QUANT_DTYPES, KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
@@ -43,8 +44,9 @@ def test_int_codes_really_packed():
     assert quantize(x, "int2", "token", 32).codes.numel() == x.numel() // 4
 
 
-@pytest.mark.parametrize("quant, group, residual, axis", [
-    (q, g, r, a) for q, g, r, a in itertools.product(QUANT_DTYPES, (32, 64, 128), (0, 16, 64), ("channel", "token"))
+@pytest.mark.parametrize("quant, group, residual, axis", [  # the formats kvlab's cache stores
+    (q, g, r, a)
+    for q, g, r, a in itertools.product(KVLAB_QUANT_NAMES, (32, 64, 128), (0, 16, 64), ("channel", "token"))
 ])
 def test_physical_bytes_equal_analytic_before_and_after_decode(quant, group, residual, axis):
     config = KVCacheConfig(quant=quant, group_size=group, residual_length=residual, key_axis=axis)

@@ -111,7 +111,7 @@ def test_formats_and_their_engine_names():
     assert "int2" not in SERVERS["vllm"].kv_dtypes  # vLLM has no 2-bit KV cache
     assert all(set(server.kv_dtypes) <= set(FORMATS) for server in SERVERS.values())
     assert INT_BITS == {"int8": 8, "int4": 4, "int2": 2}
-    assert QUANT_BITS == {name: float(f.bits) for name, f in FORMATS.items()}
+    assert QUANT_BITS == {name: f.bits_per_value for name, f in FORMATS.items()}  # llama.cpp's with their scales
 
 
 def test_serve_flags_read_the_registries():

@@ -6,8 +6,9 @@ import itertools
 
 import pytest
 
+from kvlab.core.formats import KVLAB_QUANT_NAMES
 from kvlab.core.items import TaskItem
-from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig
+from kvlab.core.kv_config import EVICTION_METHODS, KVCacheConfig
 from kvlab.core.results import MEASURED_EMBEDDED
 from kvlab.core.tasks import TaskSpec
 from kvlab.tasks import generate_items, score_item
@@ -25,7 +26,7 @@ def item(engine):
 
 def _configs_for_every_combination() -> list[KVCacheConfig]:
     return [KVCacheConfig(quant=q, evict=e, ratio=None if e == "none" else 0.5)
-            for q, e in itertools.product(QUANT_DTYPES, EVICTION_METHODS)]
+            for q, e in itertools.product(KVLAB_QUANT_NAMES, EVICTION_METHODS)]  # kvlab cache formats
 
 
 def test_physical_bytes_match_analytic_for_every_quantization_and_eviction(engine, item):
