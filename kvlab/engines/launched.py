@@ -50,6 +50,8 @@ def kv_bits(config: KVCacheConfig) -> float:
     """Bits per stored element of a launched config's cache, keys and values together (a ggml format's scales
     included: q8_0 is 8.5); "none" is the model's 16-bit dtype."""
     return (FORMATS[config.quant].bits_per_value + FORMATS[config.value_format].bits_per_value) / 2
+
+
 #: How far a pool's bytes per token may stray from the model's geometry before kvlab says so (vLLM
 #: rounds the pool down to whole blocks, so it holds a few bytes a token more than the layers need).
 GEOMETRY_TOLERANCE = 0.01

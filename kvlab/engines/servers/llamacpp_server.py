@@ -33,6 +33,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ROWS_PER_CHUNK = 64  # log-softmax this many positions at a time (a row is the whole vocabulary)
+#: The most top log-probabilities a position may ask for: vLLM's default max_logprobs, which refuses more (every
+#: prompt position carries that many entries, so an unbounded k is an unbounded answer)
+MAX_TOP_LOGPROBS = 20
 
 
 def _sample(llama: llama_cpp.Llama, body: dict[str, Any]) -> dict[str, Any]:
@@ -67,6 +70,8 @@ def _score(llama: llama_cpp.Llama, body: dict[str, Any]) -> dict[str, Any]:
     ids = list(prompt) if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) else \
         llama.tokenize(str(prompt).encode("utf-8"), special=True)
     top = max(int(body.get("prompt_logprobs") or 1), 1)
+    if top > MAX_TOP_LOGPROBS:
+        raise ValueError(f"prompt_logprobs = {top}: at most {MAX_TOP_LOGPROBS} top log-probabilities per position")
     # One generation step evaluates what of the prompt is not cached yet (the package's own prefix reuse); with
     # logits_all, llama.scores then holds every position's logits.
     next(iter(llama.generate(ids, temp=0.0)), None)
