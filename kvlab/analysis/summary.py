@@ -364,20 +364,33 @@ class Decision:
     max_drop: float
     rule: str
     note: str  # why there is no sweet spot, or how many items would show one; "" otherwise
+    #: The items the accuracy margin needs (:func:`~kvlab.analysis.decision.items_needed`): those on which a
+    #: config exactly as accurate as the baseline would be shown within ``max_drop``; None where the baseline
+    #: has no accuracy (or no count up to the limit would do).
     items_needed: int | None = None
     margins: Margins = Margins()
+    rests_on: int | None = None  # the items the sweet spot was judged on (None without one)
 
     @property
     def decided_by(self) -> str:
         """For the sweet spot: which criterion judged each task ("" without a sweet spot)."""
         return self.sweet_spot.decided_by if self.sweet_spot else ""
 
+    @property
+    def few_items(self) -> bool:
+        """Whether the sweet spot rests on fewer items than its accuracy margin needs: its accuracy
+        interval is then wider than the margin, so the verdict says little about a drop of ``max_drop``
+        (a fidelity verdict included: it also requires the accuracy not to be shown to drop)."""
+        return (self.sweet_spot is not None and self.items_needed is not None and self.rests_on is not None
+                and self.rests_on < self.items_needed)
+
     def to_dict(self) -> dict[str, Any]:
         spot = self.sweet_spot
         return {"config": spot.config_name if spot else None, "rule": self.rule, "max_drop": self.max_drop,
                 "max_kl": self.margins.max_kl, "min_agreement": self.margins.min_agreement,
                 "decided_by": {v.task: v.criterion for v in spot.task_verdicts} if spot else {},
-                "note": self.note, "items_needed": self.items_needed}
+                "note": self.note, "items_needed": self.items_needed, "rests_on_items": self.rests_on,
+                "few_items": self.few_items}
 
 
 def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", untested: int = 0) -> Decision:
@@ -395,9 +408,12 @@ def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", 
     baseline = next((s for s in summaries if s.config_name == baseline_name), None)
     if baseline is None or (baseline.accuracy is None and not measured):
         return Decision(None, max_drop, rule, "no scored baseline to compare with", margins=margins)
+    needed = items_needed(baseline.accuracy, max_drop, family) if baseline.accuracy is not None else None
     holding = [s for s in compared if s.non_inferior and _ok(s.compression_ratio)]
     if holding:
-        return Decision(max(holding, key=lambda s: s.compression_ratio), max_drop, rule, "", margins=margins)
+        spot = max(holding, key=lambda s: s.compression_ratio)
+        return Decision(spot, max_drop, rule, "", needed, margins=margins,
+                        rests_on=spot.n_scored or spot.fidelity_items)
     if not compared:
         return Decision(None, max_drop, rule, "no config was compared with the baseline on the same items",
                         margins=margins)
@@ -411,7 +427,6 @@ def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", 
         return Decision(None, max_drop, rule, f"no config is acceptable on every task{stopped}", margins=margins)
     n = max(s.n_scored for s in compared)
     note = f"no config is shown non-inferior within {max_drop * 100:g} points on {n} items{stopped}"
-    needed = items_needed(baseline.accuracy, max_drop, family) if baseline.accuracy is not None else None
     if needed is not None and needed > n:
         note += (f"; at the baseline's accuracy ({baseline.accuracy:.2f}) a config exactly as accurate, with "
                  f"independent errors, would need about {needed} items to be shown so")

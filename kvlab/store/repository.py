@@ -215,7 +215,7 @@ class Store(TuneQueries):
         configs = spec.all_configs()
         with self._session(write=True) as session:
             row = ExperimentRow(
-                name=spec.name, tags=list(spec.tags), notes=spec.notes, spec=spec_to_dict(spec),
+                name=spec.name, tags=list(spec.tags), notes=redact(spec.notes), spec=spec_to_dict(spec),
                 seed=spec.seed, model=spec.model, backend_kind=spec.backend.kind, status=status,
                 created_at=now, started_at=now if status == "running" else None, **_environment_columns(environment),
             )
@@ -272,6 +272,23 @@ class Store(TuneQueries):
             rows = session.scalars(stmt).all()
             counts = _trial_counts(session, [row.id for row in rows])
             return [_experiment_record(row, counts.get(row.id, {})) for row in rows]
+
+    def set_notes(self, experiment_id: int, notes: str) -> str:
+        """Replace the experiment's notes (free text, as a spec's ``notes``: at most ``MAX_NOTES_CHARS``
+        printable characters, newlines and tabs); returns them as stored.  Like every text the store
+        keeps, they pass through :func:`~kvlab.secrets.redact` first: a URL's password or a known key
+        pasted into a note is masked before it is written, so no page, export or report can show it."""
+        from kvlab.core.limits import MAX_NOTES_CHARS, check_text
+
+        try:
+            stored = redact(check_text(notes, MAX_NOTES_CHARS, allowed="\n\t"))
+        except ValueError as error:
+            raise StoreError(f"notes of experiment {experiment_id}: {error}") from None
+        with self._session(write=True) as session:
+            if not session.scalars(update(ExperimentRow).where(ExperimentRow.id == experiment_id)
+                                   .values(notes=stored).returning(ExperimentRow.id)).all():
+                raise ExperimentNotFoundError(f"no experiment {experiment_id}; `kvlab ls` lists them")
+        return stored
 
     def _has_tag(self, tag: str) -> Any:
         if self.dialect == "postgresql":

@@ -182,6 +182,23 @@ def test_list_experiments_filters_and_order(store):
         store.list_experiments(status="finished")
 
 
+def test_notes_are_edited_redacted_and_searched(store):
+    """Notes are replaced, found by the list's search, and a URL's password in them is masked before it is
+    stored (so no page or export can show it); control characters and unknown ids are refused."""
+    experiment_id = store.create_experiment(make_spec(2, notes="first draft"), ENV)
+    other = store.create_experiment(make_spec(2, name="other"), ENV)
+    stored = store.set_notes(experiment_id, "int4 holds\nmirror: postgresql://kv:hunter2-secret@db.example/kv")
+    assert stored == store.get_experiment(experiment_id).notes
+    assert "hunter2" not in stored and "int4 holds\nmirror: postgresql://" in stored
+    assert [e.id for e in store.list_experiments(search="INT4 HOLDS")] == [experiment_id]
+    assert store.get_experiment(other).notes == ""
+    with pytest.raises(StoreError, match="control character"):
+        store.set_notes(experiment_id, "bell\x07")
+    with pytest.raises(ExperimentNotFoundError):
+        store.set_notes(other + 1, "nobody")
+    assert store.set_notes(experiment_id, "") == "" == store.get_experiment(experiment_id).notes
+
+
 def test_list_experiments_many_trials_is_two_queries(store):
     """200 experiments x 50 trials: one page query and one GROUP BY for all the counts."""
     spec = make_spec(50)
