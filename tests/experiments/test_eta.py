@@ -1,0 +1,122 @@
+"""The time left of a running experiment (kvlab.experiments.eta) and the tail of its workers' log
+(kvlab.experiments.worker_logs), on records as the store hands them out and on a real worker's log."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from kvlab.experiments import eta, worker_logs
+from kvlab.store.records import ExperimentRecord, TelemetrySample, TrialRecord
+from tests.waiting import SAFETY_S
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def experiment(id: int = 1, status: str = "running", model: str = "smollm2-135m", backend: str = "embedded",
+               created_s: float = 600, started_s: float | None = 500, finished_s: float | None = None,
+               items_done: int = 0) -> ExperimentRecord:
+    """An experiment created ``created_s`` seconds before NOW, started and finished as given (seconds before NOW)."""
+    def at(seconds: float | None) -> datetime | None:
+        return None if seconds is None else NOW - timedelta(seconds=seconds)
+
+    return ExperimentRecord(id=id, name=f"e{id}", tags=[], notes="", spec={}, seed=0, model=model,
+                            backend_kind=backend, versions={}, git_commit=None, hardware={}, status=status,
+                            error=None, created_at=at(created_s), started_at=at(started_s),
+                            finished_at=at(finished_s), items_done=items_done)
+
+
+def trial(position: int, items_total: int | None, item_limit: int | None = None) -> TrialRecord:
+    return TrialRecord(id=position + 1, experiment_id=1, position=position, config_name=f"c{position}", config={},
+                       status="running", worker_id=None, claimed_at=None, heartbeat_at=None, started_at=None,
+                       finished_at=None, attempts=1, error=None, items_total=items_total, items_done=0,
+                       item_limit=item_limit)
+
+
+def test_evaluations_planned_counts_known_totals_limits_and_the_spec_plan():
+    assert eta.evaluations_planned([trial(0, 10), trial(1, 10)], None) == 20
+    assert eta.evaluations_planned([trial(0, 10), trial(1, None)], None) is None  # a queued trial, no plan
+    assert eta.evaluations_planned([trial(0, 10), trial(1, None)], 10) == 20
+    assert eta.evaluations_planned([trial(0, 10, item_limit=4), trial(1, None, item_limit=4)], 10) == 8
+
+
+def test_past_runs_of_the_same_model_and_backend_give_the_pace_before_the_run_has_its_own():
+    now_running = experiment(items_done=2)
+    past = [experiment(2, "done", started_s=4000, finished_s=3000, items_done=100),  # 10 s per evaluation
+            experiment(3, "done", started_s=2000, finished_s=1800, items_done=100),  # 2 s
+            experiment(4, "done", started_s=2000, finished_s=1900, items_done=25),  # 4 s
+            experiment(5, "done", backend="vllm", started_s=900, finished_s=800, items_done=1),  # another backend
+            experiment(6, "done", model="other", started_s=900, finished_s=800, items_done=1),  # another model
+            experiment(7, "failed", started_s=900, finished_s=800, items_done=1),  # not finished well
+            experiment(8, "done", started_s=None, finished_s=800)]  # never ran
+    pace = eta.past_pace(now_running, past)
+    assert pace is not None and pace.seconds_per_evaluation == 4.0  # the median of 10, 2 and 4
+    assert "#2" in pace.basis and "#5" not in pace.basis and "embedded" in pace.basis
+    left = eta.estimate(now_running, [trial(0, 10), trial(1, 10)], past, NOW)
+    assert left is not None and left.evaluations_left == 18 and left.seconds_left == 72.0
+    assert left.pace == pace  # 2 evaluations of its own are too few to go by
+
+
+def test_the_runs_own_pace_takes_over_once_it_has_enough_evaluations():
+    running = experiment(started_s=100, items_done=eta.MIN_OWN_EVALUATIONS * 5)
+    past = [experiment(2, "done", started_s=4000, finished_s=3000, items_done=10)]
+    left = eta.estimate(running, [trial(0, 40), trial(1, 40)], past, NOW)
+    assert left is not None and left.pace.seconds_per_evaluation == pytest.approx(100 / running.items_done)
+    assert "own pace" in left.pace.basis and left.evaluations_left == 80 - running.items_done
+    assert eta.estimate(replace(running, status="done"), [trial(0, 40)], past, NOW) is None  # ended: nothing left
+    assert eta.estimate(experiment(items_done=1), [trial(0, 40)], [], NOW) is None  # no pace to go by
+
+
+def sample(worker: str, ts: float, phase: str) -> TelemetrySample:
+    return TelemetrySample(experiment_id=1, worker_id=worker, ts=ts, phase=phase, source="cpu")
+
+
+def test_the_timeline_parts_queue_load_and_evaluation():
+    samples = [sample("w1", 10, "load"), sample("w1", 11, "load"), sample("w1", 16, "prefill"),
+               sample("w1", 17, "decode"), sample("w2", 10, "load"), sample("w2", 13, "decode")]
+    assert eta.load_seconds(samples) == 6.0  # w1 loaded from 10 until its first other sample at 16
+    line = eta.timeline(experiment(created_s=600, started_s=500), samples, NOW)
+    assert (line.total_s, line.queued_s, line.load_s, line.evaluating_s) == (600, 100, 6.0, 494)
+    queued = eta.timeline(experiment(created_s=30, started_s=None), [], NOW)
+    assert (queued.total_s, queued.queued_s, queued.load_s, queued.evaluating_s) == (30, 30, None, 0)
+    assert eta.load_seconds([sample("w1", 1, "decode")]) is None
+
+
+def test_the_log_tail_keeps_its_workers_sections_in_time_order_redacted(tmp_path):
+    (tmp_path / "worker-1-0.log").write_text(
+        "2026-03-01 11:00:00,000 kvlab.experiments.worker INFO worker host-1-aaaaaa on sqlite:///x\n"
+        "2026-03-01 11:00:02,000 kvlab.experiments.worker INFO claimed\n"
+        "2026-03-01 11:30:00,000 kvlab.experiments.worker INFO worker host-9-bbbbbb on sqlite:///x\n"
+        "2026-03-01 11:30:01,000 other INFO another worker's line\n")
+    (tmp_path / "worker-2-0.log").write_text(
+        "2026-03-01 11:00:01,000 kvlab.experiments.worker INFO worker host-2-cccccc on "
+        "postgresql://kv:hunter2-secret@db/kv\n"
+        "Traceback (most recent call last):\n"  # an unstamped line stays after its stamped one
+        "2026-03-01 11:00:03,000 kvlab.experiments.worker INFO done\n")
+    tail = worker_logs.worker_log_tail({"host-1-aaaaaa", "host-2-cccccc"}, since=0, folder=tmp_path)
+    assert len(tail.lines) == 5 and tail.files == [tmp_path / "worker-1-0.log", tmp_path / "worker-2-0.log"]
+    assert [line[11:19] for line in tail.lines if line[0].isdigit()] == ["11:00:00", "11:00:01", "11:00:02",
+                                                                          "11:00:03"]
+    assert tail.lines[2] == "Traceback (most recent call last):"
+    assert not any("another worker" in line or "hunter2" in line for line in tail.lines)
+    assert len(worker_logs.worker_log_tail({"host-1-aaaaaa"}, since=0, folder=tmp_path, lines=1).lines) == 1
+    future = (tmp_path / "worker-1-0.log").stat().st_mtime + 3600
+    assert worker_logs.worker_log_tail({"host-1-aaaaaa"}, since=future, folder=tmp_path).lines == []
+
+
+def test_a_real_workers_first_line_opens_its_section(tmp_path):
+    """`kvlab worker` itself, on an empty store: its first line names it as the tail looks for it."""
+    log = tmp_path / "worker-test-0.log"
+    with log.open("wb") as output:
+        subprocess.run([sys.executable, "-m", "kvlab.cli", "worker", "--exit-when-idle"], check=True,
+                       stdout=output, stderr=subprocess.STDOUT, timeout=SAFETY_S,
+                       env=dict(os.environ, KVLAB_DATABASE_URL=f"sqlite:///{tmp_path / 'kvlab.sqlite'}"))
+    (worker,) = worker_logs.worker_sections(log.read_text())
+    assert worker.startswith(socket.gethostname() + "-")
+    assert worker_logs.worker_log_tail({worker}, since=0, folder=tmp_path).files == [log]
