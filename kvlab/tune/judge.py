@@ -30,6 +30,7 @@ from typing import cast
 from kvlab.analysis.decision import PairedScores
 from kvlab.analysis.verdict import TaskVerdict
 from kvlab.core.margins import Margins
+from kvlab.experiments.report import MIB
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def judge(waiting: list[Evidence], reached: dict[int, list[Evidence]], best: Evi
             verdicts[evidence.trial_id] = Verdict("stopped", f"{problem} after {evidence.n_items} items")
         elif best is not None and best.trial_id != evidence.trial_id and evidence.kv_bytes >= best.kv_bytes:
             verdicts[evidence.trial_id] = Verdict("stopped", (
-                f"dominated: no smaller than {best.label} ({best.kv_bytes / 1e6:.2f} MB), already acceptable "
+                f"dominated: no smaller than {best.label} ({best.kv_bytes / MIB:.2f} MiB), already acceptable "
                 f"on all {best.n_items} items"))
         elif evidence.rung == last_rung:
             verdicts[evidence.trial_id] = Verdict("complete")

@@ -20,10 +20,9 @@ from typing import Any
 
 from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.results import ItemResult
-from kvlab.core.tune_spec import backend_space, grid_points, rungs
+from kvlab.core.tune_spec import TuneSpec, backend_space, grid_points, rungs
+from kvlab.experiments.report import MIB
 from kvlab.store.records import CandidateRecord, TrialRecord, baseline_trial
-
-MB = 1e6  # the recommendation and `kvlab tune` speak decimal MB
 
 
 @dataclass(frozen=True)
@@ -45,6 +44,7 @@ class Point:
     ttft_ms: float | None
     tpot_ms: float | None
     feasible: bool
+    mean_kl: float | None = None  # fidelity against the baseline, where measured
 
 
 def baseline_measures(results: Sequence[ItemResult]) -> tuple[float | None, float | None]:
@@ -72,7 +72,7 @@ def points(candidates: Sequence[CandidateRecord], trials: Sequence[TrialRecord],
     return [Point(trial_id=c.trial_id, label=labels.get(c.trial_id, f"trial {c.trial_id}"), number=c.number,
                   state=c.state, reason=c.reason, rung=c.rung, judged_items=c.judged_items, accuracy=c.accuracy,
                   diff=c.diff, diff_low=c.diff_low, diff_high=c.diff_high, kv_bytes=c.kv_bytes, ttft_ms=c.ttft_ms,
-                  tpot_ms=c.tpot_ms, feasible=is_feasible(c, max_drop))
+                  tpot_ms=c.tpot_ms, feasible=is_feasible(c, max_drop), mean_kl=c.mean_kl)
             for c in sorted(candidates, key=lambda c: c.trial_id) if base is None or c.trial_id != base.id]
 
 
@@ -145,7 +145,8 @@ def candidate_rows(shown: Sequence[Point]) -> list[dict[str, Any]]:
     """The candidates table (and its CSV): one row per candidate, in trial order."""
     return [{"label": p.label, "trial": p.number if p.number is not None else "-", "state": p.state,
              "rung/items": f"{p.rung}/{p.judged_items}", "accuracy": _fmt(p.accuracy, ".3f"),
-             "diff [low, high]": interval_text(p), "MB": _fmt(None if p.kv_bytes is None else p.kv_bytes / MB, ".3f"),
+             "diff [low, high]": interval_text(p),
+             "KV (MiB)": _fmt(None if p.kv_bytes is None else p.kv_bytes / MIB, ".3f"),
              "feasible": "yes" if p.feasible else "no",
              "reason": p.reason or ("judged on every item" if p.state == "complete" else
                                     "running or waiting for its next round" if p.state == "active" else "")}
@@ -168,6 +169,63 @@ def counts(shown: Sequence[Point]) -> Mapping[str, int]:
     for point in shown:
         tally[point.state] = tally.get(point.state, 0) + 1
     return tally
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """How far a tune is in its own terms: the sampler's trials (candidates it proposed) that ended,
+    of the most it will propose, and its time and evaluation budgets -- never a percentage of items,
+    which a tune does not know in advance (its rounds give each candidate more items or none)."""
+
+    done: int  # trials ended: judged on every item, or stopped early
+    active: int  # trials still running or waiting for their next round
+    most: int | None  # max_trials, or the space's size where that is smaller; None without max_trials
+    max_trials: int | None
+    elapsed_s: float  # since the search started (to its end once ended)
+    max_minutes: float | None
+    item_evals: int
+    max_item_evals: int | None
+
+    @property
+    def pace_s(self) -> float | None:
+        """Seconds of the tune per trial ended so far (its rounds run trials side by side: the
+        throughput, not one trial's duration); None before the first ends."""
+        return self.elapsed_s / self.done if self.done else None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Seconds left, and which budget gives them: ``trials`` (trials left x :attr:`Budgets.pace_s`),
+    ``minutes`` (max_minutes left) or ``item_evals`` (evaluations left at the pace so far)."""
+
+    seconds: float
+    basis: str
+
+
+def budgets(shown: Sequence[Point], tune: TuneSpec, grid_points: int, elapsed_s: float, used: int) -> Budgets:
+    """The :class:`Budgets` of a tune whose candidates are ``shown`` (a fixed ``[[configs]]`` entry is
+    no trial of the sampler's), its effective ``[tune]`` table (:func:`kvlab.core.tune_spec.backend_space`)
+    and its space's ``grid_points``."""
+    proposed = [p for p in shown if p.number is not None]
+    most = min(tune.max_trials, grid_points) if tune.max_trials is not None else None
+    return Budgets(done=sum(1 for p in proposed if p.state != "active"),
+                   active=sum(1 for p in proposed if p.state == "active"), most=most, max_trials=tune.max_trials,
+                   elapsed_s=elapsed_s, max_minutes=tune.max_minutes, item_evals=used,
+                   max_item_evals=tune.max_item_evals)
+
+
+def eta(state: Budgets) -> Estimate | None:
+    """An estimate of the time left from the tune's own pace: the first budget to run out (the search
+    stops at whichever comes first); None before anything gives a pace and without a time budget."""
+    estimates = []
+    if state.most is not None and state.pace_s is not None:
+        estimates.append(Estimate(max(0, state.most - state.done) * state.pace_s, "trials"))
+    if state.max_minutes is not None:
+        estimates.append(Estimate(max(0.0, state.max_minutes * 60 - state.elapsed_s), "minutes"))
+    if state.max_item_evals is not None and state.item_evals:
+        per_eval = state.elapsed_s / state.item_evals
+        estimates.append(Estimate(max(0, state.max_item_evals - state.item_evals) * per_eval, "item_evals"))
+    return min(estimates, key=lambda e: e.seconds, default=None)
 
 
 @dataclass(frozen=True)

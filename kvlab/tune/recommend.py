@@ -17,6 +17,7 @@ from kvlab.analysis.summary import ConfigSummary, Decision
 from kvlab.core.axes import given_leaves
 from kvlab.core.kv_config import KVCacheConfig, SkipLayers
 from kvlab.engines.servers import SERVERS, serving_engine
+from kvlab.experiments.report import MIB
 
 
 def engine_title(kind: str) -> str:
@@ -130,7 +131,7 @@ def describe(answer: dict[str, Any]) -> list[str]:
         return [f"no config passes the rule: {answer.get('note') or 'none of the candidates passed it'}"]
     low, high = answer["diff_ci"]
     lines = [
-        f"recommended: {answer['label']}: {answer['kv_bytes'] / 1e6:.2f} MB KV per item measured "
+        f"recommended: {answer['label']}: {answer['kv_bytes'] / MIB:.2f} MiB KV per item measured "
         f"({answer['compression_ratio']:.1f}x smaller than the 16-bit baseline), accuracy {answer['accuracy']:.3f} "
         f"vs {answer['baseline_accuracy']:.3f}, difference {answer['diff']:+.3f} [{low:+.3f}, {high:+.3f}] "
         f"on {answer['n_items']} items",

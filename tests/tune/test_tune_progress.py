@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 
+from kvlab.core.tune_spec import TuneSpec
+from kvlab.experiments.report import MIB
 from kvlab.store.records import CandidateRecord, TrialRecord
 from kvlab.tune import progress
 from kvlab.tune.progress import Point
@@ -73,14 +75,14 @@ def test_feasible_means_complete_and_interval_above_minus_max_drop():
 def test_points_leave_out_the_baseline_and_rows_say_why():
     trials = [trial(1, 0, 20), trial(2, 1, 20), trial(3, 2, 4)]
     cands = [candidate(3, "stopped", -0.9, kv=2.5e6, accuracy=0.25), candidate(1, "active", None, None, None),
-             candidate(2, "complete", -0.05, kv=1.5e6)]
+             candidate(2, "complete", -0.05, kv=1.5 * MIB)]
     cands[0] = dataclasses.replace(cands[0], reason="clearly inferior after 4 items", judged_items=4, diff=-0.7,
                                    diff_high=-0.2)
     shown = progress.points(cands, trials, MAX_DROP)
     assert [(p.label, p.feasible) for p in shown] == [("c2", True), ("c3", False)]
     rows = progress.candidate_rows(shown)
     assert rows[0] == {"label": "c2", "trial": 0, "state": "complete", "rung/items": "0/10", "accuracy": "0.900",
-                            "diff [low, high]": "+0.000 [-0.050, +0.100]", "MB": "1.500", "feasible": "yes",
+                            "diff [low, high]": "+0.000 [-0.050, +0.100]", "KV (MiB)": "1.500", "feasible": "yes",
                             "reason": "judged on every item"}
     assert rows[1]["reason"] == "clearly inferior after 4 items"
     assert rows[1]["diff [low, high]"] == "-0.700 [-0.900, -0.200]" and rows[1]["rung/items"] == "0/4"
@@ -96,3 +98,36 @@ def test_baseline_measures_average_bytes_and_score_an_error_zero():
     kv, accuracy = progress.baseline_measures(results)
     assert kv == 2 * 30 * 3 * 64 * 256 * 2 and accuracy == pytest.approx(2 / 3)
     assert progress.baseline_measures([]) == (None, None)
+
+
+def _proposed(states: list[str]) -> list[Point]:
+    return [dataclasses.replace(point(1.0, 1.0, state=state), number=n) for n, state in enumerate(states)]
+
+
+def test_budgets_count_the_samplers_trials_against_max_trials_or_the_space():
+    shown = _proposed(["complete", "stopped", "active"]) + [dataclasses.replace(point(1.0, 1.0), number=None)]
+    state = progress.budgets(shown, TuneSpec(max_trials=40), grid_points=11, elapsed_s=90.0, used=50)
+    # a fixed [[configs]] entry (number None) is no trial of the sampler's; 40 asked of a space of 11: 11
+    assert (state.done, state.active, state.most, state.max_trials) == (2, 1, 11, 40)
+    assert state.pace_s == 45.0
+    assert progress.budgets(shown, TuneSpec(max_trials=None, max_minutes=5), 11, 90.0, 50).most is None
+
+
+@pytest.mark.parametrize("spec, elapsed_s, used, expected", [
+    # 3 ended in 300 s: 100 s per trial; 4 - 3 left -> 100 s
+    ({"max_trials": 4}, 300.0, 60, progress.Estimate(100.0, "trials")),
+    # the time budget runs out first: 10 min - 300 s = 300 s, before the 5 trials left x 100 s
+    ({"max_trials": 8, "max_minutes": 10}, 300.0, 60, progress.Estimate(300.0, "minutes")),
+    # 60 evaluations in 300 s: 5 s each; 20 left -> 100 s, before the trials' 500 s
+    ({"max_trials": 8, "max_item_evals": 80}, 300.0, 60, progress.Estimate(100.0, "item_evals")),
+])
+def test_eta_is_the_first_budget_to_run_out_at_the_tunes_own_pace(spec, elapsed_s, used, expected):
+    state = progress.budgets(_proposed(["complete", "stopped", "complete"]), TuneSpec(**spec), 11, elapsed_s, used)
+    assert progress.eta(state) == expected
+
+
+def test_eta_is_not_known_before_a_trial_ends_unless_a_time_budget_bounds_it():
+    running = _proposed(["active", "active"])
+    assert progress.eta(progress.budgets(running, TuneSpec(max_trials=4), 11, 120.0, 8)) is None
+    assert progress.eta(progress.budgets(running, TuneSpec(max_trials=4, max_minutes=3), 11, 120.0, 8)) == \
+        progress.Estimate(60.0, "minutes")
