@@ -8,9 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
+from optuna.distributions import CategoricalDistribution
+from plotly.subplots import make_subplots
 
 from kvlab.dashboard.charts import plotly_text
-from kvlab.tune.progress import MB, Point
+from kvlab.experiments.report import MIB
+from kvlab.tune.importance import Importance, Metric, Sample, varying
+from kvlab.tune.progress import Point
 
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
 #: How each state is drawn: complete solid, stopped greyed, active (still running or waiting) open.
@@ -24,29 +28,31 @@ STYLES = {
 }
 FRONT_TITLE = "Pareto front so far: KV bytes vs accuracy"
 HYPERVOLUME_TITLE = "Hypervolume over trials"
+IMPORTANCE_TITLE = "Parameter importance"
+SLICE_TITLE = "Slice plot"
 
 
 def _drawn(point: Point) -> bool:
     return point.kv_bytes is not None and point.accuracy is not None
 
 
-def _mb(point: Point) -> float:
-    """A drawn point's KV bytes in MB (:func:`_drawn`; a point of the front is feasible, so measured too)."""
+def _mib(point: Point) -> float:
+    """A drawn point's KV bytes in MiB (:func:`_drawn`; a point of the front is feasible, so measured too)."""
     assert point.kv_bytes is not None
-    return point.kv_bytes / MB
+    return point.kv_bytes / MIB
 
 
 def _hover(point: Point) -> str:
     interval = (f"{point.diff:+.3f} [{point.diff_low:+.3f}, {point.diff_high:+.3f}]"
                 if point.diff is not None and point.diff_low is not None and point.diff_high is not None else "-")
     return (f"<b>{plotly_text(point.label)}</b><br>{point.state} on {point.judged_items} items (rung {point.rung})"
-            f"<br>accuracy {point.accuracy:.3f}, vs baseline {interval}<br>KV {_mb(point):.3f} MB"
+            f"<br>accuracy {point.accuracy:.3f}, vs baseline {interval}<br>KV {_mib(point):.3f} MiB"
             + (f"<br>{plotly_text(point.reason)}" if point.reason else ""))
 
 
 def front_figure(shown: Sequence[Point], front: Sequence[Point], baseline: tuple[float | None, float | None],
                  recommended: str | None = None, title: str = FRONT_TITLE) -> go.Figure:
-    """Every judged candidate at (KV MB, accuracy) with its paired-difference 95% interval drawn
+    """Every judged candidate at (KV MiB, accuracy) with its paired-difference 95% interval drawn
     around its accuracy (the difference's interval, shifted by the candidate's accuracy minus the
     difference: the baseline's accuracy on the same items); the feasible front as a step line; the
     baseline; ``recommended`` ringed."""
@@ -57,7 +63,7 @@ def front_figure(shown: Sequence[Point], front: Sequence[Point], baseline: tuple
             continue
         style = STYLES[state]
         fig.add_trace(go.Scatter(
-            x=[_mb(p) for p in group], y=[p.accuracy for p in group], mode="markers", name=style["name"],
+            x=[_mib(p) for p in group], y=[p.accuracy for p in group], mode="markers", name=style["name"],
             marker=style["marker"], opacity=style["opacity"], hovertext=[_hover(p) for p in group],
             hoverinfo="text",
             error_y={"type": "data", "symmetric": False, "thickness": 1.2,
@@ -66,22 +72,22 @@ def front_figure(shown: Sequence[Point], front: Sequence[Point], baseline: tuple
                      "arrayminus": [(p.diff - p.diff_low) if p.diff is not None and p.diff_low is not None else 0
                                     for p in group]}))
     if front:
-        fig.add_trace(go.Scatter(x=[_mb(p) for p in front], y=[p.accuracy for p in front],
+        fig.add_trace(go.Scatter(x=[_mib(p) for p in front], y=[p.accuracy for p in front],
                                  mode="lines", line={"color": "#2ca02c", "width": 2, "shape": "hv"},
                                  name="Pareto front (feasible)", hoverinfo="skip"))
     base_bytes, base_accuracy = baseline
     if base_bytes is not None and base_accuracy is not None:
-        fig.add_trace(go.Scatter(x=[base_bytes / MB], y=[base_accuracy], mode="markers", name="baseline (16-bit)",
+        fig.add_trace(go.Scatter(x=[base_bytes / MIB], y=[base_accuracy], mode="markers", name="baseline (16-bit)",
                                  marker={"color": "black", "size": 13, "symbol": "star"},
                                  hovertext=[f"<b>baseline</b><br>accuracy {base_accuracy:.3f}"
-                                            f"<br>KV {base_bytes / MB:.3f} MB"], hoverinfo="text"))
+                                            f"<br>KV {base_bytes / MIB:.3f} MiB"], hoverinfo="text"))
     chosen = [p for p in shown if p.label == recommended and _drawn(p)]
     if chosen:
-        fig.add_trace(go.Scatter(x=[_mb(chosen[0])], y=[chosen[0].accuracy], mode="markers",
+        fig.add_trace(go.Scatter(x=[_mib(chosen[0])], y=[chosen[0].accuracy], mode="markers",
                                  name=f"recommended: {plotly_text(chosen[0].label)}", hoverinfo="skip",
                                  marker={"color": "#d62728", "size": 22, "symbol": "circle-open",
                                          "line": {"width": 3}}))
-    fig.update_layout(title=plotly_text(title), xaxis_title="physical KV cache (MB per item, measured)",
+    fig.update_layout(title=plotly_text(title), xaxis_title="physical KV cache (MiB per item, measured)",
                       yaxis_title="accuracy (fraction correct; bars: paired 95% interval vs baseline)",
                       legend={"orientation": "h", "y": -0.2}, **_LAYOUT)
     fig.update_yaxes(range=[-0.05, 1.05])
@@ -100,3 +106,57 @@ def hypervolume_figure(shown: Sequence[Point], history: Sequence[float], title: 
     fig.update_xaxes(dtick=1)
     fig.update_yaxes(rangemode="tozero")
     return fig
+
+
+def importance_figure(result: Importance, metric: Metric, title: str = IMPORTANCE_TITLE) -> go.Figure:
+    """Each parameter's share of the importance for ``metric`` (Optuna's PED-ANOVA), the most important on top."""
+    ranked = sorted(result.values.items(), key=lambda item: item[1])
+    fig = go.Figure(go.Bar(x=[value for _, value in ranked], y=[name for name, _ in ranked], orientation="h",
+                           marker={"color": "#1f77b4"}, text=[f"{value:.2f}" for _, value in ranked],
+                           textposition="auto", hovertemplate="%{y}: %{x:.3f}<extra></extra>"))
+    fig.update_layout(title=plotly_text(f"{title}: {metric.label}"),
+                      xaxis_title=f"importance (PED-ANOVA, best {result.quantile:.0%} of {result.candidates} "
+                                  "candidates vs all; shares sum to 1)",
+                      yaxis_title="parameter", showlegend=False,
+                      **(_LAYOUT | {"height": max(260, 120 + 40 * len(ranked))}))
+    fig.update_xaxes(range=[0, 1])
+    return fig
+
+
+def slice_figure(found: Sequence[Sample], metric: Metric, title: str = SLICE_TITLE) -> go.Figure:
+    """A slice plot, as Optuna draws one (``optuna.visualization.plot_slice``: ``metric`` against each
+    parameter that varies, one panel each, one point per candidate), drawn here so that each point
+    says which candidate it is and how far it got: coloured by state like the front, hover naming
+    the candidate and its Optuna trial number (Optuna's own colours trials by number and names none)."""
+    names = varying(found)
+    fig = make_subplots(rows=1, cols=max(1, len(names)), shared_yaxes=True, horizontal_spacing=0.04)
+    legend: set[str] = set()
+    for column, name in enumerate(names, start=1):
+        having = [s for s in found if name in s.params]
+        for state in ("stopped", "active", "complete"):
+            group = [s for s in having if s.state == state]
+            if not group:
+                continue
+            style = STYLES[state]
+            fig.add_trace(go.Scatter(
+                x=[str(s.params[name]) if _categorical(s, name) else s.params[name] for s in group],
+                y=[s.value for s in group], mode="markers", name=style["name"], legendgroup=state,
+                showlegend=state not in legend, marker=style["marker"], opacity=style["opacity"], hoverinfo="text",
+                hovertext=[f"<b>{plotly_text(s.label)}</b> (trial {s.number})<br>{name} = "
+                           f"{plotly_text(str(s.params[name]))}<br>{metric.label}: {s.value:.4g}"
+                           f"<br>{s.state} on {s.judged_items} items" for s in group]), row=1, col=column)
+            legend.add(state)
+        if having and _categorical(having[0], name):
+            seen = {str(s.params[name]) for s in having}
+            choices = getattr(having[0].distributions[name], "choices", ())
+            fig.update_xaxes(type="category", categoryorder="array", row=1, col=column,
+                             categoryarray=[c for c in map(str, choices) if c in seen])
+        fig.update_xaxes(title_text=name, row=1, col=column)
+    fig.update_yaxes(title_text=metric.label, row=1, col=1)
+    fig.update_layout(title=plotly_text(f"{title}: {metric.label}"), legend={"orientation": "h", "y": -0.25},
+                      **_LAYOUT)
+    return fig
+
+
+def _categorical(sample: Sample, name: str) -> bool:
+    return isinstance(sample.distributions[name], CategoricalDistribution)
