@@ -1,7 +1,8 @@
-"""The tune page's body: a ``kvlab tune`` search as it runs -- the Pareto front so far, the hypervolume
-over trials, the candidates stopped early and why, the item evaluations used against the full
-grid's, and the current recommendation (the best complete candidate while it runs, the tune's
-deployable answer once done).
+"""The tune page's body: a ``kvlab tune`` search as it runs -- its trials done of the most it will run,
+with an estimate of the time left, the Pareto front so far, the hypervolume over trials, the
+parameters' importance and a slice plot for a metric, the candidates stopped early and why, the
+item evaluations used against the full grid's, and the current recommendation (the best complete
+candidate while it runs, the tune's deployable answer once done); and its Cancel.
 
 Streamlit drawing only (not a page: pages/view_tune.py is): the numbers come from
 :mod:`kvlab.tune.progress`, the figures from :mod:`kvlab.dashboard.tune_charts`.
@@ -9,18 +10,21 @@ Streamlit drawing only (not a page: pages/view_tune.py is): the numbers come fro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import streamlit as st
 
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.margins import DEFAULT_MAX_DROP
+from kvlab.core.tune_spec import TuneSpec, backend_space
 from kvlab.dashboard import tune_charts, views
-from kvlab.store import ExperimentRecord, ExperimentStore
+from kvlab.experiments.report import MIB
+from kvlab.store import ExperimentRecord, ExperimentStore, StoreError
 from kvlab.store.records import TuneRecord
-from kvlab.tune import progress
+from kvlab.tune import importance, progress
 from kvlab.tune.recommend import engine_title, serve_command
 from pages.common import chart
 
@@ -41,6 +45,7 @@ class TuneState:
     used: int
     model: str
     configs: dict[int, dict[str, Any]]  # trial id -> KVCacheConfig fields
+    budgets: progress.Budgets
 
 
 def read_state(store: ExperimentStore, experiment: ExperimentRecord, tune: TuneRecord) -> TuneState:
@@ -53,15 +58,24 @@ def read_state(store: ExperimentStore, experiment: ExperimentRecord, tune: TuneR
     if answer.get("baseline_kv_bytes"):  # the decision's own figure, on every item
         baseline = (float(answer["baseline_kv_bytes"]), answer.get("baseline_accuracy", baseline[1]))
     history = progress.hypervolume_history(shown, baseline[0]) if baseline[0] else []
+    used = progress.item_evals(trials)
+    space, _ = backend_space(TuneSpec.model_validate(experiment.spec["tune"]), experiment.backend_kind)
     return TuneState(tune=tune, shown=shown, front=progress.pareto_front(shown), history=history, baseline=baseline,
-                     used=progress.item_evals(trials), model=experiment.model,
-                     configs={t.id: t.config for t in trials})
+                     used=used, model=experiment.model, configs={t.id: t.config for t in trials},
+                     budgets=progress.budgets(shown, space, tune.grid_points, _elapsed_s(tune), used))
 
 
-def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, show: str, stem: str) -> None:
+def _elapsed_s(tune: TuneRecord) -> float:
+    """Seconds since the search started, to its end once it has ended (SQLite hands back naive UTC)."""
+    start, end = tune.started_at, tune.finished_at or datetime.now(UTC)
+    return (end.replace(tzinfo=end.tzinfo or UTC) - start.replace(tzinfo=start.tzinfo or UTC)).total_seconds()
+
+
+def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, show: str, metric: str, stem: str) -> None:
     """The whole tune view; rerun every few seconds while the tune runs (the page wraps it in a
     fragment).  When the tune's state is no longer ``seen`` (the one the page was drawn for), the
-    whole page reruns, which stops the refresh once the tune has ended."""
+    whole page reruns, which stops the refresh once the tune has ended.  ``metric``: the target of
+    the parameters' importance and the slice plot's y axis (a key of :data:`kvlab.tune.importance.METRICS`)."""
     tune = store.tune(experiment.id)
     if tune is None:  # deleted meanwhile
         st.error(f"experiment {experiment.id} has no tune any more")
@@ -84,6 +98,7 @@ def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, show: 
         chart(tune_charts.hypervolume_figure(state.shown, state.history), "tune-hypervolume", f"{stem}-hypervolume")
         st.caption("Hypervolume of the feasible candidates so far in (KV bytes minimised, accuracy maximised), "
                    "reference point (the baseline's bytes, accuracy 0), as a fraction of that box.")
+    _parameters(store, state, importance.METRICS[metric], stem)
     _candidates_table(visible, stem)
     if tune.state != seen:
         st.rerun(scope="app")
@@ -92,20 +107,71 @@ def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, show: 
 def _header(state: TuneState) -> None:
     tally = progress.counts(state.shown)
     grid = state.tune.grid_item_evals
-    state_col, candidates_col, evals_col, grid_col = st.columns(4)
+    budgets = state.budgets
+    state_col, trials_col, evals_col, grid_col = st.columns(4)
     state_col.metric("Tune", state.tune.state)
-    candidates_col.metric("Candidates", len(state.shown),
-                          help=f"{tally['complete']} complete, {tally['stopped']} stopped early, "
-                               f"{tally['active']} active")
+    trials_col.metric("Trials done", f"{budgets.done} of {budgets.most}" if budgets.most is not None
+                      else f"{budgets.done}", help=_trials_help(budgets, tally))
     evals_col.metric("Item evaluations used", f"{state.used:,}",
                      delta=f"{state.used / grid:.0%} of the full grid" if grid else None, delta_color="off")
     grid_col.metric("Full grid", f"{grid:,}", help=f"{state.tune.grid_points} configs and the baseline on every item")
-    if grid:
-        st.progress(min(1.0, state.used / grid), text=f"{state.used:,} of the full grid's {grid:,} item evaluations "
-                    f"({state.tune.grid_points} configs) · {tally['complete']} complete, {tally['stopped']} stopped "
-                    f"early, {tally['active']} active")
+    st.progress(_fraction(budgets), text=progress_text(budgets, state.tune.state == "running"))
     if state.tune.note:
         st.caption(views.md(state.tune.note))
+
+
+def _trials_help(budgets: progress.Budgets, tally: Mapping[str, int]) -> str:
+    limit = ("no max_trials: the search stops on its other budget" if budgets.max_trials is None else
+             f"max_trials = {budgets.max_trials}" + (f"; the space holds {budgets.most} configs"
+                                                     if budgets.most != budgets.max_trials else ""))
+    return (f"A trial is a candidate the sampler proposed; done: judged on every item or stopped early ({limit}). "
+            f"All candidates: {tally['complete']} complete, {tally['stopped']} stopped early, {tally['active']} "
+            "active.")
+
+
+def _fraction(budgets: progress.Budgets) -> float:
+    """The bar: trials done of the most the tune runs, else its time budget spent, else its evaluations'."""
+    if budgets.most:
+        return min(1.0, budgets.done / budgets.most)
+    if budgets.max_minutes:
+        return min(1.0, budgets.elapsed_s / (budgets.max_minutes * 60))
+    return min(1.0, budgets.item_evals / budgets.max_item_evals) if budgets.max_item_evals else 0.0
+
+
+def progress_text(budgets: progress.Budgets, running: bool) -> str:
+    """``3 of 4 trials done · 1 active · 2 min 05 s of 30 min (max_minutes) · about 40 s left (an
+    estimate: ...)``: counts and durations, never a percentage."""
+    parts = [f"{budgets.done} of {budgets.most} trials done" if budgets.most is not None
+             else f"{budgets.done} trials done (no max_trials)"]
+    if budgets.active:
+        parts.append(f"{budgets.active} active")
+    time_spent = views.fmt_duration(budgets.elapsed_s)
+    parts.append(f"{time_spent} of {budgets.max_minutes:g} min (max_minutes)" if budgets.max_minutes is not None
+                 else f"{time_spent} so far" if running else f"ran {time_spent}")
+    if budgets.max_item_evals is not None:
+        parts.append(f"{budgets.item_evals:,} of {budgets.max_item_evals:,} item evaluations (max_item_evals)")
+    if running:
+        parts.append(eta_text(budgets))
+    return " · ".join(parts)
+
+
+def eta_text(budgets: progress.Budgets) -> str:
+    """The time left, labelled an estimate, with what it rests on: this tune's own pace (its trials
+    ended so far), or its time budget; before either, that it is not known yet."""
+    estimate = progress.eta(budgets)
+    if estimate is None:
+        return ("time left: not known yet (no trial has ended; the estimate is this tune's own pace, trials left × "
+                "time per trial ended)")
+    left = views.fmt_duration(estimate.seconds)
+    pace = views.fmt_duration(budgets.pace_s)
+    if estimate.basis == "trials":
+        assert budgets.most is not None
+        trials_left = budgets.most - budgets.done
+        return (f"about {left} left (an estimate: {trials_left} trial{'s' if trials_left != 1 else ''} left × "
+                f"{pace} per trial, this tune's pace over its {budgets.done} ended)")
+    if estimate.basis == "minutes":
+        return f"at most {left} left (its time budget, max_minutes; the trials left could end it sooner)"
+    return f"about {left} left (an estimate: the item evaluations left of max_item_evals at this tune's pace so far)"
 
 
 def _recommendation(state: TuneState) -> None:
@@ -119,7 +185,7 @@ def _recommendation(state: TuneState) -> None:
                     f"The tune is {state.tune.state}: {views.md(state.tune.note or 'no recommendation')}.")
             return
         st.info(f"Current best so far (the tune is {state.tune.state}): **{views.md(best.label)}**, "
-                f"{best.kv_bytes / progress.MB:.3f} MB KV per item, accuracy {best.accuracy:.3f}, difference "
+                f"{best.kv_bytes / MIB:.3f} MiB KV per item, accuracy {best.accuracy:.3f}, difference "
                 f"{progress.interval_text(best)} on {best.judged_items} items. The final choice also corrects for "
                 "the number of candidates (Holm).")
         if best.trial_id in state.configs:
@@ -132,7 +198,7 @@ def _recommendation(state: TuneState) -> None:
     low, high = answer["diff_ci"]
     latency = ", ".join(f"{name} {answer[key]:.0f} ms" for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
                         if answer.get(key) is not None)
-    st.success(f"Recommended: **{views.md(answer['label'])}**: {answer['kv_bytes'] / progress.MB:.3f} MB KV per item "
+    st.success(f"Recommended: **{views.md(answer['label'])}**: {answer['kv_bytes'] / MIB:.3f} MiB KV per item "
                f"(measured, {answer['compression_ratio']:.2f}x smaller than the 16-bit baseline), accuracy "
                f"{answer['accuracy']:.3f} vs {answer['baseline_accuracy']:.3f}, difference {answer['diff']:+.3f} "
                f"[{low:+.3f}, {high:+.3f}] on {answer['n_items']} items" + (f"; {latency} (median)" if latency else ""))
@@ -148,6 +214,74 @@ def _recommendation(state: TuneState) -> None:
     if used is not None and grid:
         st.caption(f"{used:,} item evaluations, {used / grid:.0%} of the full grid's {grid:,}; proposals stopped "
                    f"because {answer.get('stopped_because') or 'the space was covered'}.")
+
+
+def _parameters(store: ExperimentStore, state: TuneState, metric: importance.Metric, stem: str) -> None:
+    """Optuna's importance of each parameter for ``metric`` and its slice plot, over every candidate
+    the sampler proposed that has a value of it (whatever the Show choice)."""
+    st.subheader("Parameters")
+    try:
+        proposals = importance.read_proposals(store.study_storage_url(), state.tune.study_name)
+    except (importance.StudyUnavailable, ValueError) as error:
+        st.info(f"Parameter importance and the slice plot read the tune's Optuna study, which cannot be read: "
+                f"{views.md(str(error))}.", icon=":material/info:")
+        return
+    found = importance.samples(state.shown, proposals, metric, state.baseline[0])
+    st.caption(f"Metric: **{metric.label}**, {metric.meaning}; each candidate at its latest verdict (one stopped "
+               "early on its first items only). Change it with **Metric** above.")
+    result = importance.importance(found, metric)
+    if result.why_not is not None:
+        st.info(f"Parameter importance: not computed: {views.md(result.why_not)}.", icon=":material/info:")
+    else:
+        chart(tune_charts.importance_figure(result, metric), "tune-importance", f"{stem}-importance")
+        st.caption(f"Optuna's PED-ANOVA importance ({'higher' if metric.higher_is_better else 'lower'} is better): "
+                   f"how differently each parameter is set among the best {result.quantile:.0%} of the "
+                   f"{result.candidates} candidates than among all of them. Optuna's default evaluator (fANOVA) "
+                   "needs scikit-learn, which kvlab does not install; PED-ANOVA also handles the parameters asked "
+                   "of some candidates only (a budget, of an eviction method)."
+                   + "".join(f" Optuna: {views.md(note)}" for note in result.notes))
+    if not found:
+        st.info(f"Slice plot: no candidate has a {views.md(metric.label)} yet.", icon=":material/info:")
+    elif not importance.varying(found):
+        st.info(f"Slice plot: no parameter varies among the {len(found)} candidate{'s' if len(found) != 1 else ''} "
+                "with this metric so far.", icon=":material/info:")
+    else:
+        chart(tune_charts.slice_figure(found, metric), "tune-slice", f"{stem}-slice")
+        st.caption("A slice plot as Optuna draws one: one panel per parameter that varies, one point per candidate, "
+                   "coloured by its state as in the front above (hover: the candidate, its Optuna trial number and "
+                   "the items it was judged on).")
+
+
+def cancel_control(store: ExperimentStore, experiment: ExperimentRecord) -> None:
+    """Cancel behind a confirmation (a popover), so that one misclick does not end a long tune.
+
+    The store's cancel, as the experiments list and ``kvlab cancel`` do it: the queued and running
+    trials are cancelled, which the workers learn at their next heartbeat (the trial in flight is
+    abandoned there, its item results so far kept), and the tune ends as cancelled; its driver stops
+    proposing at its next check and marks its open proposals failed in the study.  The candidates
+    judged so far and the best so far stay."""
+    with st.popover("Cancel tune", icon=":material/cancel:"):
+        st.markdown(f"Stop tune #{experiment.id}? No more candidates are proposed; the trial running now is "
+                    "abandoned at its worker's next heartbeat (its item results so far are kept). The candidates "
+                    "judged so far, the best so far and the study's trials stay.")
+        if st.button(f"Yes, cancel tune #{experiment.id}", type="primary", key="tune-cancel-confirm"):
+            try:
+                stopped = store.cancel_experiment(experiment.id)
+            except StoreError as error:  # it ended meanwhile
+                st.session_state["tune-flash"] = ("warning", str(error))
+            else:
+                st.session_state["tune-flash"] = ("success", f"Tune #{experiment.id} cancelled: {stopped} trial"
+                                                  f"{'s' if stopped != 1 else ''} stopped.")
+            st.rerun(scope="app")
+
+
+def flash() -> None:
+    """The outcome of a Cancel, once, after the page redraws."""
+    kind, message = st.session_state.pop("tune-flash", (None, None))
+    if kind == "success":
+        st.success(views.md(message), icon=":material/check_circle:")
+    elif kind == "warning":
+        st.warning(views.md(message))
 
 
 def command(text: str) -> None:

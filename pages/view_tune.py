@@ -1,5 +1,6 @@
-"""Tune: a ``kvlab tune`` search, live while it runs (pages/tune_view.py draws it).  The URL
-carries the experiment (``id``) and which candidates are shown (``show``)."""
+"""Tune: a ``kvlab tune`` search, live while it runs, with its Cancel (pages/tune_view.py draws it).
+The URL carries the experiment (``id``), which candidates are shown (``show``) and the metric of the
+parameters' importance and slice plot (``metric``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import streamlit as st
 
 from kvlab.dashboard import page_table, views
 from kvlab.dashboard.tune_launch import launched_here
+from kvlab.tune.importance import DEFAULT_METRIC, METRICS
 from pages import tune_view
 from pages.common import empty_state, get_store, guard, pick_experiment, share_box, slug
 
@@ -49,15 +51,24 @@ st.caption(f"#{experiment.id} · tune {tune.state} · {origin} · model "
            f"started {tune.started_at:%Y-%m-%d %H:%M} UTC")
 st.page_link(page_table.EXPERIMENT.script, label="Its trials, telemetry and results on the experiment page",
              query_params={"id": str(experiment.id)}, icon=":material/monitoring:")
-show = st.segmented_control("Show", tune_view.SHOWS, default=tune_view.SHOWS[0], required=True, key="show",
-                            bind="query-params", help="Which candidates the chart and the table show")
-share_box({"id": experiment.id, "show": show if show != tune_view.SHOWS[0] else None})
+tune_view.flash()
+if tune.state == "running":
+    tune_view.cancel_control(store, experiment)
+show_col, metric_col = st.columns([3, 2], vertical_alignment="bottom")
+with show_col:
+    show = st.segmented_control("Show", tune_view.SHOWS, default=tune_view.SHOWS[0], required=True, key="show",
+                                bind="query-params", help="Which candidates the chart and the table show")
+metric = metric_col.selectbox("Metric", list(METRICS), index=list(METRICS).index(DEFAULT_METRIC), key="metric",
+                              bind="query-params", help="The target of the parameters' importance and the slice "
+                              "plot's y axis (the section Parameters says what each is)")
+share_box({"id": experiment.id, "show": show if show != tune_view.SHOWS[0] else None,
+           "metric": metric if metric != DEFAULT_METRIC else None})
 
 
 @st.fragment(run_every=tune_view.LIVE_EVERY_S if tune.state == "running" else None)
-def live_view(seen: str, shown: str) -> None:
+def live_view(seen: str, shown: str, target: str) -> None:
     with guard("Tune: live view"):  # its reruns every few seconds run outside app.py's guard
-        tune_view.live(store, experiment, seen, shown, slug(f"{experiment.id}-{experiment.name}"))
+        tune_view.live(store, experiment, seen, shown, target, slug(f"{experiment.id}-{experiment.name}"))
 
 
-live_view(tune.state, show)
+live_view(tune.state, show, metric)

@@ -1,17 +1,26 @@
 """The tune page through Streamlit's AppTest (the real app.py on a temporary store): what it reads from
-a stored tune, and links that name no tune say so in one line, with no traceback.  The browser side
+a stored tune, its progress in trials and its Cancel, the parameters' importance and slice plot (and
+their helpers, kvlab.tune.importance and kvlab.dashboard.tune_charts, on the synthetic tune's real
+Optuna study), and links that name no tune say so in one line, with no traceback.  The browser side
 (charts drawn, exports, the live refresh) is tests/e2e/test_tune_page.py."""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import pytest
+from sqlalchemy.engine import make_url
 
 from kvlab.core.experiment_spec import parse_spec
-from kvlab.dashboard import page_table
+from kvlab.core.kv_config import KVCacheConfig
+from kvlab.dashboard import page_table, tune_charts
 from kvlab.dashboard.tune_launch import record_launch
+from kvlab.store.tunes import study_name
+from kvlab.tune import importance, progress
 from tests.dashboard.test_dashboard import assert_clean, open_page, store, texts  # noqa: F401 -- store: the fixture
 from tests.dashboard_data import populate
-from tests.tune_data import SPEC, populate_tune
+from tests.tune_data import BASELINE_BYTES, CANDIDATES, MAX_DROP, SPEC, populate_tune
 
 TUNE = page_table.TUNE.script
 
@@ -24,7 +33,7 @@ def test_the_tune_page_reads_the_stored_tune(store):
     metrics = {m.label: m.value for m in at.metric}
     # 5 trials: baseline 20 + int8 20 + int4 20 + int2 4 + snapkv 4 = 68 of (11 + 1) x 20 = 240
     assert metrics["Item evaluations used"] == "68" and metrics["Full grid"] == "240"
-    assert metrics["Candidates"] == "4"
+    assert metrics["Trials done"] == f"{len(CANDIDATES)} of {SPEC['tune']['max_trials']}"
     table = at.table[0].value
     assert list(table["state"]) == ["complete", "complete", "stopped", "stopped"]
     assert "`kvlab serve --model smollm2-135m --quant int4 --group-size 64 --residual-length 64`" in texts(at.markdown)
@@ -89,5 +98,147 @@ def test_a_tune_shows_when_it_started_and_how_long_it_ran(store):
     assert tune.started_at is not None and tune.finished_at is not None
     at = open_page()
     assert_clean(at)
-    row = at.dataframe[0].value.set_index("id").loc[tune_id]
-    assert row["started"] != "-" and row["duration"] != "-"
+    table = at.dataframe[0].value
+    row = table[table["id"].astype(str).str.fullmatch(rf"(.*id=)?{tune_id}")].iloc[0]  # an id, or a link to it
+    started = next(column for column in table.columns if column.startswith("started"))  # with its zone
+    assert row[started] != "-" and row["duration"] != "-"
+
+
+def _all_text(at) -> str:
+    return "\n".join(texts(elements) for elements in (at.markdown, at.caption, at.info, at.success, at.warning,
+                                                       at.error, at.metric)) + "\n".join(
+        str(t.value) for t in at.table)
+
+
+def test_the_tune_page_speaks_mib_and_fractions(store):
+    populate_tune(store)
+    at = open_page(TUNE, id="1")
+    assert_clean(at)
+    shown = _all_text(at)
+    assert "MiB KV per item" in shown and "KV (MiB)" in at.table[0].value.columns
+    assert " MB" not in shown and "MB " not in shown and "points" not in shown
+    assert f"max_drop {MAX_DROP:g}" in texts(at.caption)  # the margin as a fraction, as in the spec
+
+
+def _progress_text(at) -> str:
+    return next(e.proto.text for e in at.get("progress"))
+
+
+def test_a_running_tune_says_its_trials_done_of_max_trials_and_its_eta(store):
+    tune_id = populate_tune(store, finish=False)
+    at = open_page(TUNE, id=str(tune_id))
+    assert_clean(at)
+    shown = progress.points(store.candidates(tune_id), store.trials(tune_id), MAX_DROP)
+    done = sum(1 for p in shown if p.state != "active")
+    text = _progress_text(at)
+    assert text.startswith(f"{done} of {SPEC['tune']['max_trials']} trials done · 1 active")
+    assert "%" not in text and "left (an estimate:" in text and f"its {done} ended" in text
+
+
+def test_before_any_trial_ends_the_eta_is_not_known_yet(store):
+    spec = parse_spec(SPEC)
+    experiment_id = store.create_experiment(spec, {}, item_limit=4)
+    store.start_tune(experiment_id, 11, 240, "test-host-1-driver")
+    at = open_page(TUNE, id=str(experiment_id))
+    assert_clean(at)
+    assert "time left: not known yet" in _progress_text(at)
+
+
+def test_cancel_asks_first_then_cancels_the_tune_and_keeps_its_best_so_far(store):
+    tune_id = populate_tune(store, finish=False)
+    before = store.candidates(tune_id)
+    at = open_page(TUNE, id=str(tune_id))
+    confirm = at.button(key="tune-cancel-confirm")
+    assert store.tune(tune_id).state == "running"  # drawing the popover cancels nothing
+    confirm.click().run()
+    assert_clean(at)
+    assert store.tune(tune_id).state == "cancelled" and store.get_experiment(tune_id).status == "cancelled"
+    assert store.candidates(tune_id) == before  # the judged candidates stay
+    assert f"Tune #{tune_id} cancelled" in texts(at.success)
+    assert "Current best so far (the tune is cancelled): **int4/g64/r64**" in texts(at.info)
+    assert not [b for b in at.button if b.key == "tune-cancel-confirm"]  # no Cancel once it has ended
+
+
+def _samples(store, tune_id: int, metric: importance.Metric) -> list[importance.Sample]:
+    shown = progress.points(store.candidates(tune_id), store.trials(tune_id), MAX_DROP)
+    proposals = importance.read_proposals(store.study_storage_url(), study_name(tune_id))
+    return importance.samples(shown, proposals, metric, BASELINE_BYTES)
+
+
+def test_samples_join_the_studys_parameters_to_the_stores_verdicts(store):
+    tune_id = populate_tune(store)
+    held = _samples(store, tune_id, importance.METRICS["ratio held"])
+    assert [s.label for s in held] == [config.label for config, _, _ in CANDIDATES.values()]
+    for sample in held:  # the study's parameters name the candidate's config
+        config, fraction, _ = next(c for c in CANDIDATES.values() if c[0].label == sample.label)
+        assert KVCacheConfig(**{k: v for k, v in sample.params.items() if k in KVCacheConfig.model_fields}
+                             | ({"ratio": sample.params["budget"]} if "budget" in sample.params else {})) == config
+        feasible = next(p for p in progress.points(store.candidates(tune_id), store.trials(tune_id), MAX_DROP)
+                        if p.label == sample.label).feasible
+        assert sample.value == pytest.approx(1 / fraction if feasible else 0.0)
+    assert importance.varying(held) == ["quant", "evict"]  # group and residual have one value; budget one method
+    assert _samples(store, tune_id, importance.METRICS["KL"]) == []  # the synthetic tune measured no KL
+
+
+def test_importance_ranks_the_varying_parameters(store):
+    tune_id = populate_tune(store)
+    metric = importance.METRICS["ratio held"]
+    found = _samples(store, tune_id, metric)
+    result = importance.importance(found, metric)
+    assert result.why_not is None and result.candidates == len(found)
+    assert set(result.values) == set(importance.varying(found))
+    assert math.isclose(sum(result.values.values()), 1.0) and all(0 <= v <= 1 for v in result.values.values())
+    assert importance.importance(found, metric) == result  # PED-ANOVA has no randomness: a refresh redraws the same
+    figure = tune_charts.importance_figure(result, metric)
+    assert list(figure.data[0].y) == sorted(result.values, key=result.values.get)  # the most important on top
+    assert metric.label in figure.layout.title.text
+
+
+@pytest.mark.parametrize("names, metric, why", [
+    (("int8",), "ratio", "needs at least 2 with a compression ratio"),
+    (("int8", "int4"), "ratio", "only one parameter varies among the 2 candidates so far (quant)"),
+    (tuple(CANDIDATES), "TTFT", "have the same TTFT"),
+    (tuple(CANDIDATES), "KL", "0 have one so far"),
+])
+def test_importance_says_why_it_cannot_rank(store, names, metric, why):
+    tune_id = populate_tune(store, names=names)
+    result = importance.importance(_samples(store, tune_id, importance.METRICS[metric]), importance.METRICS[metric])
+    assert not result.values and why in (result.why_not or "")
+
+
+def test_the_slice_plot_draws_each_varying_parameter_against_the_metric(store):
+    tune_id = populate_tune(store)
+    metric = importance.METRICS["accuracy diff"]
+    found = _samples(store, tune_id, metric)
+    figure = tune_charts.slice_figure(found, metric)
+    titles = [figure.layout[axis].title.text for axis in figure.layout if axis.startswith("xaxis")]
+    assert sorted(titles) == sorted(importance.varying(found))  # one panel each, in Optuna's order
+    first = [trace for trace in figure.data if trace.xaxis in (None, "x")]
+    assert sorted(y for trace in first for y in trace.y) == sorted(s.value for s in found)
+    hover = " ".join(text for trace in figure.data for text in trace.hovertext)
+    assert all(s.label in hover for s in found) and metric.label in figure.layout.title.text
+
+
+def test_the_tune_page_draws_importance_and_slice_or_says_why_not(store):
+    tune_id = populate_tune(store)
+    at = open_page(TUNE, id=str(tune_id))
+    assert_clean(at)
+    assert "Parameters" in [h.value for h in at.subheader]
+    assert "Metric: **compression ratio held" in texts(at.caption) and "PED-ANOVA" in texts(at.caption)
+    one = populate_tune(store, names=("int8",))
+    at = open_page(TUNE, id=str(one))
+    assert_clean(at)
+    assert "Parameter importance: not computed: importance compares candidates" in texts(at.info)
+    assert "Slice plot: no parameter varies among the 1 candidate" in texts(at.info)
+    at = open_page(TUNE, id=str(tune_id), metric="KL")
+    assert_clean(at)
+    assert "Slice plot: no candidate has a mean KL" in texts(at.info)
+
+
+def test_a_tune_without_its_study_says_so(store):
+    tune_id = populate_tune(store)
+    Path(make_url(store.study_storage_url()).database).unlink()
+    at = open_page(TUNE, id=str(tune_id))
+    assert_clean(at)
+    assert "cannot be read: no Optuna study file beside the store" in texts(at.info)
+    assert not Path(make_url(store.study_storage_url()).database).exists()  # reading created nothing
