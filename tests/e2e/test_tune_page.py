@@ -1,8 +1,10 @@
-"""The tune page in a real browser: a real `streamlit run app.py` over a store holding a finished and a
-running tune (written through the Store API as the driver and workers write them; no model), Debian's
-chromium driven by Playwright.  The page must draw the Pareto front and the hypervolume charts, the
-candidates stopped early with their reasons, and the recommendation with its `kvlab serve` command --
-with no dialog and no traceback; the running tune shows its current best instead."""
+"""The tune page in a real browser: a real `streamlit run app.py` over a store holding finished and
+running tunes (written through the Store API as the driver and workers write them, with their Optuna
+study beside the store; no model), Debian's chromium driven by Playwright.  The page must draw the
+Pareto front and the hypervolume charts, the parameters' importance and a slice plot, the candidates
+stopped early with their reasons, and the recommendation with its `kvlab serve` command -- with no
+dialog and no traceback; a running tune shows its current best, its trials done of max_trials with
+an estimate of the time left, gains the trials written meanwhile, and is cancelled by its Cancel."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from typing import NamedTuple
 import pytest
 
 from kvlab.dashboard import page_table
+from kvlab.experiments.report import MIB
 from kvlab.store import Store
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
-from tests.tune_data import CANDIDATES, populate_tune
+from tests.tune_data import BASELINE_BYTES, CANDIDATES, FIRST_ROUND, SPEC, populate_tune
 from tests.waiting import SAFETY_S
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
@@ -31,6 +34,13 @@ class Served(NamedTuple):
     store_url: str
     done: int  # the finished tune's experiment id
     running: int
+    to_cancel: int  # running, for the Cancel test
+    growing: int  # running, three of its four trials proposed: the test writes the fourth
+    single: int  # finished with one candidate
+
+
+#: The candidates of the tune the test grows by one while its page is open.
+FIRST_THREE = ("int8", "int4", "int2")
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +48,11 @@ def server(tmp_path_factory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("tune-page")
     url = f"sqlite:///{tmp / 'kvlab.sqlite'}"
     with Store(url) as store:
-        done, running = populate_tune(store), populate_tune(store, finish=False)
+        tunes = (populate_tune(store), populate_tune(store, finish=False), populate_tune(store, finish=False),
+                 populate_tune(store, finish=False, names=FIRST_THREE), populate_tune(store, names=("int8",)))
     process, base = start_dashboard(url, tmp / "streamlit.log")
     try:
-        yield Served(base, url, done, running)
+        yield Served(base, url, *tunes)
     finally:
         process.terminate()
         process.wait(timeout=SAFETY_S)
@@ -64,14 +75,14 @@ def _assert_clean(page) -> None:
 
 
 def test_a_finished_tune_shows_its_front_stopped_candidates_and_recommendation(server, browser):
-    base, _, done, _ = server
+    base, done = server.base, server.done
     context, page = _open(browser, f"{base}/{page_table.TUNE.url_path}?id={done}")
     try:
         main = page.get_by_test_id("stMain")
         main.get_by_role("heading", name="Tune: synthetic-tune").wait_for()
         # both charts drawn by plotly.js: the front with its four candidates, the baseline and the front line
         expect(main.locator(".js-plotly-plot .main-svg").first).to_be_visible()
-        expect(main.locator(".js-plotly-plot")).to_have_count(2)
+        expect(main.locator(".js-plotly-plot")).to_have_count(4)  # front, hypervolume, importance, slice
         expect(main.locator(".gtitle", has_text="Pareto front so far")).to_have_count(1)
         expect(main.locator(".gtitle", has_text="Hypervolume over trials")).to_have_count(1)
         assert main.locator(".js-plotly-plot").first.locator(".legendtext", has_text="stopped early").count() == 1
@@ -83,8 +94,9 @@ def test_a_finished_tune_shows_its_front_stopped_candidates_and_recommendation(s
         expect(table.locator("tr", has_text="snapkv:r0.5")).to_contain_text("not promoted")
         expect(table.locator("tr", has_text="int4/g64/r64")).to_contain_text("complete")
         # the recommendation: config, bytes, interval, how to deploy it
+        int4_mib = BASELINE_BYTES * CANDIDATES["int4"][1] / MIB
         expect(main.get_by_test_id("stAlertContentSuccess")).to_contain_text(re.compile(
-            r"Recommended: int4/g64/r64: 1\.593 MB KV per item .* "
+            rf"Recommended: int4/g64/r64: {int4_mib:.3f} MiB KV per item .* "
             r"difference -0\.050 \[-0\.236, \+0\.116\] on 20 items"))
         expect(main.locator("code").filter(has_text="kvlab serve --model smollm2-135m --quant int4 "
                                                     "--group-size 64 --residual-length 64")).to_have_count(1)
@@ -112,11 +124,11 @@ def test_a_finished_tune_shows_its_front_stopped_candidates_and_recommendation(s
 
 
 def test_a_running_tune_updates_live_and_its_experiment_links_here(server, browser):
-    base, store_url, done, running = server
+    base, store_url, done, running = server.base, server.store_url, server.done, server.running
     context, page = _open(browser, f"{base}/{page_table.TUNE.url_path}?id={running}")
     try:
         main = page.get_by_test_id("stMain")
-        expect(main.get_by_test_id("stAlertContentInfo")).to_contain_text(
+        expect(main.get_by_test_id("stAlertContentInfo").filter(has_text="Current best so far")).to_contain_text(
             "Current best so far (the tune is running): int4/g64/r64")
         snapkv = main.get_by_test_id("stTable").locator("tr", has_text="snapkv:r0.5")
         expect(snapkv).to_contain_text("active")
@@ -134,6 +146,112 @@ def test_a_running_tune_updates_live_and_its_experiment_links_here(server, brows
         page.get_by_test_id("stMain").get_by_role("link", name=re.compile("A tune")).click()
         page.get_by_test_id("stMain").get_by_role("heading", name="Tune: synthetic-tune").wait_for()
         assert f"id={running}" in page.url
+        _assert_clean(page)
+    finally:
+        context.close()
+
+
+def _progress(page):
+    return page.get_by_test_id("stMain").get_by_test_id("stProgress")
+
+
+def test_cancel_asks_first_then_cancels_the_running_tune(server, browser):
+    base, store_url, tune_id = server.base, server.store_url, server.to_cancel
+    context, page = _open(browser, f"{base}/{page_table.TUNE.url_path}?id={tune_id}")
+    try:
+        main = page.get_by_test_id("stMain")
+        main.get_by_role("button", name="Cancel tune").click()  # opens the confirmation only
+        confirm = page.get_by_role("button", name=f"Yes, cancel tune #{tune_id}")
+        expect(confirm).to_be_visible()
+        with Store(store_url) as store:
+            assert store.tune(tune_id).state == "running"
+            confirm.click()
+            expect(main.get_by_test_id("stAlertContentSuccess")).to_contain_text(f"Tune #{tune_id} cancelled")
+            assert store.tune(tune_id).state == "cancelled" and store.get_experiment(tune_id).status == "cancelled"
+            assert len(store.candidates(tune_id)) == 1 + len(CANDIDATES)  # the baseline's and every candidate's stay
+        expect(main.get_by_test_id("stMetric").filter(has_text="Tune")).to_contain_text("cancelled")
+        expect(main.get_by_test_id("stAlertContentInfo").filter(has_text="Current best so far")).to_contain_text(
+            "Current best so far (the tune is cancelled): int4/g64/r64")
+        expect(main.get_by_role("button", name="Cancel tune")).to_have_count(0)
+        _assert_clean(page)
+    finally:
+        context.close()
+
+
+def test_progress_counts_trials_and_the_page_gains_a_trial_written_meanwhile(server, browser):
+    base, store_url, tune_id = server.base, server.store_url, server.growing
+    max_trials = SPEC["tune"]["max_trials"]
+    context, page = _open(browser, f"{base}/{page_table.TUNE.url_path}?id={tune_id}")
+    try:
+        main = page.get_by_test_id("stMain")
+        progress = _progress(page)
+        expect(progress).to_contain_text(f"{len(FIRST_THREE)} of {max_trials} trials done")
+        expect(progress).to_contain_text("left (an estimate:")
+        assert "%" not in progress.inner_text()
+        table = main.get_by_test_id("stTable")
+        expect(table.locator("tbody tr")).to_have_count(len(FIRST_THREE))
+        snapkv = CANDIDATES["snapkv"][0]
+        with Store(store_url) as store:  # the driver's next proposal, while the page is open
+            [trial_id] = store.add_candidates(tune_id, [(snapkv, len(FIRST_THREE))], FIRST_ROUND)
+            expect(table.locator("tbody tr")).to_have_count(len(FIRST_THREE) + 1)
+            expect(table.locator("tr", has_text=snapkv.label)).to_contain_text("active")
+            expect(progress).to_contain_text(f"{len(FIRST_THREE)} of {max_trials} trials done · 1 active")
+            store.judge_candidate(trial_id, state="stopped", reason="not promoted: the search ended")
+            expect(progress).to_contain_text(f"{max_trials} of {max_trials} trials done")
+        _assert_clean(page)
+    finally:
+        context.close()
+
+
+def test_the_page_speaks_mib_and_never_mb(server, browser):
+    context, page = _open(browser, f"{server.base}/{page_table.TUNE.url_path}?id={server.done}")
+    try:
+        main = page.get_by_test_id("stMain")
+        expect(main.get_by_test_id("stTable")).to_contain_text("KV (MiB)")
+        main.locator(".js-plotly-plot .xtitle", has_text="MiB per item").wait_for()
+        text = main.inner_text()
+        assert "MiB KV per item" in text and not re.search(r"\bMB\b", text)
+        assert re.search(r"max_drop 0\.25\b", text) and "points" not in text  # margins as fractions, as the spec
+        _assert_clean(page)
+    finally:
+        context.close()
+
+
+def test_importance_and_slice_plot_follow_the_metric_and_export(server, browser):
+    base = server.base
+    context, page = _open(browser, f"{base}/{page_table.TUNE.url_path}?id={server.done}")
+    try:
+        main = page.get_by_test_id("stMain")
+        importance = main.locator(".js-plotly-plot", has=page.locator(".gtitle", has_text="Parameter importance"))
+        expect(importance.locator(".gtitle")).to_contain_text("compression ratio held")
+        expect(importance.locator(".ytick", has_text="quant")).to_have_count(1)
+        expect(importance.locator(".ytick", has_text="evict")).to_have_count(1)
+        slice_plot = main.locator(".js-plotly-plot", has=page.locator(".gtitle", has_text="Slice plot"))
+        expect(slice_plot.locator(".xtitle", has_text="quant")).to_have_count(1)
+        expect(slice_plot.locator(".scatterlayer .point")).to_have_count(2 * len(CANDIDATES))  # quant and evict panels
+        main.get_by_test_id("stSelectbox").filter(has_text="Metric").click()
+        page.get_by_role("option", name="accuracy diff").click()
+        expect(slice_plot.locator(".gtitle")).to_contain_text("accuracy difference vs baseline")
+        expect(page.get_by_test_id("stSidebar").locator(".st-key-share-link code")).to_contain_text(
+            "metric=accuracy+diff")
+        with page.expect_download() as download:
+            main.locator(".st-key-tune-slice-html button").click()
+        html = Path(download.value.path()).read_text()
+        assert "accuracy difference vs baseline" in html and download.value.suggested_filename.endswith("-slice.html")
+        _assert_clean(page)
+    finally:
+        context.close()
+
+
+def test_one_trial_says_why_there_is_no_importance_or_slice(server, browser):
+    context, page = _open(browser, f"{server.base}/{page_table.TUNE.url_path}?id={server.single}")
+    try:
+        main = page.get_by_test_id("stMain")
+        expect(main.get_by_test_id("stAlertContentInfo").filter(has_text="Parameter importance: not computed")
+               ).to_contain_text("needs at least 2")
+        expect(main.get_by_test_id("stAlertContentInfo").filter(has_text="Slice plot")).to_contain_text(
+            "no parameter varies among the 1 candidate")
+        expect(main.locator(".js-plotly-plot")).to_have_count(2)  # the front and the hypervolume only
         _assert_clean(page)
     finally:
         context.close()
