@@ -43,7 +43,7 @@ STOPPED_REASON = {  # kvlab.tune.judge's wording
 }
 
 
-def _result(config: KVCacheConfig, name: str, fraction: float, wrong: tuple[int, ...], item: int) -> ItemResult:
+def item_result(config: KVCacheConfig, name: str, fraction: float, wrong: tuple[int, ...], item: int) -> ItemResult:
     correct = item not in wrong
     return ItemResult(
         item_id=f"passkey-256-{item}", task="passkey", config_name=config.label, config=config.model_dump(mode="json"),
@@ -62,7 +62,7 @@ def _run(store: Store, experiment_id: int, plan: dict[int, tuple[KVCacheConfig, 
         config, name, fraction, wrong = plan[trial.id]
         store.set_items_total(trial.id, N_ITEMS)
         for item in items:
-            store.add_item_result(trial.id, _result(config, name, fraction, wrong, item))
+            store.add_item_result(trial.id, item_result(config, name, fraction, wrong, item))
         store.finish_trial(trial.id, "done", worker_id="test-host:w0")
 
 
