@@ -4,17 +4,19 @@ Each page is one module in pages/ and one row of kvlab.dashboard.page_table; the
 path and its state the query parameters, so any view can be shared as a link.  Pages read and write
 through kvlab.store and draw with kvlab.dashboard.charts; errors reach the user as one-line messages,
 never as tracebacks (pages.common.guard: the details of an unexpected one go to kvlab-dashboard.log
-in kvlab.paths.log_dir(), by default ~/.cache/kvlab/logs).
+in kvlab.paths.log_dir(), by default ~/.cache/kvlab/logs).  Served as an ``st.App``, whose one addition
+is kvlab.dashboard.deep_links: a deep link's page asks the server once, with no 404s.
 """
 
 from __future__ import annotations
 
 import streamlit as st
+from starlette.middleware import Middleware
 
+from kvlab.dashboard.deep_links import DeepLinkPages
 from kvlab.dashboard.page_table import PAGES
 from kvlab.paths import STATIC_DIR
 from kvlab.secrets import install_log_redaction
-from pages.common import guard
 
 #: The tab's icon ships with the app: a ``:material/...:`` page icon is fetched from a font CDN, offline too.
 ICON = STATIC_DIR / "kvlab-icon.png"
@@ -36,6 +38,8 @@ def navigation_pages() -> list[st.Page]:
 def main() -> None:
     """One run of the dashboard: Streamlit runs this file as ``__main__`` on every request, and the
     first-request stubs in pages/ (kvlab.dashboard.page_table) call this."""
+    from pages.common import guard  # here, not at the top: its caches are made inside Streamlit's runtime
+
     install_log_redaction()  # the dashboard's log never shows a URL password or a key
     st.set_page_config(page_title="kvlab", page_icon=ICON, layout="wide")
     page = st.navigation(navigation_pages())
@@ -44,5 +48,8 @@ def main() -> None:
         page.run()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # Streamlit runs this file as the script of every request
     main()
+else:  # `streamlit run app.py` imports it as a module, finds this app and serves it
+    app = st.App(__file__, middleware=[Middleware(DeepLinkPages, url_paths=[row.url_path for row in PAGES],
+                                                  base_url_path=st.get_option("server.baseUrlPath"))])

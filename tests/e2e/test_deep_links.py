@@ -6,6 +6,9 @@ With a pages/ folder next to app.py, Streamlit serves a process's first request 
 navigation, by file name: the stubs named like the URL paths (kvlab.dashboard.page_table.stub_text) send
 that request through app.py, and this test keeps them honest; the sidebar must then list the table's
 pages, not the files in pages/.
+
+The browser's console must stay free of errors and no request may fail: Streamlit's frontend used to probe
+``/<page>/_stcore/health`` and ``host-config`` first, two 404s per link (kvlab.dashboard.deep_links).
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ def test_a_shared_link_on_a_fresh_server_opens_its_page_without_a_dialog(link, s
     try:
         page = context.new_page()
         page.set_default_timeout(SAFETY_S * 1000)
+        console_errors: list[str] = []
+        failed: list[tuple[int, str]] = []
+        page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
+        page.on("response", lambda response: failed.append((response.status, response.url))
+                if response.status >= 400 else None)
         page.goto(base + link)
         page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
         main = page.get_by_test_id("stMain")
@@ -68,6 +76,8 @@ def test_a_shared_link_on_a_fresh_server_opens_its_page_without_a_dialog(link, s
         page.wait_for_timeout(1000)  # a dialog arrives with the first script run: give it time to show
         assert page.locator("[role=dialog]").count() == 0, page.locator("[role=dialog]").all_inner_texts()
         assert "Page not found" not in page.content()
+        assert failed == []
+        assert console_errors == []
         assert main.is_visible()
         # The sidebar is the table's (st.navigation's), not the first request's folder navigation of pages/*.py.
         links = page.get_by_test_id("stSidebarNav").get_by_test_id("stSidebarNavLink").all()
