@@ -1,10 +1,11 @@
 """Start detached kvlab processes on this host: local workers (``kvlab run --background``, rerun and the
 dashboard's sweeps) and a tune's driver (``kvlab tune --background`` and the dashboard's Tune).  Each
-logs to :func:`kvlab.paths.log_dir`."""
+logs to :func:`kvlab.paths.log_dir` and runs at a lower CPU priority (:data:`BACKGROUND_NICENESS`)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -15,6 +16,12 @@ from pathlib import Path
 
 from kvlab.paths import log_dir
 from kvlab.threads import share_of_cores
+
+#: The niceness of detached processes: background work yields the cores to what a user is waiting for (the
+#: dashboard's pages, the playground's `kvlab serve`, a terminal) and takes them all when those are idle.
+#: At 10 the kernel's scheduler gives a nice-0 process about 9 times a nice-10 one's share (CFS weights
+#: 1024 and 110).  Measured on 2 cores with a worker running quick.toml: docs/decisions.md, issue 38.
+BACKGROUND_NICENESS = 10
 
 MAX_LOCAL_WORKERS = 64  # what `kvlab run --background --workers` and `kvlab rerun --workers` accept
 
@@ -50,16 +57,18 @@ def start_tune_driver(args: Sequence[str]) -> BackgroundTune:
 
 
 def start_detached(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
-    """Start a kvlab process in its own session (a closed terminal or Ctrl-C does not reach it),
-    writing to ``log`` (its folder made if missing), and reap it when it ends.
+    """Start a kvlab process in its own session (a closed terminal or Ctrl-C does not reach it), at
+    :data:`BACKGROUND_NICENESS`, writing to ``log`` (its folder made if missing), and reap it when it ends.
 
     A thread of this process waits for it: the dashboard's server lives on, and a child nobody waits
     for stays a zombie under it (and whoever waits for it to disappear waits forever).  When this
     process ends first, the child outlives it and init reaps it.
     """
     log.parent.mkdir(parents=True, exist_ok=True)
+    nice = shutil.which("nice")  # POSIX's: it execs the command, so the process is the command's own
+    command = [nice, "-n", str(BACKGROUND_NICENESS), *args] if nice else list(args)
     with open(log, "ab") as handle:  # the child keeps its own copy
-        process = subprocess.Popen(list(args), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
     threading.Thread(target=process.wait, name=f"kvlab-{process.pid}-reaper", daemon=True).start()
     return process

@@ -3,6 +3,8 @@ zombie under the long-lived server (and whoever waits for it to disappear waits 
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 
 import psutil
@@ -18,3 +20,13 @@ def test_a_local_worker_that_ends_is_reaped(tmp_path, monkeypatch):
     reaper.join()  # returns once the process has ended and been waited for
     assert process.returncode == 0, [log.read_text() for log in (tmp_path / "logs").iterdir()]
     assert not psutil.pid_exists(process.pid)  # no zombie left under this process
+
+
+def test_a_detached_process_runs_at_the_background_niceness(tmp_path):
+    """Background work yields the cores to the dashboard and the playground's server (nice 0)."""
+    log = tmp_path / "nice.log"
+    process = launcher.start_detached([sys.executable, "-c", "import os; print(os.nice(0))"], log)
+    [reaper] = [t for t in threading.enumerate() if t.name == f"kvlab-{process.pid}-reaper"]
+    reaper.join()
+    assert process.returncode == 0, log.read_text()
+    assert int(log.read_text()) == min(19, os.nice(0) + launcher.BACKGROUND_NICENESS)
