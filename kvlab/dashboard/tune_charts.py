@@ -8,12 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
-from optuna.distributions import CategoricalDistribution
 from plotly.subplots import make_subplots
 
 from kvlab.dashboard.charts import plotly_text
 from kvlab.experiments.report import MIB
-from kvlab.tune.importance import Importance, Metric, Sample, varying
+from kvlab.tune.importance import Importance, Metric, Sample, categorical, varying
 from kvlab.tune.progress import Point
 
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
@@ -139,14 +138,14 @@ def slice_figure(found: Sequence[Sample], metric: Metric, title: str = SLICE_TIT
                 continue
             style = STYLES[state]
             fig.add_trace(go.Scatter(
-                x=[str(s.params[name]) if _categorical(s, name) else s.params[name] for s in group],
+                x=[str(s.params[name]) if categorical(s, name) else s.params[name] for s in group],
                 y=[s.value for s in group], mode="markers", name=style["name"], legendgroup=state,
                 showlegend=state not in legend, marker=style["marker"], opacity=style["opacity"], hoverinfo="text",
                 hovertext=[f"<b>{plotly_text(s.label)}</b> (trial {s.number})<br>{name} = "
                            f"{plotly_text(str(s.params[name]))}<br>{metric.label}: {s.value:.4g}"
                            f"<br>{s.state} on {s.judged_items} items" for s in group]), row=1, col=column)
             legend.add(state)
-        if having and _categorical(having[0], name):
+        if having and categorical(having[0], name):
             seen = {str(s.params[name]) for s in having}
             choices = getattr(having[0].distributions[name], "choices", ())
             fig.update_xaxes(type="category", categoryorder="array", row=1, col=column,
@@ -156,7 +155,3 @@ def slice_figure(found: Sequence[Sample], metric: Metric, title: str = SLICE_TIT
     fig.update_layout(title=plotly_text(f"{title}: {metric.label}"), legend={"orientation": "h", "y": -0.25},
                       **_LAYOUT)
     return fig
-
-
-def _categorical(sample: Sample, name: str) -> bool:
-    return isinstance(sample.distributions[name], CategoricalDistribution)
