@@ -22,14 +22,13 @@ from starlette.concurrency import run_in_threadpool
 from kvlab.core.errors import ConfigError
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.engines.prompt_scoring import Sampling
-from kvlab.serve import playground
 from kvlab.serve.connection import ClientGone, EventStream, until_disconnected
 from kvlab.serve.engine_thread import EngineLock, Generation
 from kvlab.serve.errors import APIError, install_error_handlers, internal_error, shutting_down
 from kvlab.serve.generation import Decoding, Delta, Finished, ServedModel, ServedPrompt
 from kvlab.serve.logprobs import MAX_LOGPROBS
 from kvlab.serve.middleware import CLIENT_CLOSED, OUTCOME, AllowHosts, CatchErrors, CountRequests, LimitBody
-from kvlab.serve.playground import PlaygroundRequest
+from kvlab.serve.playground import Playground, PlaygroundRequest, PlaygroundRun
 from kvlab.serve.shapes import SSE_DONE, ChatShape, CompletionShape, sse
 
 DEFAULT_CHAT_MAX_TOKENS = 256
@@ -190,6 +189,7 @@ def create_app(served: ServedModel, api_key: str | None = None,
     app = FastAPI(title="kvlab serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.served = served
     lock = EngineLock(served)
+    playground = Playground(served)
     install_error_handlers(app)
     app.add_middleware(LimitBody, max_bytes=max_body_bytes)
     if allowed_hosts is not None:
@@ -246,14 +246,20 @@ def create_app(served: ServedModel, api_key: str | None = None,
         return await _respond(served, lock, request, body, config, prompt, ChatShape)
 
     @app.post("/kvlab/playground", dependencies=[Depends(authorize)])
-    async def playground_run(body: PlaygroundRequest) -> dict[str, Any]:
-        """kvlab's: one item under several configs at once (:mod:`kvlab.serve.playground`), in its turn."""
+    async def playground_run(body: PlaygroundRequest, request: Request) -> Response:
+        """kvlab's: one item under several configs at once (:mod:`kvlab.serve.playground`), in its turn; streamed
+        with its progress on request (``stream``); a client gone stops its run."""
         _check_unicode(body.model_dump(), "")
-        await lock.acquire()
+        run = PlaygroundRun(playground, lock, await run_in_threadpool(playground.prepare, body))
+        if body.stream:
+            return EventStream(_playground_events(request, run), run, served.stopping)
         try:
-            return await lock.thread.run(playground.run, served, body)
+            return JSONResponse(await until_disconnected(request, _playground_answer(run)))
+        except ClientGone:
+            setattr(request.state, OUTCOME, CLIENT_CLOSED)
+            return Response(status_code=CLIENT_CLOSED)  # sent to nobody
         finally:
-            lock.release()
+            run.cancel()
 
     @app.post("/tokenize", dependencies=[Depends(authorize)])
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
@@ -446,6 +452,37 @@ async def _sse(request: Request, generation: Generation, shape: CompletionShape,
                 yield SSE_DONE
                 return
         error = shutting_down()
+    except Exception as exc:
+        error = internal_error(f"{request.method} {request.url.path}", exc)
+    setattr(request.state, OUTCOME, error.status)
+    yield sse(error.body())
+    yield SSE_DONE
+
+
+#: Seconds between a streamed playground run's progress events (sent even when nothing moved: a client reading
+#: them notices within this time that it was asked to stop, and closes the connection).
+PROGRESS_EVERY_S = 0.25
+
+
+async def _playground_answer(run: PlaygroundRun) -> dict[str, Any]:
+    await run.start()
+    await run.wait()
+    return run.answer()
+
+
+async def _playground_events(request: Request, run: PlaygroundRun) -> AsyncIterator[str]:
+    """A streamed playground run: its progress (queued, then the engine's phase and the configs answered) every
+    :data:`PROGRESS_EVERY_S`, then its answer or an error event."""
+    try:
+        yield sse({"progress": run.progress.snapshot()})
+        await run.start()
+        while not await run.wait(PROGRESS_EVERY_S):
+            yield sse({"progress": run.progress.snapshot()})
+        yield sse({"answer": run.answer()})
+        yield SSE_DONE
+        return
+    except APIError as refused:
+        error = refused
     except Exception as exc:
         error = internal_error(f"{request.method} {request.url.path}", exc)
     setattr(request.state, OUTCOME, error.status)

@@ -11,16 +11,21 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from kvlab.serve.engine_thread import Generation
 from kvlab.serve.middleware import CLIENT_CLOSED, OUTCOME
 
 T = TypeVar("T")
+
+
+class Cancellable(Protocol):
+    """Work a stream reads from: a generation (:class:`kvlab.serve.engine_thread.Generation`), a playground run."""
+
+    def cancel(self) -> None: ...
 
 
 class ClientGone(Exception):
@@ -50,11 +55,12 @@ async def _disconnect(receive: Receive) -> None:
 
 
 class EventStream(StreamingResponse):
-    """Server-sent events read from ``generation``, which is cancelled however the stream ends.
+    """Server-sent events read from ``generation`` (a generation or a playground run), which is cancelled however
+    the stream ends.
     A stream cut short is counted as 499 (client gone), or 503 when the server is stopping,
     unless the events already recorded another outcome (an error event)."""
 
-    def __init__(self, chunks: AsyncIterator[str], generation: Generation, stopping: threading.Event):
+    def __init__(self, chunks: AsyncIterator[str], generation: Cancellable, stopping: threading.Event):
         super().__init__(chunks, media_type="text/event-stream")
         self._generation = generation
         self._stopping = stopping

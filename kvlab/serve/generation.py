@@ -99,17 +99,17 @@ class Finished:
 Event = Started | Delta | Finished
 
 
-class _Cancelled(Exception):
+class Cancelled(Exception):
     """Raised inside the model's forward pass to abandon a cancelled request."""
 
 
 @contextmanager
-def _stop_between_layers(modules: Sequence[nn.Module], cancelled: Callable[[], bool]) -> Iterator[None]:
-    """Raise :class:`_Cancelled` at the next attention layer once ``cancelled()``: a prefill of
+def stop_between_layers(modules: Sequence[nn.Module], cancelled: Callable[[], bool]) -> Iterator[None]:
+    """Raise :class:`Cancelled` at the next attention layer once ``cancelled()``: a prefill of
     thousands of tokens takes seconds, and so stops within one layer's time."""
     def check(module: nn.Module, args: tuple[Any, ...]) -> None:
         if cancelled():
-            raise _Cancelled
+            raise Cancelled
 
     handles = [module.register_forward_pre_hook(check) for module in modules]
     try:
@@ -199,7 +199,7 @@ class ServedModel:
         tokens = self.engine.stream(prompt.context, prompt.question, config, max_tokens, stop, forced=prompt.forced,
                                     sampling=decoding.sampling, prompt_logprobs=decoding.prompt_logprobs)
         try:
-            with _stop_between_layers(self.engine.modules, cancelled), closing(tokens):  # closing frees the cache
+            with stop_between_layers(self.engine.modules, cancelled), closing(tokens):  # closing frees the cache
                 prefix = next(tokens)
                 assert isinstance(prefix, ServedPrefix)
                 yield Started()
@@ -224,7 +224,7 @@ class ServedModel:
                     if stopped:
                         finish = "stop"
                         break
-        except _Cancelled:
+        except Cancelled:
             return
         # The engine also stops by itself: at max_tokens, or on a stop string.
         finish = finish or ("length" if len(ids) >= max_tokens else "stop")

@@ -6,10 +6,20 @@ against the baseline), so a run of a few configs answers in seconds on a warm se
 text.  Each answer comes with its measured cache, its fidelity to the baseline and the prompt positions each
 KV head kept (:class:`kvlab.core.results.KeptPositions`), with the character span of every prompt token, so
 a page can shade the text by what was kept.
+
+A run is cancellable (it stops at the next attention layer: :class:`Playground`), reports how far it is
+(:class:`RunProgress`, streamed to a caller that asks with ``stream``), and reuses the last run's prefill when
+the next one prefills the same tokens for the same scorers (:class:`PrefillMemo`: a user who changes the
+configs and runs the same item again waits for no prefill).
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import regex
@@ -19,9 +29,12 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.limits import PLAYGROUND_CONFIGS
+from kvlab.core.results import ItemResult
 from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, check_answer_scorer, generated_tasks
-from kvlab.serve.errors import APIError
-from kvlab.serve.generation import ServedModel
+from kvlab.engines.embedded import EmbeddedEngine
+from kvlab.serve.engine_thread import EngineLock
+from kvlab.serve.errors import APIError, shutting_down
+from kvlab.serve.generation import Cancelled, ServedModel, stop_between_layers
 from kvlab.tasks.scoring import ScoringError, compile_answer_regex
 from kvlab.tasks.single import generated_item, own_item, score
 
@@ -97,6 +110,9 @@ class PlaygroundRequest(BaseModel):
                                           "runs beside them.")
     max_new_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS, description="New tokens at most; "
                                        "unset: the item's own budget.")
+    stream: bool = Field(default=False, description="kvlab's: answer as server-sent events, a progress event as the "
+                         "run moves on ({\"progress\": {...}}), then the answer ({\"answer\": {...}}) or an error "
+                         "({\"error\": {...}}), then [DONE]; closing the connection stops the run.")
 
 
 def build_item(served: ServedModel, request: PlaygroundRequest) -> TaskItem:
@@ -132,26 +148,172 @@ def configs_of(served: ServedModel, request: PlaygroundRequest) -> list[KVCacheC
     return configs
 
 
-def run(served: ServedModel, request: PlaygroundRequest) -> dict[str, Any]:
-    """The run's answer (JSON-ready); the caller holds the engine."""
-    if request.model != served.name:
-        raise APIError(404, f"The model `{request.model}` does not exist. This server serves `{served.name}`.",
-                       type_="NotFoundError", param="model", code="model_not_found")
-    item = build_item(served, request)
-    configs = configs_of(served, request)
-    engine = served.engine
-    try:
-        engine.check_items([item])
-    except ConfigError as refused_item:
-        raise APIError(400, str(refused_item), param="item") from None  # names the item: "item passkey/...: ..."
-    tokenizer = served.tokenizer
-    context = tokenizer(item.context, add_special_tokens=True, return_offsets_mapping=True)
-    question = tokenizer(item.question, add_special_tokens=False, return_offsets_mapping=True)
-    engine.report_positions = engine.share_prefill = True  # one prefill for both layouts: answers in seconds
-    try:
-        results = list(engine.evaluate(item, configs))
-    finally:
-        engine.report_positions = engine.share_prefill = False
+@dataclass
+class RunProgress:
+    """How far a run is, written by the engine's thread and read from the event loop: queued for the engine, then
+    the engine's phase and the config it is on (:class:`kvlab.engines.base.Engine`'s, which telemetry reads the
+    same way), and the configs answered so far (the engine answers a layout's configs together, after their
+    batched decode)."""
+
+    engine: EmbeddedEngine
+    total: int  # the configs, the baseline among them
+    context_tokens: int
+    started: bool = False
+    answered: list[str] = field(default_factory=list)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"phase": self.engine.phase if self.started else "queued",
+                "config": self.engine.current_config if self.started else None,
+                "answered": list(self.answered), "total": self.total, "context_tokens": self.context_tokens}
+
+
+class PrefillMemo:
+    """The last run's prefill, reused while the next run prefills the same tokens for the same scorers.
+
+    The engine never modifies a prefill's tensors (every config of a run already compresses from the one
+    prefill: :func:`kvlab.compress.cache.build_compressed_cache`), so a later run's configs compress from it as
+    from their own: the same answers, kept tokens and bytes (``tests/serve/test_playground_runs.py``).  Its time
+    is charged as it was measured.  One prefill is held (at 1K tokens of SmolLM2-135M, 47 MB of keys and
+    values), and dropped before a different one is computed.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._prefill: Any = None
+
+    @contextmanager
+    def installed(self, engine: EmbeddedEngine) -> Iterator[None]:
+        """Route the engine's prefills through the memo while the block runs (a playground run only: experiments
+        and completions prefill as they always do)."""
+        original, own = engine._prefill, engine.__dict__.get("_prefill")  # own: one already set on the instance
+
+        def prefill(prefix: list[int], scorers: set[Any], hidden: bool = False) -> Any:
+            key = (tuple(prefix), frozenset(scorers), hidden)
+            if key != self._key:
+                self._key = self._prefill = None  # freed before the new one is computed
+                self._prefill = original(prefix, scorers, hidden)
+                self._key = key
+            return self._prefill
+
+        engine._prefill = prefill  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            if own is None:
+                del engine._prefill  # the class's method again
+            else:
+                engine._prefill = own  # type: ignore[method-assign]
+
+
+@dataclass
+class Prepared:
+    """A request made ready to run (what can be refused is refused by then): its item, its configs (the
+    baseline first) and the item's tokens with their character spans."""
+
+    item: TaskItem
+    configs: list[KVCacheConfig]
+    context: Any  # the tokenizer's encoding of the context, with offsets
+    question: Any
+
+
+class Playground:
+    """The server's playground: requests checked and prepared (:meth:`prepare`, off the engine's thread), then
+    run on it one at a time (:meth:`run`, the caller holding the engine), the last prefill kept for the next."""
+
+    def __init__(self, served: ServedModel):
+        self.served = served
+        self.memo = PrefillMemo()
+
+    def prepare(self, request: PlaygroundRequest) -> Prepared:
+        """The request's item and configs, or the :class:`APIError` that refuses it."""
+        served = self.served
+        if request.model != served.name:
+            raise APIError(404, f"The model `{request.model}` does not exist. This server serves `{served.name}`.",
+                           type_="NotFoundError", param="model", code="model_not_found")
+        item = build_item(served, request)
+        configs = configs_of(served, request)
+        try:
+            served.engine.check_items([item])
+        except ConfigError as refused_item:
+            raise APIError(400, str(refused_item), param="item") from None  # names the item: "item passkey/...: ..."
+        tokenizer = served.tokenizer
+        return Prepared(item, configs, tokenizer(item.context, add_special_tokens=True, return_offsets_mapping=True),
+                        tokenizer(item.question, add_special_tokens=False, return_offsets_mapping=True))
+
+    def progress_of(self, prepared: Prepared) -> RunProgress:
+        return RunProgress(self.served.engine, len(prepared.configs), len(prepared.context["input_ids"]))
+
+    def run(self, prepared: Prepared, cancelled: Callable[[], bool] = lambda: False,
+            progress: RunProgress | None = None) -> dict[str, Any] | None:
+        """The run's answer (JSON-ready), or None once ``cancelled()`` or the server is stopping (checked at every
+        attention layer: the engine is free again within one layer's time)."""
+        engine = self.served.engine
+        progress = progress or self.progress_of(prepared)
+        progress.started = True
+        engine.report_positions = engine.share_prefill = True  # one prefill for both layouts: answers in seconds
+        results = []
+        try:
+            with stop_between_layers(engine.modules, lambda: cancelled() or self.served.stopping.is_set()), \
+                    self.memo.installed(engine):
+                for result in engine.evaluate(prepared.item, prepared.configs):
+                    results.append(result)
+                    progress.answered.append(result.config_name)
+        except Cancelled:
+            return None
+        finally:
+            engine.report_positions = engine.share_prefill = False
+            engine.phase, engine.current_config = "idle", None
+        return _answer(prepared, results)
+
+
+class PlaygroundRun:
+    """One request's run on the engine's thread: :meth:`start` waits for the engine (:class:`EngineLock`) and hands
+    the run to its thread, which gives the engine back once the run is done; :meth:`cancel` may be called at any
+    time, and must be once the caller is done with it (a client gone stops its run: the engine is free for the
+    next request within one layer's time, where a run nobody waits for used to hold it to its end)."""
+
+    def __init__(self, playground: Playground, lock: EngineLock, prepared: Prepared):
+        self._playground, self._lock, self._prepared = playground, lock, prepared
+        self._cancel = threading.Event()
+        self.progress = playground.progress_of(prepared)
+        self._future: asyncio.Future[dict[str, Any] | None] | None = None
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await self._lock.acquire()
+        try:
+            self._future = asyncio.wrap_future(self._lock.thread.submit(self._run, loop))
+        except BaseException:
+            self._lock.release_from_thread(loop)
+            raise
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> dict[str, Any] | None:
+        try:
+            return self._playground.run(self._prepared, self._cancel.is_set, self.progress)
+        finally:
+            self._lock.release_from_thread(loop)
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Whether the run is done, after waiting ``timeout`` seconds at most (None: until it is)."""
+        assert self._future is not None, "start() first"
+        done, _ = await asyncio.wait({self._future}, timeout=timeout)
+        return bool(done)
+
+    def answer(self) -> dict[str, Any]:
+        """The answer of a run that is done; the engine's error, or a 503 when the server stopped it."""
+        assert self._future is not None and self._future.done()
+        answer = self._future.result()
+        if answer is None:
+            raise shutting_down()  # cancelled, and not by this run's client: the server is stopping
+        return answer
+
+
+def _answer(prepared: Prepared, results: list[ItemResult]) -> dict[str, Any]:
+    """The run's JSON: the item, every prompt token's character span, and each config's answer in order."""
+    item, configs, context, question = prepared.item, prepared.configs, prepared.context, prepared.question
     by_name = {r.config_name: r for r in results}
     answers = []
     for config in configs:
@@ -167,7 +329,7 @@ def run(served: ServedModel, request: PlaygroundRequest) -> dict[str, Any]:
             "context_tokens": result.context_tokens, "kept_tokens": result.kept_tokens,
             "kept_fraction": result.kept_fraction, "baseline_bytes": result.baseline_kv_bytes,
             "physical_bytes": result.physical_kv_bytes, "compression_ratio": result.compression_ratio,
-            "ttft_s": result.ttft_s, "tpot_s": result.tpot_s,
+            "ttft_s": result.ttft_s, "tpot_s": result.tpot_s, "output_tokens": result.output_tokens,
             "mean_kl": fidelity.mean_kl if fidelity else None, "agreement": fidelity.agreement if fidelity else None,
             "query_aware": config.query_aware, "kept_positions": result.extra["kept_positions"],
         })
