@@ -8,6 +8,8 @@ dashboard process (:mod:`kvlab.dashboard.warm_engine`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -25,17 +27,20 @@ from kvlab.dashboard.playground import (
     MAX_CONFIGS,
     SOURCES,
     PlaygroundView,
-    answer_span,
+    answer_spans,
     config_text,
+    empty_answer_hint,
     kept_share,
+    progress_text,
     request_body,
     result_rows,
     spec_for,
     token_map_html,
+    token_map_legend,
 )
 from kvlab.dashboard.spec_form import config_row, config_rows
 from kvlab.dashboard.task_params import item_param_widgets, params_text
-from kvlab.dashboard.warm_engine import PlaygroundError, WarmEngine
+from kvlab.dashboard.warm_engine import BackgroundRun, WarmEngine
 from kvlab.paths import DATA_DIR_VAR, data_dir
 from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR
 from kvlab.tasks.data_dir import data_files
@@ -45,6 +50,11 @@ from pages.task_params import item_param_inputs
 
 #: The configs table's columns: the new-experiment form's, but a config's name (its label here).
 DATA_COLUMNS = tuple(c for c in CONFIG_COLUMNS if c != "name")
+#: Where the session keeps its Run in flight (:class:`BackgroundRun`), and its last answer.
+RUN_KEY, ANSWER_KEY = "playground-run", "playground-answer"
+#: Seconds between two looks at a Run in flight; each look also waits this long for its end (so the answer is
+#: drawn as soon as it comes, not up to a period later).
+POLL_S = 0.25
 
 
 @st.cache_resource(show_spinner=False)
@@ -70,6 +80,7 @@ engine = engine_col.radio("Run on", ENGINES, index=ENGINES.index(view.engine), h
                           format_func={"embedded": "kvlab serve (every config, token maps)",
                                        "endpoint": "an OpenAI-compatible endpoint (vLLM, SGLang...)"}.get)
 endpoint: dict[str, str] = {}
+inputs: dict[str, Any]
 if engine == "endpoint":
     url_col, id_col = st.columns(2)
     endpoint = {
@@ -118,10 +129,15 @@ elif source == "file":
             st.caption(f"Question: {views.md(shown['question'].strip()[:300])} · expected: "
                        f"{views.md(shown['answer'][:100])} · context: {len(shown['context']):,} characters")
 else:
-    inputs = {"context": st.text_area("Context (compressed)", value=view.context, height=180),
-              "question": st.text_input("Question (fed after the compressed context)", value=view.question),
-              "answer": st.text_input("Expected answer (optional: marks the answer right or wrong)",
-                                      value=view.answer)}
+    inputs = {"context": st.text_area("Context (compressed)", value=view.context, height=180)}
+    question_col, answer_col, tokens_col = st.columns([3, 2, 1])
+    inputs |= {"question": question_col.text_input("Question (fed after the compressed context)",
+                                                   value=view.question),
+               "answer": answer_col.text_input("Expected answer (optional: marks the answer right or wrong)",
+                                               value=view.answer),
+               "max_new_tokens": int(tokens_col.number_input(
+                   "Max new tokens", min_value=1, step=8, value=view.max_new_tokens,
+                   help="The most tokens each answer may take (fewer when the model ends it)"))}
 
 st.subheader("Configs")
 st.caption(f"Up to {MAX_CONFIGS}, each a row (the baseline always runs too). `kvlab methods` lists the methods and "
@@ -149,24 +165,59 @@ view = PlaygroundView(model=model, engine=engine, source=source, config=tuple(co
 st.query_params.from_dict(view.params())
 share_box(view.params())
 
-run_col, save_col = st.columns([1, 1])
-if run_col.button("Run", type="primary", icon=":material/play_arrow:", key="run"):
+
+
+def start_run(view: PlaygroundView) -> None:
+    """Run's callback: the Run in a thread of its own (:class:`BackgroundRun`), unless one is in flight (a second
+    click queues nothing)."""
+    job = st.session_state.get(RUN_KEY)
+    if job is not None and not job.done:
+        return
+    key = json.dumps(view.params(), sort_keys=True)
     try:
-        if engine == "endpoint":
-            with st.spinner(f"Running on {view.base_url or 'the endpoint'}..."):
-                answer = run_on_endpoint(view.item(), model, view.base_url, view.model_id)
+        if view.engine == "endpoint":
+            fields = view.item()  # a file's row is read here, and its error said at once
+            job = BackgroundRun(lambda report, cancelled: run_on_endpoint(fields, view.model, view.base_url,
+                                                                          view.model_id), key)
         else:
-            warm = warm_engine(model)
-            if not warm.started:
-                with st.status(f"Starting `kvlab serve` for {model} (loading the model: the first Run only)..."
-                               ) as status:
+            body, warm = request_body(view), warm_engine(view.model)
+
+            def work(report: Callable[[dict[str, Any]], None], cancelled: Callable[[], bool]) -> dict[str, Any] | None:
+                if not warm.started:
+                    report({"phase": "starting"})
                     warm.start()
-                    status.update(label="The server is ready.", state="complete")
-            with st.spinner("Running..."):
-                answer = warm.run(request_body(view))
-        st.session_state["playground-answer"] = (json.dumps(view.params(), sort_keys=True), answer)
-    except (PlaygroundError, ConfigError) as error:
-        st.error(views.md(str(error)), icon=":material/error:")
+                return None if cancelled() else warm.run(body, report, cancelled)
+
+            job = BackgroundRun(work, key)
+    except ConfigError as error:
+        st.session_state[ANSWER_KEY] = (key, None, str(error))
+        return
+    st.session_state[RUN_KEY] = job
+
+
+@st.fragment(run_every=POLL_S)
+def in_flight(model: str) -> None:
+    """The Run in flight: its progress and Cancel, looked at every :data:`POLL_S`; once it is done, the whole page
+    again (its answer drawn, Run enabled)."""
+    job: BackgroundRun | None = st.session_state.get(RUN_KEY)
+    if job is None or job.cancelled or job.wait(POLL_S):
+        st.rerun()
+    text, share = progress_text(job.progress, model)
+    st.progress(share, text=views.md(text))
+    st.button("Cancel", icon=":material/stop:", key="cancel", on_click=job.cancel,
+              help="Stops the Run: kvlab serve stops within one layer of the model (an endpoint finishes the "
+                   "request it has, unread)")
+
+
+job: BackgroundRun | None = st.session_state.get(RUN_KEY)
+if job is not None and (job.done or job.cancelled):  # its answer (or its error) becomes the page's
+    st.session_state[ANSWER_KEY] = (job.key, job.answer, "cancelled" if job.cancelled else job.error)
+    del st.session_state[RUN_KEY]
+    job = None
+running = job is not None
+run_col, save_col = st.columns([1, 1])
+run_col.button("Run", type="primary", icon=":material/play_arrow:", key="run", disabled=running,
+               on_click=start_run, args=(view,), help="A Run in flight: wait for it, or Cancel it" if running else None)
 if save_col.button("Save as experiment", icon=":material/save:", key="save"):
     try:
         st.session_state["playground_spec"] = spec_for(view)
@@ -175,31 +226,44 @@ if save_col.button("Save as experiment", icon=":material/save:", key="save"):
     else:
         st.switch_page(page_table.NEW.script)
 
-stored = st.session_state.get("playground-answer")
-if stored is not None:
-    key, answer = stored
-    if key != json.dumps(view.params(), sort_keys=True):
-        st.caption("These answers are from an earlier Run (the input, the configs, the model or the engine changed "
-                   "since).")
-    item = answer["item"]
-    st.dataframe(result_rows(answer), hide_index=True, key="playground-results")
-    outline = answer_span(item)
-    if answer["results"][0]["kept_positions"] is None:  # an endpoint's answer
-        only = answer["results"][0]
-        st.markdown(f"**{views.md(only['config'])}**"
-                    + ("" if only["score"] is None else (" (right)" if only["score"] >= 1 else " (wrong)"))
-                    + f": {views.md(only['generated'].strip()[:200])}")
-        st.caption(f"KV cache: {views.md(only['kv_source'])}. Token maps need the embedded engine: run on kvlab "
-                   "serve to see which tokens each config kept.")
-        st.stop()
-    layers = len(answer["results"][0]["kept_positions"]["layers"])
-    layer = st.selectbox("Token map of", ["every layer", *(f"layer {i}" for i in range(layers))], key="layer",
-                         help="Shaded by the share of KV heads that kept each token (of every layer, or of one).")
-    chosen = None if layer == "every layer" else int(layer.split()[1])
-    st.caption("Blue: kept by that share of heads; white: evicted by all of them"
-               + ("; the expected answer is boxed in red." if outline else "."))
-    for result in answer["results"]:
-        verdict = "" if result["score"] is None else (" (right)" if result["score"] >= 1 else " (wrong)")
-        st.markdown(f"**{views.md(result['config'])}**{verdict}: {views.md(result['generated'].strip()[:200])}")
-        share = kept_share(result, chosen)
-        st.html(token_map_html(item["context"], answer["context_offsets"], share, outline))
+if running:
+    in_flight(model)
+    st.stop()
+stored = st.session_state.get(ANSWER_KEY)
+if stored is None:
+    st.stop()
+key, answer, problem = stored
+if problem == "cancelled":
+    st.info("The Run was cancelled.", icon=":material/stop:")
+    st.stop()
+if problem is not None or answer is None:
+    st.error(views.md(problem or "the Run gave no answer"), icon=":material/error:")
+    st.stop()
+if key != json.dumps(view.params(), sort_keys=True):
+    st.caption("These answers are from an earlier Run (the input, the configs, the model or the engine changed "
+               "since).")
+item = answer["item"]
+st.dataframe(result_rows(answer), hide_index=True, key="playground-results")
+if view.source == "text" and (hint := empty_answer_hint(answer, view.max_new_tokens)):
+    st.info(views.md(hint), icon=":material/help:")
+outlines = answer_spans(item)
+if answer["results"][0]["kept_positions"] is None:  # an endpoint's answer
+    only = answer["results"][0]
+    st.markdown(f"**{views.md(only['config'])}**"
+                + ("" if only["score"] is None else (" (right)" if only["score"] >= 1 else " (wrong)"))
+                + f": {views.md(only['generated'].strip()[:200])}")
+    st.caption(f"KV cache: {views.md(only['kv_source'])}. Token maps need the embedded engine: run on kvlab "
+               "serve to see which tokens each config kept.")
+    st.stop()
+layers = len(answer["results"][0]["kept_positions"]["layers"])
+layer = st.selectbox("Token map of", ["every layer", *(f"layer {i}" for i in range(layers))], key="layer",
+                     help="Shaded by the share of KV heads that kept each token (of every layer, or of one).")
+chosen = None if layer == "every layer" else int(layer.split()[1])
+st.html(token_map_legend())
+if item.get("answer") and not outlines:
+    st.caption("The expected answer does not occur in the context as written: nothing is outlined.")
+for index, result in enumerate(answer["results"]):
+    verdict = "" if result["score"] is None else (" (right)" if result["score"] >= 1 else " (wrong)")
+    st.markdown(f"**{views.md(result['config'])}**{verdict}: {views.md(result['generated'].strip()[:200])}")
+    st.html(token_map_html(item["context"], answer["context_offsets"], kept_share(result, chosen), outlines, index),
+            unsafe_allow_javascript=True)

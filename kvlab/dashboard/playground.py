@@ -18,7 +18,7 @@ from kvlab.core.tasks import FILE_TASK, TASKS, generated_tasks
 from kvlab.core.urls import strip_credentials
 from kvlab.dashboard.views import fmt
 from kvlab.tasks.data_dir import checked_data_file
-from kvlab.tasks.jsonl import read_row
+from kvlab.tasks.jsonl import DEFAULT_MAX_NEW_TOKENS, read_row
 
 #: Where an input comes from: a task's generated item, a row of a JSONL file in the data directory, or the
 #: user's own text.
@@ -36,6 +36,8 @@ DEFAULT_CONFIGS = (
 )
 #: Most configs compared at once (the baseline comes on top): the server's limit.
 MAX_CONFIGS = PLAYGROUND_CONFIGS
+#: New tokens an answer to the user's own text may take, unless the page says otherwise (a JSONL row's default).
+OWN_TEXT_NEW_TOKENS = DEFAULT_MAX_NEW_TOKENS
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class PlaygroundView:
     context: str = ""
     question: str = ""
     answer: str = ""
+    max_new_tokens: int = OWN_TEXT_NEW_TOKENS  # the user's own text: the answer's budget
     config: tuple[str, ...] = field(default_factory=lambda: tuple(config_text(c) for c in DEFAULT_CONFIGS))
 
     def params(self) -> dict[str, str | list[str]]:
@@ -138,7 +141,10 @@ def config_text(config: Mapping[str, Any]) -> str:
 
 
 def request_body(view: PlaygroundView) -> dict[str, Any]:
-    return {"model": view.model, "item": view.item(), "configs": view.configs()}
+    """``POST /kvlab/playground``'s body (the user's own text with its answer's budget; a task's or a file's item
+    with its own)."""
+    budget = {"max_new_tokens": view.max_new_tokens} if view.source == "text" else {}
+    return {"model": view.model, "item": view.item(), "configs": view.configs(), **budget}
 
 
 def result_rows(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -159,11 +165,15 @@ def result_rows(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def answer_span(item: Mapping[str, Any]) -> tuple[int, int] | None:
-    """Where the expected answer (a passkey's needle) sits in the context, if it does."""
+def answer_spans(item: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """Where the expected answer (a passkey's needle) sits in the context: every occurrence, in order."""
     answer = (item.get("answer") or "").strip()
+    spans: list[tuple[int, int]] = []
     start = item["context"].find(answer) if answer else -1
-    return (start, start + len(answer)) if start >= 0 else None
+    while start >= 0:
+        spans.append((start, start + len(answer)))
+        start = item["context"].find(answer, start + len(answer))
+    return spans
 
 
 def kept_share(result: Mapping[str, Any], layer: int | None = None) -> list[float]:
@@ -174,21 +184,94 @@ def kept_share(result: Mapping[str, Any], layer: int | None = None) -> list[floa
     return positions.share()
 
 
+#: A token kept by every head is shaded this strongly (0-1): light enough that black text stays readable on it.
+KEPT_ALPHA = 0.45
+#: The map's blue (matplotlib's first colour, the dashboard's charts' too) and the answer's outline.
+KEPT_RGB, OUTLINE = "31,119,180", "#d62728"
+
+
+def shade(kept: float) -> str:
+    """A token's background for the share of heads that kept it: white (none) to :data:`KEPT_ALPHA` blue (all)."""
+    return f"rgba({KEPT_RGB},{kept * KEPT_ALPHA:.2f})"
+
+
+def token_map_legend() -> str:
+    """What the map's colours and outline mean, as swatches."""
+    def swatch(background: str, label: str, border: str = "1px solid #999") -> str:
+        return (f'<span style="display:inline-block;padding:0 0.4em;margin-right:0.8em;background:{background};'
+                f'border:{border};border-radius:2px">{label}</span>')
+    return ('<div data-kvlab-legend style="font-size:0.8rem;margin:0.2rem 0 0.6rem">'
+            + swatch(shade(1.0), "kept by every head") + swatch(shade(0.5), "by half of them")
+            + swatch("#fff", "evicted by every head")
+            + swatch("#fff", "the expected answer (each time it occurs)", f"2px solid {OUTLINE}")
+            + "</div>")
+
+
 def token_map_html(context: str, offsets: Sequence[Sequence[int]], share: Sequence[float],
-                   outline: tuple[int, int] | None) -> str:
-    """The context's text, each token shaded by the share of heads that kept it (white: evicted everywhere,
-    full blue: kept everywhere), the tokens of ``outline`` (the answer's span) boxed in red.  Every
-    character of the text is escaped: it is the user's or the task's, shown as text."""
+                   outlines: Sequence[tuple[int, int]], number: int = 0) -> str:
+    """The context's text, each token shaded by the share of heads that kept it (:func:`shade`), each occurrence
+    of ``outlines`` (the answer's spans) in one red box around its tokens.  The map scrolls, and opens scrolled
+    to the first occurrence (its script, the one line of code in it: every character of the text is escaped,
+    the user's or the task's, shown as text; ``number`` tells the page's maps apart)."""
     pieces = []
+    inside: int | None = None  # the occurrence whose box is open
     for (start, end), kept in zip(offsets, share, strict=False):
         if end <= start:
             continue  # a special token (the beginning of sequence) has no text
-        boxed = outline is not None and start < outline[1] and end > outline[0]
-        style = f"background:rgba(31,119,180,{kept:.2f})" + (";outline:2px solid #d62728" if boxed else "")
-        pieces.append(f'<span title="kept by {kept:.0%} of heads" style="{style}">'
+        occurrence = next((i for i, (low, high) in enumerate(outlines) if start < high and end > low), None)
+        if occurrence != inside:
+            if inside is not None:
+                pieces.append("</span>")
+            if occurrence is not None:
+                pieces.append(f'<span data-kvlab-answer style="outline:2px solid {OUTLINE};outline-offset:1px;'
+                              'border-radius:2px">')
+            inside = occurrence
+        pieces.append(f'<span title="kept by {kept:.0%} of heads" style="background:{shade(kept)}">'
                       f"{html.escape(context[start:end])}</span>")
-    return ('<div style="font-family:monospace;font-size:0.8rem;line-height:1.6;white-space:pre-wrap;'
-            f'max-height:16rem;overflow-y:auto">{"".join(pieces)}</div>')
+    if inside is not None:
+        pieces.append("</span>")
+    map_id = f"kvlab-token-map-{number}"
+    scroll = (f"<script>(() => {{const map = document.getElementById('{map_id}');"
+              " const answer = map && map.querySelector('[data-kvlab-answer]');"
+              " if (answer) map.scrollTop = Math.max(0, answer.offsetTop - map.clientHeight / 3);})();</script>")
+    return (f'<div id="{map_id}" data-kvlab-map style="position:relative;font-family:monospace;font-size:0.8rem;'
+            f'line-height:1.6;white-space:pre-wrap;max-height:16rem;overflow-y:auto;padding:2px">{"".join(pieces)}'
+            f"</div>{scroll}")
+
+
+def progress_text(progress: Mapping[str, Any], model: str) -> tuple[str, float]:
+    """A Run in flight, in words (what the server is doing, the configs answered so far), and its share done."""
+    answered, total = list(progress.get("answered") or []), int(progress.get("total") or 0)
+    phase, config = progress.get("phase"), progress.get("config")
+    doing = {
+        "sent": "Sending the Run...",
+        "starting": f"Starting `kvlab serve` for {model} (loading the model: the first Run only)...",
+        "queued": "Waiting for the server: it is answering another request...",
+        "prefill": f"Prefilling the context ({int(progress.get('context_tokens') or 0):,} tokens)...",
+        "compress": f"Compressing the cache: {config}..." if config else "Compressing the cache...",
+        "decode": f"Decoding {config}..." if config else "Decoding the configs together...",
+    }.get(str(phase), "Running...")
+    if not total:
+        return doing, 0.0
+    done = f"{len(answered)} of {total} configs answered" + (f" ({', '.join(answered)})" if answered else "")
+    return f"{done} · {doing}", len(answered) / total
+
+
+def empty_answer_hint(answer: Mapping[str, Any], max_new_tokens: int) -> str | None:
+    """Why the baseline answered nothing, and what to try, when it did (None when it said something)."""
+    baseline = answer["results"][0]
+    if baseline["generated"].strip():
+        return None
+    tokens = int(baseline.get("output_tokens") or 0)
+    if tokens >= max_new_tokens:
+        why = f"its {tokens} new token{'s' if tokens > 1 else ''} (all that Max new tokens allows) were blank space"
+    elif tokens <= 1:
+        why = "the model stopped at once (its end token came first)"
+    else:
+        why = f"it wrote only blank space (line breaks, spaces) in {tokens} tokens, then stopped"
+    why += ("; a base model continues text rather than answering: end the question where the answer comes next "
+            "(e.g. \"Question: ... Answer:\"), put the answer's first word in it, or raise Max new tokens")
+    return f"The baseline answered nothing: {why}. The configs are compared with it, so their answers say little."
 
 
 def spec_for(view: PlaygroundView, items: int = 10) -> dict[str, Any]:

@@ -4,15 +4,24 @@ that a Run answers in seconds and the dashboard process never imports torch.
 One per dashboard process (the page keeps it in ``st.cache_resource``).  ``KVLAB_PLAYGROUND_URL`` attaches
 to a server already running (its root, e.g. ``http://127.0.0.1:8000``, the key from ``KVLAB_API_KEY``);
 otherwise the first Run starts ``kvlab serve`` for the model on a free port of 127.0.0.1, its log in
-``kvlab-playground-serve.log``.  Every fault reaches the page as one :class:`PlaygroundError` line.
+``kvlab-playground-serve.log``.  Its OpenMP threads sleep as soon as they are idle, as every ``kvlab`` process's
+(:func:`kvlab.threads.share_cores`): a spinning wait saved a second of a Run on an idle machine, and cost it
+many on a busy one (2 cores at load 3-5: 12-16 s where sleeping threads took 4-7 s; docs/decisions.md).
+Every fault reaches the page as one :class:`PlaygroundError` line.
+
+A Run streams (``"stream": true``): the server's progress events as it goes, then its answer.  The page runs it
+in a thread of its own (:class:`BackgroundRun`), so that it stays responsive while the Run is in flight: it shows
+the progress, and its Cancel closes the stream, which stops the run in the server (at its next attention layer).
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -20,21 +29,13 @@ import httpx
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.paths import log_dir
 from kvlab.secrets import DEFAULT_KEY_VAR, read_setting
-from kvlab.threads import WAIT_POLICY_VARS
 
 URL_VAR = "KVLAB_PLAYGROUND_URL"
-#: Seconds a Run may take before the page says the server is busy (a long answer on a slow machine).
-RUN_TIMEOUT_S = 300.0
+#: Seconds a Run's stream may stay silent before the page gives up on the server (it sends its progress every
+#: quarter of a second, queued or running: :data:`kvlab.serve.app.PROGRESS_EVERY_S`).
+SILENCE_TIMEOUT_S = 60.0
 #: Seconds the model may take to load on first use.
 STARTUP_TIMEOUT_S = 600.0
-#: How the server's idle OpenMP threads wait between kernels: libgomp's spin count, a sixth of its default.
-#: ``kvlab`` processes otherwise sleep at once (:func:`kvlab.threads.share_cores`, right beside other busy
-#: processes); a playground Run is interactive and its server the one busy process then: on 2 cores its
-#: 4 default configs took 4.4 s sleeping at once, 3.3 s with this spin, 3.1 s with libgomp's default
-#: (docs/decisions.md).  A wait policy already in the environment wins.
-SERVER_WAIT_POLICY = {"GOMP_SPINCOUNT": "50000"}
-
-
 class PlaygroundError(Exception):
     """One line the page shows: what went wrong and what to do."""
 
@@ -65,7 +66,6 @@ class WarmEngine:
             self._server = ManagedServer(
                 [sys.executable, "-m", "kvlab.cli", "serve", "--model", self.model, "--port", str(port)],
                 f"{self._root}/health", log_dir() / "kvlab-playground-serve.log",
-                env=None if any(os.environ.get(name) for name in WAIT_POLICY_VARS) else SERVER_WAIT_POLICY,
                 startup_timeout_s=STARTUP_TIMEOUT_S).start()
             atexit.register(self._server.stop)  # it runs in its own session: the dashboard's exit must end it
             try:
@@ -79,24 +79,94 @@ class WarmEngine:
         if self._server is not None:
             self._server.stop()
 
-    def run(self, body: dict[str, Any]) -> dict[str, Any]:
-        """One playground run (``POST /kvlab/playground``); a server that died is started again next time."""
+    def run(self, body: dict[str, Any], report: Callable[[dict[str, Any]], None] = lambda _: None,
+            cancelled: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
+        """One playground run (``POST /kvlab/playground``, streamed): each progress event handed to ``report``, the
+        answer returned, or None once ``cancelled()`` (checked at each event: the stream is closed, and the server
+        stops the run).  A server that died is started again next time."""
         self.start()
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        url, timeout = f"{self._root}/kvlab/playground", httpx.Timeout(SILENCE_TIMEOUT_S, connect=10.0)
         try:
-            with httpx.Client(timeout=RUN_TIMEOUT_S, trust_env=False) as client:
-                response = client.post(f"{self._root}/kvlab/playground", json=body, headers=headers)
+            with httpx.Client(timeout=timeout, trust_env=False) as client, client.stream(
+                    "POST", url, json=body | {"stream": True}, headers=headers) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise PlaygroundError(f"the server refused the run ({response.status_code}): "
+                                          f"{_message(response.text, response.status_code)}")
+                for line in response.iter_lines():
+                    if cancelled():
+                        return None
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line.removeprefix("data: "))
+                    if "progress" in event:
+                        report(event["progress"])
+                    elif "answer" in event:
+                        return dict(event["answer"])
+                    elif "error" in event:
+                        raise PlaygroundError(f"the server stopped the run: {event['error'].get('message', event)}")
         except httpx.TimeoutException:
-            raise PlaygroundError(f"the server at {self._root} did not answer within {RUN_TIMEOUT_S:g} s (busy "
-                                  "with a long answer?): try fewer configs or fewer tokens") from None
+            raise PlaygroundError(f"the server at {self._root} sent nothing for {SILENCE_TIMEOUT_S:g} s: check its "
+                                  "log, or try again") from None
         except httpx.HTTPError as error:
             where = "the attached server" if self.attached else "the playground's server"
             raise PlaygroundError(f"{where} at {self._root} is not answering ({type(error).__name__}); "
                                   + ("check it is running" if self.attached else "Run starts it again")) from None
-        if response.status_code != 200:
-            try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = response.text[:200]
-            raise PlaygroundError(f"the server refused the run ({response.status_code}): {message}")
-        return response.json()
+        raise PlaygroundError(f"the server at {self._root} ended the run's stream without an answer")
+
+
+def _message(text: str, status: int) -> str:
+    """An error answer's message (OpenAI's shape), else the start of its text."""
+    try:
+        return str(json.loads(text)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return text[:200] or f"HTTP {status}"
+
+
+class BackgroundRun:
+    """A Run in a thread of its own, so that the page stays responsive while it is in flight: the page reads its
+    :attr:`progress`, may :meth:`cancel` it, and draws its :attr:`answer` or its :attr:`error` once :attr:`done`.
+
+    ``work(report, cancelled)`` does the Run: hands each progress (a dict) to ``report``, returns the answer,
+    or None once ``cancelled()``; its :class:`PlaygroundError` is kept as the Run's error.
+    """
+
+    def __init__(self, work: Callable[[Callable[[dict[str, Any]], None], Callable[[], bool]], dict[str, Any] | None],
+                 key: str):
+        self.key = key  # what the Run ran (the view's parameters): the page tells an earlier Run's answer by it
+        self.progress: dict[str, Any] = {"phase": "sent"}
+        self.answer: dict[str, Any] | None = None
+        self.error: str | None = None
+        self._work = work
+        self._cancel = threading.Event()
+        self._done = threading.Event()
+        threading.Thread(target=self._run, name="kvlab-playground-run", daemon=True).start()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the Run is done, after waiting ``timeout`` seconds at most."""
+        return self._done.wait(timeout)
+
+    def _report(self, progress: dict[str, Any]) -> None:
+        self.progress = progress
+
+    def _run(self) -> None:
+        try:
+            self.answer = self._work(self._report, self._cancel.is_set)
+        except PlaygroundError as error:
+            self.error = str(error)
+        except Exception as error:  # a fault of this page's own: said in one line, never a traceback
+            self.error = f"the Run failed ({type(error).__name__}: {error})"
+        finally:
+            self._done.set()

@@ -9,12 +9,32 @@ import pytest
 
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.dashboard import page_table
-from kvlab.dashboard.playground import DEFAULT_CONFIGS, PlaygroundView, config_text, spec_for, token_map_html
+from kvlab.dashboard.playground import (
+    DEFAULT_CONFIGS,
+    KEPT_ALPHA,
+    PlaygroundView,
+    answer_spans,
+    config_text,
+    empty_answer_hint,
+    progress_text,
+    request_body,
+    shade,
+    spec_for,
+    token_map_html,
+)
 from tests.dashboard.test_dashboard import assert_clean, open_page, texts
 from tests.serving import API_KEY
 from tests.waiting import SAFETY_S
 
 PLAYGROUND = page_table.PLAYGROUND.script
+
+
+def run(at):
+    """Click Run, wait for the Run in flight (its own thread) to end, and draw the page with its answer."""
+    at.button(key="run").click().run()
+    job = at.session_state["playground-run"] if "playground-run" in at.session_state else None
+    assert job is None or job.wait(SAFETY_S)
+    return at.run()
 
 
 def test_a_view_is_its_link_and_a_bad_link_says_what_it_dropped():
@@ -34,13 +54,48 @@ def test_a_view_is_its_link_and_a_bad_link_says_what_it_dropped():
                                                                     "(left at its default)"]
 
 
-def test_the_token_map_escapes_the_text_and_boxes_the_answer():
-    context = "a <b> 42 & c"
-    offsets = [(0, 0), (0, 1), (1, 5), (5, 8), (8, 12)]  # a special token first, with no text
-    drawn = token_map_html(context, offsets, [1.0, 1.0, 0.0, 0.5, 1.0], outline=(6, 8))
+def test_the_token_map_escapes_the_text_and_boxes_each_occurrence_of_the_answer_once():
+    context = "a <b> 42 & c 42"
+    offsets = [(0, 0), (0, 1), (1, 5), (5, 7), (7, 8), (8, 12), (12, 15)]  # a special token first, with no text
+    item = {"context": context, "answer": " 42 "}
+    assert answer_spans(item) == [(6, 8), (13, 15)]  # stripped, every occurrence
+    drawn = token_map_html(context, offsets, [1.0, 1.0, 0.0, 0.5, 0.5, 1.0, 0.0], answer_spans(item), number=3)
     assert "<b>" not in drawn and "&lt;b&gt;" in drawn and "&amp;" in drawn
-    assert drawn.count("<span") == 4 and drawn.count("outline:2px") == 1
-    assert "rgba(31,119,180,0.00)" in drawn and 'title="kept by 50% of heads"' in drawn
+    # one box per occurrence: the first around its two tokens (" 4", "2"), the second around the last token
+    assert drawn.count("<span data-kvlab-answer") == 2 and drawn.count("outline:2px") == 2
+    first_box = drawn.split("<span data-kvlab-answer")[1].split("</span></span>")[0]
+    assert first_box.count('<span title=') == 2
+    assert shade(0.0) in drawn and 'title="kept by 50% of heads"' in drawn
+    assert shade(1.0) == f"rgba(31,119,180,{KEPT_ALPHA:.2f})" and KEPT_ALPHA < 0.5  # black text stays readable
+    assert 'id="kvlab-token-map-3"' in drawn and "getElementById('kvlab-token-map-3')" in drawn  # opens scrolled
+    assert answer_spans({"context": "abc", "answer": ""}) == [] and answer_spans({"context": "abc", "answer": "x"}) == []
+
+
+def test_a_run_in_flight_says_how_far_it_is():
+    assert progress_text({"phase": "starting"}, "smollm2-135m") == (
+        "Starting `kvlab serve` for smollm2-135m (loading the model: the first Run only)...", 0.0)
+    text, share = progress_text({"phase": "prefill", "answered": [], "total": 5, "context_tokens": 1013}, "m")
+    assert text == "0 of 5 configs answered · Prefilling the context (1,013 tokens)..." and share == 0
+    text, share = progress_text({"phase": "compress", "config": "int4/g64/r64", "total": 5,
+                                 "answered": ["baseline", "streaming_llm:r0.75"]}, "m")
+    assert text.startswith("2 of 5 configs answered (baseline, streaming_llm:r0.75) · Compressing the cache: int4")
+    assert share == 2 / 5
+
+
+def test_own_text_sends_its_max_new_tokens_and_an_empty_baseline_says_why():
+    view = PlaygroundView(source="text", context="c", question="q", max_new_tokens=3)
+    assert PlaygroundView.from_params(view.params()) == (view, [])  # in the link like every field
+    assert request_body(view)["max_new_tokens"] == 3
+    assert "max_new_tokens" not in request_body(PlaygroundView())  # a task's item keeps its own budget
+
+    def answer(generated: str, tokens: int) -> dict:
+        return {"results": [{"generated": generated, "output_tokens": tokens}]}
+
+    assert empty_answer_hint(answer(" 42", 2), 3) is None
+    assert "stopped at once" in empty_answer_hint(answer("", 1), 3)
+    assert "its 3 new tokens (all that Max new tokens allows) were blank" in empty_answer_hint(answer("\n \n", 3), 3)
+    assert "its 1 new token (all" in empty_answer_hint(answer(" ", 1), 1)
+    assert "in 2 tokens, then stopped" in empty_answer_hint(answer("\n", 2), 8)
 
 
 def test_save_as_experiment_is_a_sweep_of_the_configs_on_the_whole_task():
@@ -62,16 +117,20 @@ def test_a_playground_link_runs_and_maps_what_each_config_kept(kvlab_server, mon
     at = open_page(PLAYGROUND, length="512", seed="3", config=configs)
     assert_clean(at)
     assert at.number_input[0].value == 512
-    at.button(key="run").click().run()
+    run(at)
     assert_clean(at)
     table = next(df.value for df in at.dataframe if "verdict" in df.value.columns)
     assert list(table["config"]) == ["baseline", "streaming_llm:r0.75", "snapkv:r0.75/qa"]
     assert table["verdict"].iloc[0] == "right" and table["verdict"].iloc[1] == "wrong"
-    maps = [element.proto.body for element in at.get("html")]
-    assert len(maps) == 3 and all("outline:2px" in m for m in maps)  # the needle boxed in every map
+    maps = [element.proto.body for element in at.get("html") if "data-kvlab-map" in element.proto.body]
+    item = at.session_state["playground-answer"][1]["item"]
+    occurrences = len(answer_spans(item))  # the passkey says its key twice
+    assert occurrences >= 2 and len(maps) == 3 and all(m.count("<span data-kvlab-answer") == occurrences
+                                                       for m in maps)  # each occurrence boxed once in every map
     # StreamingLLM keeps the sinks and the recent window: the needle, mid-context, is white in its map
-    needle = [part for part in maps[1].split("<span")[1:] if "outline:2px" in part]
-    assert needle and all("rgba(31,119,180,0.00)" in part for part in needle)
+    for box in maps[1].split("<span data-kvlab-answer")[1:]:
+        needle = box.split("</span></span>")[0].split("<span")[1:]
+        assert needle and all(shade(0.0) in part for part in needle)
     assert "streaming_llm" in texts(at.markdown) and "(wrong)" in texts(at.markdown)
 
 
@@ -161,12 +220,12 @@ def test_a_playground_link_runs_a_files_row(kvlab_server, monkeypatch, tmp_path)
     at = open_page(PLAYGROUND, source="file", file=name, row="1", config=[config_text({"quant": "int8"})])
     assert_clean(at)
     assert "The code is" in texts(at.caption)  # the row's question, before any Run
-    at.button(key="run").click().run()
+    run(at)
     assert_clean(at)
     table = next(df.value for df in at.dataframe if "verdict" in df.value.columns)
     assert list(table["config"]) == ["baseline", "int8/g64/r64"] and set(table["verdict"]) <= {"right", "wrong"}
-    maps = [element.proto.body for element in at.get("html")]
-    assert len(maps) == 2 and all("outline:2px" in m for m in maps)  # the answer, found in the context, boxed
+    maps = [element.proto.body for element in at.get("html") if "data-kvlab-map" in element.proto.body]
+    assert len(maps) == 2 and all("<span data-kvlab-answer" in m for m in maps)  # the answer, found in the context, boxed
     past_the_end = open_page(PLAYGROUND, source="file", file=name, row="9")
     assert "qa.jsonl: no row 9 (rows 1-3)" in texts(past_the_end.error).replace("\\", "")  # before any Run
 
@@ -180,7 +239,7 @@ def test_the_playground_on_an_endpoint_runs_its_own_cache_without_token_maps(kvl
     configs = [config_text({"quant": "int4"})]
     at = open_page(PLAYGROUND, engine="endpoint", base_url=kvlab_server[1], length="256", config=configs)
     assert_clean(at)
-    at.button(key="run").click().run()
+    run(at)
     assert_clean(at)
     table = next(df.value for df in at.dataframe if "verdict" in df.value.columns)
     assert len(table) == 1 and table["config"].iloc[0] == "smollm2-135m's cache (baseline)"
@@ -195,7 +254,7 @@ def test_the_playground_on_an_endpoint_runs_its_own_cache_without_token_maps(kvl
     assert parse_qs(urlsplit(share_link(at)).query)["config"] == configs  # kept for kvlab serve, not run here
     dead = open_page(PLAYGROUND, engine="endpoint", base_url="http://127.0.0.1:9/v1", source="text",
                      context="c", question="q")
-    dead.button(key="run").click().run()
+    run(dead)
     assert_clean(dead)
     assert "cannot be reached" in texts(dead.error)
 
