@@ -8,11 +8,23 @@ from typing import Any
 
 import streamlit as st
 
-from kvlab.core.axes import LEAVES, Leaf
+from kvlab.core.axes import CONFIG_COLUMNS, LEAVES, Leaf
 from kvlab.dashboard.spec_form import BUDGET_STEP, HEADS_HELP
 
 #: Help a column shows beyond its field's own (the head budgets' is long, and the form shows it too).
-EXTRA_HELP = {"heads": HEADS_HELP}
+EXTRA_HELP = {"heads": HEADS_HELP,
+              "name": "The config's name in results, unique; filled from its settings (blank: derived from them). "
+                      "A name stays as it is when the settings change: rename the row, or clear its name."}
+#: The columns a reader looks for first, in view when the table opens: what a config is called, how it evicts
+#: and at what budget, and how it quantizes; the other settings follow, in the axes table's order.
+FIRST_COLUMNS = ("name", "evict", "ratio", "quant")
+
+
+def column_order(with_name: bool = True) -> tuple[str, ...]:
+    """``st.data_editor``'s ``column_order`` for the configs table (``with_name``: the form's, which names its
+    configs; the playground labels them by their settings)."""
+    first = tuple(c for c in FIRST_COLUMNS if with_name or c != "name")
+    return first + tuple(c for c in CONFIG_COLUMNS if c not in FIRST_COLUMNS)
 
 
 def _column(leaf: Leaf) -> Any:

@@ -30,6 +30,7 @@ from kvlab.dashboard.spec_form import (
     empty_task_values,
     form_from_spec,
     list_examples,
+    named_rows,
 )
 from kvlab.dashboard.task_params import ParamWidget, param_widgets
 from kvlab.engines.servers import SERVERS
@@ -41,7 +42,7 @@ from kvlab.tasks.data_dir import UPLOADS, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
 from pages import tune_form
 from pages.common import get_store, share_box
-from pages.config_table import config_columns
+from pages.config_table import column_order, config_columns
 from pages.executor_choice import executor_choice
 from pages.grid_inputs import grid_inputs
 from pages.task_params import form_param_inputs
@@ -359,12 +360,12 @@ else:
     st.caption("The baseline (no quantization, no eviction) always runs first. Eviction needs exactly one budget: "
                + "; ".join(f"**{kind.title}** = {kind.help}" for kind in BUDGETS.values())
                + ". Quantization stores what is kept.")
-    table = pd.DataFrame(st.session_state["form_configs"], columns=list(dict.fromkeys(
+    table = pd.DataFrame(named_rows(st.session_state["form_configs"]), columns=list(dict.fromkeys(
         [*CONFIG_COLUMNS, *(k for row in st.session_state["form_configs"] for k in row)])))
     edited = st.data_editor(
         table.astype({"skipped_layers": "string"}),  # a text column: an empty one would be read as numbers
         key=f"configs_editor_{st.session_state['form_version']}", num_rows="dynamic", hide_index=True,
-        column_order=CONFIG_COLUMNS, width="stretch",
+        column_order=column_order(), width="stretch",
         column_config=config_columns())
     slot("configs")
 

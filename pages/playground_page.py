@@ -45,7 +45,7 @@ from kvlab.paths import DATA_DIR_VAR, data_dir
 from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR
 from kvlab.tasks.data_dir import data_files
 from pages.common import share_box
-from pages.config_table import config_columns
+from pages.config_table import column_order, config_columns
 from pages.task_params import item_param_inputs
 
 #: The configs table's columns: the new-experiment form's, but a config's name (its label here).
@@ -145,7 +145,7 @@ st.caption(f"Up to {MAX_CONFIGS}, each a row (the baseline always runs too). `kv
 table = pd.DataFrame(config_rows(view.configs()), columns=list(DATA_COLUMNS))
 edited = st.data_editor(
     table.astype({"skipped_layers": "string"}), key="playground-configs", num_rows="dynamic",
-    hide_index=True, column_order=DATA_COLUMNS, width="stretch", column_config=config_columns())
+    hide_index=True, column_order=column_order(with_name=False), width="stretch", column_config=config_columns())
 rows = [row for row in (config_row(r) for r in edited.to_dict("records")) if row is not None]
 if len(rows) > MAX_CONFIGS:
     st.error(f"{len(rows)} configs: the playground compares at most {MAX_CONFIGS} at once", icon=":material/error:")

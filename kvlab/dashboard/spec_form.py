@@ -379,6 +379,21 @@ def config_rows(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [_CONFIG_DEFAULTS | {"name": ""} | _flat_nested(c) for c in configs]
 
 
+def named_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The configs table's rows as the form opens them: a nameless row named as the spec would name it, from its
+    settings (``int4/g64/r64``: the label its results carry, unique as the spec wants names), so that no row
+    opens nameless; a name the row has is kept as it is, and a row that is not a config stays nameless (its
+    row's error says why)."""
+    named = []
+    for row in rows:
+        name = row.get("name")
+        if _blank(name) and (config := config_row(row)) is not None:
+            with contextlib.suppress(ValueError):  # pydantic's ValidationError too
+                name = KVCacheConfig(**config).label
+        named.append({**row, "name": "" if _blank(name) else name})
+    return named
+
+
 def _flat_nested(config: Mapping[str, Any]) -> dict[str, Any]:
     """A config dict with its nested tables as the table's ``<prefix>_<field>`` columns (a list of layer
     indices as comma-separated text)."""
