@@ -11,6 +11,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import tzinfo
 from typing import Any, NamedTuple
 
 import plotly.graph_objects as go
@@ -116,21 +117,28 @@ def shown_results(view: View) -> tuple[list[ItemResult], str]:
 
 @st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
 def analysed(view: View) -> tuple[list[ConfigSummary], Decision]:
-    """The per-config summaries and the sweet-spot decision, computed once per view."""
-    results, baseline = shown_results(view)
+    """The summaries of the configs shown and the sweet-spot decision, computed once per view.  The
+    decision is taken on every config: hiding one hides it from the charts and tables, never from the
+    Holm family (the number of configs compared) or the verdict, so a display choice cannot change it."""
+    results, baseline = load_results(view.experiment_id, view.version, view.db)
     summaries = summarize(results, baseline, view.margins)
-    return summaries, decide(summaries, baseline)
+    return [s for s in summaries if s.config_name not in view.hidden], decide(summaries, baseline)
 
 
 def summaries_of(experiment: ExperimentRecord) -> tuple[list[ConfigSummary], str]:
     return analysed(view_of(experiment))[0], results_of(experiment)[1]
 
 
-def best_label(experiment: ExperimentRecord) -> str:
-    """The sweet spot of an experiment with results ("-" without)."""
+def decision_of(experiment: ExperimentRecord) -> Decision | None:
+    """The sweet-spot decision of an experiment with results at its own margins (None without results)."""
     if not experiment.items_done:
-        return "-"
-    return views.sweet_spot_label(analysed(view_of(experiment))[1].sweet_spot)
+        return None
+    return analysed(view_of(experiment))[1]
+
+
+def viewer_zone() -> tuple[tzinfo, str]:
+    """The viewer's time zone as their browser reports it (``st.context.timezone``), else UTC; and its name."""
+    return views.viewer_zone(st.context.timezone)
 
 
 def slug(text: str) -> str:

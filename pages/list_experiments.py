@@ -1,4 +1,5 @@
-"""Experiments: every experiment with its status, progress and sweet spot; filter, sort, act on them.
+"""Experiments: every experiment with its kind, status, progress, sweet spot and notes; each row links to its
+page; filter, sort, act on them.
 
 Reads one page of experiments (``list_experiments`` counts their trials in one query) and computes
 the sweet spot only for the experiments on that page, cached until their results change.
@@ -12,7 +13,7 @@ from kvlab.core.errors import ConfigError
 from kvlab.dashboard import page_table, views
 from kvlab.experiments.submit import rerun
 from kvlab.store import STATUSES, StoreError
-from pages.common import best_label, empty_state, experiment_label, get_store, share_box
+from pages.common import decision_of, empty_state, experiment_label, get_store, share_box, viewer_zone
 
 ACTIONS = {"cancel": "Cancel", "rerun": "Rerun", "delete": "Delete"}
 
@@ -46,14 +47,27 @@ if not experiments:
                     page_table.NEW, "New experiment")
     st.stop()
 
+zone = viewer_zone()
 st.dataframe(
-    views.experiment_rows(experiments, {e.id: best_label(e) for e in experiments}),
+    views.experiment_rows(experiments, {e.id: d for e in experiments if (d := decision_of(e)) is not None}, zone),
     hide_index=True, key="experiments_table",
     column_config={
-        "id": st.column_config.NumberColumn("id", width="small"),
-        "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
-        "best ratio holding baseline": st.column_config.TextColumn("best ratio holding baseline",
-                                                                   help=views.BEST_RATIO_HELP),
+        "id": st.column_config.LinkColumn("id", width="small", display_text=r"id=(\d+)$",
+                                          help="Opens the experiment's page (a tune's: the tune page)"),
+        "kind": st.column_config.TextColumn("kind", width="small", help="sweep: a grid of configs; tune: a search"),
+        "progress": st.column_config.ProgressColumn(
+            "progress", min_value=0.0, max_value=1.0, format="percent",
+            help="A sweep: its items done; a tune: the trials it proposed of its max_trials (empty for a tune "
+                 "whose budget is time or item evaluations)"),
+        "best ratio held (x)": st.column_config.NumberColumn("best ratio held (x)", format="%.2fx",
+                                                             help=views.BEST_RATIO_HELP),
+        "its mean KL (nats)": st.column_config.NumberColumn(
+            "its mean KL (nats)", format="%.3g",
+            help="The sweet spot's mean KL(baseline || config) per token, where fidelity was measured"),
+        views.started_column(zone[1]): st.column_config.TextColumn(
+            help=f"When its first trial was claimed, in your browser's time zone ({zone[1]})"),
+        "duration": st.column_config.TextColumn(help="From its creation to its end: the queue and the model's "
+                                                     "load included"),
     })
 st.caption(f"Page {page}: {len(experiments)} experiments" + ("; more on the next page." if has_next else "."))
 
@@ -61,7 +75,9 @@ labels = {e.id: experiment_label(e) for e in experiments}
 chosen = st.multiselect("Select experiments to act on", list(labels), format_func=labels.get, key="selected")
 open_col, compare_col, *action_cols = st.columns(5)
 if open_col.button("Open", disabled=len(chosen) != 1, icon=":material/open_in_new:"):
-    st.switch_page(page_table.EXPERIMENT.script, query_params={"id": str(chosen[0])})
+    opened = next(e for e in experiments if e.id == chosen[0])
+    st.switch_page((page_table.TUNE if views.kind(opened) == "tune" else page_table.EXPERIMENT).script,
+                   query_params={"id": str(opened.id)})
 if compare_col.button("Compare", disabled=len(chosen) < 2, icon=":material/compare_arrows:"):
     st.switch_page(page_table.COMPARE.script, query_params={"ids": [str(i) for i in chosen]})
 for column, (action, label) in zip(action_cols, ACTIONS.items(), strict=True):

@@ -298,10 +298,12 @@ with tags_col:
     slot("tags")
 margin_col, kl_col, agreement_col = st.columns(3)  # the sweet-spot rule's margins, a sweep's and a tune's
 with margin_col:
-    st.number_input("Margin (max_drop)", min_value=0.005, max_value=0.5, step=0.005, format="%.3f",
-                    key=P + "max_drop", help="Accuracy a config may lose against the baseline (0.05 = 5 points). "
-                    "On a task where fidelity decides, its accuracy must not be shown to drop by more than this; "
-                    "elsewhere a paired test (Holm-corrected across configs) must show it within this.")
+    st.number_input(views.MARGIN_LABEL, min_value=views.MARGIN_MIN, max_value=views.MARGIN_MAX,
+                    step=views.MARGIN_STEP, format=views.MARGIN_FORMAT, key=P + "max_drop",
+                    help="Accuracy a config may lose against the baseline, as a fraction of the items like the "
+                    "accuracy itself (0.05: 5 items in 100). On a task where fidelity decides, its accuracy must not "
+                    "be shown to drop by more than this; elsewhere a paired test (Holm-corrected across configs) "
+                    "must show it within this.")
     slot("max_drop")
 with kl_col:
     st.number_input("Max KL (nats; 0: off)", min_value=0.0, max_value=10.0, step=0.01, format="%.3f",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import plotly.graph_objects as go
@@ -16,14 +17,18 @@ import streamlit as st
 
 from kvlab.analysis.summary import breakdown, length_group, question_rank
 from kvlab.core.experiment_spec import dump_spec, parse_spec
+from kvlab.core.limits import MAX_NOTES_CHARS
 from kvlab.core.margins import Margins
 from kvlab.core.tasks import TASKS
-from kvlab.dashboard import charts, page_table, views
+from kvlab.dashboard import charts, estimate, page_table, views
 from kvlab.dashboard.chart_export import report_html
+from kvlab.experiments import eta, worker_logs
 from kvlab.experiments.export import experiment_document, results_csv
 from kvlab.experiments.report import budget_notes
-from kvlab.store import ExperimentNotFoundError, ExperimentRecord
-from kvlab.store.records import TelemetrySample
+from kvlab.paths import log_dir
+from kvlab.secrets import redact
+from kvlab.store import ExperimentNotFoundError, ExperimentRecord, StoreError
+from kvlab.store.records import TelemetrySample, TrialRecord
 from pages.common import (
     View,
     analysed,
@@ -38,12 +43,16 @@ from pages.common import (
     shown_results,
     slug,
     view_of,
+    viewer_zone,
 )
 
 LIVE_EVERY_S = 2.0
 TELEMETRY_LIMIT = 3000
 #: Sections that use the config filter and the margin.
 ANALYSED = ("Tradeoff", "Latency", "Breakdown", "Needles", "Failed items", "Export")
+#: Under "Hide configs": what hiding does to the decision (nothing: docs/decisions.md).
+HIDE_NOTE = ("Hiding is display only: the sweet spot and every verdict are decided on all configs, Holm-corrected "
+             "across all of them, whatever is hidden.")
 
 store = get_store()
 recent = store.list_experiments(limit=200)
@@ -54,9 +63,11 @@ if not recent:
 
 experiment = pick_experiment(store, recent, "experiment", key="experiment_pick")
 
+zone, zone_name = viewer_zone()
 st.title(views.md(experiment.name))
-st.caption(f"#{experiment.id} · {experiment.status} · model {views.md(experiment.model)} ({experiment.backend_kind}) "
-           f"· seed {experiment.seed} · created {experiment.created_at:%Y-%m-%d %H:%M} UTC"
+st.caption(f"#{experiment.id} · {views.kind(experiment)} · {experiment.status} · model {views.md(experiment.model)} "
+           f"({experiment.backend_kind}) · seed {experiment.seed} · created "
+           f"{views.fmt_time(experiment.created_at, zone)} ({zone_name})"
            + (f" · tags: {views.md(', '.join(experiment.tags))}" if experiment.tags else ""))
 if experiment.error:
     st.error(views.md(experiment.error))
@@ -65,39 +76,92 @@ if experiment.spec.get("tune") is not None:
                  query_params={"id": str(experiment.id)}, icon=":material/tune:")
 
 
+def notes_panel(experiment: ExperimentRecord) -> None:
+    """The experiment's notes, and a form to edit them (stored redacted: a URL's password is masked)."""
+    if experiment.notes:
+        st.markdown(f"**Notes:** {views.md(experiment.notes)}")
+    for message in st.session_state.pop("notes_flash", []):
+        st.success(message, icon=":material/check:")
+    with st.expander("Edit notes" if experiment.notes else "Add notes"), st.form("notes-form", border=False):
+        text = st.text_area("Notes", value=experiment.notes, max_chars=MAX_NOTES_CHARS, key=f"notes-{experiment.id}",
+                            help="Free text kept with the experiment: shown in the experiments list, found by its "
+                                 "search, exported with it (`kvlab show ID` prints them). A URL's password or "
+                                 "a known key is masked before it is stored.")
+        if st.form_submit_button("Save notes", icon=":material/save:"):
+            try:
+                stored = store.set_notes(experiment.id, text)
+            except StoreError as error:
+                st.error(views.md(str(error)))
+                return
+            st.session_state.pop(f"notes-{experiment.id}", None)  # the box shows what was stored
+            st.session_state["notes_flash"] = ["Notes saved" + ("; a secret in them was masked."
+                                                                if stored != text else ".")]
+            st.rerun()
+
+
+notes_panel(experiment)
+
+
 @st.fragment(run_every=None if experiment.is_terminal else LIVE_EVERY_S)
-def live_panel(experiment_id: int, shown: tuple[str, int], detailed: bool) -> None:
-    """The progress bar and, in the Progress section (``detailed``), the trials, telemetry and events;
-    refreshed every few seconds while the experiment runs.  When a trial ends (or the experiment does)
-    the whole page reruns so the results catch up."""
+def live_panel(experiment_id: int, shown: tuple[Any, ...], detailed: bool, follow_items: bool) -> None:
+    """The progress bar with the time left and, in the Progress section (``detailed``), the trials, where
+    the time went, telemetry, the workers' log and events; refreshed every few seconds while the
+    experiment runs.  When a trial ends (or the experiment does), and with ``follow_items`` when items
+    land (a section drawn from the results so far), the whole page reruns so the results catch up."""
     with guard("Experiment: live panel"):  # its reruns every few seconds run outside app.py's guard
-        _live_panel(experiment_id, shown, detailed)
+        _live_panel(experiment_id, shown, detailed, follow_items)
 
 
-def _live_panel(experiment_id: int, shown: tuple[str, int], detailed: bool) -> None:
+def _live_panel(experiment_id: int, shown: tuple[Any, ...], detailed: bool, follow_items: bool) -> None:
     try:
         current = store.get_experiment(experiment_id)
     except ExperimentNotFoundError as error:  # deleted meanwhile
         st.error(str(error))
         return
     ended = current.trials_done + current.trials_failed + current.trials_cancelled
-    st.progress(views.progress(current), text=(
+    now = datetime.now(UTC)
+    trials = store.trials(current.id)
+    left = "" if current.is_terminal else " · " + views.eta_text(time_left(current, trials, now))
+    st.progress(views.progress(current) or 0.0, text=views.md(
         f"{current.status}: {current.items_done}/{current.items_total or '?'} items, {ended}/{current.trials_total} "
-        f"trials ended · {views.fmt_duration(views.experiment_duration(current))}"))
+        f"trials ended · {views.fmt_duration(views.experiment_duration(current, now))} since it was queued{left}"))
     if detailed:
-        _progress_details(current)
-    if (current.status, ended) != shown:
+        _progress_details(current, trials, now)
+    if live_key(current, follow_items) != shown:
         st.rerun(scope="app")
 
 
-def _progress_details(current: ExperimentRecord) -> None:
+def live_key(current: ExperimentRecord, follow_items: bool) -> tuple[Any, ...]:
+    """What the page shows depends on: its status and trials ended, and its items done where it draws results."""
+    ended = current.trials_done + current.trials_failed + current.trials_cancelled
+    return (current.status, ended, current.items_done if follow_items else None)
+
+
+def time_left(current: ExperimentRecord, trials: Sequence[TrialRecord], now: datetime) -> eta.Eta | None:
+    """The estimate of :mod:`kvlab.experiments.eta`, from this model's finished runs on this backend in the store."""
+    past = store.list_experiments(status="done", search=current.model, limit=50)
+    return eta.estimate(current, trials, past, now, planned_per_config(current.id, db_url()))
+
+
+@st.cache_data(show_spinner=False, max_entries=64, ttl=3600)
+def planned_per_config(experiment_id: int, db: str | None) -> int | None:
+    """The items each config of the experiment's spec runs (``db`` only keys the cache)."""
+    try:
+        return estimate.items_per_config(parse_spec(store.get_experiment(experiment_id).spec, stored=True))
+    except (ExperimentNotFoundError, ValueError):  # deleted, or a spec this kvlab no longer reads: no plan
+        return None
+
+
+def _progress_details(current: ExperimentRecord, trials: Sequence[TrialRecord], now: datetime) -> None:
     with st.expander("Trials", expanded=not current.is_terminal):
-        st.dataframe(views.trial_rows(store.trials(current.id)), hide_index=True, column_config={
+        st.dataframe(views.trial_rows(trials), hide_index=True, column_config={
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent")})
+    samples = store.telemetry(current.id, limit=TELEMETRY_LIMIT)
+    st.caption("Time: " + views.timeline_text(eta.timeline(current, samples, now)) + ".")
     if current.is_terminal:  # the samples no longer change: build their charts once
         figures = telemetry_figures(current.id, (current.status, current.finished_at), db_url())
     else:
-        figures = build_telemetry_figures(store.telemetry(current.id, limit=TELEMETRY_LIMIT))
+        figures = build_telemetry_figures(samples)
     for name, built in figures.items():
         chart(built, name, f"{slug(current.name)}-{'memory' if name == 'telemetry' else name}")
     if not figures and current.status == "queued":
@@ -105,9 +169,27 @@ def _progress_details(current: ExperimentRecord) -> None:
                 "seconds; elsewhere run `kvlab worker` with the same KVLAB_DATABASE_URL.")
     elif not figures:
         st.caption("No telemetry for this experiment (its workers sample memory once a second while they run).")
+    log_tail(current, trials)
     with st.expander("Recent events"):
         for event in store.events(current.id)[-8:]:
             st.text(f"{event.level:7} {event.message}")
+
+
+def log_tail(current: ExperimentRecord, trials: Sequence[TrialRecord]) -> None:
+    """The last lines its local workers logged (:mod:`kvlab.experiments.worker_logs`), or where to look."""
+    workers = {t.worker_id for t in trials if t.worker_id}
+    tail = worker_logs.worker_log_tail(workers, current.created_at.timestamp())
+    with st.expander(f"Worker log (last {worker_logs.TAIL_LINES} lines)", expanded=not current.is_terminal):
+        if tail.lines:
+            st.caption("From " + ", ".join(views.code_span(str(path)) for path in tail.files)
+                       + (" (follows the run)." if not current.is_terminal else "."))
+            st.text("\n".join(tail.lines))
+        elif workers:
+            st.caption(f"No log of its workers ({views.md(', '.join(sorted(workers)))}) in "
+                       f"{views.code_span(str(log_dir()))}: workers on another host, on Ray or `kvlab run` in a "
+                       "terminal log where they run.")
+        else:
+            st.caption("No worker has claimed a trial yet.")
 
 
 def build_telemetry_figures(samples: Sequence[TelemetrySample]) -> dict[str, go.Figure]:
@@ -129,10 +211,10 @@ def telemetry_figures(experiment_id: int, version: tuple[Any, ...], db: str | No
 @st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
 def figure(kind: str, view: View, option: str = "", title: str = "", metric: str = "accuracy") -> go.Figure:
     """One chart of the results, built once per (experiment, last update, the viewer's choices)."""
-    summaries, _ = analysed(view)
+    summaries, decision = analysed(view)
     results, baseline = shown_results(view)
     if kind == "tradeoff":
-        return charts.tradeoff_figure(summaries, option, baseline, title=title, metric=metric)
+        return charts.tradeoff_figure(summaries, option, baseline, title=title, metric=metric, decision=decision)
     if kind == "latency":
         return charts.latency_figure(summaries)
     if kind == "breakdown":
@@ -150,10 +232,9 @@ def figure(kind: str, view: View, option: str = "", title: str = "", metric: str
     raise ValueError(f"no chart {kind!r}")
 
 
-ended_now = experiment.trials_done + experiment.trials_failed + experiment.trials_cancelled
 results, baseline = results_of(experiment)
 if not results:
-    live_panel(experiment.id, (experiment.status, ended_now), detailed=True)
+    live_panel(experiment.id, live_key(experiment, True), detailed=True, follow_items=True)
     empty_state("No results yet: they appear here as trials finish (the page follows along)."
                 if not experiment.is_terminal else "This experiment stored no results.")
     share_box({"id": experiment.id})
@@ -187,11 +268,23 @@ def kept(key: str, options: Sequence[str] | None = None) -> Any:
 
 
 def kept_margin(default: float) -> float:
-    """The margin (accuracy points) while its widget is not drawn: the kept or linked one, else the spec's."""
+    """The margin (a fraction, as max_drop) while its widget is not drawn: the kept or linked one, else the spec's."""
     try:
         return float(kept("margin") or default)
     except ValueError:  # not a number: the widget says so once it is drawn
         return default
+
+
+def read_old_margin_links() -> None:
+    """A link made while the page took the margin in accuracy points (``margin=5``) means 0.05 now: no
+    fraction of the items exceeds 1."""
+    raw = st.query_params.get("margin")
+    try:
+        value = float(raw) if raw is not None else None
+    except ValueError:
+        return
+    if value is not None and value > 1 and "margin" not in st.session_state:
+        st.query_params["margin"] = views.url_number(value / 100)
 
 
 def view_state(section: str, default_section: str, spec_margin: float) -> views.ExperimentViewState:
@@ -202,11 +295,15 @@ def view_state(section: str, default_section: str, spec_margin: float) -> views.
         with st.expander("Configs and margin", expanded=False):
             hidden = st.multiselect("Hide configs", list(dict.fromkeys(r.config_name for r in results)), key="hide",
                                     bind="query-params", persist_state="page",
-                                    help="Leave configs out of every chart and table.")
+                                    help="Leave configs out of the charts and tables. Display only: the decision "
+                                         "stays on every config.")
+            st.caption(HIDE_NOTE)
             margin = st.number_input(
-                "Non-inferiority margin (accuracy points)", min_value=0.5, max_value=50.0, step=0.5, key="margin",
-                value=spec_margin, bind="query-params", persist_state="page",
-                help="How much accuracy a config may lose against the baseline (the spec's max_drop). Where "
+                views.MARGIN_LABEL, min_value=views.MARGIN_MIN, max_value=views.MARGIN_MAX, step=views.MARGIN_STEP,
+                format=views.MARGIN_FORMAT, key="margin", value=spec_margin, bind="query-params",
+                persist_state="page",
+                help="How much accuracy a config may lose against the baseline, as a fraction of the items like "
+                     "the accuracy itself (the spec's max_drop: 0.05 is 5 items in 100). Where "
                      "fidelity is measured and a fidelity margin is set (the spec's max_kl, min_agreement), a "
                      "config whose fidelity is certified is acceptable unless its accuracy is shown to drop by "
                      "more than this; elsewhere a paired test on the same items must show it non-inferior within "
@@ -249,11 +346,13 @@ sections = views.experiment_sections(experiment.is_terminal)
 follow_default_section(sections[0])
 section = st.segmented_control("Section", sections, default=sections[0], required=True, key="tab",
                                bind="query-params", label_visibility="collapsed", on_change=_section_picked)
-live_panel(experiment.id, (experiment.status, ended_now), detailed=section == views.LIVE_SECTION)
+live_panel(experiment.id, live_key(experiment, section in ANALYSED), detailed=section == views.LIVE_SECTION,
+           follow_items=section in ANALYSED)
 
-spec_margin = 100 * Margins.of(experiment.spec).max_drop
+spec_margin = Margins.of(experiment.spec).max_drop
+read_old_margin_links()
 state = view_state(section, sections[0], spec_margin)
-view = view_of(experiment, state.hide, (spec_margin if state.margin is None else state.margin) / 100)
+view = view_of(experiment, state.hide, spec_margin if state.margin is None else state.margin)
 axis = state.x or views.X_AXES[0]
 metric = state.y or next(iter(views.Y_METRICS))
 stem = slug(f"{experiment.id}-{experiment.name}")
@@ -261,7 +360,15 @@ stem = slug(f"{experiment.id}-{experiment.name}")
 if section == "Tradeoff":
     summaries, decision = analysed(view)
     sweet = decision.sweet_spot
-    (st.success if sweet is not None else st.info)(views.decision_text(decision))
+    if not experiment.is_terminal:
+        st.info(f"Still {experiment.status}: these are the results so far ({experiment.items_done} of "
+                f"{experiment.items_total or '?'} items); the chart, the table and the verdict follow as items land, "
+                "and may change.", icon=":material/hourglass_top:")
+    (st.success if sweet is not None and not decision.few_items else st.info)(views.decision_text(decision))
+    if decision.few_items:
+        st.warning(f"Few items: this sweet spot {views.md(decision.few_items_note())}.", icon=":material/warning:")
+    if sweet is not None and sweet.config_name in state.hide:
+        st.caption(f"The sweet spot ({views.md(sweet.config_name)}) is hidden from the chart and the table below.")
     chart(figure("tradeoff", view, axis, f"{experiment.name}: memory vs {views.Y_METRICS[metric]}", metric),
           "tradeoff", f"{stem}-tradeoff" + ("" if metric == "accuracy" else f"-{slug(metric)}"))
     st.dataframe(views.summary_rows(summaries, sweet.config_name if sweet else None), hide_index=True)
@@ -360,11 +467,12 @@ elif section == "Spec & environment":
 def _report(experiment: ExperimentRecord, view: View) -> str:
     summaries, decided = analysed(view)
     results, baseline = shown_results(view)
-    figures = {"Memory vs accuracy": charts.tradeoff_figure(summaries, "bytes", baseline),
-               "Compression ratio vs accuracy": charts.tradeoff_figure(summaries, "ratio", baseline)}
+    figures = {"Memory vs accuracy": charts.tradeoff_figure(summaries, "bytes", baseline, decision=decided),
+               "Compression ratio vs accuracy": charts.tradeoff_figure(summaries, "ratio", baseline,
+                                                                       decision=decided)}
     if any(s.mean_kl is not None for s in summaries):
         figures |= {f"Memory vs {words}": charts.tradeoff_figure(summaries, "bytes", baseline, f"Memory vs {words}",
-                                                                 metric)
+                                                                 metric, decided)
                     for metric, words in views.Y_METRICS.items() if metric != "accuracy"}
     figures |= {"Latency": charts.latency_figure(summaries),
                 "Accuracy by context length": charts.breakdown_figure(
@@ -375,10 +483,13 @@ def _report(experiment: ExperimentRecord, view: View) -> str:
     best = decided.sweet_spot
     meta = {"experiment": experiment.id, "status": experiment.status, "model": experiment.model,
             "backend": experiment.backend_kind, "seed": experiment.seed,
-            "created": f"{experiment.created_at:%Y-%m-%d %H:%M} UTC",
+            "created": f"{views.fmt_time(experiment.created_at)} (UTC)",
             "sweet spot": (f"{views.sweet_spot_label(best)}, decided by {decided.decided_by}" if best
-                           else f"none ({decided.note})"),
-            "sweet spot rule": f"the {decided.rule}"}
+                           else f"none ({decided.note})") + (f"; {decided.few_items_note()}" if decided.few_items
+                                                             else ""),
+            "sweet spot rule": f"the {decided.rule}",
+            "accuracy margin (max_drop)": views.fmt_margin(decided.max_drop),
+            "notes": redact(experiment.notes) or "-"}
     return report_html(f"kvlab: {experiment.name}", meta,
                        {"Summary": views.summary_rows(summaries, best.config_name if best else None),
                         "Verdict per task": views.verdict_rows(summaries),

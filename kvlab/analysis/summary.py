@@ -384,6 +384,15 @@ class Decision:
         return (self.sweet_spot is not None and self.items_needed is not None and self.rests_on is not None
                 and self.rests_on < self.items_needed)
 
+    def few_items_note(self) -> str:
+        """What :attr:`few_items` means, in words a page or the terminal prints beside the verdict ("" unless
+        it rests on too few items)."""
+        if not self.few_items:
+            return ""
+        return (f"rests on {self.rests_on} items; the margin of {self.max_drop:g} needs about {self.items_needed} "
+                "(the items on which a config exactly as accurate as the baseline would be shown within it): "
+                "more items could overturn it")
+
     def to_dict(self) -> dict[str, Any]:
         spot = self.sweet_spot
         return {"config": spot.config_name if spot else None, "rule": self.rule, "max_drop": self.max_drop,

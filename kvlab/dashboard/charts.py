@@ -17,7 +17,7 @@ from typing import Any, TypeGuard, cast
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvlab.analysis.summary import FRONT_METRICS, ConfigSummary, decide, pareto_front
+from kvlab.analysis.summary import FRONT_METRICS, ConfigSummary, Decision, decide, pareto_front
 from kvlab.core.kv_config import BASELINE
 from kvlab.core.margins import Margins
 from kvlab.core.results import CacheLayout, ItemResult
@@ -105,12 +105,15 @@ def _hover_lines(s: ConfigSummary) -> list[str]:
 
 
 def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", baseline_name: str = "baseline",
-                    title: str = "Memory vs accuracy", metric: str = "accuracy") -> go.Figure:
+                    title: str = "Memory vs accuracy", metric: str = "accuracy",
+                    decision: Decision | None = None) -> go.Figure:
     """A metric with its 95% interval as error bars against physical KV bytes or compression ratio,
     the sweet spot annotated with the rule that chose it.  ``metric`` (a key of ``views.Y_METRICS``):
     accuracy, with the Pareto front as a line and the baseline's interval as a band; or the fidelity
     to the baseline (mean KL, lower is better; top-1 agreement), with the rule's margin as a line
-    where it is set (the baseline, against itself, has no point there)."""
+    where it is set (the baseline, against itself, has no point there).  ``decision``: the one taken on
+    every config where ``summaries`` are only those shown (default: :func:`decide` over ``summaries``);
+    its sweet spot is starred only where it is drawn."""
     if axis not in X_TITLES:
         raise ValueError(f"axis {axis!r}: one of {', '.join(X_TITLES)}")
     if metric not in Y_TITLES:
@@ -125,7 +128,7 @@ def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", bas
         fig.update_yaxes(range=[-0.05, 1.08])
     if axis == "ratio":
         fig.update_xaxes(ticksuffix="x")
-    decision = decide(summaries, baseline_name)
+    decision = decision or decide(summaries, baseline_name)
     if metric == "accuracy":
         _accuracy_band(fig, next((s for s in points if s.config_name == baseline_name), None))
     else:
@@ -147,7 +150,7 @@ def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", bas
                                                      if decision.note else "")
     fig.add_annotation(text="<br>".join(textwrap.wrap(plotly_text(words), 120)), xref="paper", yref="paper", x=0,
                        y=-0.2, yanchor="top", showarrow=False, align="left", font={"size": 10, "color": "#555"})
-    if sweet is not None and _ok(_y(sweet, metric)) and _ok(_x(sweet, axis)):
+    if sweet is not None and any(s.config_name == sweet.config_name for s in points):
         fig.add_trace(go.Scatter(name="sweet spot", x=[_x(sweet, axis)], y=[_y(sweet, metric)], mode="markers",
                                  marker={"size": 18, "symbol": "star", "color": "#ffbf00",
                                          "line": {"width": 1, "color": "#333"}},

@@ -11,19 +11,30 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any, TypeGuard
 from urllib.parse import urlencode
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from kvlab.analysis.agreement import EngineAgreement, EngineConfig
 from kvlab.analysis.summary import ConfigSummary, Decision, stored_config
 from kvlab.core.formats import FORMATS
 from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
+from kvlab.dashboard import page_table
+from kvlab.experiments.eta import Eta, Timeline, timeline
 from kvlab.experiments.nodes import node_of
 from kvlab.store.records import ExperimentRecord, TrialRecord
 
+#: Memory is in MiB (2^20 bytes) on every page, export and CLI table: :func:`fmt_mib`.
 MIB = 1024 * 1024
+
+#: The accuracy margin (the spec's ``max_drop``) wherever a page asks for it (/new, the experiment page): a
+#: fraction of the items, as the spec stores it, ``--max-drop`` takes it and accuracy is shown (0-1), so that
+#: the margin reads against the accuracy intervals beside it.  :func:`fmt_margin` writes it.
+MARGIN_LABEL = "Margin max_drop (accuracy, 0-1)"
+MARGIN_MIN, MARGIN_MAX, MARGIN_STEP = 0.005, 0.5, 0.005
+MARGIN_FORMAT = "%.3f"
 
 #: Experiments table: sort choice -> ``Store.list_experiments(order=...)``.
 SORTS = {"newest": "-created_at", "oldest": "created_at", "name": "name", "status": "status",
@@ -63,8 +74,8 @@ class ExperimentViewState:
     tab: str | None = None  # the section; None: the one the page opens on (the result once ended, else Progress)
     x: str | None = None  # the tradeoff chart's x axis; None: X_AXES[0]
     y: str | None = None  # the tradeoff chart's y metric (a key of Y_METRICS); None (older links too): accuracy
-    hide: tuple[str, ...] = ()  # configs left out of every chart, table and the verdict
-    margin: float | None = None  # the non-inferiority margin in accuracy points; None: the spec's max_drop
+    hide: tuple[str, ...] = ()  # configs left out of the charts and tables (the decision stays on every config)
+    margin: float | None = None  # the accuracy margin, a fraction as max_drop is; None: the spec's max_drop
     needle: str | None = None  # the needle heatmap's config; None: the first config with needle items
     layout: str | None = None  # the Layers section's config; None: the first config that is not the baseline
     item: str | None = None  # the item whose KL along its tokens is drawn; None: the first item with fidelity
@@ -176,6 +187,34 @@ def fmt(value: float | None, spec: str, scale: float = 1.0, suffix: str = "") ->
     return format(value * scale, spec) + suffix if _present(value) else "-"
 
 
+def fmt_mib(n_bytes: float | None, spec: str = ".3f") -> str:
+    """Bytes as MiB, the one memory unit of the pages: ``12.345 MiB`` ("-" when unknown)."""
+    return fmt(n_bytes, spec, 1 / MIB, " MiB")
+
+
+def fmt_margin(max_drop: float) -> str:
+    """The accuracy margin as pages write it: a fraction (``0.05``), as accuracy is (see MARGIN_LABEL)."""
+    return f"{max_drop:g}"
+
+
+def viewer_zone(name: str | None) -> tuple[tzinfo, str]:
+    """The zone of the viewer's browser by its IANA name (Streamlit's ``st.context.timezone``) and that
+    name; UTC when the browser did not say or named a zone this Python does not know."""
+    if name:
+        try:
+            return ZoneInfo(name), name
+        except (ZoneInfoNotFoundError, ValueError):
+            pass
+    return UTC, "UTC"
+
+
+def fmt_time(moment: datetime | None, zone: tzinfo = UTC) -> str:
+    """``2026-01-31 13:05`` in ``zone`` (a naive datetime is the store's UTC); "-" for none."""
+    if moment is None:
+        return "-"
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(zone).strftime("%Y-%m-%d %H:%M")
+
+
 def fmt_duration(seconds: float | None) -> str:
     """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
     if not _present(seconds) or seconds < 0:
@@ -190,27 +229,70 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
-def experiment_duration(experiment: ExperimentRecord, now: datetime | None = None) -> float | None:
-    """Seconds from start to finish (to now while it runs); None before it starts."""
-    if experiment.started_at is None:
-        return None
-    end = experiment.finished_at or now or datetime.now(UTC)
-    start = experiment.started_at
-    if start.tzinfo is None:  # SQLite hands back naive datetimes (stored as UTC)
-        start = start.replace(tzinfo=UTC)
-    if end.tzinfo is None:
-        end = end.replace(tzinfo=UTC)
-    return (end - start).total_seconds()
+def experiment_duration(experiment: ExperimentRecord, now: datetime | None = None) -> float:
+    """Seconds from its creation to its end (to now while it runs): the queue and the model's load included
+    (:func:`kvlab.experiments.eta.timeline` parts them)."""
+    return timeline(experiment, (), now or datetime.now(UTC)).total_s
 
 
-def progress(experiment: ExperimentRecord) -> float:
-    """Fraction done in [0, 1]: items where their totals are known, else trials."""
+def timeline_text(line: Timeline) -> str:
+    """``5 min 03 s since it was queued: queued 12 s, model load 20 s, evaluating 4 min 31 s``."""
+    parts = [f"queued {fmt_duration(line.queued_s)}"]
+    if line.load_s is not None:
+        parts.append(f"model load {fmt_duration(line.load_s)} (its workers' telemetry)")
+    if line.evaluating_s or line.load_s is not None:
+        parts.append(f"evaluating {fmt_duration(line.evaluating_s)}")
+    return f"{fmt_duration(line.total_s)} since it was queued: {', '.join(parts)}"
+
+
+def eta_text(left: Eta | None) -> str:
+    """The time left as an estimate with its basis, or why there is none."""
+    if left is None:
+        return ("no estimate of the time left yet: no finished run of this model on this backend, and too few "
+                "evaluations of its own")
+    return (f"about {fmt_duration(left.seconds_left)} left for {left.evaluations_left} evaluations (an estimate "
+            f"from {left.pace.basis})")
+
+
+def kind(experiment: ExperimentRecord) -> str:
+    """``tune`` for a tune's experiment (its spec has a [tune] table), else ``sweep``."""
+    return "tune" if experiment.spec.get("tune") is not None else "sweep"
+
+
+def page_link(experiment: ExperimentRecord) -> str:
+    """The link to the experiment's own page, relative to the dashboard's: a tune's opens on /tune."""
+    page = page_table.TUNE if kind(experiment) == "tune" else page_table.EXPERIMENT
+    return f"{page.url_path}?id={experiment.id}"
+
+
+def _tune_trials(experiment: ExperimentRecord) -> tuple[int, int | None]:
+    """(candidates the tune proposed so far, its max_trials or None): every trial but the baseline."""
+    return max(0, experiment.trials_total - 1), (experiment.spec.get("tune") or {}).get("max_trials")
+
+
+def progress(experiment: ExperimentRecord) -> float | None:
+    """Fraction done in [0, 1]: a sweep's items where their totals are known, else its trials; a tune's
+    candidates proposed of its ``max_trials`` (None while a tune without one runs: its budget is time or
+    item evaluations, and the tune page follows those)."""
+    if kind(experiment) == "tune":
+        proposed, cap = _tune_trials(experiment)
+        if experiment.status == "done":
+            return 1.0
+        return min(1.0, proposed / cap) if cap else None
     if experiment.items_total:
         return min(1.0, experiment.items_done / experiment.items_total)
     if experiment.trials_total:
         ended = experiment.trials_done + experiment.trials_failed + experiment.trials_cancelled
         return ended / experiment.trials_total
     return 0.0
+
+
+def trials_text(experiment: ExperimentRecord) -> str:
+    """A sweep's trials ended of its trials (``3/4``); a tune's candidates proposed of its max_trials."""
+    if kind(experiment) == "tune":
+        proposed, cap = _tune_trials(experiment)
+        return f"{proposed} of max {cap} trials" if cap else f"{proposed} trials"
+    return f"{experiment.trials_done}/{experiment.trials_total}"
 
 
 def sweet_spot_label(sweet: ConfigSummary | None) -> str:
@@ -237,7 +319,7 @@ def decision_text(decision: Decision) -> str:
     if spot is None:
         return f"No sweet spot: {md(decision.note)}.\n\n{rule}"
     head = (f"Sweet spot: **{md(spot.config_name)}** at {fmt(spot.compression_ratio, '.2f', suffix='x')} "
-            f"({fmt(spot.physical_kv_bytes, '.3f', 1 / MIB)} MiB), decided by {md(decision.decided_by)}.")
+            f"({fmt_mib(spot.physical_kv_bytes)}), decided by {md(decision.decided_by)}.")
     if spot.accuracy is not None:
         head += f" Accuracy {spot.accuracy:.2f}"
         if spot.diff_estimate is not None:
@@ -270,16 +352,41 @@ def _yes_no(value: bool | None) -> str:
 
 # -- tables -------------------------------------------------------------------------------------
 
-def experiment_rows(experiments: Sequence[ExperimentRecord], best: Mapping[int, str],
-                    now: datetime | None = None) -> list[dict[str, Any]]:
-    """Rows of the experiments table; ``best``: the sweet-spot label of the experiments that have one."""
-    return [{
-        "id": e.id, "name": e.name, "status": e.status, "progress": progress(e),
-        "trials": f"{e.trials_done}/{e.trials_total}", "items": f"{e.items_done}/{e.items_total or '?'}",
-        "best ratio holding baseline": best.get(e.id, "-"), "model": e.model,
-        "started": e.started_at.strftime("%Y-%m-%d %H:%M") if e.started_at else "-",
-        "duration": fmt_duration(experiment_duration(e, now)), "tags": ", ".join(e.tags),
-    } for e in experiments]
+#: The experiments table's notes: their first line, cut to this many characters.
+NOTES_SHOWN = 60
+
+
+def notes_excerpt(notes: str, limit: int = NOTES_SHOWN) -> str:
+    """The first line of ``notes``, cut at ``limit`` characters with ``…`` where anything is left out."""
+    first, _, rest = notes.strip().partition("\n")
+    return first[:limit] + ("…" if len(first) > limit or rest.strip() else "")
+
+
+def started_column(zone_name: str) -> str:
+    """The experiments table's start column, naming the zone its times are in."""
+    return f"started ({zone_name})"
+
+
+def experiment_rows(experiments: Sequence[ExperimentRecord], decisions: Mapping[int, Decision],
+                    zone: tuple[tzinfo, str] = (UTC, "UTC"), now: datetime | None = None) -> list[dict[str, Any]]:
+    """Rows of the experiments table: the link to each one's page (``id``), its kind, where it stands and
+    its sweet spot's figures (``decisions``: of the experiments with results), times in ``zone`` (its
+    :func:`viewer_zone`)."""
+    rows = []
+    for e in experiments:
+        spot = decisions[e.id].sweet_spot if e.id in decisions else None
+        rows.append({
+            "id": page_link(e), "kind": kind(e), "name": e.name, "status": e.status, "progress": progress(e),
+            "trials": trials_text(e), "items": f"{e.items_done}/{e.items_total or '?'}",
+            "sweet spot": spot.config_name if spot else "-",
+            "best ratio held (x)": round(spot.compression_ratio, 2) if spot and _present(spot.compression_ratio)
+            else None,
+            "its mean KL (nats)": float(f"{spot.mean_kl:.3g}") if spot and spot.mean_kl is not None else None,
+            "model": e.model, started_column(zone[1]): fmt_time(e.started_at, zone[0]),
+            "duration": fmt_duration(experiment_duration(e, now)), "tags": ", ".join(e.tags),
+            "notes": notes_excerpt(e.notes),
+        })
+    return rows
 
 
 def trial_rows(trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:

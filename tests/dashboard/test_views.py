@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
+from kvlab.analysis.decision import items_needed
 from kvlab.analysis.summary import decide, summarize
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
@@ -25,6 +26,7 @@ from kvlab.dashboard.spec_form import (
     list_examples,
     parse_numbers,
 )
+from kvlab.experiments import eta
 from kvlab.spec_files import load_spec, parse_spec_toml
 from kvlab.store import ExperimentRecord
 from tests.dashboard_data import PROFILE, item_result
@@ -91,11 +93,35 @@ def test_the_margins_label_says_each_margin_and_which_are_off():
         "max_drop 0.1, max_kl off, min_agreement 0.9"
 
 
-def test_durations():
+def test_durations_count_from_the_queue():
     assert [views.fmt_duration(s) for s in (None, 42, 185, 7620)] == ["-", "42 s", "3 min 05 s", "2 h 07 min"]
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    record = _record(started_at=start.replace(tzinfo=None), finished_at=None)  # SQLite: naive UTC
-    assert views.experiment_duration(record, now=start + timedelta(seconds=90)) == 90
+    created = datetime(2026, 1, 1, tzinfo=UTC)
+    record = _record(created_at=created.replace(tzinfo=None), started_at=(created + timedelta(seconds=30))
+                     .replace(tzinfo=None), finished_at=None)  # SQLite: naive UTC
+    assert views.experiment_duration(record, now=created + timedelta(seconds=90)) == 90  # the 30 s queued too
+    line = eta.timeline(record, [], created + timedelta(seconds=90))
+    assert views.timeline_text(line) == "1 min 30 s since it was queued: queued 30 s, evaluating 1 min 00 s"
+
+
+def test_one_unit_for_memory_and_for_the_margin():
+    """Memory in MiB and the accuracy margin as a fraction (as accuracy is) wherever the pages write them."""
+    assert views.fmt_mib(3 * views.MIB) == "3.000 MiB" and views.fmt_mib(None) == "-"
+    assert views.fmt_margin(0.05) == "0.05" and views.MARGIN_FORMAT % DEFAULT_MAX_DROP == "0.050"
+    assert views.MARGIN_MIN <= DEFAULT_MAX_DROP <= views.MARGIN_MAX < 1  # a fraction, never points
+    assert "0-1" in views.MARGIN_LABEL and "points" not in views.MARGIN_LABEL
+    summaries = summarize(_fidelity_results(), "baseline", Margins(max_drop=0.5))
+    text = views.decision_text(decide(summaries))
+    assert " MiB)" in text and " MB" not in text
+    assert all(column.endswith("(MiB)") for column in views.summary_rows(summaries)[0] if "KV" in column)
+
+
+def test_times_are_in_the_viewers_zone_and_say_which():
+    moment = datetime(2026, 1, 1, 23, 30)  # naive: the store's UTC
+    assert views.viewer_zone(None)[1] == "UTC" and views.viewer_zone("Not/AZone")[1] == "UTC"
+    tokyo = views.viewer_zone("Asia/Tokyo")
+    assert views.fmt_time(moment, tokyo[0]) == "2026-01-02 08:30" and views.fmt_time(moment) == "2026-01-01 23:30"
+    rows = views.experiment_rows([_record(started_at=moment)], {}, tokyo)
+    assert rows[0][views.started_column("Asia/Tokyo")] == "2026-01-02 08:30"
 
 
 def _record(**changes) -> ExperimentRecord:
@@ -106,12 +132,44 @@ def _record(**changes) -> ExperimentRecord:
     return ExperimentRecord(**fields | changes)
 
 
-def test_experiment_rows_and_progress():
-    rows = views.experiment_rows([_record(), _record(id=2, items_total=0, items_done=0, trials_done=2)],
-                                 {1: "3.70x (int4)"})
-    assert rows[0]["progress"] == 0.25 and rows[0]["best ratio holding baseline"] == "3.70x (int4)"
-    assert rows[0]["tags"] == "a, b" and rows[0]["duration"] == "-" and rows[0]["trials"] == "1/4"
-    assert rows[1]["progress"] == 0.5 and rows[1]["best ratio holding baseline"] == "-"
+def test_experiment_rows_link_their_page_and_show_the_sweet_spots_figures():
+    decision = decide(summarize(_fidelity_results(), "baseline", Margins(max_drop=0.5)))
+    spot = decision.sweet_spot
+    tune = {"tune": {"max_trials": 20}}
+    records = [_record(notes="int4 holds\nsecond line"), _record(id=2, items_total=0, items_done=0, trials_done=2),
+               _record(id=3, spec=tune, trials_total=6, items_total=50, items_done=48),
+               _record(id=4, spec={"tune": {"max_minutes": 30}}, trials_total=3)]
+    rows = views.experiment_rows(records, {1: decision}, now=datetime(2026, 1, 1, 0, 1, 30))
+    assert [r["id"] for r in rows] == ["experiment?id=1", "experiment?id=2", "tune?id=3", "tune?id=4"]
+    assert [r["kind"] for r in rows] == ["sweep", "sweep", "tune", "tune"]
+    assert rows[0]["progress"] == 0.25 and rows[0]["trials"] == "1/4" and rows[1]["progress"] == 0.5
+    assert rows[0]["sweet spot"] == spot.config_name and rows[0]["best ratio held (x)"] == round(
+        spot.compression_ratio, 2) and rows[0]["its mean KL (nats)"] == pytest.approx(spot.mean_kl, rel=1e-2)
+    assert rows[1]["sweet spot"] == "-" and rows[1]["best ratio held (x)"] is None
+    assert rows[0]["tags"] == "a, b" and rows[0]["duration"] == "1 min 30 s" and rows[0]["notes"] == "int4 holds…"
+    # a tune: the candidates it proposed (every trial but the baseline's) of its max_trials, not its items' 96%
+    assert rows[2]["trials"] == "5 of max 20 trials" and rows[2]["progress"] == 0.25
+    assert rows[3]["trials"] == "2 trials" and rows[3]["progress"] is None  # a time budget: no fraction of it
+    assert views.progress(replace(records[2], status="done")) == 1.0
+
+
+def test_a_verdict_on_fewer_items_than_its_margin_needs_says_so():
+    """Two items (as the tiny example) make a sweet spot by fidelity; the accuracy margin needs far more."""
+    two = [r for r in _fidelity_results() if r.item_id in ("passkey-256-0", "passkey-256-1")]
+    decision = decide(summarize(two, "baseline", Margins(max_drop=0.05)))
+    assert decision.sweet_spot is not None and decision.rests_on == 2 and decision.few_items
+    assert decision.items_needed == items_needed(1.0, 0.05, 3)  # the baseline right on both, 3 configs compared
+    assert decision.few_items_note().startswith(f"rests on 2 items; the margin of 0.05 needs about "
+                                                f"{decision.items_needed} ")
+    assert decision.to_dict()["few_items"] is True
+    many = decide(summarize(_fidelity_results(), "baseline", Margins(max_drop=0.5)))
+    assert many.sweet_spot is not None and not many.few_items and many.few_items_note() == ""
+
+
+def test_the_eta_says_it_is_an_estimate_and_its_basis():
+    assert views.eta_text(None).startswith("no estimate")
+    left = eta.Eta(12, eta.Pace(5.0, "this run's own pace"))
+    assert views.eta_text(left) == "about 1 min 00 s left for 12 evaluations (an estimate from this run's own pace)"
 
 
 def test_summary_and_failed_rows():

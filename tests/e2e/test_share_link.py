@@ -1,7 +1,8 @@
 """The experiment page's share link in a real browser: every piece of the page's state set through its
 widget (section, x and y axes, hidden configs, margin, needle config, item), then the sidebar's "Share
 this view" link opened in a fresh browser context (no cookies, no session) shows the same view and the
-same verdict.  The margin changes the verdict: a link without it states another rule."""
+same verdict.  The margin (a fraction, as max_drop) changes the verdict: a link without it states another rule;
+hiding a config does not (the decision is on every config)."""
 
 from __future__ import annotations
 
@@ -86,8 +87,8 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     assert "Sweet spot: int4" in at_the_spec_margin and "decided by passkey: fidelity" in at_the_spec_margin
 
     page.get_by_test_id("stExpander").get_by_text("Configs and margin").click()
-    margin = page.get_by_label("Non-inferiority margin (accuracy points)", exact=True)
-    margin.fill("20")
+    margin = page.get_by_label(views.MARGIN_LABEL, exact=True)
+    margin.fill("0.2")
     margin.press("Enter")
     _wait_idle(page)
     _pick(page, "stMultiSelect", "Hide configs", "snapkv-50")
@@ -97,7 +98,7 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     _wait_idle(page)
     page.get_by_text("synthetic-sweep: memory vs mean KL").wait_for()
     verdict = _verdict(page)
-    assert verdict != at_the_spec_margin and "by more than 20 points" in verdict
+    assert verdict != at_the_spec_margin and re.search(r"by more than (0\.2\b|20 points)", verdict)
     _section(page, "Failed items").click()
     _wait_idle(page)
     _pick(page, "stSelectbox", "Item: KL along its tokens", "passkey-256-1")
@@ -117,7 +118,7 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     query = parse_qs(urlsplit(link).query)
     assert set(query) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece of the state
     assert query == {"id": ["1"], "tab": ["Needles"], "x": ["ratio"], "y": ["KL"], "hide": ["snapkv-50"],
-                     "margin": ["20"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"]}, link
+                     "margin": ["0.2"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"]}, link
     # (The address bar is not such a link: Streamlit drops a bound widget's parameter while the widget
     # is not drawn, here x and y, which only the Tradeoff section draws.)
 
