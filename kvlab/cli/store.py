@@ -92,6 +92,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"experiment {experiment.id} '{shown(experiment.name)}': {shown(experiment.status)}, model "
           f"{shown(experiment.model)} ({shown(experiment.backend_kind)}), seed {experiment.seed}, "
           f"commit {shown(experiment.git_commit or '-')}")
+    if experiment.notes:  # stored redacted (Store.set_notes); edited on the dashboard's experiment page
+        print("notes: " + shown(redact(experiment.notes), lines=True).replace("\n", "\n       "))
     print(f"{'trial':>6}  {'status':9}  {'items':>9}  {'att':>3}  config")
     for t in trials:
         print(f"{t.id:>6}  {shown(t.status):9}  {t.items_done:>4}/{t.items_total or 0:<4}  {t.attempts:>3}  "
@@ -297,7 +299,7 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--tag", help="only experiments with this tag")
     ls.add_argument("--limit", type=positive_int, default=50, help="at most this many (default: %(default)s)")
     ls.set_defaults(func=cmd_ls)
-    show = sub.add_parser("show", help="an experiment's trials, summary and events")
+    show = sub.add_parser("show", help="an experiment's notes, trials, summary and events")
     show.add_argument("id", type=positive_int, help="the experiment's id (`kvlab ls`)")
     add_margin_options(show, "the experiment's")
     show.add_argument("--events", type=non_negative_int, default=10, help="how many recent events to print (0: none)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import pytest
 
@@ -115,3 +116,25 @@ def test_db_status_and_upgrade(tmp_path, monkeypatch, capsys):
     assert "schema empty" in capsys.readouterr().out
     assert main(["db", "upgrade"]) == 0
     assert "-> " in capsys.readouterr().out
+
+
+def test_show_prints_the_notes_and_a_verdict_on_too_few_items(tmp_path, monkeypatch, capsys):
+    """`kvlab show`: the notes as stored (a URL's password masked on the way in), and beside a sweet spot
+    decided on 2 items the items its margin needs."""
+    from tests.dashboard_data import SPEC as SWEEP
+    from tests.dashboard_data import item_result
+
+    url = f"sqlite:///{tmp_path / 'kvlab.sqlite'}"
+    monkeypatch.setenv("KVLAB_DATABASE_URL", url)
+    store = Store(url)
+    experiment_id = store.create_experiment(parse_spec(SWEEP | {"max_drop": 0.05}), environment())
+    for trial in store.claim_trials("w1", max_trials=4):
+        for index in range(2):
+            store.add_item_result(trial.id, item_result(trial.config_name, index, 256, 0.1, fidelity=True))
+        store.finish_trial(trial.id, "done", worker_id="w1")
+    store.set_notes(experiment_id, "two items only\nsee postgresql://kv:hunter2-secret@db/kv")
+    assert main(["show", str(experiment_id)]) == 0
+    shown = capsys.readouterr().out
+    assert "notes: two items only\n       see postgresql://" in shown and "hunter2" not in shown
+    assert re.search(r"sweet spot: int4 at .*\nfew items: the sweet spot rests on 2 items; the margin of 0\.05 "
+                     r"needs about \d+ ", shown)
