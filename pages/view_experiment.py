@@ -276,7 +276,7 @@ def kept_margin(default: float) -> float:
 
 
 def read_old_margin_links() -> None:
-    """A link made while the page took the margin in accuracy points (``margin=5``) means 0.05 now: no
+    """A link made while the page took the margin in hundredths (``margin=5``) means 0.05 now: no
     fraction of the items exceeds 1."""
     raw = st.query_params.get("margin")
     try:

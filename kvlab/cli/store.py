@@ -77,7 +77,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not experiments:
         print("no experiments yet: `kvlab run SPEC --background` queues one")
         return 0
-    print(f"{'id':>5}  {'status':9}  {'trials':>9}  {'items':>11}  {'created':19}  name")
+    print(f"{'id':>5}  {'status':9}  {'trials':>9}  {'items':>11}  {'created (UTC)':19}  name")
     for e in experiments:
         print(f"{e.id:>5}  {shown(e.status):9}  {e.trials_done:>4}/{e.trials_total:<4}  "
               f"{e.items_done:>5}/{e.items_total:<5}  {e.created_at:%Y-%m-%d %H:%M:%S}  {shown(e.name)}"

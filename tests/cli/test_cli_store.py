@@ -48,7 +48,7 @@ def test_ls_show_export(populated, capsys):
     store, experiment_id = populated
     assert main(["ls"]) == 0
     listing = capsys.readouterr().out
-    assert "cli-store" in listing and "done" in listing and "[nightly]" in listing
+    assert "cli-store" in listing and "done" in listing and "[nightly]" in listing and "created (UTC)" in listing
     assert main(["show", str(experiment_id)]) == 0
     shown = capsys.readouterr().out
     assert "int4" in shown and "accuracy" in shown and "3.33x" in shown

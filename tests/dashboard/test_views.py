@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
@@ -113,6 +114,23 @@ def test_one_unit_for_memory_and_for_the_margin():
     text = views.decision_text(decide(summaries))
     assert " MiB)" in text and " MB" not in text
     assert all(column.endswith("(MiB)") for column in views.summary_rows(summaries)[0] if "KV" in column)
+
+
+def test_the_pages_write_no_other_unit():
+    """No text of the experiment pages, the list, the forms' margin or their charts speaks of MB or of accuracy
+    points (memory is MiB, the margin a fraction); "zero points" are a quantizer's, not a unit."""
+    sources = [ROOT / "pages" / f"{name}.py" for name in ("list_experiments", "view_experiment", "new_experiment",
+                                                          "compare_experiments", "common")]
+    sources += [ROOT / "kvlab" / "dashboard" / f"{name}.py" for name in ("views", "charts")]
+    other = re.compile(r"\bMB\b|\d\s*points\b|accuracy points|-point margin|\bpp\b")
+    for source in sources:
+        tree = ast.parse(source.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)  # the code's own notes, not the pages'
+                      if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        texts = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                 and isinstance(node.value, str) and id(node) not in docstrings]
+        assert not [text for text in texts if other.search(text)], source
 
 
 def test_times_are_in_the_viewers_zone_and_say_which():
