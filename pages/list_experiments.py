@@ -14,6 +14,7 @@ from kvlab.dashboard import page_table, views
 from kvlab.experiments.submit import rerun
 from kvlab.store import STATUSES, StoreError
 from pages.common import decision_of, empty_state, experiment_label, get_store, share_box, viewer_zone
+from pages.tune_view import read_state
 
 ACTIONS = {"cancel": "Cancel", "rerun": "Rerun", "delete": "Delete"}
 
@@ -48,8 +49,11 @@ if not experiments:
     st.stop()
 
 zone = viewer_zone()
+tunes = {e.id: read_state(store, e, tune).budgets for e in experiments  # counted as the tune page counts them
+         if views.kind(e) == "tune" and (tune := store.tune(e.id)) is not None}
 st.dataframe(
-    views.experiment_rows(experiments, {e.id: d for e in experiments if (d := decision_of(e)) is not None}, zone),
+    views.experiment_rows(experiments, {e.id: d for e in experiments if (d := decision_of(e)) is not None}, zone,
+                          tunes=tunes),
     hide_index=True, key="experiments_table",
     column_config={
         "id": st.column_config.LinkColumn("id", width="small", display_text=r"id=(\d+)$",
@@ -57,8 +61,8 @@ st.dataframe(
         "kind": st.column_config.TextColumn("kind", width="small", help="sweep: a grid of configs; tune: a search"),
         "progress": st.column_config.ProgressColumn(
             "progress", min_value=0.0, max_value=1.0, format="percent",
-            help="A sweep: its items done; a tune: the trials it proposed of its max_trials (empty for a tune "
-                 "whose budget is time or item evaluations)"),
+            help="A sweep: its items done; a tune: its trials done of the most it runs (max_trials; empty for a "
+                 "tune whose budget is time or item evaluations)"),
         "best ratio held (x)": st.column_config.NumberColumn("best ratio held (x)", format="%.2fx",
                                                              help=views.BEST_RATIO_HELP),
         "its mean KL (nats)": st.column_config.NumberColumn(

@@ -25,6 +25,7 @@ from kvlab.dashboard import page_table
 from kvlab.experiments.eta import Eta, Timeline, timeline
 from kvlab.experiments.nodes import node_of
 from kvlab.store.records import ExperimentRecord, TrialRecord
+from kvlab.tune.progress import Budgets
 
 #: Memory is in MiB (2^20 bytes) on every page, export and CLI table: :func:`fmt_mib`.
 MIB = 1024 * 1024
@@ -265,20 +266,24 @@ def page_link(experiment: ExperimentRecord) -> str:
     return f"{page.url_path}?id={experiment.id}"
 
 
-def _tune_trials(experiment: ExperimentRecord) -> tuple[int, int | None]:
-    """(candidates the tune proposed so far, its max_trials or None): every trial but the baseline."""
-    return max(0, experiment.trials_total - 1), (experiment.spec.get("tune") or {}).get("max_trials")
+def _tune_trials(experiment: ExperimentRecord, budgets: Budgets | None) -> tuple[int, int | None, str]:
+    """(a tune's trials, the most it runs or None, what the count is of): its trials done as the tune page
+    counts them (:class:`kvlab.tune.progress.Budgets`: judged on every item or stopped early) where
+    ``budgets`` are given, else the candidates it proposed (every trial but the baseline's) of its max_trials."""
+    if budgets is not None:
+        return budgets.done, budgets.most, "done"
+    return max(0, experiment.trials_total - 1), (experiment.spec.get("tune") or {}).get("max_trials"), "proposed"
 
 
-def progress(experiment: ExperimentRecord) -> float | None:
+def progress(experiment: ExperimentRecord, budgets: Budgets | None = None) -> float | None:
     """Fraction done in [0, 1]: a sweep's items where their totals are known, else its trials; a tune's
-    candidates proposed of its ``max_trials`` (None while a tune without one runs: its budget is time or
-    item evaluations, and the tune page follows those)."""
+    trials of the most it runs (:func:`_tune_trials`; None while a tune without max_trials runs: its budget
+    is time or item evaluations, which the tune page follows)."""
     if kind(experiment) == "tune":
-        proposed, cap = _tune_trials(experiment)
+        count, most, _ = _tune_trials(experiment, budgets)
         if experiment.status == "done":
             return 1.0
-        return min(1.0, proposed / cap) if cap else None
+        return min(1.0, count / most) if most else None
     if experiment.items_total:
         return min(1.0, experiment.items_done / experiment.items_total)
     if experiment.trials_total:
@@ -287,11 +292,12 @@ def progress(experiment: ExperimentRecord) -> float | None:
     return 0.0
 
 
-def trials_text(experiment: ExperimentRecord) -> str:
-    """A sweep's trials ended of its trials (``3/4``); a tune's candidates proposed of its max_trials."""
+def trials_text(experiment: ExperimentRecord, budgets: Budgets | None = None) -> str:
+    """A sweep's trials ended of its trials (``3/4``); a tune's trials of the most it runs, in the tune
+    page's words (``3 of 4 trials done``), never a percentage of items."""
     if kind(experiment) == "tune":
-        proposed, cap = _tune_trials(experiment)
-        return f"{proposed} of max {cap} trials" if cap else f"{proposed} trials"
+        count, most, what = _tune_trials(experiment, budgets)
+        return f"{count} of {most} trials {what}" if most else f"{count} trials {what} (no max_trials)"
     return f"{experiment.trials_done}/{experiment.trials_total}"
 
 
@@ -368,16 +374,19 @@ def started_column(zone_name: str) -> str:
 
 
 def experiment_rows(experiments: Sequence[ExperimentRecord], decisions: Mapping[int, Decision],
-                    zone: tuple[tzinfo, str] = (UTC, "UTC"), now: datetime | None = None) -> list[dict[str, Any]]:
-    """Rows of the experiments table: the link to each one's page (``id``), its kind, where it stands and
-    its sweet spot's figures (``decisions``: of the experiments with results), times in ``zone`` (its
-    :func:`viewer_zone`)."""
+                    zone: tuple[tzinfo, str] = (UTC, "UTC"), now: datetime | None = None,
+                    tunes: Mapping[int, Budgets] | None = None) -> list[dict[str, Any]]:
+    """Rows of the experiments table: the link to each one's page (``id``), its kind, where it stands (a
+    tune's by its ``tunes`` budgets, as its page counts them) and its sweet spot's figures (``decisions``:
+    of the experiments with results), times in ``zone`` (its :func:`viewer_zone`)."""
     rows = []
+    tunes = tunes or {}
     for e in experiments:
         spot = decisions[e.id].sweet_spot if e.id in decisions else None
         rows.append({
-            "id": page_link(e), "kind": kind(e), "name": e.name, "status": e.status, "progress": progress(e),
-            "trials": trials_text(e), "items": f"{e.items_done}/{e.items_total or '?'}",
+            "id": page_link(e), "kind": kind(e), "name": e.name, "status": e.status,
+            "progress": progress(e, tunes.get(e.id)), "trials": trials_text(e, tunes.get(e.id)),
+            "items": f"{e.items_done}/{e.items_total or '?'}",
             "sweet spot": spot.config_name if spot else "-",
             "best ratio held (x)": round(spot.compression_ratio, 2) if spot and _present(spot.compression_ratio)
             else None,

@@ -30,6 +30,7 @@ from kvlab.dashboard.spec_form import (
 from kvlab.experiments import eta
 from kvlab.spec_files import load_spec, parse_spec_toml
 from kvlab.store import ExperimentRecord
+from kvlab.tune.progress import Budgets
 from tests.dashboard_data import PROFILE, item_result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,9 +166,14 @@ def test_experiment_rows_link_their_page_and_show_the_sweet_spots_figures():
         spot.compression_ratio, 2) and rows[0]["its mean KL (nats)"] == pytest.approx(spot.mean_kl, rel=1e-2)
     assert rows[1]["sweet spot"] == "-" and rows[1]["best ratio held (x)"] is None
     assert rows[0]["tags"] == "a, b" and rows[0]["duration"] == "1 min 30 s" and rows[0]["notes"] == "int4 holds…"
-    # a tune: the candidates it proposed (every trial but the baseline's) of its max_trials, not its items' 96%
-    assert rows[2]["trials"] == "5 of max 20 trials" and rows[2]["progress"] == 0.25
-    assert rows[3]["trials"] == "2 trials" and rows[3]["progress"] is None  # a time budget: no fraction of it
+    # a tune: its trials of the most it runs, not its items' 96%: done as the tune page counts them where its
+    # budgets are read, else the candidates proposed (every trial but the baseline's) of its max_trials
+    assert rows[2]["trials"] == "5 of 20 trials proposed" and rows[2]["progress"] == 0.25
+    assert rows[3]["trials"] == "2 trials proposed (no max_trials)" and rows[3]["progress"] is None  # a time budget
+    budgets = Budgets(done=3, active=1, most=4, max_trials=20, elapsed_s=60, max_minutes=None, item_evals=80,
+                      max_item_evals=None)
+    counted = views.experiment_rows(records[2:3], {}, tunes={3: budgets})[0]
+    assert counted["trials"] == "3 of 4 trials done" and counted["progress"] == 0.75
     assert views.progress(replace(records[2], status="done")) == 1.0
 
 

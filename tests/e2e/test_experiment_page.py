@@ -50,7 +50,7 @@ class Served:
     logs: Path
     sweep: int  # synthetic-sweep, done: 4 configs x 8 items, fidelity measured, max_drop 0.5
     two: int  # the same on 2 items at max_drop 0.05: a sweet spot by fidelity on too few items
-    tune: int  # a running tune: 2 candidates proposed of max_trials 4
+    tune: int  # a running tune: 2 candidates proposed (and complete) of max_trials 4
     running: int  # a running sweep: the baseline and int4 have items, int2 and snapkv-50 none yet
 
 
@@ -184,7 +184,7 @@ def test_the_list_links_each_row_to_its_page_with_kind_progress_and_zone(server,
     assert by_id[server.tune]["id"] == f"{page_table.TUNE.url_path}?id={server.tune}"
     assert by_id[server.two]["id"] == f"{page_table.EXPERIMENT.url_path}?id={server.two}"
     assert by_id[server.tune]["kind"] == "tune" and by_id[server.sweep]["kind"] == "sweep"
-    assert by_id[server.tune]["trials"] == "2 of max 4 trials"
+    assert by_id[server.tune]["trials"] == "2 of 4 trials done"  # int8 and int4 complete; as the tune page counts
     assert by_id[server.sweep]["sweet spot"] == "int4" and float(by_id[server.sweep]["best ratio held (x)"]) == 3.7
     started = views.started_column(ZONE)
     assert started in header
