@@ -10,8 +10,11 @@ is kvlab.dashboard.deep_links: a deep link's page asks the server once, with no 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 from starlette.middleware import Middleware
+from streamlit.file_util import get_static_dir
 
 from kvlab.dashboard.deep_links import DeepLinkPages
 from kvlab.dashboard.page_table import PAGES
@@ -51,5 +54,6 @@ def main() -> None:
 if __name__ == "__main__":  # Streamlit runs this file as the script of every request
     main()
 else:  # `streamlit run app.py` imports it as a module, finds this app and serves it
-    app = st.App(__file__, middleware=[Middleware(DeepLinkPages, url_paths=[row.url_path for row in PAGES],
+    app = st.App(__file__, middleware=[Middleware(DeepLinkPages, index_html=Path(get_static_dir()) / "index.html",
+                                                  url_paths=[row.url_path for row in PAGES],
                                                   base_url_path=st.get_option("server.baseUrlPath"))])

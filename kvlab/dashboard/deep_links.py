@@ -14,7 +14,6 @@ the bundle's script.  app.py installs it through ``st.App`` (the middleware hook
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import cache
 from pathlib import Path
 
 from starlette.responses import HTMLResponse
@@ -24,12 +23,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 BASE_URL_SCRIPT = '<script>window.__streamlit={BACKEND_BASE_URL:new URL("./",window.location.href).href}</script>'
 
 
-@cache
-def page_html() -> str:
-    """Streamlit's ``index.html`` with :data:`BASE_URL_SCRIPT` before its first script."""
-    from streamlit import file_util
-
-    index = (Path(file_util.get_static_dir()) / "index.html").read_text(encoding="utf-8")
+def page_html(index_html: Path) -> str:
+    """Streamlit's ``index.html`` (its static folder's) with :data:`BASE_URL_SCRIPT` before its first script."""
+    index = index_html.read_text(encoding="utf-8")
     if "<script" not in index:  # a Streamlit whose page has no script: nothing to place it before
         raise RuntimeError("Streamlit's index.html has no <script>: kvlab.dashboard.deep_links needs updating")
     return index.replace("<script", BASE_URL_SCRIPT + "<script", 1)
@@ -37,16 +33,17 @@ def page_html() -> str:
 
 class DeepLinkPages:
     """ASGI middleware: a GET of a page's path (``/<base>/<page>``, query string aside) is answered with
-    :func:`page_html`; every other request goes to Streamlit."""
+    :func:`page_html` of Streamlit's ``index_html``; every other request goes to Streamlit."""
 
-    def __init__(self, app: ASGIApp, url_paths: Iterable[str], base_url_path: str = "") -> None:
+    def __init__(self, app: ASGIApp, index_html: Path, url_paths: Iterable[str], base_url_path: str = "") -> None:
         self.app = app
+        self.html = page_html(index_html)
         base = base_url_path.strip("/")
         self.paths = frozenset(f"/{base}/{path}" if base else f"/{path}" for path in url_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] in self.paths:
-            response = HTMLResponse(page_html(), headers={"Cache-Control": "no-cache"})  # as Streamlit's own
+            response = HTMLResponse(self.html, headers={"Cache-Control": "no-cache"})  # as Streamlit's own
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
