@@ -435,7 +435,7 @@ def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", 
     if margins.fidelity and measured:
         return Decision(None, max_drop, rule, f"no config is acceptable on every task{stopped}", margins=margins)
     n = max(s.n_scored for s in compared)
-    note = f"no config is shown non-inferior within {max_drop * 100:g} points on {n} items{stopped}"
+    note = f"no config is shown non-inferior within {max_drop:g} on {n} items{stopped}"
     if needed is not None and needed > n:
         note += (f"; at the baseline's accuracy ({baseline.accuracy:.2f}) a config exactly as accurate, with "
                  f"independent errors, would need about {needed} items to be shown so")

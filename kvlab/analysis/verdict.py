@@ -170,7 +170,7 @@ def _why_accuracy_cannot(baseline_accuracy: float | None, floor: float, max_drop
         return "the baseline has no accuracy score on this task (perplexity, or no scored item)"
     if baseline_accuracy - floor <= max_drop:
         return (f"the baseline scores {baseline_accuracy:.2f} here, at or below the chance floor ({floor:.2f}) "
-                f"plus the {max_drop * 100:g}-point margin: the model cannot do this task, accuracy cannot judge it")
+                f"plus the margin of {max_drop:g}: the model cannot do this task, accuracy cannot judge it")
     return None
 
 
@@ -190,14 +190,14 @@ def _verdict(task: str, case: _Case, margins: Margins, why_not_accuracy: str | N
 
 
 def _decide(task: str, case: _Case, margins: Margins, why_not_accuracy: str | None) -> TaskVerdict:
-    margin = f"{margins.max_drop * 100:g}"
+    margin = f"{margins.max_drop:g}"  # a fraction, as the intervals beside it
     # Accuracy shown to drop by more than the margin rejects on every path, at the chance floor too
     # (a config can score below the floor): only *certifying* by accuracy needs a baseline above it.
     shown_worse = None
     if case.paired is not None:
         low, high = case.paired.interval()
         if high < -margins.max_drop:
-            shown_worse = f"accuracy is shown to drop by more than {margin} points: [{low:+.3f}, {high:+.3f}]"
+            shown_worse = f"accuracy is shown to drop by more than {margin}: [{low:+.3f}, {high:+.3f}]"
     if case.p_fidelity is not None:
         fid = case.fidelity
         assert fid is not None  # p_fidelity is its p-value (_judge_task)
@@ -212,7 +212,7 @@ def _decide(task: str, case: _Case, margins: Margins, why_not_accuracy: str | No
                                case.p_fidelity)
         if case.paired is not None:
             low, high = case.paired.interval()
-            accuracy = f"accuracy not shown to drop by more than {margin} points ([{low:+.3f}, {high:+.3f}])"
+            accuracy = f"accuracy not shown to drop by more than {margin} ([{low:+.3f}, {high:+.3f}])"
             accuracy += f"; {why_not_accuracy}" if why_not_accuracy else ""
         else:
             accuracy = why_not_accuracy or "no accuracy paired with the baseline"
@@ -225,7 +225,7 @@ def _decide(task: str, case: _Case, margins: Margins, why_not_accuracy: str | No
         low, high = case.paired.interval()
         shown = case.p_accuracy < ALPHA_ONE_SIDED
         return TaskVerdict(task, shown, ACCURACY, (
-            f"accuracy {'shown' if shown else 'not shown'} non-inferior within {margin} points: paired 95% interval "
+            f"accuracy {'shown' if shown else 'not shown'} non-inferior within {margin}: paired 95% interval "
             f"[{low:+.3f}, {high:+.3f}], Holm p {case.p_accuracy:.2g}{fidelity_note}"), case.p_accuracy)
     if shown_worse:
         return TaskVerdict(task, False, ACCURACY, f"{shown_worse} ({why_not_accuracy}){fidelity_note}")

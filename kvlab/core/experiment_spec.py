@@ -176,7 +176,7 @@ class ExperimentSpec(BaseModel):
         default=None, description="Refuse context lengths above this (the model's own limit applies too).")
     max_drop: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] = Field(
         default=0.05, description="The sweet spot's accuracy margin: the accuracy a config may lose against the "
-        "baseline (0.05 = 5 points), by a paired test with Holm's correction.")
+        "baseline, as a fraction of the items like accuracy (0.05: 5 in 100), by a paired test with Holm's correction.")
     max_kl: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] = Field(
         default=DEFAULT_MAX_KL, description="Fidelity margin: a config whose mean KL(baseline || config) per token "
         "is certified below this many nats is acceptable unless its accuracy is shown to drop by more than "

@@ -15,12 +15,12 @@ DEFAULT_MAX_DROP = 0.05
 #: lower bound above 0.2): 0.05 leaves room on both sides.
 DEFAULT_MAX_KL = 0.05
 RULE = ("most compressed config whose accuracy is non-inferior to the baseline's: the lower end of the paired "
-        "95% interval of (config - baseline) is above -{margin} points, Holm-corrected across {m} configs")
+        "95% interval of (config - baseline) is above -{margin}, Holm-corrected across {m} configs")
 RULE_FIDELITY = (
     "most compressed config that, on every task, has its fidelity to the baseline certified ({fidelity}: one-sided "
     "t bounds over items at 2.5%, the ends of their 95% intervals, Holm-corrected across {m} configs) and its "
-    "accuracy not shown to drop by more than {margin} points (the paired 95% interval is not wholly below "
-    "-{margin} points); on a task without fidelity, accuracy non-inferiority decides")
+    "accuracy not shown to drop by more than {margin} (the paired 95% interval is not wholly below "
+    "-{margin}); on a task without fidelity, accuracy non-inferiority decides")
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Margins:
 
     def rule(self, configs: int | str) -> str:
         """The rule in words, for ``configs`` configs compared."""
-        margin = f"{self.max_drop * 100:g}"
+        margin = f"{self.max_drop:g}"  # a fraction, as accuracy and its intervals are
         if self.fidelity:
             return RULE_FIDELITY.format(fidelity=self.fidelity_words(), margin=margin, m=configs)
         return RULE.format(margin=margin, m=configs) + ", on every task"

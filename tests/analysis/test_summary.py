@@ -64,7 +64,7 @@ def test_summaries_front_and_sweet_spot():
     assert summaries["int2"].p_value < 0.05 and summaries["int4"].p_value == 1.0
     front = [s.config_name for s in pareto_front(list(summaries.values()))]
     assert front == ["int2", "int4", "baseline"]
-    # 10 items are too few to show anything non-inferior within 5 points: with 3 configs compared,
+    # 10 items are too few to show anything non-inferior within 0.05: with 3 configs compared,
     # z = z(0.025 / 3) = 2.394 and a perfect config needs n >= 19 z^2 = 108.9 items.
     decision = decide(list(summaries.values()))
     assert decision.sweet_spot is None and "109 items" in decision.note

@@ -62,7 +62,7 @@ def _two_tasks(with_safe_config: bool) -> list[ItemResult]:
 def test_pooled_pass_does_not_hide_a_failing_task():
     rows = _two_tasks(with_safe_config=False)
     cheap = _by_name(rows, ACCURACY_ONLY)["cheap"]
-    # pooled over 1100 items the config loses 50 (4.5 points): non-inferior within 10 points...
+    # pooled over 1100 items the config loses 50 (4.5 points): non-inferior within 0.1...
     pooled = PairedScores.of([1.0] * 1100, [1.0] * 1050 + [0.0] * 50)
     assert pooled.interval()[0] > -0.1
     assert cheap.pooled_non_inferior is True
@@ -173,7 +173,7 @@ def test_accuracy_shown_to_drop_rejects_despite_fidelity():
     assert paired.interval()[1] < -0.05  # wholly below -max_drop
     verdict = _verdict(rows, "x")
     assert verdict.accepted is False and verdict.criterion == ACCURACY
-    assert "fidelity certified" in verdict.reason and "shown to drop by more than 5 points" in verdict.reason
+    assert "fidelity certified" in verdict.reason and "shown to drop by more than 0.05:" in verdict.reason
 
 
 def test_baseline_at_zero_is_judged_by_fidelity_alone():
@@ -222,7 +222,7 @@ def test_without_a_fidelity_margin_accuracy_decides_as_before():
     assert _verdict(rows, "x").accepted is False  # the default KL margin rejects it
     decision = decide(summarize(rows, margins=off))
     assert decision.sweet_spot.config_name == "x"
-    assert decision.rule == RULE.format(margin="5", m=1) + ", on every task"
+    assert decision.rule == RULE.format(margin="0.05", m=1) + ", on every task"
 
 
 def test_backend_without_fidelity_falls_back_to_accuracy():
@@ -233,4 +233,4 @@ def test_backend_without_fidelity_falls_back_to_accuracy():
     decision = decide(summarize(rows, margins=Margins()))
     assert decision.sweet_spot.config_name == "x"
     assert "fidelity was not measured" in decision.rule
-    assert decision.rule.startswith(RULE.format(margin="5", m=1))
+    assert decision.rule.startswith(RULE.format(margin="0.05", m=1))

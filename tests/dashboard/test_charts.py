@@ -43,7 +43,7 @@ def test_tradeoff_bytes_has_front_band_and_sweet_spot():
     assert (band.y0, band.y1) == pytest.approx((by_name["baseline"].ci_low, by_name["baseline"].ci_high))
     assert list(_trace(fig, "sweet spot").x) == pytest.approx([by_name["int4"].physical_kv_bytes / MIB])
     assert any("sweet spot: int4 (3.70x, decided by passkey: accuracy)" in a.text for a in fig.layout.annotations)
-    assert any("-50 points, Holm" in a.text.replace("<br>", " ") for a in fig.layout.annotations)
+    assert any("-0.5, Holm" in a.text.replace("<br>", " ") for a in fig.layout.annotations)
     hover = _trace(fig, "configs").hovertext
     assert "vs baseline (pooled) +0.000 [" in hover[1] and "acceptable on every task" in hover[1]
     assert "not acceptable: passkey stopped it (accuracy)" in hover[2] and "non-inferior at" not in hover[2]
@@ -53,7 +53,7 @@ def test_tradeoff_without_a_non_inferior_config_says_why():
     fig = charts.tradeoff_figure(summarize(RESULTS, "baseline"), "bytes")
     assert not any(t.name == "sweet spot" for t in fig.data)
     notes = [a.text.replace("<br>", " ") for a in fig.layout.annotations]
-    assert any("No config is shown non-inferior within 5 points on 8 items" in text for text in notes)
+    assert any("No config is shown non-inferior within 0.05 on 8 items" in text for text in notes)
 
 
 def test_tradeoff_ratio_axis_and_bad_axis():

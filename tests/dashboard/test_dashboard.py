@@ -102,17 +102,18 @@ def test_experiments_table_filters_and_best_ratio(filled):
     at = open_page()
     assert_clean(at)
     table = at.dataframe[0].value
-    assert list(table["id"]) == [running_id, done_id]
+    assert list(table["id"]) == [f"experiment?id={running_id}", f"experiment?id={done_id}"]  # links to their pages
     # the running one has 4 items per config: too few to show any config non-inferior, even at 0.5
-    assert list(table["best ratio holding baseline"]) == ["-", "3.70x (int4)"]
+    assert list(table["sweet spot"]) == ["-", "int4"] and list(table["best ratio held (x)"])[1] == 3.7
     assert list(table["status"]) == ["running", "done"] and list(table["progress"]) == [0.5, 1.0]
-    assert set(table.columns) >= {"started", "duration", "tags", "trials"}
+    assert list(table["kind"]) == ["sweep", "sweep"]
+    assert set(table.columns) >= {"started (UTC)", "duration", "tags", "trials", "notes"}  # no browser: UTC
 
     at = open_page(LIST, status="done")
-    assert list(at.dataframe[0].value["id"]) == [done_id]
+    assert list(at.dataframe[0].value["id"]) == [f"experiment?id={done_id}"]
     assert at.selectbox(key="status").value == "done"
     at = open_page(LIST, q="running", sort="oldest")
-    assert list(at.dataframe[0].value["id"]) == [running_id]
+    assert list(at.dataframe[0].value["id"]) == [f"experiment?id={running_id}"]
     at = open_page(LIST, tag="nope")
     assert "No experiment matches" in texts(at.info) and not at.dataframe
 
@@ -321,12 +322,12 @@ def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdi
     done_id = populate(store, fidelity=True)  # fidelity measured: an item to pick
     at = open_page(VIEW, id=str(done_id))
     default_verdict = _verdict(at)
-    at.number_input(key="margin").set_value(20.0).run()
+    at.number_input(key="margin").set_value(0.2).run()
     at.multiselect(key="hide").set_value(["snapkv-50"]).run()
     at.radio(key="x").set_value("ratio").run()
     at.radio(key="y").set_value("KL").run()
     verdict = _verdict(at)
-    assert verdict != default_verdict and "by more than 20 points" in verdict  # the rule at the viewer's margin
+    assert verdict != default_verdict and r"by more than 0\.2 \(" in verdict  # the rule at the margin (as Markdown)
     at.segmented_control(key="tab").set_value("Failed items").run()
     at.selectbox(key="item").set_value("passkey-256-1").run()
     at.segmented_control(key="tab").set_value("Layers").run()
@@ -338,12 +339,12 @@ def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdi
     params = parse_qs(urlsplit(link).query)
     assert set(params) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece, by its name
     assert params == {"id": [str(done_id)], "tab": ["Needles"], "x": ["ratio"], "y": ["KL"], "hide": ["snapkv-50"],
-                      "margin": ["20"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"]}
+                      "margin": ["0.2"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"]}
 
     opened = open_page(VIEW, **{key: values if len(values) > 1 else values[0] for key, values in params.items()})
     assert_clean(opened)
     assert opened.selectbox(key="needle").value == "int2" and opened.multiselect(key="hide").value == ["snapkv-50"]
-    assert opened.number_input(key="margin").value == 20.0 and share_link(opened) == link
+    assert opened.number_input(key="margin").value == 0.2 and share_link(opened) == link
     opened.segmented_control(key="tab").set_value("Failed items").run()
     assert opened.selectbox(key="item").value == "passkey-256-1"
     opened.segmented_control(key="tab").set_value("Layers").run()

@@ -98,7 +98,7 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     _wait_idle(page)
     page.get_by_text("synthetic-sweep: memory vs mean KL").wait_for()
     verdict = _verdict(page)
-    assert verdict != at_the_spec_margin and re.search(r"by more than (0\.2\b|20 points)", verdict)
+    assert verdict != at_the_spec_margin and "by more than 0.2 (" in verdict
     _section(page, "Failed items").click()
     _wait_idle(page)
     _pick(page, "stSelectbox", "Item: KL along its tokens", "passkey-256-1")

@@ -40,7 +40,7 @@ def test_sweep_end_to_end_is_deterministic(engine):
     assert summaries["int4"].compression_ratio > 1.5  # 384 tokens: up to 127 of them in the 16-bit residual
     front = [s.config_name for s in pareto_front(first.summaries())]
     assert "streaming-90" in front
-    # By accuracy alone, 2 items cannot show anything non-inferior within 5 points.  A baseline right on
+    # By accuracy alone, 2 items cannot show anything non-inferior within 0.05.  A baseline right on
     # every item, 2 configs compared: z(0.025 / 2) = 2.2414, n >= 19 z^2 = 95.5 -> 96 items for a config as accurate.
     accuracy_alone = decide(summarize(first.results, "baseline", Margins(max_kl=0)))
     assert accuracy_alone.sweet_spot is None and accuracy_alone.items_needed == 96
