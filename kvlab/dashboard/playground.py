@@ -264,7 +264,8 @@ def empty_answer_hint(answer: Mapping[str, Any], max_new_tokens: int) -> str | N
         return None
     tokens = int(baseline.get("output_tokens") or 0)
     if tokens >= max_new_tokens:
-        why = f"its {tokens} new token{'s' if tokens > 1 else ''} (all that Max new tokens allows) were blank space"
+        why = (f"its {tokens} new tokens (all that Max new tokens allows) were blank space" if tokens > 1 else
+               "its one new token (all that Max new tokens allows) was blank space")
     elif tokens <= 1:
         why = "the model stopped at once (its end token came first)"
     else:

@@ -94,7 +94,7 @@ def test_own_text_sends_its_max_new_tokens_and_an_empty_baseline_says_why():
     assert empty_answer_hint(answer(" 42", 2), 3) is None
     assert "stopped at once" in empty_answer_hint(answer("", 1), 3)
     assert "its 3 new tokens (all that Max new tokens allows) were blank" in empty_answer_hint(answer("\n \n", 3), 3)
-    assert "its 1 new token (all" in empty_answer_hint(answer(" ", 1), 1)
+    assert "its one new token (all that Max new tokens allows) was blank" in empty_answer_hint(answer(" ", 1), 1)
     assert "in 2 tokens, then stopped" in empty_answer_hint(answer("\n", 2), 8)
 
 
