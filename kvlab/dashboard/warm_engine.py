@@ -4,7 +4,12 @@ that a Run answers in seconds and the dashboard process never imports torch.
 One per dashboard process (the page keeps it in ``st.cache_resource``).  ``KVLAB_PLAYGROUND_URL`` attaches
 to a server already running (its root, e.g. ``http://127.0.0.1:8000``, the key from ``KVLAB_API_KEY``);
 otherwise the first Run starts ``kvlab serve`` for the model on a free port of 127.0.0.1, its log in
-``kvlab-playground-serve.log``.  Every fault reaches the page as one :class:`PlaygroundError` line.
+``kvlab-playground-serve.log``.  Its OpenMP threads sleep as soon as they are idle, as every ``kvlab`` process's
+(:func:`kvlab.threads.share_cores`).  A spinning wait (libgomp's, 50,000 spins) saved a second of a warm Run on
+an idle machine, or beside two niced busy loops (2.35 s against 3.41 s); beside the dashboard's own worker
+running an experiment (niced, as the launcher starts it) the same Run took 37 s spinning against 5.9 s, and
+12-16 s against 4-7 s beside other busy processes (docs/decisions.md).  Every fault reaches the page as one
+:class:`PlaygroundError` line.
 
 A Run streams (``"stream": true``): the server's progress events as it goes, then its answer.  The page runs it
 in a thread of its own (:class:`BackgroundRun`), so that it stays responsive while the Run is in flight: it shows
@@ -26,7 +31,6 @@ import httpx
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.paths import log_dir
 from kvlab.secrets import DEFAULT_KEY_VAR, read_setting
-from kvlab.threads import WAIT_POLICY_VARS
 
 URL_VAR = "KVLAB_PLAYGROUND_URL"
 #: Seconds a Run's stream may stay silent before the page gives up on the server (it sends its progress every
@@ -34,16 +38,6 @@ URL_VAR = "KVLAB_PLAYGROUND_URL"
 SILENCE_TIMEOUT_S = 60.0
 #: Seconds the model may take to load on first use.
 STARTUP_TIMEOUT_S = 600.0
-#: How the server's idle OpenMP threads wait between kernels: libgomp's spin count, a sixth of its default.
-#: ``kvlab`` processes otherwise sleep at once (:func:`kvlab.threads.share_cores`, right beside other busy
-#: processes); a playground Run is interactive, and the dashboard's own workers run niced (the launcher's), so
-#: they yield to it.  On 2 cores, a Run of the 4 default configs (its prefill reused) beside two niced busy
-#: processes: 2.35 s spinning, 3.41 s sleeping at once (idle, before the prefill was reused: 3.3 s and 4.4 s).
-#: Beside processes that are not niced (load 3.5-5) spinning costs many times that (12-16 s against 4-7 s):
-#: a wait policy already in the environment wins (docs/decisions.md).
-SERVER_WAIT_POLICY = {"GOMP_SPINCOUNT": "50000"}
-
-
 class PlaygroundError(Exception):
     """One line the page shows: what went wrong and what to do."""
 
@@ -74,7 +68,6 @@ class WarmEngine:
             self._server = ManagedServer(
                 [sys.executable, "-m", "kvlab.cli", "serve", "--model", self.model, "--port", str(port)],
                 f"{self._root}/health", log_dir() / "kvlab-playground-serve.log",
-                env=None if any(os.environ.get(name) for name in WAIT_POLICY_VARS) else SERVER_WAIT_POLICY,
                 startup_timeout_s=STARTUP_TIMEOUT_S).start()
             atexit.register(self._server.stop)  # it runs in its own session: the dashboard's exit must end it
             try:
