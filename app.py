@@ -10,6 +10,9 @@ is kvlab.dashboard.deep_links: a deep link's page asks the server once, with no 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import streamlit as st
@@ -18,6 +21,7 @@ from streamlit.file_util import get_static_dir
 
 from kvlab.dashboard.deep_links import DeepLinkPages
 from kvlab.dashboard.page_table import PAGES
+from kvlab.dashboard.process_exit import stop_all
 from kvlab.paths import STATIC_DIR
 from kvlab.secrets import install_log_redaction
 
@@ -51,9 +55,18 @@ def main() -> None:
         page.run()
 
 
+@asynccontextmanager
+async def lifespan(_: st.App) -> AsyncIterator[None]:
+    """After the server's shutdown, stop what the dashboard started (kvlab.dashboard.process_exit): on SIGTERM
+    the process then ends by the signal, without ``atexit``."""
+    yield
+    await asyncio.to_thread(stop_all)
+
+
 if __name__ == "__main__":  # Streamlit runs this file as the script of every request
     main()
 else:  # `streamlit run app.py` imports it as a module, finds this app and serves it
-    app = st.App(__file__, middleware=[Middleware(DeepLinkPages, index_html=Path(get_static_dir()) / "index.html",
-                                                  url_paths=[row.url_path for row in PAGES],
-                                                  base_url_path=st.get_option("server.baseUrlPath"))])
+    deep_links = Middleware(DeepLinkPages, index_html=Path(get_static_dir()) / "index.html",
+                            url_paths=[row.url_path for row in PAGES],
+                            base_url_path=st.get_option("server.baseUrlPath"))
+    app = st.App(__file__, lifespan=lifespan, middleware=[deep_links])

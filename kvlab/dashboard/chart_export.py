@@ -10,7 +10,6 @@ key, and URLs lose their user:password part.
 
 from __future__ import annotations
 
-import atexit
 import html
 import json
 import logging
@@ -25,6 +24,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from kvlab.dashboard.process_exit import stop_at_exit
 from kvlab.secrets import redact_data
 
 IMAGE_FORMATS = {"png": "image/png", "svg": "image/svg+xml", "pdf": "application/pdf"}
@@ -57,7 +57,7 @@ def _ensure_server() -> None:
         raise ExportError("image export needs Chromium: `apt-get install chromium` (or set KVLAB_CHROMIUM)")
     # mathjax=False: kaleido would otherwise fetch MathJax from a CDN for every page it opens.
     kaleido.start_sync_server(path=path, mathjax=False, silence_warnings=True)
-    atexit.register(_stop_server)
+    stop_at_exit(_stop_server)
     _server_started = True
 
 

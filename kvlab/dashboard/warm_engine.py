@@ -18,7 +18,6 @@ the progress, and its Cancel closes the stream, which stops the run in the serve
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from kvlab.dashboard.process_exit import stop_at_exit
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.paths import log_dir
 from kvlab.secrets import DEFAULT_KEY_VAR, read_setting
@@ -69,7 +69,7 @@ class WarmEngine:
                 [sys.executable, "-m", "kvlab.cli", "serve", "--model", self.model, "--port", str(port)],
                 f"{self._root}/health", log_dir() / "kvlab-playground-serve.log",
                 startup_timeout_s=STARTUP_TIMEOUT_S).start()
-            atexit.register(self._server.stop)  # it runs in its own session: the dashboard's exit must end it
+            stop_at_exit(self._server.stop)  # it runs in its own session: the dashboard's exit must end it
             try:
                 self._server.wait_healthy()
             except ServerStartError as error:

@@ -68,7 +68,8 @@ def test_the_token_map_escapes_the_text_and_boxes_each_occurrence_of_the_answer_
     assert shade(0.0) in drawn and 'title="kept by 50% of heads"' in drawn
     assert shade(1.0) == f"rgba(31,119,180,{KEPT_ALPHA:.2f})" and KEPT_ALPHA < 0.5  # black text stays readable
     assert 'id="kvlab-token-map-3"' in drawn and "getElementById('kvlab-token-map-3')" in drawn  # opens scrolled
-    assert answer_spans({"context": "abc", "answer": ""}) == [] and answer_spans({"context": "abc", "answer": "x"}) == []
+    assert answer_spans({"context": "abc", "answer": ""}) == []
+    assert answer_spans({"context": "abc", "answer": "x"}) == []
 
 
 def test_a_run_in_flight_says_how_far_it_is():
@@ -225,7 +226,8 @@ def test_a_playground_link_runs_a_files_row(kvlab_server, monkeypatch, tmp_path)
     table = next(df.value for df in at.dataframe if "verdict" in df.value.columns)
     assert list(table["config"]) == ["baseline", "int8/g64/r64"] and set(table["verdict"]) <= {"right", "wrong"}
     maps = [element.proto.body for element in at.get("html") if "data-kvlab-map" in element.proto.body]
-    assert len(maps) == 2 and all("<span data-kvlab-answer" in m for m in maps)  # the answer, found in the context, boxed
+    # the answer, found in the context, boxed
+    assert len(maps) == 2 and all("<span data-kvlab-answer" in m for m in maps)
     past_the_end = open_page(PLAYGROUND, source="file", file=name, row="9")
     assert "qa.jsonl: no row 9 (rows 1-3)" in texts(past_the_end.error).replace("\\", "")  # before any Run
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
 
+import psutil
 import pytest
 
 from kvlab.dashboard import page_table
@@ -41,8 +42,13 @@ def dashboard(tmp_path_factory) -> Iterator[tuple[str, str]]:
     try:
         yield base, url
     finally:
-        process.terminate()  # its playground server goes with it (ManagedServer stops on exit)
+        started = psutil.Process(process.pid).children(recursive=True)  # its playground server among them
+        process.terminate()
         process.wait(timeout=SAFETY_S)
+        # SIGTERM ends the process by the signal after the server's shutdown (no atexit): the app's lifespan
+        # stops what it started (kvlab.dashboard.process_exit), or the model's server would outlive it.
+        _, alive = psutil.wait_procs(started, timeout=SAFETY_S)
+        assert not alive, [" ".join(p.cmdline()) for p in alive]
 
 
 @pytest.fixture
