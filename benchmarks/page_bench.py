@@ -17,14 +17,21 @@ The playground (``--playground``, on by default): from clicking Run until the la
 token map are drawn, for its 4 default configs on a 1K-token passkey item; the first Run (which starts
 `kvlab serve` and loads the model) apart from the warm ones (median of ``--runs``).  Goal: under 5 s warm.
 
+Under the dashboard's own load (``--worker``, on by default): every page and the playground are timed while a
+real ``kvlab worker`` runs examples/quick.toml on the embedded model in the benchmark's store (started as
+the dashboard's launches start it, kvlab.experiments.launcher; cancelled at the end).  ``--no-worker``
+times an otherwise idle machine.
+
 Usage: python benchmarks/page_bench.py [--stores tiny,big] [--runs 3] [--big-experiments 60]
-       [--big-telemetry 1000000] [--no-playground]
+       [--big-telemetry 1000000] [--no-playground] [--no-worker]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -153,6 +160,32 @@ def bench_playground(browser: Browser, store_url: str, runs: int, log: Path) -> 
     return first, statistics.median(warm)
 
 
+@contextmanager
+def worker_load(store_url: str, enabled: bool) -> Iterator[None]:
+    """A real worker running examples/quick.toml in ``store_url``, as the dashboard's launches run one
+    (``kvlab run --background``: detached, kvlab.experiments.launcher), until the block ends; then its
+    experiment is cancelled and the worker, idle, exits."""
+    if not enabled:
+        yield
+        return
+    env = dict(os.environ, KVLAB_DATABASE_URL=store_url)
+    kvlab = [sys.executable, "-m", "kvlab.cli"]
+    subprocess.run([*kvlab, "run", str(ROOT / "examples" / "quick.toml"), "--background", "--workers", "1"],
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    with Store(store_url) as store:
+        experiment = max(store.list_experiments(limit=100_000), key=lambda e: e.id)
+        deadline = time.monotonic() + 600
+        while store.get_experiment(experiment.id).status == "queued":  # the worker has loaded the model
+            if time.monotonic() > deadline:
+                raise RuntimeError("the benchmark's worker did not start its experiment in 10 minutes")
+            time.sleep(1)
+    print(f"worker running experiment #{experiment.id} ({experiment.name}) beside the dashboard")
+    try:
+        yield
+    finally:
+        subprocess.run([*kvlab, "cancel", str(experiment.id)], env=env, check=True, stdout=subprocess.DEVNULL)
+
+
 def build(kind: str, folder: Path, experiments: int, telemetry: int) -> str:
     url = f"sqlite:///{folder / f'{kind}.sqlite'}"
     start = time.perf_counter()
@@ -169,6 +202,22 @@ def build(kind: str, folder: Path, experiments: int, telemetry: int) -> str:
     return url
 
 
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return "unknown CPU"
+
+
+def cpu_flags() -> str:
+    """The CPU flags the engines' kernels depend on (AVX2, AVX-512, AMX), as /proc/cpuinfo lists them."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            return " ".join(sorted(f for f in flags if f in {"avx2", "avx512f", "avx512_bf16", "amx_tile"})) or "none"
+    return "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stores", default="tiny,big", help="comma-separated: tiny, big")
@@ -176,6 +225,8 @@ def main() -> None:
     parser.add_argument("--big-experiments", type=int, default=60)
     parser.add_argument("--big-telemetry", type=int, default=1_000_000)
     parser.add_argument("--no-playground", dest="playground", action="store_false", help="skip the playground")
+    parser.add_argument("--no-worker", dest="worker", action="store_false",
+                        help="no worker running beside the dashboard (an idle machine)")
     args = parser.parse_args()
     rows = []
     playground = None
@@ -184,11 +235,14 @@ def main() -> None:
         browser = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         for kind in args.stores.split(","):
             url = build(kind, folder, args.big_experiments, args.big_telemetry)
-            for path, figures in bench_store(browser, url, args.runs, folder / "streamlit.log").items():
-                rows.append((kind, path, figures))
-            if args.playground and playground is None:
-                playground = bench_playground(browser, url, args.runs, folder / "streamlit.log")
+            with worker_load(url, args.worker):
+                for path, figures in bench_store(browser, url, args.runs, folder / "streamlit.log").items():
+                    rows.append((kind, path, figures))
+                if args.playground and playground is None:
+                    playground = bench_playground(browser, url, args.runs, folder / "streamlit.log")
         browser.close()
+    print(f"\nCPU: {cpu_model()}, {os.cpu_count()} cores, flags {cpu_flags()}; "
+          + ("a worker running quick.toml beside the dashboard" if args.worker else "no worker running"))
     print(f"\n{'store':6} {'page':18} {'first load':>11} {'warm':>7} {'warm: socket':>13} {'warm: CPU':>10}   "
           f"goals: < {FIRST_GOAL_S:g} s first, < {WARM_GOAL_S:g} s warm")
     for kind, path, f in rows:
