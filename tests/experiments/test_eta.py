@@ -120,3 +120,29 @@ def test_a_real_workers_first_line_opens_its_section(tmp_path):
     (worker,) = worker_logs.worker_sections(log.read_text())
     assert worker.startswith(socket.gethostname() + "-")
     assert worker_logs.worker_log_tail({worker}, since=0, folder=tmp_path).files == [log]
+
+
+def test_a_long_log_is_read_from_its_end_with_each_line_still_its_workers(tmp_path, monkeypatch):
+    """Only the last TAIL_BYTES of a file are read; the lines at the window's start belong to the worker whose
+    first line came before it, found by a scan that a later read continues (a log that grows as the page reads)."""
+    monkeypatch.setattr(worker_logs, "TAIL_BYTES", 200)
+    log = tmp_path / "worker-7-0.log"
+
+    def header(worker: str) -> str:
+        return f"2026-03-01 10:00:00,000 kvlab.experiments.worker INFO worker {worker} on sqlite:///x\n"
+
+    def lines(worker: str, count: int, start: int = 0) -> str:
+        return "".join(f"2026-03-01 10:{minute // 60:02d}:{minute % 60:02d},000 x INFO {worker} line {minute}\n"
+                       for minute in range(start, start + count))
+
+    log.write_text(header("host-1-aaaaaa") + lines("one", 40) + header("host-2-bbbbbb") + lines("two", 40))
+    assert log.stat().st_size > 10 * worker_logs.TAIL_BYTES
+    two = worker_logs.worker_log_tail({"host-2-bbbbbb"}, since=0, folder=tmp_path).lines
+    assert two and all(" two line " in line for line in two) and two[-1].endswith("two line 39")
+    assert worker_logs.worker_log_tail({"host-1-aaaaaa"}, since=0, folder=tmp_path).lines == []
+    with log.open("a") as grown:  # the scan goes on from where it stopped
+        grown.write(lines("two", 30, start=40) + header("host-3-cccccc") + lines("three", 1))
+    assert worker_logs.worker_log_tail({"host-2-bbbbbb"}, since=0, folder=tmp_path).lines[-1].endswith("two line 69")
+    assert worker_logs.worker_log_tail({"host-3-cccccc"}, since=0, folder=tmp_path).lines[-1].endswith("three line 0")
+    log.write_text(header("host-4-dddddd") + lines("four", 40))  # the file rewritten: scanned again from its start
+    assert worker_logs.worker_log_tail({"host-4-dddddd"}, since=0, folder=tmp_path).lines[-1].endswith("four line 39")
