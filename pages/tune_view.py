@@ -74,12 +74,15 @@ def _elapsed_s(tune: TuneRecord) -> float:
 def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, show: str, metric: str, stem: str) -> None:
     """The whole tune view; rerun every few seconds while the tune runs (the page wraps it in a
     fragment).  When the tune's state is no longer ``seen`` (the one the page was drawn for), the
-    whole page reruns, which stops the refresh once the tune has ended.  ``metric``: the target of
+    whole page reruns before anything is drawn (drawing the ended view here too would show it twice
+    while the page redraws), which stops the refresh once the tune has ended.  ``metric``: the target of
     the parameters' importance and the slice plot's y axis (a key of :data:`kvlab.tune.importance.METRICS`)."""
     tune = store.tune(experiment.id)
     if tune is None:  # deleted meanwhile
         st.error(f"experiment {experiment.id} has no tune any more")
         return
+    if tune.state != seen:
+        st.rerun(scope="app")
     state = read_state(store, experiment, tune)
     _header(state)
     _recommendation(state)
@@ -100,8 +103,6 @@ def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, show: 
                    "reference point (the baseline's bytes, accuracy 0), as a fraction of that box.")
     _parameters(store, state, importance.METRICS[metric], stem)
     _candidates_table(visible, stem)
-    if tune.state != seen:
-        st.rerun(scope="app")
 
 
 def _header(state: TuneState) -> None:

@@ -118,6 +118,8 @@ def _live_panel(experiment_id: int, shown: tuple[Any, ...], detailed: bool, foll
     except ExperimentNotFoundError as error:  # deleted meanwhile
         st.error(str(error))
         return
+    if live_key(current, follow_items) != shown:  # before drawing: the rerun draws it (drawn here too, twice meanwhile)
+        st.rerun(scope="app")
     ended = current.trials_done + current.trials_failed + current.trials_cancelled
     now = datetime.now(UTC)
     trials = store.trials(current.id)
@@ -127,8 +129,6 @@ def _live_panel(experiment_id: int, shown: tuple[Any, ...], detailed: bool, foll
         f"trials ended · {views.fmt_duration(views.experiment_duration(current, now))} since it was queued{left}"))
     if detailed:
         _progress_details(current, trials, now)
-    if live_key(current, follow_items) != shown:
-        st.rerun(scope="app")
 
 
 def live_key(current: ExperimentRecord, follow_items: bool) -> tuple[Any, ...]:
