@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from pathlib import Path
 
 import psutil
+import pytest
 
 from kvlab.experiments import launcher
 
@@ -30,3 +32,21 @@ def test_a_detached_process_runs_at_the_background_niceness(tmp_path):
     reaper.join()
     assert process.returncode == 0, log.read_text()
     assert int(log.read_text()) == min(19, os.nice(0) + launcher.BACKGROUND_NICENESS)
+
+
+def test_detached_sessions_run_at_the_background_niceness_where_the_kernel_groups_by_session(tmp_path):
+    """With autogroup scheduling the CPU is shared between sessions before niceness counts: each detached
+    session is niced too, several started at once included (the kernel takes one such change per 100 ms)."""
+    if not Path(f"/proc/{os.getpid()}/autogroup").exists():
+        pytest.skip("this kernel has no autogroup scheduling: niceness alone orders the processes")
+    processes = [launcher.start_detached([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / f"{i}.log")
+                 for i in range(3)]
+    try:
+        groups = [Path(f"/proc/{p.pid}/autogroup").read_text().split() for p in processes]
+        assert len({group[0] for group in groups}) == 3  # a session each, none the test's own
+        assert Path(f"/proc/{os.getpid()}/autogroup").read_text().split()[0] not in {group[0] for group in groups}
+        assert [group[-1] for group in groups] == [str(launcher.BACKGROUND_NICENESS)] * 3, groups
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
