@@ -19,6 +19,8 @@ from typing import IO, Self
 
 import httpx
 
+from kvlab.cpu_priority import pass_on_session_niceness
+
 TAIL_LINES = 30
 
 
@@ -78,6 +80,7 @@ class ManagedServer:
         except OSError as error:  # no such interpreter, not executable ...
             self._log.close()
             raise ServerStartError(f"could not run {self.command[0]!r}: {error}", None, "") from None
+        pass_on_session_niceness(self._process.pid)  # a background worker's server yields as the worker does
         return self
 
     def wait_healthy(self) -> None:

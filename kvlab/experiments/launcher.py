@@ -1,7 +1,6 @@
 """Start detached kvlab processes on this host: local workers (``kvlab run --background``, rerun and the
 dashboard's sweeps) and a tune's driver (``kvlab tune --background`` and the dashboard's Tune).  Each
-logs to :func:`kvlab.paths.log_dir` and runs at a lower CPU priority (:data:`BACKGROUND_NICENESS`, its
-session too: :func:`lower_session_priority`)."""
+logs to :func:`kvlab.paths.log_dir` and runs at a lower CPU priority, its session too (:mod:`kvlab.cpu_priority`)."""
 
 from __future__ import annotations
 
@@ -15,16 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvlab.cpu_priority import BACKGROUND_NICENESS, set_session_niceness
 from kvlab.paths import log_dir
 from kvlab.threads import share_of_cores
-
-#: The niceness of detached processes: background work yields the cores to what a user is waiting for (the
-#: dashboard's pages, the playground's `kvlab serve`, a terminal) and takes them all when those are idle.
-#: At 10 the kernel's scheduler gives a nice-0 process about 9 times a nice-10 one's share (CFS weights
-#: 1024 and 110).  Measured on 2 cores with a worker running quick.toml: docs/decisions.md, issue 38.
-BACKGROUND_NICENESS = 10
-#: Linux lets an unprivileged process set a session's (autogroup's) niceness once per 100 ms, system-wide.
-AUTOGROUP_RETRY_S, AUTOGROUP_ATTEMPTS = 0.11, 10
 
 MAX_LOCAL_WORKERS = 64  # what `kvlab run --background --workers` and `kvlab rerun --workers` accept
 
@@ -73,27 +65,7 @@ def start_detached(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as handle:  # the child keeps its own copy
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
-    lower_session_priority(process.pid)
+    set_session_niceness(process.pid, BACKGROUND_NICENESS)  # Popen returns after the exec: its session exists
     threading.Thread(target=process.wait, name=f"kvlab-{process.pid}-reaper", daemon=True).start()
     return process
 
-
-def lower_session_priority(pid: int) -> None:
-    """Give the session that ``pid`` leads :data:`BACKGROUND_NICENESS` too (``/proc/PID/autogroup``).
-
-    With Linux's autogroup scheduling (``kernel.sched_autogroup_enabled``, on by default in Debian's and
-    Ubuntu's kernels) the scheduler shares the CPU between sessions first and by niceness only inside each:
-    a detached process leads a session of its own, so its niceness alone gave it as much CPU as the
-    dashboard's whole session (measured: a warm page 2.2-2.6 s beside the worker, 2.07 s with this, 1.90 s
-    idle; docs/decisions.md, issue 38).  Popen returns after the child's exec, so its session exists.  A
-    kernel without autogroup (no such file) or one that refuses is left as it is: the process still runs at
-    its own niceness."""
-    path = Path(f"/proc/{pid}/autogroup")
-    for _ in range(AUTOGROUP_ATTEMPTS):
-        try:
-            path.write_text(str(BACKGROUND_NICENESS))
-            return
-        except BlockingIOError:  # EAGAIN: another session's was set less than 100 ms ago
-            time.sleep(AUTOGROUP_RETRY_S)
-        except OSError:  # no autogroup in this kernel, the process already gone, or not allowed
-            return

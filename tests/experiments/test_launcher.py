@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from kvlab.cpu_priority import BACKGROUND_NICENESS
 from kvlab.experiments import launcher
 
 
@@ -31,7 +32,7 @@ def test_a_detached_process_runs_at_the_background_niceness(tmp_path):
     [reaper] = [t for t in threading.enumerate() if t.name == f"kvlab-{process.pid}-reaper"]
     reaper.join()
     assert process.returncode == 0, log.read_text()
-    assert int(log.read_text()) == min(19, os.nice(0) + launcher.BACKGROUND_NICENESS)
+    assert int(log.read_text()) == min(19, os.nice(0) + BACKGROUND_NICENESS)
 
 
 def test_detached_sessions_run_at_the_background_niceness_where_the_kernel_groups_by_session(tmp_path):
@@ -45,7 +46,7 @@ def test_detached_sessions_run_at_the_background_niceness_where_the_kernel_group
         groups = [Path(f"/proc/{p.pid}/autogroup").read_text().split() for p in processes]
         assert len({group[0] for group in groups}) == 3  # a session each, none the test's own
         assert Path(f"/proc/{os.getpid()}/autogroup").read_text().split()[0] not in {group[0] for group in groups}
-        assert [group[-1] for group in groups] == [str(launcher.BACKGROUND_NICENESS)] * 3, groups
+        assert [group[-1] for group in groups] == [str(BACKGROUND_NICENESS)] * 3, groups
     finally:
         for process in processes:
             process.kill()
