@@ -31,6 +31,10 @@ from pages.common import chart
 LIVE_EVERY_S = 2.0
 #: The page's ``show`` choice (in the URL): which candidates the chart and the table show.
 SHOWS = ("all", "complete", "stopped", "active")
+#: The page's ``section`` choice (in the URL): the search (its front, hypervolume and candidates, which
+#: ``show`` filters) or the parameters (their importance and slice plot for ``metric``).  Apart, so that a
+#: page opens with two charts, not four (~0.2 s of each load on 2 cores, docs/decisions.md).
+SECTIONS = ("Search", "Parameters")
 
 
 @dataclass
@@ -71,8 +75,10 @@ def _elapsed_s(tune: TuneRecord) -> float:
     return (end.replace(tzinfo=end.tzinfo or UTC) - start.replace(tzinfo=start.tzinfo or UTC)).total_seconds()
 
 
-def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, show: str, metric: str, stem: str) -> None:
-    """The whole tune view; rerun every few seconds while the tune runs (the page wraps it in a
+def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, section: str, show: str, metric: str,
+         stem: str) -> None:
+    """The whole tune view, its ``section`` of :data:`SECTIONS` under the header and the recommendation;
+    rerun every few seconds while the tune runs (the page wraps it in a
     fragment).  When the tune's state is no longer ``seen`` (the one the page was drawn for), the
     whole page reruns before anything is drawn (drawing the ended view here too would show it twice
     while the page redraws), which stops the refresh once the tune has ended.  ``metric``: the target of
@@ -86,6 +92,9 @@ def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, show: 
     state = read_state(store, experiment, tune)
     _header(state)
     _recommendation(state)
+    if section == "Parameters":
+        _parameters(store, state, importance.METRICS[metric], stem)
+        return
     visible = [p for p in state.shown if show == "all" or p.state == show]
     recommended = ((tune.recommendation or {}).get("label") if tune.state != "running"
                    else getattr(progress.best_so_far(state.shown), "label", None))
@@ -101,7 +110,6 @@ def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, show: 
         chart(tune_charts.hypervolume_figure(state.shown, state.history), "tune-hypervolume", f"{stem}-hypervolume")
         st.caption("Hypervolume of the feasible candidates so far in (KV bytes minimised, accuracy maximised), "
                    "reference point (the baseline's bytes, accuracy 0), as a fraction of that box.")
-    _parameters(store, state, importance.METRICS[metric], stem)
     _candidates_table(visible, stem)
 
 

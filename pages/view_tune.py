@@ -1,6 +1,6 @@
 """Tune: a ``kvlab tune`` search, live while it runs, with its Cancel (pages/tune_view.py draws it).
-The URL carries the experiment (``id``), which candidates are shown (``show``) and the metric of the
-parameters' importance and slice plot (``metric``)."""
+The URL carries the experiment (``id``), the section (``section``: the search or the parameters), which
+candidates the search shows (``show``) and the metric of the parameters' importance and slice plot (``metric``)."""
 
 from __future__ import annotations
 
@@ -54,21 +54,28 @@ st.page_link(page_table.EXPERIMENT.script, label="Its trials, telemetry and resu
 tune_view.flash()
 if tune.state == "running":
     tune_view.cancel_control(store, experiment)
-show_col, metric_col = st.columns([3, 2], vertical_alignment="bottom")
+section_col, show_col, metric_col = st.columns([2, 3, 2], vertical_alignment="bottom")
+section = section_col.segmented_control("Section", tune_view.SECTIONS, default=tune_view.SECTIONS[0], required=True,
+                                        key="section", bind="query-params",
+                                        help="Search: the front, the hypervolume and the candidates. Parameters: "
+                                        "their importance and the slice plot")
 with show_col:
     show = st.segmented_control("Show", tune_view.SHOWS, default=tune_view.SHOWS[0], required=True, key="show",
-                                bind="query-params", help="Which candidates the chart and the table show")
+                                bind="query-params", disabled=section != "Search",
+                                help="Which candidates the chart and the table show (section Search)")
 metric = metric_col.selectbox("Metric", list(METRICS), index=list(METRICS).index(DEFAULT_METRIC), key="metric",
-                              bind="query-params", help="The target of the parameters' importance and the slice "
-                              "plot's y axis (the section Parameters says what each is)")
-share_box({"id": experiment.id, "show": show if show != tune_view.SHOWS[0] else None,
+                              bind="query-params", disabled=section != "Parameters",
+                              help="The target of the parameters' importance and the slice plot's y axis (section "
+                              "Parameters, which says what each is)")
+share_box({"id": experiment.id, "section": section if section != tune_view.SECTIONS[0] else None,
+           "show": show if show != tune_view.SHOWS[0] else None,
            "metric": metric if metric != DEFAULT_METRIC else None})
 
 
 @st.fragment(run_every=tune_view.LIVE_EVERY_S if tune.state == "running" else None)
-def live_view(seen: str, shown: str, target: str) -> None:
+def live_view(seen: str, part: str, shown: str, target: str) -> None:
     with guard("Tune: live view"):  # its reruns every few seconds run outside app.py's guard
-        tune_view.live(store, experiment, seen, shown, target, slug(f"{experiment.id}-{experiment.name}"))
+        tune_view.live(store, experiment, seen, part, shown, target, slug(f"{experiment.id}-{experiment.name}"))
 
 
-live_view(tune.state, show, metric)
+live_view(tune.state, section, show, metric)

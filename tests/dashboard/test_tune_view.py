@@ -223,14 +223,17 @@ def test_the_tune_page_draws_importance_and_slice_or_says_why_not(store):
     tune_id = populate_tune(store)
     at = open_page(TUNE, id=str(tune_id))
     assert_clean(at)
+    assert "Parameters" not in [h.value for h in at.subheader]  # its own section
+    at = open_page(TUNE, id=str(tune_id), section="Parameters")
+    assert_clean(at)
     assert "Parameters" in [h.value for h in at.subheader]
     assert "Metric: **compression ratio held" in texts(at.caption) and "PED-ANOVA" in texts(at.caption)
     one = populate_tune(store, names=("int8",))
-    at = open_page(TUNE, id=str(one))
+    at = open_page(TUNE, id=str(one), section="Parameters")
     assert_clean(at)
     assert "Parameter importance: not computed: importance compares candidates" in texts(at.info)
     assert "Slice plot: no parameter varies among the 1 candidate" in texts(at.info)
-    at = open_page(TUNE, id=str(tune_id), metric="KL")
+    at = open_page(TUNE, id=str(tune_id), section="Parameters", metric="KL")
     assert_clean(at)
     assert "Slice plot: no candidate has a mean KL" in texts(at.info)
 
@@ -238,7 +241,7 @@ def test_the_tune_page_draws_importance_and_slice_or_says_why_not(store):
 def test_a_tune_without_its_study_says_so(store):
     tune_id = populate_tune(store)
     Path(make_url(store.study_storage_url()).database).unlink()
-    at = open_page(TUNE, id=str(tune_id))
+    at = open_page(TUNE, id=str(tune_id), section="Parameters")
     assert_clean(at)
     assert "cannot be read: no Optuna study file beside the store" in texts(at.info)
     assert not Path(make_url(store.study_storage_url()).database).exists()  # reading created nothing

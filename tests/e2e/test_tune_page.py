@@ -82,7 +82,7 @@ def test_a_finished_tune_shows_its_front_stopped_candidates_and_recommendation(s
         main.get_by_role("heading", name="Tune: synthetic-tune").wait_for()
         # both charts drawn by plotly.js: the front with its four candidates, the baseline and the front line
         expect(main.locator(".js-plotly-plot .main-svg").first).to_be_visible()
-        expect(main.locator(".js-plotly-plot")).to_have_count(4)  # front, hypervolume, importance, slice
+        expect(main.locator(".js-plotly-plot")).to_have_count(2)  # front, hypervolume (section Parameters: the others)
         expect(main.locator(".gtitle", has_text="Pareto front so far")).to_have_count(1)
         expect(main.locator(".gtitle", has_text="Hypervolume over trials")).to_have_count(1)
         assert main.locator(".js-plotly-plot").first.locator(".legendtext", has_text="stopped early").count() == 1
@@ -222,6 +222,9 @@ def test_importance_and_slice_plot_follow_the_metric_and_export(server, browser)
     context, page = _open(browser, f"{base}/{page_table.TUNE.url_path}?id={server.done}")
     try:
         main = page.get_by_test_id("stMain")
+        expect(main.locator(".gtitle", has_text="Pareto front so far")).to_have_count(1)
+        expect(main.get_by_test_id("stSelectbox").filter(has_text="Metric").locator("input")).to_be_disabled()
+        main.get_by_role("radio", name="Parameters", exact=True).click()
         importance = main.locator(".js-plotly-plot", has=page.locator(".gtitle", has_text="Parameter importance"))
         expect(importance.locator(".gtitle")).to_contain_text("compression ratio held")
         expect(importance.locator(".ytick", has_text="quant")).to_have_count(1)
@@ -229,11 +232,12 @@ def test_importance_and_slice_plot_follow_the_metric_and_export(server, browser)
         slice_plot = main.locator(".js-plotly-plot", has=page.locator(".gtitle", has_text="Slice plot"))
         expect(slice_plot.locator(".xtitle", has_text="quant")).to_have_count(1)
         expect(slice_plot.locator(".scatterlayer .point")).to_have_count(2 * len(CANDIDATES))  # quant and evict panels
+        expect(main.locator(".js-plotly-plot")).to_have_count(2)  # the search's front and hypervolume are not drawn
         main.get_by_test_id("stSelectbox").filter(has_text="Metric").click()
         page.get_by_role("option", name="accuracy diff").click()
         expect(slice_plot.locator(".gtitle")).to_contain_text("accuracy difference vs baseline")
         expect(page.get_by_test_id("stSidebar").locator(".st-key-share-link code")).to_contain_text(
-            "metric=accuracy+diff")
+            "section=Parameters&metric=accuracy+diff")
         with page.expect_download() as download:
             main.locator(".st-key-tune-slice-html button").click()
         html = Path(download.value.path()).read_text()
@@ -244,14 +248,14 @@ def test_importance_and_slice_plot_follow_the_metric_and_export(server, browser)
 
 
 def test_one_trial_says_why_there_is_no_importance_or_slice(server, browser):
-    context, page = _open(browser, f"{server.base}/{page_table.TUNE.url_path}?id={server.single}")
+    context, page = _open(browser, f"{server.base}/{page_table.TUNE.url_path}?id={server.single}&section=Parameters")
     try:
         main = page.get_by_test_id("stMain")
         expect(main.get_by_test_id("stAlertContentInfo").filter(has_text="Parameter importance: not computed")
                ).to_contain_text("needs at least 2")
         expect(main.get_by_test_id("stAlertContentInfo").filter(has_text="Slice plot")).to_contain_text(
             "no parameter varies among the 1 candidate")
-        expect(main.locator(".js-plotly-plot")).to_have_count(2)  # the front and the hypervolume only
+        expect(main.locator(".js-plotly-plot")).to_have_count(0)  # neither chart; the search's are in its section
         _assert_clean(page)
     finally:
         context.close()
