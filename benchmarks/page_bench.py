@@ -22,6 +22,9 @@ real ``kvlab worker`` runs examples/quick.toml on the embedded model in the benc
 the dashboard's launches start it, kvlab.experiments.launcher; cancelled at the end).  ``--no-worker``
 times an otherwise idle machine.
 
+A CPU without AVX-512 or AMX is stood in for by capping torch's kernels: ``ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/page_bench.py`` (the caps are printed with the CPU's flags).
+
 Usage: python benchmarks/page_bench.py [--stores tiny,big] [--runs 3] [--big-experiments 60]
        [--big-telemetry 1000000] [--no-playground] [--no-worker]
 """
@@ -218,6 +221,16 @@ def cpu_flags() -> str:
     return "unknown"
 
 
+#: What caps torch's kernels below the CPU's own ISA: set, they stand in for a CPU without AVX-512 or AMX
+#: (the dashboard, its worker and `kvlab serve` inherit them).
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+def isa_caps() -> str:
+    caps = [f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name)]
+    return f"; torch's ISA capped: {', '.join(caps)}" if caps else ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stores", default="tiny,big", help="comma-separated: tiny, big")
@@ -241,7 +254,7 @@ def main() -> None:
                 if args.playground and playground is None:
                     playground = bench_playground(browser, url, args.runs, folder / "streamlit.log")
         browser.close()
-    print(f"\nCPU: {cpu_model()}, {os.cpu_count()} cores, flags {cpu_flags()}; "
+    print(f"\nCPU: {cpu_model()}, {os.cpu_count()} cores, flags {cpu_flags()}{isa_caps()}; "
           + ("a worker running quick.toml beside the dashboard" if args.worker else "no worker running"))
     print(f"\n{'store':6} {'page':18} {'first load':>11} {'warm':>7} {'warm: socket':>13} {'warm: CPU':>10}   "
           f"goals: < {FIRST_GOAL_S:g} s first, < {WARM_GOAL_S:g} s warm")

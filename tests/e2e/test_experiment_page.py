@@ -136,7 +136,7 @@ def test_the_margin_reads_alike_on_the_form_and_the_experiment_page(server, brow
     on_form = new.get_by_label(views.MARGIN_LABEL, exact=True)
     expect(on_form).to_have_value(views.MARGIN_FORMAT % 0.05)
     page = _open(browser, _experiment(server, server.two))
-    page.get_by_test_id("stExpander").get_by_text("Configs and margin").click()
+    page.get_by_role("button", name="Configs and margin").click()  # a popover: drawn when opened
     expect(page.get_by_label(views.MARGIN_LABEL, exact=True)).to_have_value(views.MARGIN_FORMAT % 0.05)
     assert "MB" not in re.findall(r"\bMB\b", page.get_by_test_id("stMain").inner_text())
     expect(page.get_by_test_id("stMain").get_by_text(re.compile(r"^Sweet spot: .* MiB\), decided by"))).to_be_visible()
@@ -158,7 +158,7 @@ def test_a_sweet_spot_on_two_items_says_how_few_they_are(server, browser):
 def test_hiding_a_config_leaves_the_verdict(server, browser):
     page = _open(browser, _experiment(server, server.sweep))
     before = _verdict(page)
-    page.get_by_test_id("stExpander").get_by_text("Configs and margin").click()
+    page.get_by_role("button", name="Configs and margin").click()  # a popover: drawn when opened
     expect(page.get_by_text("Hiding is display only")).to_be_visible()
     page.get_by_test_id("stMultiSelect").filter(has=page.get_by_text("Hide configs", exact=True)).click()
     page.get_by_role("option", name="int2", exact=True).click()
@@ -239,10 +239,10 @@ def test_a_running_experiment_draws_what_lands_with_its_eta_and_log(server, brow
 def test_notes_are_edited_stored_shown_searched_and_exported(server, browser):
     page = _open(browser, _experiment(server, server.two, tab="Export"), downloads=True)
     main = page.get_by_test_id("stMain")
-    main.get_by_text("Add notes").click()
+    main.get_by_role("button", name="Add notes").click()  # a popover: its body is drawn outside the main block
     note = f"int4 holds on two items only; mirror at postgresql://kv:{SECRET}@db.example/kv"
-    main.get_by_label("Notes", exact=True).fill(note)
-    main.get_by_role("button", name="Save notes").click()
+    page.get_by_label("Notes", exact=True).fill(note)
+    page.get_by_role("button", name="Save notes").click()
     _wait_idle(page)
     expect(main.get_by_text("Notes saved; a secret in them was masked.")).to_be_visible()
     with Store(server.store_url) as store:

@@ -86,12 +86,13 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     at_the_spec_margin = _verdict(page)
     assert "Sweet spot: int4" in at_the_spec_margin and "decided by passkey: fidelity" in at_the_spec_margin
 
-    page.get_by_test_id("stExpander").get_by_text("Configs and margin").click()
+    page.get_by_role("button", name="Configs and margin").click()  # a popover: drawn when opened
     margin = page.get_by_label(views.MARGIN_LABEL, exact=True)
     margin.fill("0.2")
     margin.press("Enter")
     _wait_idle(page)
     _pick(page, "stMultiSelect", "Hide configs", "snapkv-50")
+    page.keyboard.press("Escape")  # closes the popover, which lies over the axes' radios
     page.get_by_test_id("stRadio").get_by_text("ratio", exact=True).click()
     _wait_idle(page)
     page.get_by_test_id("stRadio").get_by_text("KL", exact=True).click()
