@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from kvlab.core.axes import CONFIG_COLUMNS
 from kvlab.core.errors import ConfigError
+from kvlab.core.limits import PLAYGROUND_NEW_TOKENS
 from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.core.tasks import TASKS, generated_tasks
 from kvlab.core.urls import strip_credentials
@@ -136,7 +137,7 @@ else:
                "answer": answer_col.text_input("Expected answer (optional: marks the answer right or wrong)",
                                                value=view.answer),
                "max_new_tokens": int(tokens_col.number_input(
-                   "Max new tokens", min_value=1, step=8, value=view.max_new_tokens,
+                   "Max new tokens", min_value=1, max_value=PLAYGROUND_NEW_TOKENS, step=8, value=view.max_new_tokens,
                    help="The most tokens each answer may take (fewer when the model ends it)"))}
 
 st.subheader("Configs")

@@ -68,6 +68,8 @@ BOUNDS: dict[str, Bound] = {"configs": CONFIGS, "tasks": TASKS, "items": ITEMS, 
 #: Text fields: longest name (experiment, config), tag, tag count and notes (which may hold lines and tabs).
 #: Most configs one playground run compares beside the baseline (``kvlab serve``'s /kvlab/playground and its page).
 PLAYGROUND_CONFIGS = 8
+#: Most new tokens a playground answer may take (the server's bound, the page's Max new tokens).
+PLAYGROUND_NEW_TOKENS = 256
 MAX_NAME_CHARS = 200
 MAX_TAG_CHARS = 64
 MAX_TAGS = 32

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.core.limits import PLAYGROUND_CONFIGS
+from kvlab.core.limits import PLAYGROUND_CONFIGS, PLAYGROUND_NEW_TOKENS
 from kvlab.core.model_registry import DEFAULT_MODEL, KNOWN_MODELS
 from kvlab.core.results import KeptPositions
 from kvlab.core.tasks import FILE_TASK, TASKS, generated_tasks
@@ -97,6 +97,9 @@ class PlaygroundView:
                 text = raw if isinstance(raw, str) else raw[-1]
                 kind = type(getattr(default, item.name))
                 values[item.name] = kind(text)
+                if item.name == "max_new_tokens" and not 1 <= values[item.name] <= PLAYGROUND_NEW_TOKENS:
+                    del values[item.name]
+                    raise ValueError(f"{text} is not in 1-{PLAYGROUND_NEW_TOKENS}, the playground's range")
             except (ValueError, TypeError) as error:
                 problems.append(f"{item.name}: {str(error).splitlines()[0]} (left at its default)")
         for name, allowed in (("source", SOURCES), ("engine", ENGINES), ("model", tuple(KNOWN_MODELS))):

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from kvlab.core.errors import ConfigError
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
-from kvlab.core.limits import PLAYGROUND_CONFIGS
+from kvlab.core.limits import PLAYGROUND_CONFIGS, PLAYGROUND_NEW_TOKENS
 from kvlab.core.results import ItemResult
 from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, check_answer_scorer, generated_tasks
 from kvlab.engines.embedded import EmbeddedEngine
@@ -37,9 +37,6 @@ from kvlab.serve.errors import APIError, shutting_down
 from kvlab.serve.generation import Cancelled, ServedModel, stop_between_layers
 from kvlab.tasks.scoring import ScoringError, compile_answer_regex
 from kvlab.tasks.single import generated_item, own_item, score
-
-#: Tokens an answer may take.
-MAX_NEW_TOKENS = 256
 
 
 class GeneratedItem(BaseModel):
@@ -108,7 +105,7 @@ class PlaygroundRequest(BaseModel):
     configs: list[dict[str, Any]] = Field(default=[], max_length=PLAYGROUND_CONFIGS,
                                           description="KV-cache configs ([[configs]] entries' fields); the baseline "
                                           "runs beside them.")
-    max_new_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS, description="New tokens at most; "
+    max_new_tokens: int | None = Field(default=None, ge=1, le=PLAYGROUND_NEW_TOKENS, description="New tokens at most; "
                                        "unset: the item's own budget.")
     stream: bool = Field(default=False, description="kvlab's: answer as server-sent events, a progress event as the "
                          "run moves on ({\"progress\": {...}}), then the answer ({\"answer\": {...}}) or an error "

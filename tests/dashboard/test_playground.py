@@ -8,6 +8,7 @@ import json
 import pytest
 
 from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.limits import PLAYGROUND_NEW_TOKENS
 from kvlab.dashboard import page_table
 from kvlab.dashboard.playground import (
     DEFAULT_CONFIGS,
@@ -52,6 +53,12 @@ def test_a_view_is_its_link_and_a_bad_link_says_what_it_dropped():
     kept, problems = PlaygroundView.from_params({"config": nine})  # never cut to 8 silently
     assert kept.config == PlaygroundView().config and problems == ["config: 9 configs, at most 8 at once "
                                                                     "(left at its default)"]
+    long, problems = PlaygroundView.from_params({"source": "text", "max_new_tokens": str(PLAYGROUND_NEW_TOKENS + 1)})
+    assert long.max_new_tokens == PlaygroundView().max_new_tokens and problems == [
+        f"max_new_tokens: {PLAYGROUND_NEW_TOKENS + 1} is not in 1-{PLAYGROUND_NEW_TOKENS}, the playground's range "
+        "(left at its default)"]
+    assert PlaygroundView.from_params({"max_new_tokens": str(PLAYGROUND_NEW_TOKENS)})[0].max_new_tokens == \
+        PLAYGROUND_NEW_TOKENS
 
 
 def test_the_token_map_escapes_the_text_and_boxes_each_occurrence_of_the_answer_once():
