@@ -124,7 +124,7 @@ def _header(state: TuneState) -> None:
     evals_col.metric("Item evaluations used", f"{state.used:,}",
                      delta=f"{state.used / grid:.0%} of the full grid" if grid else None, delta_color="off")
     grid_col.metric("Full grid", f"{grid:,}", help=f"{state.tune.grid_points} configs and the baseline on every item")
-    st.progress(_fraction(budgets), text=progress_text(budgets, state.tune.state == "running"))
+    st.progress(budgets.fraction, text=progress_text(budgets, state.tune.state == "running"))
     if state.tune.note:
         st.caption(views.md(state.tune.note))
 
@@ -136,15 +136,6 @@ def _trials_help(budgets: progress.Budgets, tally: Mapping[str, int]) -> str:
     return (f"A trial is a candidate the sampler proposed; done: judged on every item or stopped early ({limit}). "
             f"All candidates: {tally['complete']} complete, {tally['stopped']} stopped early, {tally['active']} "
             "active.")
-
-
-def _fraction(budgets: progress.Budgets) -> float:
-    """The bar: trials done of the most the tune runs, else its time budget spent, else its evaluations'."""
-    if budgets.most:
-        return min(1.0, budgets.done / budgets.most)
-    if budgets.max_minutes:
-        return min(1.0, budgets.elapsed_s / (budgets.max_minutes * 60))
-    return min(1.0, budgets.item_evals / budgets.max_item_evals) if budgets.max_item_evals else 0.0
 
 
 def progress_text(budgets: progress.Budgets, running: bool) -> str:

@@ -276,13 +276,15 @@ def _tune_trials(experiment: ExperimentRecord, budgets: Budgets | None) -> tuple
 
 
 def progress(experiment: ExperimentRecord, budgets: Budgets | None = None) -> float | None:
-    """Fraction done in [0, 1]: a sweep's items where their totals are known, else its trials; a tune's
-    trials of the most it runs (:func:`_tune_trials`; None while a tune without max_trials runs: its budget
-    is time or item evaluations, which the tune page follows)."""
+    """Fraction done in [0, 1]: a sweep's items where their totals are known, else its trials; a tune's as
+    its page's bar (:attr:`kvlab.tune.progress.Budgets.fraction`) where its ``budgets`` are read, else the
+    candidates it proposed of its max_trials (None without max_trials: its budget is time or evaluations)."""
     if kind(experiment) == "tune":
-        count, most, _ = _tune_trials(experiment, budgets)
         if experiment.status == "done":
             return 1.0
+        if budgets is not None:
+            return budgets.fraction
+        count, most, _ = _tune_trials(experiment, None)
         return min(1.0, count / most) if most else None
     if experiment.items_total:
         return min(1.0, experiment.items_done / experiment.items_total)

@@ -192,6 +192,16 @@ class Budgets:
         throughput, not one trial's duration); None before the first ends."""
         return self.elapsed_s / self.done if self.done else None
 
+    @property
+    def fraction(self) -> float:
+        """How far along, in [0, 1] (the tune page's bar, the experiments list's progress): trials done of
+        the most it runs, else its time budget spent, else its evaluations'; 0 with none of them."""
+        if self.most:
+            return min(1.0, self.done / self.most)
+        if self.max_minutes:
+            return min(1.0, self.elapsed_s / (self.max_minutes * 60))
+        return min(1.0, self.item_evals / self.max_item_evals) if self.max_item_evals else 0.0
+
 
 @dataclass(frozen=True)
 class Estimate:

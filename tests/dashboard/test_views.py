@@ -173,7 +173,9 @@ def test_experiment_rows_link_their_page_and_show_the_sweet_spots_figures():
     budgets = Budgets(done=3, active=1, most=4, max_trials=20, elapsed_s=60, max_minutes=None, item_evals=80,
                       max_item_evals=None)
     counted = views.experiment_rows(records[2:3], {}, tunes={3: budgets})[0]
-    assert counted["trials"] == "3 of 4 trials done" and counted["progress"] == 0.75
+    assert counted["trials"] == "3 of 4 trials done" and counted["progress"] == 0.75 == budgets.fraction
+    timed = replace(budgets, most=None, max_trials=None, max_minutes=4.0)  # a time budget: the tune page's bar
+    assert views.experiment_rows(records[2:3], {}, tunes={3: timed})[0]["progress"] == timed.fraction == 0.25
     assert views.progress(replace(records[2], status="done")) == 1.0
 
 
