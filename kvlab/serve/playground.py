@@ -9,16 +9,16 @@ a page can shade the text by what was kept.
 
 A run is cancellable (it stops at the next attention layer: :class:`Playground`), reports how far it is
 (:class:`RunProgress`, streamed to a caller that asks with ``stream``), and reuses the last run's prefill when
-the next one prefills the same tokens for the same scorers (:class:`PrefillMemo`: a user who changes the
-configs and runs the same item again waits for no prefill).
+the next one prefills the same tokens for the same scorers (the engine's
+:attr:`~kvlab.engines.embedded.EmbeddedEngine.reuse_prefill`: a user who changes the configs and runs the same
+item again waits for no prefill).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -164,44 +164,6 @@ class RunProgress:
                 "answered": list(self.answered), "total": self.total, "context_tokens": self.context_tokens}
 
 
-class PrefillMemo:
-    """The last run's prefill, reused while the next run prefills the same tokens for the same scorers.
-
-    The engine never modifies a prefill's tensors (every config of a run already compresses from the one
-    prefill: :func:`kvlab.compress.cache.build_compressed_cache`), so a later run's configs compress from it as
-    from their own: the same answers, kept tokens and bytes (``tests/serve/test_playground_runs.py``).  Its time
-    is charged as it was measured.  One prefill is held (at 1K tokens of SmolLM2-135M, 47 MB of keys and
-    values), and dropped before a different one is computed.
-    """
-
-    def __init__(self) -> None:
-        self._key: tuple[Any, ...] | None = None
-        self._prefill: Any = None
-
-    @contextmanager
-    def installed(self, engine: EmbeddedEngine) -> Iterator[None]:
-        """Route the engine's prefills through the memo while the block runs (a playground run only: experiments
-        and completions prefill as they always do)."""
-        original, own = engine._prefill, engine.__dict__.get("_prefill")  # own: one already set on the instance
-
-        def prefill(prefix: list[int], scorers: set[Any], hidden: bool = False) -> Any:
-            key = (tuple(prefix), frozenset(scorers), hidden)
-            if key != self._key:
-                self._key = self._prefill = None  # freed before the new one is computed
-                self._prefill = original(prefix, scorers, hidden)
-                self._key = key
-            return self._prefill
-
-        engine._prefill = prefill  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            if own is None:
-                del engine._prefill  # the class's method again
-            else:
-                engine._prefill = own  # type: ignore[method-assign]
-
-
 @dataclass
 class Prepared:
     """A request made ready to run (what can be refused is refused by then): its item, its configs (the
@@ -219,7 +181,6 @@ class Playground:
 
     def __init__(self, served: ServedModel):
         self.served = served
-        self.memo = PrefillMemo()
 
     def prepare(self, request: PlaygroundRequest) -> Prepared:
         """The request's item and configs, or the :class:`APIError` that refuses it."""
@@ -247,18 +208,18 @@ class Playground:
         engine = self.served.engine
         progress = progress or self.progress_of(prepared)
         progress.started = True
-        engine.report_positions = engine.share_prefill = True  # one prefill for both layouts: answers in seconds
+        # one prefill for both layouts, and the last run's again for the same item: answers in seconds
+        engine.report_positions = engine.share_prefill = engine.reuse_prefill = True
         results = []
         try:
-            with stop_between_layers(engine.modules, lambda: cancelled() or self.served.stopping.is_set()), \
-                    self.memo.installed(engine):
+            with stop_between_layers(engine.modules, lambda: cancelled() or self.served.stopping.is_set()):
                 for result in engine.evaluate(prepared.item, prepared.configs):
                     results.append(result)
                     progress.answered.append(result.config_name)
         except Cancelled:
             return None
         finally:
-            engine.report_positions = engine.share_prefill = False
+            engine.report_positions = engine.share_prefill = engine.reuse_prefill = False
             engine.phase, engine.current_config = "idle", None
         return _answer(prepared, results)
 

@@ -46,13 +46,13 @@ def test_a_second_run_of_the_same_item_reuses_the_prefill_and_answers_as_the_uns
     request = PlaygroundRequest(**BODY)
     prepared = playground.prepare(request)
     calls = []
-    original = engine._prefill
+    original = engine._run_prefill
 
     def counted(*args, **kwargs):
         calls.append(len(args[0]))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "_prefill", counted)
+    monkeypatch.setattr(engine, "_run_prefill", counted)  # the prefills computed
     first = playground.run(prepared)
     again = playground.run(playground.prepare(request))
     monkeypatch.undo()
@@ -71,6 +71,7 @@ def test_a_second_run_of_the_same_item_reuses_the_prefill_and_answers_as_the_uns
         assert result["kept_positions"] == alone.extra["kept_positions"], label
         assert result["physical_bytes"] == alone.physical_kv_bytes, label
     assert {r["config"] for r in again["results"]} >= {"streaming_llm:r0.75", "int4/g64/r64"}
+    assert engine._last_prefill is None  # the experiment's path kept nothing: its prefills dropped the held one
     other = playground.run(playground.prepare(PlaygroundRequest(**BODY | {"item": BODY["item"] | {"seed": 4}})))
     assert other is not None and other["item"]["context"] != first["item"]["context"]  # another item: its own prefill
 
