@@ -88,7 +88,7 @@ def notes_panel(experiment: ExperimentRecord) -> None:
           st.form("notes-form", border=False)):
         text = st.text_area("Notes", value=experiment.notes, max_chars=MAX_NOTES_CHARS, key=f"notes-{experiment.id}",
                             help="Free text kept with the experiment: shown in the experiments list, found by its "
-                                 "search, exported with it (`kvlab show ID` prints them). A URL's password or "
+                                 "search, exported with it (`kvlab notes ID` prints or sets them). A URL's password or "
                                  "a known key is masked before it is stored.")
         if st.form_submit_button("Save notes", icon=":material/save:"):
             try:

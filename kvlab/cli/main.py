@@ -25,7 +25,8 @@ COMMAND_PARSERS: dict[str, tuple[str, ...]] = {
     "kvlab.cli.serve:add_serve_parser": ("serve",),
     "kvlab.cli.doctor:add_doctor_parser": ("doctor",),
     "kvlab.cli.engines:add_engines_parser": ("engines",),
-    "kvlab.cli.store:add_store_commands": ("worker", "ls", "show", "compare", "cancel", "rerun", "export", "db"),
+    "kvlab.cli.store:add_store_commands": ("worker", "ls", "show", "notes", "compare", "cancel", "rerun", "export",
+                                            "db"),
 }
 
 

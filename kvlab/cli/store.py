@@ -92,7 +92,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"experiment {experiment.id} '{shown(experiment.name)}': {shown(experiment.status)}, model "
           f"{shown(experiment.model)} ({shown(experiment.backend_kind)}), seed {experiment.seed}, "
           f"commit {shown(experiment.git_commit or '-')}")
-    if experiment.notes:  # stored redacted (Store.set_notes); edited on the dashboard's experiment page
+    if experiment.notes:  # stored redacted (Store.set_notes); edited with `kvlab notes` or on the experiment page
         print("notes: " + shown(redact(experiment.notes), lines=True).replace("\n", "\n       "))
     print(f"{'trial':>6}  {'status':9}  {'items':>9}  {'att':>3}  config")
     for t in trials:
@@ -229,6 +229,34 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_notes(args: argparse.Namespace) -> int:
+    """Print an experiment's notes, or replace them (the text, a file's, or none with ``--clear``), as the
+    dashboard's experiment page does: stored redacted, a URL's password or a known key masked."""
+    store = _store()
+    if args.text is None and args.file is None and not args.clear:
+        notes = store.get_experiment(args.id).notes
+        print(shown(redact(notes), lines=True) if notes else f"experiment {args.id} has no notes")
+        return 0
+    if sum((args.text is not None, args.file is not None, args.clear)) > 1:
+        raise UserError("kvlab notes: give the notes as TEXT, --file or --clear, one of them")
+    text = "" if args.clear else args.text if args.text is not None else _read_notes(args.file)
+    stored = store.set_notes(args.id, text)
+    print(f"experiment {args.id}: notes " + ("cleared" if not stored else "saved"
+                                              + ("; a secret in them was masked" if stored != text else "")))
+    return 0
+
+
+def _read_notes(path: str) -> str:
+    """A notes file's text (``-``: standard input), its final newline dropped."""
+    if path == "-":
+        return sys.stdin.read().removesuffix("\n")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().removesuffix("\n")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"kvlab notes --file: cannot read {path!r}: {error}") from None
+
+
 def cmd_rerun(args: argparse.Namespace) -> int:
     from kvlab.experiments.submit import rerun
 
@@ -304,6 +332,12 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
     add_margin_options(show, "the experiment's")
     show.add_argument("--events", type=non_negative_int, default=10, help="how many recent events to print (0: none)")
     show.set_defaults(func=cmd_show)
+    notes = sub.add_parser("notes", help="print an experiment's notes, or replace them (as its dashboard page does)")
+    notes.add_argument("id", type=positive_int, help="the experiment's id")
+    notes.add_argument("text", nargs="?", help="the new notes (quote them); none: print the notes")
+    notes.add_argument("--file", help="read the new notes from this file (-: standard input)")
+    notes.add_argument("--clear", action="store_true", help="remove the notes")
+    notes.set_defaults(func=cmd_notes)
     compare = sub.add_parser("compare", help="the same spec on two or more engines: of two, per config both "
                              "accuracies, how often outcomes and texts agree, both KV bytes; of any number, every "
                              "engine's configs on the items all ran, each against its own baseline, and each server's "

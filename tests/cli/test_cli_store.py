@@ -138,3 +138,32 @@ def test_show_prints_the_notes_and_a_verdict_on_too_few_items(tmp_path, monkeypa
     assert "notes: two items only\n       see postgresql://" in shown and "hunter2" not in shown
     assert re.search(r"sweet spot: int4 at .*\nfew items: the sweet spot rests on 2 items; the margin of 0\.05 "
                      r"needs about \d+ ", shown)
+
+
+def test_notes_are_printed_set_from_text_or_a_file_masked_and_cleared(populated, capsys, tmp_path):
+    store, experiment_id = populated
+    assert main(["notes", str(experiment_id)]) == 0
+    assert capsys.readouterr().out == f"experiment {experiment_id} has no notes\n"
+    assert main(["notes", str(experiment_id), "int4 holds; mirror at postgresql://kv:hunter2@db/kv"]) == 0
+    assert capsys.readouterr().out == f"experiment {experiment_id}: notes saved; a secret in them was masked\n"
+    assert "hunter2" not in store.get_experiment(experiment_id).notes
+    notes = tmp_path / "notes.txt"
+    notes.write_text("line one\n\tline two\n")
+    assert main(["notes", str(experiment_id), "--file", str(notes)]) == 0
+    assert store.get_experiment(experiment_id).notes == "line one\n\tline two"  # its final newline dropped
+    capsys.readouterr()
+    assert main(["notes", str(experiment_id)]) == 0
+    assert capsys.readouterr().out == "line one\n\\tline two\n"  # printed as `kvlab show` does: a tab shown as \t
+    assert main(["notes", str(experiment_id), "--clear"]) == 0
+    assert capsys.readouterr().out == f"experiment {experiment_id}: notes cleared\n"
+    assert store.get_experiment(experiment_id).notes == ""
+    # bad input: one line naming the problem, exit 2, the notes as they were
+    store.set_notes(experiment_id, "kept")
+    for argv, message in ((["notes", str(experiment_id), "x", "--clear"], "TEXT, --file or --clear, one of them"),
+                          (["notes", str(experiment_id), "--file", str(tmp_path / "missing.txt")], "cannot read"),
+                          (["notes", str(experiment_id), "x" * 10_001], "10,001 characters; at most 10,000"),
+                          (["notes", "999", "x"], "no experiment 999")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert store.get_experiment(experiment_id).notes == "kept"
