@@ -13,6 +13,8 @@ inherits its niceness but not its session's: :func:`pass_on_session_niceness` gi
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from pathlib import Path
 BACKGROUND_NICENESS = 10
 #: An unprivileged process may change a session's niceness once per 100 ms, system-wide (EAGAIN otherwise).
 AUTOGROUP_RETRY_S, AUTOGROUP_ATTEMPTS = 0.11, 10
+_log = logging.getLogger(__name__)
 
 
 def _autogroup(pid: int | str) -> Path:
@@ -46,11 +49,14 @@ def set_session_niceness(pid: int, niceness: int) -> None:
             time.sleep(AUTOGROUP_RETRY_S)
         except OSError:  # no autogroup, the process already gone, or not allowed
             return
+    _log.debug("the session of process %d kept its niceness: the kernel refused %d changes in a row", pid,
+               AUTOGROUP_ATTEMPTS)
 
 
 def pass_on_session_niceness(pid: int) -> None:
-    """Give the session ``pid`` leads this process's session's niceness, where that is above 0 (a
-    background worker's server yields as its worker does; the dashboard's stays at 0)."""
-    own = session_niceness()
-    if own:
+    """Give the session ``pid`` leads the niceness this process runs at, its session's or its own, where
+    that is above 0: a background worker's server yields as its worker does (its own niceness is set
+    before it runs, its session's by its launcher a moment after it starts); the dashboard's stay at 0."""
+    own = max(session_niceness() or 0, os.getpriority(os.PRIO_PROCESS, 0))
+    if own > 0:
         set_session_niceness(pid, own)

@@ -61,8 +61,8 @@ st.dataframe(
         "kind": st.column_config.TextColumn("kind", width="small", help="sweep: a grid of configs; tune: a search"),
         "progress": st.column_config.ProgressColumn(
             "progress", min_value=0.0, max_value=1.0, format="percent",
-            help="A sweep: its items done; a tune: its trials done of the most it runs (max_trials; empty for a "
-                 "tune whose budget is time or item evaluations)"),
+            help="A sweep: its items done; a tune: as its page's bar, its trials done of the most it runs "
+                 "(max_trials), else its time budget spent, else its item evaluations'"),
         "best ratio held (x)": st.column_config.NumberColumn("best ratio held (x)", format="%.2fx",
                                                              help=views.BEST_RATIO_HELP),
         "its mean KL (nats)": st.column_config.NumberColumn(

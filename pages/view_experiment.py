@@ -82,8 +82,8 @@ def notes_panel(experiment: ExperimentRecord) -> None:
         st.markdown(f"**Notes:** {views.md(experiment.notes)}")
     for message in st.session_state.pop("notes_flash", []):
         st.success(message, icon=":material/check:")
-    # Popovers, not expanders, here and for the settings and definitions: a popover's body is drawn only when
-    # opened (the three as expanders cost ~0.12 s of each warm load on 2 cores, docs/decisions.md).
+    # Popovers, not expanders, here and for the settings and definitions: the browser draws a popover's body
+    # only when it is opened (the three as expanders cost ~0.12 s of each warm load on 2 cores, docs/decisions.md).
     with (st.popover("Edit notes" if experiment.notes else "Add notes", icon=":material/edit_note:"),
           st.form("notes-form", border=False)):
         text = st.text_area("Notes", value=experiment.notes, max_chars=MAX_NOTES_CHARS, key=f"notes-{experiment.id}",

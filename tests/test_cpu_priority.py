@@ -4,6 +4,7 @@ Each test runs real processes in sessions of their own."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,13 +18,17 @@ from tests.waiting import SAFETY_S
 pytestmark = pytest.mark.skipif(session_niceness() is None, reason="this kernel has no autogroup scheduling: "
                                 "niceness alone orders the processes")
 
-#: Starts a server as a launched engine does (ManagedServer: a session of its own), prints its own
-#: session's niceness and the server's, and stops it.
+#: Waits until the file argv[2] exists (once its launcher has returned), then starts a server as a launched
+#: engine does (ManagedServer: a session of its own), prints its own session's niceness and the server's, and
+#: stops it.
 START_A_SERVER = """
-import sys
+import sys, time
 from pathlib import Path
 from kvlab.cpu_priority import session_niceness
 from kvlab.engines.managed_server import ManagedServer
+go = Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.01)
 server = ManagedServer([sys.executable, "-c", "import time; time.sleep(600)"], "http://127.0.0.1:9/health",
                        Path(sys.argv[1]))
 server.start()
@@ -34,19 +39,36 @@ finally:
 """
 
 
+def _run(command: list[str], tmp_path) -> list[str]:
+    go = tmp_path / "go"
+    go.touch()
+    result = subprocess.run([*command, sys.executable, "-c", START_A_SERVER, str(tmp_path / "server.log"), str(go)],
+                            capture_output=True, text=True, timeout=SAFETY_S, check=True)
+    return result.stdout.split()
+
+
 def test_a_background_workers_server_runs_in_a_session_as_nice_as_the_workers(tmp_path):
-    log = tmp_path / "detached.log"
-    process = launcher.start_detached([sys.executable, "-c", START_A_SERVER, str(tmp_path / "server.log")], log)
+    log, go = tmp_path / "detached.log", tmp_path / "go"
+    process = launcher.start_detached([sys.executable, "-c", START_A_SERVER, str(tmp_path / "server.log"), str(go)],
+                                      log)
+    go.touch()  # the launcher has set the session's niceness by now
     [reaper] = [t for t in threading.enumerate() if t.name == f"kvlab-{process.pid}-reaper"]
     reaper.join(SAFETY_S)
     assert process.returncode == 0, log.read_text()
     assert log.read_text().split() == [str(BACKGROUND_NICENESS)] * 2
 
 
+def test_a_niced_process_passes_its_own_niceness_to_its_servers_session(tmp_path):
+    """`nice -n 10 kvlab worker` in a terminal (a session at 0), or a detached worker before its launcher
+    has set its session: the server yields as the process that started it."""
+    if session_niceness():
+        pytest.skip("this test runs in a niced session")
+    assert _run([shutil.which("nice") or "nice", "-n", str(BACKGROUND_NICENESS)], tmp_path) == [
+        "0", str(BACKGROUND_NICENESS)]
+
+
 def test_a_server_the_dashboard_starts_keeps_a_session_at_niceness_0(tmp_path):
-    own = session_niceness()
-    if own:
-        pytest.skip(f"this test runs in a session at niceness {own}")
-    result = subprocess.run([sys.executable, "-c", START_A_SERVER, str(tmp_path / "server.log")],
-                            capture_output=True, text=True, timeout=SAFETY_S, check=True)
-    assert result.stdout.split() == ["0", "0"]
+    """The dashboard's own servers (the playground's `kvlab serve`) are what the user waits for: not niced."""
+    if session_niceness():
+        pytest.skip("this test runs in a niced session")
+    assert _run([], tmp_path) == ["0", "0"]

@@ -1,4 +1,4 @@
-"""CLI commands on the experiment store: worker, ls, show, cancel, rerun, export, db."""
+"""CLI commands on the experiment store: worker, ls, show, notes, compare, cancel, rerun, export, db."""
 
 from __future__ import annotations
 
@@ -248,13 +248,14 @@ def cmd_notes(args: argparse.Namespace) -> int:
 
 def _read_notes(path: str) -> str:
     """A notes file's text (``-``: standard input), its final newline dropped."""
-    if path == "-":
-        return sys.stdin.read().removesuffix("\n")
     try:
+        if path == "-":
+            return sys.stdin.read().removesuffix("\n")
         with open(path, encoding="utf-8") as handle:
             return handle.read().removesuffix("\n")
     except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"kvlab notes --file: cannot read {path!r}: {error}") from None
+        raise UserError(f"kvlab notes --file: cannot read {'standard input' if path == '-' else repr(path)}: "
+                        f"{error}") from None
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
@@ -334,7 +335,8 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=cmd_show)
     notes = sub.add_parser("notes", help="print an experiment's notes, or replace them (as its dashboard page does)")
     notes.add_argument("id", type=positive_int, help="the experiment's id")
-    notes.add_argument("text", nargs="?", help="the new notes (quote them); none: print the notes")
+    notes.add_argument("text", nargs="?",
+                       help="the new notes (quote them; after -- when they start with -); none: print the notes")
     notes.add_argument("--file", help="read the new notes from this file (-: standard input)")
     notes.add_argument("--clear", action="store_true", help="remove the notes")
     notes.set_defaults(func=cmd_notes)

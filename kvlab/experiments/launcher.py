@@ -68,4 +68,3 @@ def start_detached(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
     set_session_niceness(process.pid, BACKGROUND_NICENESS)  # Popen returns after the exec: its session exists
     threading.Thread(target=process.wait, name=f"kvlab-{process.pid}-reaper", daemon=True).start()
     return process
-

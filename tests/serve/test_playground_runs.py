@@ -72,8 +72,11 @@ def test_a_second_run_of_the_same_item_reuses_the_prefill_and_answers_as_the_uns
         assert result["physical_bytes"] == alone.physical_kv_bytes, label
     assert {r["config"] for r in again["results"]} >= {"streaming_llm:r0.75", "int4/g64/r64"}
     assert engine._last_prefill is None  # the experiment's path kept nothing: its prefills dropped the held one
+    monkeypatch.setattr(engine, "_run_prefill", counted)
     other = playground.run(playground.prepare(PlaygroundRequest(**BODY | {"item": BODY["item"] | {"seed": 4}})))
-    assert other is not None and other["item"]["context"] != first["item"]["context"]  # another item: its own prefill
+    monkeypatch.undo()
+    assert other is not None and other["item"]["context"] != first["item"]["context"]
+    assert len(calls) == 2  # another item: its own prefill
 
 
 def test_a_cancelled_run_stops_within_a_layer_and_frees_the_engine(playground, engine):
