@@ -105,6 +105,11 @@ def notes_panel(experiment: ExperimentRecord) -> None:
 notes_panel(experiment)
 
 
+#: Counts the page's own runs; the live panel notes the one it last drew in, to tell the page's run from its own.
+PAGE_RUNS, PANEL_SEEN = "experiment-page-runs", "experiment-panel-seen"
+st.session_state[PAGE_RUNS] = st.session_state.get(PAGE_RUNS, 0) + 1
+
+
 @st.fragment(run_every=None if experiment.is_terminal else LIVE_EVERY_S)
 def live_panel(experiment_id: int, shown: tuple[Any, ...], detailed: bool, follow_items: bool) -> None:
     """The progress bar with the time left and, in the Progress section (``detailed``), the trials, where
@@ -121,8 +126,12 @@ def _live_panel(experiment_id: int, shown: tuple[Any, ...], detailed: bool, foll
     except ExperimentNotFoundError as error:  # deleted meanwhile
         st.error(str(error))
         return
-    if live_key(current, follow_items) != shown:  # before drawing: the rerun draws it (drawn here too, twice meanwhile)
-        st.rerun(scope="app")
+    # In the panel's own runs only: a page whose items land faster than it draws would otherwise rerun from
+    # here for ever, never reaching its results (the panel's next run, seconds later, catches the page up).
+    in_page_run = st.session_state.get(PANEL_SEEN) != st.session_state[PAGE_RUNS]
+    st.session_state[PANEL_SEEN] = st.session_state[PAGE_RUNS]
+    if not in_page_run and live_key(current, follow_items) != shown:
+        st.rerun(scope="app")  # before drawing: the rerun draws it (drawn here too, it showed twice meanwhile)
     ended = current.trials_done + current.trials_failed + current.trials_cancelled
     now = datetime.now(UTC)
     trials = store.trials(current.id)

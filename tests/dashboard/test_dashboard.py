@@ -8,7 +8,7 @@ import csv
 import io
 import json
 import re
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -444,6 +444,27 @@ def test_a_sweep_that_ends_leaves_progress_for_its_result(filled):
     _finish(store, picked)
     at.run()
     assert at.segmented_control(key="tab").value == "Latency" and share_link(at) == f"?id={picked}&tab=Latency"
+
+
+def test_a_page_whose_items_land_faster_than_it_draws_still_draws_its_results(filled, monkeypatch):
+    """Items landing between the page's read and its live panel's (every read here sees more) used to make the
+    panel rerun the page before its results, for ever: the panel reruns the page in its own runs only."""
+    store, _, running_id = filled
+    read = Store.get_experiment
+    reads = []
+
+    def landing(self, experiment_id):
+        record = read(self, experiment_id)
+        if experiment_id != running_id:
+            return record
+        reads.append(experiment_id)
+        return replace(record, items_done=record.items_done + len(reads))
+
+    monkeypatch.setattr(Store, "get_experiment", landing)
+    at = open_page(VIEW, id=str(running_id), tab="Tradeoff")
+    assert_clean(at)
+    assert "Still running: these are the results so far" in texts(at.info) and plotly_charts(at) == 1
+    assert at.get("progress")  # the panel drew too
 
 
 def test_experiment_page_while_running_and_unknown(filled):
