@@ -67,6 +67,7 @@ from kvlab.engines.batched_decode import (
 )
 from kvlab.engines.prompt_scoring import GREEDY, PromptScorer, PromptScores, Sampling
 from kvlab.models import LoadedModel, load_model
+from kvlab.threads import torch_threads
 
 #: Prefix positions turned into logits at once when a served prompt is scored (a ``[tokens, vocab]`` float32 slice).
 HEAD_CHUNK = 256
@@ -171,6 +172,11 @@ class EmbeddedEngine(Engine):
         #: measured.  One prefill is held (at 1K tokens of SmolLM2-135M, 47 MB of keys and values), dropped
         #: before another is computed and by any prefill while this is off.
         self.reuse_prefill = False
+        #: torch threads while compressing and decoding (None: the prefill's).  The playground uses one where OpenMP
+        #: threads sleep when idle (:func:`kvlab.threads.threads_sleep`): a decode step is hundreds of small
+        #: kernels, and waking a sleeping thread for each cost more than it gave.  Decoding a 1K-token passkey's
+        #: five answers on 2 cores: 2.5 s on one thread, 3.1 s on two (idle); 2.5 s and 3.0 s beside a worker.
+        self.decode_threads: int | None = None
         self._last_prefill: tuple[tuple[Any, ...], _Prefill] | None = None
         self.model = loaded.model
         self.device = torch.device(loaded.device)
@@ -286,11 +292,13 @@ class EmbeddedEngine(Engine):
 
         groups = {aware: list(group) for aware, group in groupby(sorted(configs, key=layout_of), key=layout_of)}
         shared = self._shared_prefills(groups, {aware: prefix for aware, (prefix, _, _) in layouts.items()})
-        for query_aware, group in groups.items():
+        reference: Reference | None = None
+        for query_aware, group in groups.items():  # the query-agnostic layout first
             prefix, suffix, targets = layouts[query_aware]
             evictable = len(context) - (1 if item.kind == "perplexity" else 0)
-            yield from self._evaluate_layout(item, group, prefix, suffix, targets, evictable, prompt_tokens,
-                                             shared.get(query_aware))
+            reference = yield from self._evaluate_layout(item, group, prefix, suffix, targets, evictable,
+                                                         prompt_tokens, shared.get(query_aware),
+                                                         reference if shared else None)
 
     @torch.no_grad()
     def _shared_prefills(self, groups: dict[bool, list[KVCacheConfig]], prefixes: dict[bool, list[int]]
@@ -308,17 +316,25 @@ class EmbeddedEngine(Engine):
     @torch.no_grad()
     def _evaluate_layout(self, item: TaskItem, configs: list[KVCacheConfig], prefix: list[int], suffix: list[int],
                          targets: list[int] | None, evictable: int, prompt_tokens: int,
-                         prefill: _Prefill | None = None) -> Iterator[ItemResult]:
+                         prefill: _Prefill | None = None, earlier: Reference | None = None
+                         ) -> Generator[ItemResult, None, Reference | None]:
         """The layout's configs on one item, in batches, each config measured against the baseline (from
-        ``prefill`` when given, else a prefill of ``prefix``)."""
+        ``prefill`` when given, else a prefill of ``prefix``; ``earlier``: the baseline's run in the other
+        layout, which the configs are measured against instead).  Returns the baseline's run (None where
+        fidelity is not measured)."""
         self.current_config = None
         prefill = prefill or self._prefill(prefix, {scorer_key(c) for c in configs})
         # The baseline is every other config's reference: it decodes in the first batch (added, and
         # not reported, when the group lacks it); later batches get its finished run.  In the
         # query-aware layout the added baseline has the question in its prefill (float32 there, 16-bit
         # when fed): the same model and tokens as the reported baseline, rounded a little differently.
+        # Where the layouts share a prefill (the playground), the query-aware configs are measured against
+        # the query-agnostic baseline's run instead (``earlier``): one member less to decode.
         measure = self.fidelity and any(not c.is_baseline for c in configs)
-        group, reported = fidelity_group(configs, measure)
+        if measure and earlier is not None and not any(c.is_baseline for c in configs):
+            group, reported = list(configs), set(range(len(configs)))
+        else:
+            group, reported, earlier = *fidelity_group(configs, measure), None
         fed = len(suffix) if targets is not None else 1
         per_member = member_bytes(self.geometry, len(prefix) + len(suffix) + item.max_new_tokens, fed,
                                   self.model.config.vocab_size, self.model.dtype.itemsize)
@@ -328,16 +344,17 @@ class EmbeddedEngine(Engine):
         reference_bytes = 2 * predicted * self.model.config.vocab_size * 4 if measure else 0
         limit = self.max_batch or batch_limit(2 * per_member if measure else per_member,
                                               max(available_bytes(self.device) - reference_bytes, 0))
-        reference: Reference | int | None = 0 if measure else None
+        reference: Reference | int | None = (0 if earlier is None else earlier) if measure else None
         for start in range(0, len(group), limit):
             batch = group[start:start + limit]
             decoded = self._decode(item, batch, prefill, prefix, suffix, targets, evictable, reference)
             for index, (config, (compressed, outcome)) in enumerate(zip(batch, decoded, strict=True), start):
                 if index in reported:
                     yield self._result(item, config, prefill, compressed, outcome, targets, prompt_tokens)
-            if start == 0 and measure:
+            if start == 0 and reference == 0:
                 reference = decoded[0][1].reference
         self.phase, self.current_config, self._live_cache = "idle", None, None
+        return reference if isinstance(reference, Reference) else None
 
     # -- one context, several questions -----------------------------------------------------------
 
@@ -500,18 +517,20 @@ class EmbeddedEngine(Engine):
         a single config runs alone."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        compressed = []
-        for config in configs:
-            self.current_config = config.label
-            compressed.append(self._compress(config, prefill.scores_for(config), prefill.keys, prefill.values,
-                                             len(prefix), evictable))
-        caches = [c.cache for c in compressed]
-        # no single trial owns a batched step: telemetry samples it as the batch's, with all its caches
-        self.phase = "decode"
-        self.current_config, self._live_cache = (configs[0].label, caches[0]) if len(configs) == 1 else (None, caches)
-        outcomes = decode_batch(self.model, caches, suffix, len(prefix), targets, item.max_new_tokens, item.stop,
-                                self.stop_ids, self.tokenizer.decode, reference=reference,
-                                compressor=self._compressor(configs, caches))
+        with torch_threads(self.decode_threads):  # compressing too: many small kernels
+            compressed = []
+            for config in configs:
+                self.current_config = config.label
+                compressed.append(self._compress(config, prefill.scores_for(config), prefill.keys, prefill.values,
+                                                 len(prefix), evictable))
+            caches = [c.cache for c in compressed]
+            # no single trial owns a batched step: telemetry samples it as the batch's, with all its caches
+            self.phase = "decode"
+            self.current_config, self._live_cache = ((configs[0].label, caches[0]) if len(configs) == 1
+                                                     else (None, caches))
+            outcomes = decode_batch(self.model, caches, suffix, len(prefix), targets, item.max_new_tokens, item.stop,
+                                    self.stop_ids, self.tokenizer.decode, reference=reference,
+                                    compressor=self._compressor(configs, caches))
         return list(zip(compressed, outcomes, strict=True))
 
     def _compressor(self, configs: Sequence[KVCacheConfig], caches: Sequence[KVLabCache]) -> DecodeCompressor | None:

@@ -106,18 +106,32 @@ def test_shared_prefill_gives_the_same_answers_as_separate_runs(engine, item):
     assert together == alone
 
 
-def test_one_prefill_serves_both_layouts_where_the_agnostic_configs_need_no_scores(engine):
+def test_one_prefill_serves_both_layouts_where_the_agnostic_configs_need_no_scores(engine, monkeypatch):
     """The playground's ``share_prefill``: the query-agnostic configs read the query-aware prefill cut at the
     context's end (causal: the same keys and values up to float rounding), so both layouts give what they give
-    apart, from one prefill whose time both are charged."""
+    apart, from one prefill whose time both are charged; the query-aware configs are measured against the
+    query-agnostic baseline's run, so no second baseline decodes."""
+    from kvlab.engines import embedded
+
     item = generate_items(TaskSpec(name="passkey", context_lengths=[512], depths=[0.5], num_items=1),
                           engine.tokenizer, seed=0)[0]
     configs = [KVCacheConfig(), KVCacheConfig(quant="int4"), KVCacheConfig(evict="streaming_llm", ratio=0.5),
                KVCacheConfig(evict="snapkv", ratio=0.5, query_aware=True)]
+    members: list[int] = []
+
+    def counted(model, caches, *args, **kwargs):
+        members.append(len(caches))
+        return decode_batch(model, caches, *args, **kwargs)
+
+    decode_batch = embedded.decode_batch
+    monkeypatch.setattr(embedded, "decode_batch", counted)
     apart = list(engine.evaluate(item, configs))
+    assert members == [3, 2]  # the query-aware layout decodes a baseline of its own, not reported
     engine.share_prefill = True
     try:
+        members.clear()
         shared = list(engine.evaluate(item, configs))
+        assert members == [3, 1]
         scored = list(engine.evaluate(item, [KVCacheConfig(evict="snapkv", ratio=0.5), configs[-1]]))
     finally:
         engine.share_prefill = False
