@@ -23,7 +23,8 @@ before ``import torch``: every entry point of a process that imports torch calls
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 
 #: The variables that choose how idle OpenMP threads wait (standard; libgomp's; libiomp's): when
 #: one is set, its owner chose (``OMP_WAIT_POLICY=ACTIVE`` for a machine dedicated to one run).
@@ -34,6 +35,27 @@ def share_cores(environ: MutableMapping[str, str] = os.environ) -> None:
     """Make the OpenMP threads of torch, loaded after this call, sleep as soon as they are idle."""
     if not any(environ.get(name) for name in WAIT_POLICY_VARS):
         environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+def threads_sleep(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Whether idle OpenMP threads sleep at once in this process (:func:`share_cores`'s policy, or the user's)."""
+    return environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """torch's CPU threads at ``count`` for the block, then as they were (None: left as they are)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if count is None or count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def available_cores() -> int:

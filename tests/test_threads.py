@@ -50,3 +50,27 @@ def test_threads_follow_the_cores_a_process_may_use():
     cores = len(os.sched_getaffinity(0))
     torch_default, *threads = map(int, done.stdout.split())
     assert threads == [min(torch_default, cores), max(1, cores // 2), 1, 1, 3]
+
+
+def test_a_block_runs_on_the_threads_it_asks_for_and_leaves_them_as_they_were():
+    import torch
+
+    from kvlab.threads import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    with pytest.raises(RuntimeError), torch_threads(1):
+        raise RuntimeError("a fault inside the block")
+    with torch_threads(None):
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before
+
+
+def test_threads_sleep_where_the_wait_policy_is_passive():
+    from kvlab.threads import share_cores, threads_sleep
+
+    environ: dict[str, str] = {}
+    share_cores(environ)
+    assert threads_sleep(environ)
+    assert not threads_sleep({"OMP_WAIT_POLICY": "ACTIVE"}) and not threads_sleep({"GOMP_SPINCOUNT": "10000"})

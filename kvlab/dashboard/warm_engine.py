@@ -4,11 +4,14 @@ that a Run answers in seconds and the dashboard process never imports torch.
 One per dashboard process (the page keeps it in ``st.cache_resource``).  ``KVLAB_PLAYGROUND_URL`` attaches
 to a server already running (its root, e.g. ``http://127.0.0.1:8000``, the key from ``KVLAB_API_KEY``);
 otherwise the first Run starts ``kvlab serve`` for the model on a free port of 127.0.0.1, its log in
-``kvlab-playground-serve.log``.  Its OpenMP threads sleep as soon as they are idle, as every ``kvlab`` process's
-(:func:`kvlab.threads.share_cores`).  A spinning wait (libgomp's, 50,000 spins) saved a second of a warm Run on
-an idle machine, or beside two niced busy loops (2.35 s against 3.41 s); beside the dashboard's own worker
-running an experiment (niced, as the launcher starts it) the same Run took 37 s spinning against 5.9 s, and
-12-16 s against 4-7 s beside other busy processes (docs/decisions.md).  Every fault reaches the page as one
+``kvlab-playground-serve.log``.  Its OpenMP threads sleep as soon as they are idle, as every ``kvlab``
+process's (:func:`kvlab.threads.share_cores`), and its runs compress and decode on one thread (the engine's
+``decode_threads``: waking a sleeping thread for each small kernel cost more than it gave).  A spinning wait
+(libgomp's, 50,000 spins) saved a second of a warm Run on an idle machine, or beside two niced busy loops
+(2.35 s against 3.41 s); beside the dashboard's own worker running an experiment (niced, as the launcher starts
+it) the same Run took 37 s spinning against 5.9 s, and 12-16 s against 4-7 s beside other busy processes; with
+the worker's session niced too (:mod:`kvlab.cpu_priority`), 10,000 spins still made a new item's Run 7.7 s
+against 5.8 s beside it (docs/decisions.md).  Every fault reaches the page as one
 :class:`PlaygroundError` line.
 
 A Run streams (``"stream": true``): the server's progress events as it goes, then its answer.  The page runs it

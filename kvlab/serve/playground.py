@@ -37,6 +37,7 @@ from kvlab.serve.errors import APIError, shutting_down
 from kvlab.serve.generation import Cancelled, ServedModel, stop_between_layers
 from kvlab.tasks.scoring import ScoringError, compile_answer_regex
 from kvlab.tasks.single import generated_item, own_item, score
+from kvlab.threads import threads_sleep
 
 
 class GeneratedItem(BaseModel):
@@ -210,6 +211,7 @@ class Playground:
         progress.started = True
         # one prefill for both layouts, and the last run's again for the same item: answers in seconds
         engine.report_positions = engine.share_prefill = engine.reuse_prefill = True
+        engine.decode_threads = 1 if threads_sleep() else None
         results = []
         try:
             with stop_between_layers(engine.modules, lambda: cancelled() or self.served.stopping.is_set()):
@@ -220,6 +222,7 @@ class Playground:
             return None
         finally:
             engine.report_positions = engine.share_prefill = engine.reuse_prefill = False
+            engine.decode_threads = None
             engine.phase, engine.current_config = "idle", None
         return _answer(prepared, results)
 

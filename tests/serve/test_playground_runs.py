@@ -41,6 +41,9 @@ def _by_config(answer):
 
 def test_a_second_run_of_the_same_item_reuses_the_prefill_and_answers_as_the_unshared_path(playground, engine,
                                                                                           monkeypatch):
+    import torch
+
+    from kvlab.engines import embedded
     from kvlab.serve.playground import PlaygroundRequest
 
     request = PlaygroundRequest(**BODY)
@@ -53,7 +56,16 @@ def test_a_second_run_of_the_same_item_reuses_the_prefill_and_answers_as_the_uns
         return original(*args, **kwargs)
 
     monkeypatch.setattr(engine, "_run_prefill", counted)  # the prefills computed
+    threads = []
+    decode_batch = embedded.decode_batch
+
+    def decoding(*args, **kwargs):
+        threads.append(torch.get_num_threads())
+        return decode_batch(*args, **kwargs)
+
+    monkeypatch.setattr(embedded, "decode_batch", decoding)
     first = playground.run(prepared)
+    assert threads and set(threads) == {1}  # the test process's OpenMP threads sleep (tests/conftest.py)
     again = playground.run(playground.prepare(request))
     monkeypatch.undo()
     assert len(calls) == 1  # one prefill, shared by both layouts, reused by the second run
@@ -93,6 +105,7 @@ def test_a_cancelled_run_stops_within_a_layer_and_frees_the_engine(playground, e
     assert playground.run(prepared, cancelled, progress) is None
     assert seen[-1] == "decode" and "prefill" in seen and progress.answered == []
     assert engine.phase == "idle" and not engine.report_positions and not engine.share_prefill
+    assert engine.decode_threads is None  # experiments decode on the prefill's threads again
     assert playground.run(prepared) is not None  # the next run answers
 
 
