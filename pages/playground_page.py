@@ -54,8 +54,10 @@ DATA_COLUMNS = tuple(c for c in CONFIG_COLUMNS if c != "name")
 #: Where the session keeps its Run in flight (:class:`BackgroundRun`), and its last answer.
 RUN_KEY, ANSWER_KEY = "playground-run", "playground-answer"
 #: Seconds between two looks at a Run in flight; each look also waits this long for its end (so the answer is
-#: drawn as soon as it comes, not up to a period later).
-POLL_S = 0.25
+#: drawn as soon as it comes, not up to a period later).  Each look is a script run here and a redraw in the
+#: browser: at 0.25 s they took 2.2 s and 2.3 s of CPU during a 7 s Run beside a worker, at 1 s 0.85 s and
+#: 1.6 s, CPU that the Run's server needs (docs/decisions.md, issue 38).
+POLL_S = 1.0
 
 
 @st.cache_resource(show_spinner=False)
