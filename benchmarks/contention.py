@@ -9,13 +9,14 @@ each idle and beside a competitor (``stress --cpu N``, N the cores available; on
 per core where stress is not installed), with torch's idle OpenMP threads
   spin     spinning before they sleep: the OpenMP runtimes' defaults (libgomp GOMP_SPINCOUNT=300000,
            libiomp KMP_BLOCKTIME=200), what kvlab ran with before kvlab/threads.py;
-  passive  sleeping at once: kvlab's default now (``OMP_WAIT_POLICY=PASSIVE``).
+  passive  sleeping at once: kvlab's default now (``OMP_WAIT_POLICY=PASSIVE``);
+  bounded  spinning briefly (libgomp GOMP_SPINCOUNT=10000, about 0.1 ms; libiomp KMP_BLOCKTIME=0).
 Prints the wall and CPU seconds of each figure with the 1-minute load average before and after it,
 then loaded / idle side by side.  Goal: loaded / idle <= 2 (wall) with passive threads.  A machine
 that does other work meanwhile adds to both figures: read them with the load printed beside them.
 
 Usage: flock /tmp/kvlab-bench.lock python benchmarks/contention.py [--items 4] [--length 1024]
-       [--requests 4] [--modes run worker serve] [--policies spin passive]
+       [--requests 4] [--modes run worker serve] [--policies spin passive bounded]
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from kvlab.threads import WAIT_POLICY_VARS, available_cores
 
 GOAL = 2.0
 POLICIES: dict[str, dict[str, str]] = {"spin": {"GOMP_SPINCOUNT": "300000", "KMP_BLOCKTIME": "200"},
-                                       "passive": {}}  # passive: what kvlab sets by itself
+                                       "passive": {"OMP_WAIT_POLICY": "PASSIVE"},  # what kvlab sets by itself
+                                       "bounded": {"GOMP_SPINCOUNT": "10000", "KMP_BLOCKTIME": "0"}}
 MODES = ("run", "worker", "serve")
 KVLAB = [sys.executable, "-m", "kvlab.cli"]
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
