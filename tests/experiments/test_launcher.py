@@ -12,6 +12,10 @@ import psutil
 from kvlab.cpu_priority import BACKGROUND_NICENESS, session_niceness
 from kvlab.experiments import launcher
 from tests.host_limits import could_not_run
+from tests.waiting import wait_until
+
+#: Says it has started (its file, argv[1]: `nice` has set its niceness and run it by then), then sleeps.
+SLEEPER = "import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); time.sleep(600)"
 
 
 def test_a_local_worker_that_ends_is_reaped(tmp_path, monkeypatch):
@@ -38,9 +42,12 @@ def test_each_detached_process_leads_a_session_run_at_the_background_niceness(tm
     """With autogroup scheduling the CPU is shared between sessions before niceness counts: each detached
     session is niced too, several started at once included (the kernel takes one such change per 100 ms).
     Where the kernel does not group this process by session, each still leads its own, at its own niceness."""
-    processes = [launcher.start_detached([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / f"{i}.log")
+    started = [tmp_path / f"{i}.started" for i in range(3)]
+    processes = [launcher.start_detached([sys.executable, "-c", SLEEPER, str(started[i])], tmp_path / f"{i}.log")
                  for i in range(3)]
     try:
+        for index, (process, file) in enumerate(zip(processes, started, strict=True)):
+            wait_until(file.exists, f"detached process {index} to start", process=process)  # past `nice`: its own
         sessions = [os.getsid(p.pid) for p in processes]
         assert sessions == [p.pid for p in processes]  # a session each, none the test's own
         assert [os.getpriority(os.PRIO_PROCESS, p.pid) for p in processes] == [
