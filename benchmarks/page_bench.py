@@ -16,7 +16,9 @@ evaluation, layout and drawing, which a busy machine does not inflate as it does
 The playground (``--playground``, on by default): from clicking Run until the last config's answer and
 token map are drawn, for its 4 default configs on a 1K-token passkey item; the first Run (which starts
 `kvlab serve` and loads the model) apart from the warm ones (the same item again: median of ``--runs``)
-and from Runs of a new item each (another seed, opened by its link: its own prefill).  Goal: under 5 s warm.
+and from Runs of a new item each (another seed, opened by its link: its own prefill, which the page asks the
+warm server for as it opens; Run is clicked as soon as the page is drawn, the least head start a user gives it).
+Goal: under 5 s warm.  ``--no-pages`` times the playground alone.
 
 Under the dashboard's own load (``--worker``, on by default): every page and the playground are timed while a
 real ``kvlab worker`` runs examples/quick.toml on the embedded model in the benchmark's store (started as
@@ -27,7 +29,7 @@ A CPU without AVX-512 or AMX is stood in for by capping torch's kernels: ``ATEN_
 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/page_bench.py`` (the caps are printed with the CPU's flags).
 
 Usage: python benchmarks/page_bench.py [--stores tiny,big] [--runs 3] [--big-experiments 60]
-       [--big-telemetry 1000000] [--no-playground] [--no-worker]
+       [--big-telemetry 1000000] [--no-playground] [--no-pages] [--no-worker]
 """
 
 from __future__ import annotations
@@ -253,6 +255,7 @@ def main() -> None:
     parser.add_argument("--big-experiments", type=int, default=60)
     parser.add_argument("--big-telemetry", type=int, default=1_000_000)
     parser.add_argument("--no-playground", dest="playground", action="store_false", help="skip the playground")
+    parser.add_argument("--no-pages", dest="pages", action="store_false", help="the playground alone")
     parser.add_argument("--no-worker", dest="worker", action="store_false",
                         help="no worker running beside the dashboard (an idle machine)")
     args = parser.parse_args()
@@ -264,8 +267,9 @@ def main() -> None:
         for kind in args.stores.split(","):
             url = build(kind, folder, args.big_experiments, args.big_telemetry)
             with worker_load(url, args.worker):
-                for path, figures in bench_store(browser, url, args.runs, folder / "streamlit.log").items():
-                    rows.append((kind, path, figures))
+                if args.pages:
+                    for path, figures in bench_store(browser, url, args.runs, folder / "streamlit.log").items():
+                        rows.append((kind, path, figures))
                 if args.playground and playground is None:
                     playground = bench_playground(browser, url, args.runs, folder / "streamlit.log")
         browser.close()

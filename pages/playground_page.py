@@ -66,6 +66,16 @@ def warm_engine(model: str) -> WarmEngine:
     return WarmEngine(model)
 
 
+def prefill_ahead(view: PlaygroundView) -> None:
+    """The item this page shows, prefilled now by a server that is already up (:meth:`WarmEngine.prefill_ahead`):
+    a new item's Run then waits for no prefill, or for what is left of it."""
+    try:
+        body = request_body(view)
+    except ConfigError:
+        return  # an item that cannot be built: Run says why
+    warm_engine(view.model).prefill_ahead(body)
+
+
 st.title("Playground")
 st.caption("One item under a few KV-cache configs, answered in seconds by a warm `kvlab serve` that this page "
            "starts on first use: each answer with its measured cache and a map of the tokens each config kept.")
@@ -74,6 +84,8 @@ view, problems = PlaygroundView.from_params(st.query_params.to_dict() | {
     "config": st.query_params.get_all("config")} if "config" in st.query_params else st.query_params.to_dict())
 for problem in problems:
     st.warning(f"The link's {views.md(problem)}", icon=":material/link_off:")
+if view.engine == "embedded" and RUN_KEY not in st.session_state:  # a link's item: prefilled while the page draws
+    prefill_ahead(view)
 
 model_col, engine_col = st.columns([1, 2])
 model = model_col.selectbox("Model", list(KNOWN_MODELS), index=list(KNOWN_MODELS).index(view.model),
@@ -218,6 +230,8 @@ if job is not None and (job.done or job.cancelled):  # its answer (or its error)
     del st.session_state[RUN_KEY]
     job = None
 running = job is not None
+if view.engine == "embedded" and not running:  # the item as the widgets have it
+    prefill_ahead(view)
 run_col, save_col = st.columns([1, 1])
 run_col.button("Run", type="primary", icon=":material/play_arrow:", key="run", disabled=running,
                on_click=start_run, args=(view,), help="A Run in flight: wait for it, or Cancel it" if running else None)

@@ -55,6 +55,8 @@ class WarmEngine:
         self._server: ManagedServer | None = None
         self._root: str | None = self.attached
         self._lock = threading.Lock()
+        self._ahead: BackgroundRun | None = None  # the prefill asked for the item a page shows
+        self._ahead_lock = threading.Lock()
 
     @property
     def started(self) -> bool:
@@ -84,12 +86,54 @@ class WarmEngine:
         if self._server is not None:
             self._server.stop()
 
+    def prefill_ahead(self, body: dict[str, Any]) -> BackgroundRun | None:
+        """Have the server prefill ``body``'s item for its configs now (``prefill_only``, in a thread of its own),
+        so that a Run of it finds the prefill done or under way: a new item's Run waits for no prefill once
+        the page has shown it for a second or two.  Only on a server that is up (showing an item starts
+        none); once per body; a prefill of another item in flight is cancelled (the server holds one prefill:
+        the newer one replaces it), one of the same item left to finish (the server reuses it where the
+        configs score the same).  Returns the prefill's thread, None where none was started."""
+        if not self.started:
+            return None
+        key = _key(body)
+        with self._ahead_lock:
+            if self._ahead is not None and self._ahead.key == key:
+                return None
+            if self._ahead is not None and _item(self._ahead.key) != _item(key):
+                self._ahead.cancel()
+            self._ahead = BackgroundRun(lambda report, cancelled: self.run(body | {"prefill_only": True}, report,
+                                                                           cancelled), key)
+            return self._ahead
+
+    def _cancel_other_prefill(self, body: dict[str, Any]) -> None:
+        """A Run of another item than the prefill in flight: that prefill would only delay it."""
+        with self._ahead_lock:
+            if self._ahead is not None and _item(self._ahead.key) != _item(_key(body)):
+                self._ahead.cancel()
+
+    def _behind_its_prefill(self, body: dict[str, Any], report: Callable[[dict[str, Any]], None]
+                            ) -> Callable[[dict[str, Any]], None]:
+        """``report``, but a Run queued behind its own item's prefill ahead says what that prefill is doing (it is
+        this Run's work, not another request's)."""
+        key = _key(body)
+
+        def reporting(progress: dict[str, Any]) -> None:
+            ahead = self._ahead
+            if progress.get("phase") == "queued" and ahead is not None and ahead.key == key and not ahead.done:
+                progress = progress | {"phase": ahead.progress.get("phase", "queued")}
+            report(progress)
+
+        return reporting
+
     def run(self, body: dict[str, Any], report: Callable[[dict[str, Any]], None] = lambda _: None,
             cancelled: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
         """One playground run (``POST /kvlab/playground``, streamed): each progress event handed to ``report``, the
         answer returned, or None once ``cancelled()`` (checked at each event: the stream is closed, and the server
         stops the run).  A server that died is started again next time."""
         self.start()
+        if not body.get("prefill_only"):
+            self._cancel_other_prefill(body)
+            report = self._behind_its_prefill(body, report)
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         url, timeout = f"{self._root}/kvlab/playground", httpx.Timeout(SILENCE_TIMEOUT_S, connect=10.0)
         try:
@@ -119,6 +163,17 @@ class WarmEngine:
             raise PlaygroundError(f"{where} at {self._root} is not answering ({type(error).__name__}); "
                                   + ("check it is running" if self.attached else "Run starts it again")) from None
         raise PlaygroundError(f"the server at {self._root} ended the run's stream without an answer")
+
+
+def _key(body: dict[str, Any]) -> str:
+    """What a request runs (its body but how it is sent): a prefill ahead and the Run it is for have the same."""
+    return json.dumps({k: v for k, v in body.items() if k not in ("stream", "prefill_only")}, sort_keys=True)
+
+
+def _item(key: str) -> str:
+    """The item a request's :func:`_key` prefills (and the model and budget it prefills them for)."""
+    body = json.loads(key)
+    return json.dumps([body.get("model"), body.get("item"), body.get("max_new_tokens")], sort_keys=True)
 
 
 def _message(text: str, status: int) -> str:

@@ -79,6 +79,26 @@ def _layouts(context: list[int], question: list[int]) -> dict[bool, tuple[list[i
     return {False: (context, question), True: (context + question[:-1], question[-1:])}
 
 
+def _scorers(configs: Sequence[KVCacheConfig]) -> set[Any]:
+    """The eviction scorers a prefill records for these configs (their scores rank the tokens to evict)."""
+    return {scorer_key(c) for c in configs}
+
+
+@dataclass
+class _ItemPlan:
+    """How an item runs: each layout's prefix (prefilled), suffix (fed after compression) and targets (a
+    perplexity item's continuation), keyed by whether it is the query-aware one, with the configs of each (the
+    query-agnostic layout first)."""
+
+    layouts: dict[bool, tuple[list[int], list[int], list[int] | None]]
+    groups: dict[bool, list[KVCacheConfig]]
+    prompt_tokens: int
+    evictable: int  # the prompt positions eviction may drop
+
+    def prefixes(self) -> dict[bool, list[int]]:
+        return {aware: prefix for aware, (prefix, _, _) in self.layouts.items()}
+
+
 @dataclass
 class _Compressed:
     """A prefill cache after one config's eviction and quantization, with its measured size
@@ -274,7 +294,8 @@ class EmbeddedEngine(Engine):
     def _encode(self, text: str, special: bool) -> list[int]:
         return self.tokenizer(text, add_special_tokens=special)["input_ids"]
 
-    def evaluate(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> Iterator[ItemResult]:
+    def _plan(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> _ItemPlan:
+        """How :meth:`evaluate` runs the item: its layouts (prefix, suffix, targets) and the configs of each."""
         context = self._encode(item.context, special=True)
         if item.kind == "perplexity":
             continuation = self._encode(item.continuation, special=False)
@@ -283,22 +304,40 @@ class EmbeddedEngine(Engine):
             # No question here: query-aware configs share the query-agnostic layout.
             layouts: dict[bool, tuple[list[int], list[int], list[int] | None]] = {
                 False: (context[:-1], context[-1:] + continuation[:-1], continuation)}
+            prompt_tokens = len(context) + len(continuation)
         else:
             question = self._encode(item.question, special=False)
             layouts = {aware: (prefix, suffix, None) for aware, (prefix, suffix) in _layouts(context, question).items()}
-        prompt_tokens = len(context) + (len(continuation) if item.kind == "perplexity" else len(question))
+            prompt_tokens = len(context) + len(question)
+
         def layout_of(config: KVCacheConfig) -> bool:
             return config.query_aware and config.query_aware in layouts
 
         groups = {aware: list(group) for aware, group in groupby(sorted(configs, key=layout_of), key=layout_of)}
-        shared = self._shared_prefills(groups, {aware: prefix for aware, (prefix, _, _) in layouts.items()})
+        return _ItemPlan(layouts, groups, prompt_tokens, len(context) - (1 if item.kind == "perplexity" else 0))
+
+    def evaluate(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> Iterator[ItemResult]:
+        plan = self._plan(item, configs)
+        shared = self._shared_prefills(plan.groups, plan.prefixes())
         reference: Reference | None = None
-        for query_aware, group in groups.items():  # the query-agnostic layout first
-            prefix, suffix, targets = layouts[query_aware]
-            evictable = len(context) - (1 if item.kind == "perplexity" else 0)
-            reference = yield from self._evaluate_layout(item, group, prefix, suffix, targets, evictable,
-                                                         prompt_tokens, shared.get(query_aware),
+        for query_aware, group in plan.groups.items():  # the query-agnostic layout first
+            prefix, suffix, targets = plan.layouts[query_aware]
+            reference = yield from self._evaluate_layout(item, group, prefix, suffix, targets, plan.evictable,
+                                                         plan.prompt_tokens, shared.get(query_aware),
                                                          reference if shared else None)
+
+    @torch.no_grad()
+    def prefill_ahead(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> None:
+        """The prefill :meth:`evaluate` starts with for this item and these configs, computed now and kept for it
+        (:attr:`reuse_prefill`, which must be on): the playground prefills the item a page shows before its Run
+        is asked for, so that the Run finds it done."""
+        assert self.reuse_prefill, "a prefill ahead is kept only where reuse_prefill is on"
+        plan = self._plan(item, configs)
+        if not self._shared_prefills(plan.groups, plan.prefixes()):
+            first, group = next(iter(plan.groups.items()))  # the layout evaluate() runs first
+            self.current_config = None
+            self._prefill(plan.layouts[first][0], _scorers(group))
+        self.phase, self._live_cache = "idle", None
 
     @torch.no_grad()
     def _shared_prefills(self, groups: dict[bool, list[KVCacheConfig]], prefixes: dict[bool, list[int]]
@@ -310,7 +349,7 @@ class EmbeddedEngine(Engine):
                 and all(scorer_key(config) is None for config in groups[False])):
             return {}
         self.current_config = None
-        aware = self._prefill(prefixes[True], {scorer_key(c) for c in groups[True]})
+        aware = self._prefill(prefixes[True], _scorers(groups[True]))
         return {True: aware, False: aware.cut(len(prefixes[False]))}
 
     @torch.no_grad()
@@ -323,7 +362,7 @@ class EmbeddedEngine(Engine):
         layout, which the configs are measured against instead).  Returns the baseline's run (None where
         fidelity is not measured)."""
         self.current_config = None
-        prefill = prefill or self._prefill(prefix, {scorer_key(c) for c in configs})
+        prefill = prefill or self._prefill(prefix, _scorers(configs))
         # The baseline is every other config's reference: it decodes in the first batch (added, and
         # not reported, when the group lacks it); later batches get its finished run.  In the
         # query-aware layout the added baseline has the question in its prefill (float32 there, 16-bit
@@ -377,7 +416,7 @@ class EmbeddedEngine(Engine):
         context = self._encode(items[0].context, special=True)
         questions = [self._encode(item.question, special=False) for item in items]
         self.current_config = None
-        prefill = self._prefill(context, {scorer_key(c) for c in configs})
+        prefill = self._prefill(context, _scorers(configs))
         multi_turn = items[0].multi_turn
         measure = self.fidelity and not multi_turn and any(not c.is_baseline for c in configs)
         group, reported = fidelity_group(configs, measure)

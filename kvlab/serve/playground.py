@@ -11,7 +11,8 @@ A run is cancellable (it stops at the next attention layer: :class:`Playground`)
 (:class:`RunProgress`, streamed to a caller that asks with ``stream``), and reuses the last run's prefill when
 the next one prefills the same tokens for the same scorers (the engine's
 :attr:`~kvlab.engines.embedded.EmbeddedEngine.reuse_prefill`: a user who changes the configs and runs the same
-item again waits for no prefill).
+item again waits for no prefill), or one asked for ahead of its run (``prefill_only``: the dashboard asks for
+the item it shows, so that a new item's Run finds its prefill done or under way).
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ class PlaygroundRequest(BaseModel):
                                           "runs beside them.")
     max_new_tokens: int | None = Field(default=None, ge=1, le=PLAYGROUND_NEW_TOKENS, description="New tokens at most; "
                                        "unset: the item's own budget.")
+    prefill_only: bool = Field(default=False, description="Prefill the item for these configs and keep it for the "
+                               "next run, which then finds it done (the dashboard asks when it shows an item, "
+                               "before Run is clicked); answers {\"prefilled\": {\"context_tokens\": ...}}.")
     stream: bool = Field(default=False, description="kvlab's: answer as server-sent events, a progress event as the "
                          "run moves on ({\"progress\": {...}}), then the answer ({\"answer\": {...}}) or an error "
                          "({\"error\": {...}}), then [DONE]; closing the connection stops the run.")
@@ -174,6 +178,7 @@ class Prepared:
     configs: list[KVCacheConfig]
     context: Any  # the tokenizer's encoding of the context, with offsets
     question: Any
+    prefill_only: bool = False
 
 
 class Playground:
@@ -197,15 +202,17 @@ class Playground:
             raise APIError(400, str(refused_item), param="item") from None  # names the item: "item passkey/...: ..."
         tokenizer = served.tokenizer
         return Prepared(item, configs, tokenizer(item.context, add_special_tokens=True, return_offsets_mapping=True),
-                        tokenizer(item.question, add_special_tokens=False, return_offsets_mapping=True))
+                        tokenizer(item.question, add_special_tokens=False, return_offsets_mapping=True),
+                        request.prefill_only)
 
     def progress_of(self, prepared: Prepared) -> RunProgress:
         return RunProgress(self.served.engine, len(prepared.configs), len(prepared.context["input_ids"]))
 
     def run(self, prepared: Prepared, cancelled: Callable[[], bool] = lambda: False,
             progress: RunProgress | None = None) -> dict[str, Any] | None:
-        """The run's answer (JSON-ready), or None once ``cancelled()`` or the server is stopping (checked at every
-        attention layer: the engine is free again within one layer's time)."""
+        """The run's answer (JSON-ready; a prefill's ahead of its run: how many tokens it prefilled), or None once
+        ``cancelled()`` or the server is stopping (checked at every attention layer: the engine is free again
+        within one layer's time)."""
         engine = self.served.engine
         progress = progress or self.progress_of(prepared)
         progress.started = True
@@ -215,6 +222,9 @@ class Playground:
         results = []
         try:
             with stop_between_layers(engine.modules, lambda: cancelled() or self.served.stopping.is_set()):
+                if prepared.prefill_only:
+                    engine.prefill_ahead(prepared.item, prepared.configs)
+                    return {"prefilled": {"context_tokens": progress.context_tokens}}
                 for result in engine.evaluate(prepared.item, prepared.configs):
                     results.append(result)
                     progress.answered.append(result.config_name)

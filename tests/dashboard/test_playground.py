@@ -325,6 +325,69 @@ def test_a_run_while_the_server_answers_someone_else_waits_its_turn(kvlab_server
     assert answered.is_set() and "".join(pieces).strip()  # the other request, answered whole
 
 
+def test_the_page_asks_for_the_prefill_of_the_item_it_shows_and_runs_it(kvlab_server, monkeypatch):
+    """A warm server prefills the item a page shows before its Run (WarmEngine.prefill_ahead); the Run answers."""
+    from kvlab.dashboard.warm_engine import WarmEngine
+
+    monkeypatch.setenv("KVLAB_PLAYGROUND_URL", kvlab_server[1].removesuffix("/v1"))
+    monkeypatch.setenv("KVLAB_API_KEY", API_KEY)
+    asked, started = [], []
+    prefill_ahead = WarmEngine.prefill_ahead
+
+    def spy(self, body):
+        asked.append(body)
+        started.append(prefill_ahead(self, body))
+        return started[-1]
+
+    monkeypatch.setattr(WarmEngine, "prefill_ahead", spy)
+    configs = (config_text({"quant": "int8"}),)
+    at = open_page(PLAYGROUND, length="256", seed="31", config=list(configs))
+    assert_clean(at)
+    # the link's item as the script starts, then as the widgets have it: the same, prefilled once
+    assert asked == [request_body(PlaygroundView(length=256, seed=31, config=configs))] * 2
+    assert len([thread for thread in started if thread is not None]) == 1
+    run(at)
+    assert_clean(at)
+    table = next(df.value for df in at.dataframe if "verdict" in df.value.columns)
+    assert list(table["config"]) == ["baseline", "int8/g64/r64"]
+    assert all(thread is None or thread.wait(SAFETY_S) for thread in started)
+
+
+def test_the_item_shown_is_prefilled_ahead_and_its_run_prefills_nothing(kvlab_server, monkeypatch):
+    """The page asks the warm server to prefill the item it shows (WarmEngine.prefill_ahead): once per body, never
+    starting a server; the Run of that item then reports no prefill of its own and keeps the prefill ahead going,
+    while a Run of another item cancels it (it would only delay that Run)."""
+    from kvlab.dashboard.playground import request_body
+    from kvlab.dashboard.warm_engine import WarmEngine
+
+    body = request_body(PlaygroundView(length=512, seed=21, config=(config_text({"quant": "int4"}),)))
+    monkeypatch.delenv("KVLAB_PLAYGROUND_URL", raising=False)
+    cold = WarmEngine("smollm2-135m")
+    assert cold.prefill_ahead(body) is None and not cold.started  # showing an item starts no server
+    monkeypatch.setenv("KVLAB_PLAYGROUND_URL", kvlab_server[1].removesuffix("/v1"))
+    monkeypatch.setenv("KVLAB_API_KEY", API_KEY)
+    warm = WarmEngine("smollm2-135m")
+    ahead = warm.prefill_ahead(body)
+    assert ahead is not None and warm.prefill_ahead(body) is None  # once per body
+    assert ahead.wait(SAFETY_S) and ahead.error is None
+    assert ahead.answer is not None and ahead.answer["prefilled"]["context_tokens"] > 400
+    phases: list[str] = []
+    answer = warm.run(body, lambda progress: phases.append(progress["phase"]))
+    assert answer is not None and [r["config"] for r in answer["results"]] == ["baseline", "int4/g64/r64"]
+    assert phases and "prefill" not in phases and not ahead.cancelled
+    other = warm.prefill_ahead(body | {"item": body["item"] | {"seed": 22}})
+    assert other is not None
+    third = body | {"item": body["item"] | {"seed": 23}}
+    assert warm.run(third) is not None and other.cancelled  # a Run of a third item: the other's prefill stopped
+    assert other.wait(SAFETY_S) and other.error is None
+    fourth = body | {"item": body["item"] | {"seed": 24}}
+    first_configs = warm.prefill_ahead(fourth)
+    other_configs = warm.prefill_ahead(fourth | {"configs": [{"quant": "int8"}]})
+    assert first_configs is not None and other_configs is not None
+    assert not first_configs.cancelled  # the same item under other configs: the server may reuse it, so it goes on
+    assert first_configs.wait(SAFETY_S) and other_configs.wait(SAFETY_S) and other_configs.answer is not None
+
+
 def test_a_task_on_an_endpoint_without_tokenize_is_one_line_that_says_what_runs_there():
     """A server that lists its model but has no /tokenize (not vLLM, not kvlab serve): a task's item cannot be
     sized in its tokens, and the refusal says what can run there instead."""

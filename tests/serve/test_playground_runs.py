@@ -93,6 +93,32 @@ def test_a_second_run_of_the_same_item_reuses_the_prefill_and_answers_as_the_uns
     assert len(calls) == 2  # another item: its own prefill
 
 
+@pytest.mark.parametrize("configs", [CONFIGS, [{"evict": "snapkv", "ratio": 0.75}]],
+                         ids=["shared by both layouts", "one layout's with its scores"])
+def test_a_prefill_asked_ahead_is_the_one_its_run_uses(playground, engine, monkeypatch, configs):
+    """``prefill_only`` (the dashboard asks when it shows an item): the server prefills the item as its run would
+    and keeps it; the run then computes no prefill and answers as a run that prefilled for itself."""
+    from kvlab.serve.playground import PlaygroundRequest
+
+    body = BODY | {"item": BODY["item"] | {"seed": 8}, "configs": configs}
+    fresh = playground.run(playground.prepare(PlaygroundRequest(**body)))
+    playground.run(playground.prepare(PlaygroundRequest(**body | {"item": BODY["item"] | {"seed": 9}})))
+    calls = []
+    original = engine._run_prefill
+
+    def counted(*args, **kwargs):
+        calls.append(len(args[0]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_run_prefill", counted)
+    ahead = playground.prepare(PlaygroundRequest(**body, prefill_only=True))
+    assert playground.run(ahead) == {"prefilled": {"context_tokens": len(ahead.context["input_ids"])}}
+    assert len(calls) == 1 and engine.phase == "idle"
+    after = playground.run(playground.prepare(PlaygroundRequest(**body)))
+    assert len(calls) == 1  # the run found its prefill done
+    assert fresh is not None and after is not None and _by_config(after) == _by_config(fresh)
+
+
 def test_a_cancelled_run_stops_within_a_layer_and_frees_the_engine(playground, engine):
     from kvlab.serve.playground import PlaygroundRequest
 
