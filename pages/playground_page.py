@@ -84,7 +84,8 @@ view, problems = PlaygroundView.from_params(st.query_params.to_dict() | {
     "config": st.query_params.get_all("config")} if "config" in st.query_params else st.query_params.to_dict())
 for problem in problems:
     st.warning(f"The link's {views.md(problem)}", icon=":material/link_off:")
-if view.engine == "embedded" and RUN_KEY not in st.session_state:  # a link's item: prefilled while the page draws
+# a link's item, prefilled while the page draws (a file's row is read once the widgets have it, not twice)
+if view.engine == "embedded" and view.source != "file" and RUN_KEY not in st.session_state:
     prefill_ahead(view)
 
 model_col, engine_col = st.columns([1, 2])
