@@ -13,24 +13,18 @@ import threading
 from kvlab import cpu_priority
 from kvlab.cpu_priority import BACKGROUND_NICENESS, session_niceness, set_session_niceness
 from kvlab.experiments import launcher
-from tests.host_limits import could_not_run
+from tests.host_limits import NO_SESSION_GROUPS, could_not_run, new_sessions_grouped
 from tests.waiting import SAFETY_S
 
-#: Whether the kernel puts a new session in a group of its own (autogroup), as it does for a detached worker
-#: and for each server started in a session of its own.  Read from a real new session, not from this one's:
-#: CI's kernel left the test's own session in no group (its /proc/PID/autogroup empty) yet grouped each new
-#: session.  Where new sessions have no group, niceness alone orders the processes: the tests check each
-#: process's own niceness and name the session checks this host could not run.
-NEW_SESSIONS = subprocess.run([sys.executable, "-c", "import os; os.setsid(); from kvlab.cpu_priority import "
-                               "session_niceness as s; print(s())"], capture_output=True, text=True, check=True,
-                              timeout=SAFETY_S).stdout.split() != ["None"]
+#: Where the kernel puts no new session in a group of its own, niceness alone orders the processes: the tests
+#: check each process's own niceness and name the session checks this host could not run.
+NEW_SESSIONS = new_sessions_grouped()
 #: This session's niceness as a new session's niceness is set from it: 0 where it is in no group.
 OWN_SESSION = session_niceness() or 0
 
 
 def _sessions_unchecked(check: str) -> None:
-    could_not_run(check, "this kernel puts no new session in a group of its own (no autogroup): niceness alone "
-                         "orders the processes")
+    could_not_run(check, NO_SESSION_GROUPS)
 
 
 #: Waits until the file argv[2] exists (once its launcher has returned), then starts a server as a launched

@@ -11,7 +11,7 @@ import psutil
 
 from kvlab.cpu_priority import BACKGROUND_NICENESS, session_niceness
 from kvlab.experiments import launcher
-from tests.host_limits import could_not_run
+from tests.host_limits import NO_SESSION_GROUPS, could_not_run, new_sessions_grouped
 from tests.waiting import wait_until
 
 #: Says it has started (its file, argv[1]: `nice` has set its niceness and run it by then), then sleeps.
@@ -41,7 +41,7 @@ def test_a_detached_process_runs_at_the_background_niceness(tmp_path):
 def test_each_detached_process_leads_a_session_run_at_the_background_niceness(tmp_path):
     """With autogroup scheduling the CPU is shared between sessions before niceness counts: each detached
     session is niced too, several started at once included (the kernel takes one such change per 100 ms).
-    Where the kernel does not group this process by session, each still leads its own, at its own niceness."""
+    Where the kernel puts no new session in a group, each still leads its own, at its own niceness."""
     started = [tmp_path / f"{i}.started" for i in range(3)]
     processes = [launcher.start_detached([sys.executable, "-c", SLEEPER, str(started[i])], tmp_path / f"{i}.log")
                  for i in range(3)]
@@ -52,9 +52,8 @@ def test_each_detached_process_leads_a_session_run_at_the_background_niceness(tm
         assert sessions == [p.pid for p in processes]  # a session each, none the test's own
         assert [os.getpriority(os.PRIO_PROCESS, p.pid) for p in processes] == [
             min(19, os.nice(0) + BACKGROUND_NICENESS)] * 3
-        if session_niceness() is None:
-            could_not_run("detached sessions' niceness", "this kernel does not group this process by session (no "
-                          "autogroup): niceness alone orders the processes")
+        if not new_sessions_grouped():
+            could_not_run("detached sessions' niceness", NO_SESSION_GROUPS)
         else:
             assert [session_niceness(p.pid) for p in processes] == [BACKGROUND_NICENESS] * 3
     finally:
