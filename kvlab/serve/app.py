@@ -76,7 +76,7 @@ class _Request(BaseModel):
         default=None, description="vLLM's: the prompt's and the generated tokens' ids (prompt_token_ids, token_ids).")
     prompt_logprobs: int | None = Field(
         default=None, description="vLLM's: each prompt token's log-probability with the top N tokens per position "
-        f"(0 to {MAX_LOGPROBS}, -1: all); not with stream.")
+        f"(0 to {MAX_LOGPROBS}; vLLM's -1, the whole vocabulary, is refused); not with stream.")
     kv_cache: dict[str, Any] | None = Field(
         default=None, description="kvlab's: this request's KV-cache config (a [[configs]] entry's fields); unset: "
         "the server's default config.")
@@ -113,14 +113,17 @@ class _Request(BaseModel):
         asked = self.prompt_logprobs
         if asked is None:
             return
-        if asked < -1:
+        if asked == -1:  # vLLM's "the whole vocabulary", refused by vLLM too unless its --max-logprobs is -1
+            raise APIError(400, f"prompt_logprobs = -1 asks for the whole vocabulary ({vocab_size:,} tokens) at every "
+                           f"prompt position; at most {MAX_LOGPROBS} top tokens per position are returned: ask for 0 "
+                           f"to {MAX_LOGPROBS}", param="prompt_logprobs")
+        if asked < 0:
             raise APIError(400, f"prompt_logprobs must be 0 to {MAX_LOGPROBS} (the top tokens returned beside each "
-                           f"prompt token) or -1 (all), got {asked}", param="prompt_logprobs")
+                           f"prompt token), got {asked}", param="prompt_logprobs")
         if self.stream and asked != 0:
             raise APIError(400, "prompt_logprobs are not available when stream=True", param="prompt_logprobs")
-        wanted = vocab_size if asked == -1 else asked
-        if wanted > MAX_LOGPROBS:
-            raise APIError(400, f"Requested prompt logprobs of {wanted}, which is greater than max allowed: "
+        if asked > MAX_LOGPROBS:
+            raise APIError(400, f"Requested prompt logprobs of {asked}, which is greater than max allowed: "
                            f"{MAX_LOGPROBS}", param="prompt_logprobs")
 
     @property

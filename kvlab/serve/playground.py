@@ -31,7 +31,13 @@ from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.limits import PLAYGROUND_CONFIGS, PLAYGROUND_NEW_TOKENS
 from kvlab.core.results import ItemResult
-from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, check_answer_scorer, generated_tasks
+from kvlab.core.tasks import (
+    DEFAULT_ANSWER_SCORER,
+    MAX_CONTEXT_LENGTH,
+    MIN_CONTEXT_LENGTH,
+    check_answer_scorer,
+    generated_tasks,
+)
 from kvlab.engines.embedded import EmbeddedEngine
 from kvlab.serve.engine_thread import EngineLock
 from kvlab.serve.errors import APIError, shutting_down
@@ -48,7 +54,8 @@ class GeneratedItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     task: str = Field(description="A generated task's name (the task registry's).")
-    context_length: int = Field(ge=16, description="The prompt's length in tokens.")
+    context_length: int = Field(ge=MIN_CONTEXT_LENGTH, le=MAX_CONTEXT_LENGTH,  # a task's own bounds (TaskSpec)
+                                description="The prompt's length in tokens.")
     depth: float | None = Field(default=None, ge=0, le=1, description="Where a needle task hides its needle; "
                                 "unset: as the task's depths parameter gives it.")
     seed: int = Field(default=0, description="The same seed gives the same item.")

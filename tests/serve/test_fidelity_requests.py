@@ -201,7 +201,10 @@ def test_teacher_forced_scores_are_the_configs_own_decoding(engine):
     ({"prompt_logprobs": -2}, "prompt_logprobs", "prompt_logprobs must be 0 to 20"),
     ({"prompt_logprobs": 1000}, "prompt_logprobs", "Requested prompt logprobs of 1000, which is greater than max "
                                                    "allowed: 20"),
-    ({"prompt_logprobs": -1}, "prompt_logprobs", "Requested prompt logprobs of 49152"),
+    # vLLM's -1 is the whole vocabulary at every position (refused by vLLM too at its default --max-logprobs)
+    ({"prompt_logprobs": -1}, "prompt_logprobs", "prompt_logprobs = -1 asks for the whole vocabulary (49,152 tokens) "
+                                                 "at every prompt position; at most 20 top tokens per position are "
+                                                 "returned: ask for 0 to 20"),
     ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "not available when stream=True"),
     ({"kv_cache_prompt_split": [20, 5]}, "kv_cache_prompt_split", "at most the prompt's 8 tokens; got [20, 5]"),
     ({"kv_cache_prompt_split": [3, 0]}, "kv_cache_prompt_split", "the question's at least 1"),
