@@ -26,8 +26,12 @@ def shown(value: object, lines: bool = False) -> str:
 
 def check_output(path: str, option: str, create_parents: bool = False) -> Path:
     """``path`` as a file this process can write.  Its directory must exist unless ``create_parents``
-    (then it is created now, not after an hour-long run)."""
+    (then it is created now, not after an hour-long run).  A symbolic link is refused: writing through
+    it would overwrite whatever file it points at (see :func:`write_output`)."""
     out = Path(path)
+    if out.is_symlink():
+        raise UserError(f"{option} {path}: is a symbolic link (to {os.readlink(out)}); kvlab writes no file through "
+                        "a link: give the path of the file itself, or remove the link")
     if out.is_dir():
         raise UserError(f"{option} {path}: is a directory; give a file path")
     parent = out.parent
@@ -46,9 +50,16 @@ def check_output(path: str, option: str, create_parents: bool = False) -> Path:
 
 
 def write_output(path: Path, text: str, option: str) -> None:
+    """Write ``text`` to ``path``, never through a symbolic link: one made there after
+    :func:`check_output` (during an hour-long run) is refused by the open itself (``O_NOFOLLOW``)."""
     try:
-        path.write_text(text, encoding="utf-8")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666), "w",
+                  encoding="utf-8") as handle:
+            handle.write(text)
     except OSError as error:  # a read-only file system, a full disk, permissions os.access missed
+        if path.is_symlink():
+            raise UserError(f"{option} {path}: became a symbolic link (to {os.readlink(path)}) while kvlab worked; "
+                            "nothing was written through it") from None
         raise UserError(f"{option} {path}: cannot write ({_reason(error)})") from None
 
 

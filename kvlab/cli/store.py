@@ -247,15 +247,23 @@ def cmd_notes(args: argparse.Namespace) -> int:
 
 
 def _read_notes(path: str) -> str:
-    """A notes file's text (``-``: standard input), its final newline dropped."""
+    """A notes file's text (``-``: standard input), its final newline dropped.
+
+    At most ``MAX_NOTES_CHARS`` characters and that newline are read (UTF-8: four bytes a character at
+    most): more is refused without reading on, so ``--file /dev/zero`` or an endless pipe (``yes |``)
+    is one line, not a process that grows until memory runs out."""
+    from kvlab.core.limits import MAX_NOTES_CHARS
+
+    name = "standard input" if path == "-" else repr(path)
     try:
-        if path == "-":
-            return sys.stdin.read().removesuffix("\n")
-        with open(path, encoding="utf-8") as handle:
-            return handle.read().removesuffix("\n")
+        with open(sys.stdin.fileno() if path == "-" else path, encoding="utf-8", closefd=path != "-") as handle:
+            text = handle.read(MAX_NOTES_CHARS + 2).removesuffix("\n")
     except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"kvlab notes --file: cannot read {'standard input' if path == '-' else repr(path)}: "
-                        f"{error}") from None
+        raise UserError(f"kvlab notes --file: cannot read {name}: {error}") from None
+    if len(text) > MAX_NOTES_CHARS:
+        raise UserError(f"kvlab notes --file: {name} holds more than {MAX_NOTES_CHARS:,} characters; at most "
+                        f"{MAX_NOTES_CHARS:,} (the notes are unchanged)")
+    return text
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
@@ -268,7 +276,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    out = check_output(args.out, "--out") if args.out else None
+    out = check_output(args.out, "--out", create_parents=True) if args.out else None
     store = _store()
     store.get_experiment(args.id)  # an unknown id, before the (scipy) imports below
     from kvlab.experiments.export import experiment_document, results_csv
@@ -359,7 +367,8 @@ def add_store_commands(sub: argparse._SubParsersAction) -> None:
     export.add_argument("id", type=positive_int, help="the experiment's id")
     export.add_argument("--format", choices=["csv", "json"], default="json",
                         help="csv: one row per item result; json: everything (default: %(default)s)")
-    export.add_argument("--out", help="file to write, in an existing directory (default: stdout)")
+    export.add_argument("--out", help="file to write, its directory created if need be; not a symbolic link "
+                        "(default: stdout)")
     export.set_defaults(func=cmd_export)
     db = sub.add_parser("db", help="database schema")
     db.add_argument("action", choices=["upgrade", "status"],

@@ -1,0 +1,159 @@
+"""Issue 47, rows 11, 13, 14 and part of 15: the CLI's unbounded notes read, a worker whose store turns
+immutable, a checkpoint that does not cover its model, and ``kvlab export --out`` through a link or
+into a missing directory.  The inputs are the issue's:
+
+* row 11: "``kvlab notes 1 --file /dev/zero`` reached 3 GB in 9.2 s, ``yes | kvlab notes 1 --file -``
+  2 GB in 4.3 s; the 10,000-character limit is checked after the whole read";
+* row 13: "A worker whose store's directory and files turn immutable (``chattr +i``) mid-run dies of
+  SIGBUS (rc -7) within 1 s, now without its one line ... trials stay ``running`` until stale";
+* row 14: "A checkpoint directory missing 272 of its 273 tensors (config, tokenizer and one tensor
+  present) runs on random weights without a warning";
+* row 15: "``kvlab export --out`` follows a symlink and overwrites its target; the tutorial's
+  ``export --out results/…`` fails if ``results/`` does not exist".
+
+Each runs the real ``kvlab`` process (``python -m kvlab.cli``) on a SQLite file in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvlab.cli.exits import UserError
+from kvlab.cli.outputs import check_output, write_output
+from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.limits import MAX_NOTES_CHARS
+from kvlab.store import Store
+from tests.waiting import SAFETY_S
+
+KVLAB = [sys.executable, "-m", "kvlab.cli"]
+SPEC = {"name": "faults", "tasks": [{"name": "passkey", "context_lengths": [256]}], "configs": [{"name": "baseline"}]}
+#: The address space a ``kvlab notes`` process may take: its imports need about a fifth of it; the
+#: unbounded read of /dev/zero or of ``yes`` reached 2-3 GB, and here fails with MemoryError instead.
+NOTES_ADDRESS_SPACE = 1 << 30
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "KVLAB_DEBUG"}
+    return env | {"KVLAB_DATABASE_URL": f"sqlite:///{tmp_path / 'kvlab.sqlite'}",
+                  "KVLAB_HOME": str(tmp_path / "kvlab-home")}
+
+
+@pytest.fixture
+def experiment(tmp_path) -> int:
+    with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
+        experiment_id = store.create_experiment(parse_spec(SPEC), {})
+        store.set_notes(experiment_id, "kept")
+        return experiment_id
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str], *says: str) -> str:
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output, output
+    assert done.returncode == 2, output
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    for fragment in says:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _bounded_address_space() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (NOTES_ADDRESS_SPACE, NOTES_ADDRESS_SPACE))
+
+
+# -- row 11: kvlab notes reads at most the limit ------------------------------------------------------------
+
+def test_notes_from_dev_zero_is_refused_without_reading_it_all(tmp_path, experiment):
+    """``kvlab notes 1 --file /dev/zero``: an endless file.  Under a 1 GiB address space the old whole read
+    ended in MemoryError (exit 1); a bounded one reads 10,002 characters and refuses them."""
+    done = subprocess.run([*KVLAB, "notes", str(experiment), "--file", "/dev/zero"], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=SAFETY_S, preexec_fn=_bounded_address_space)
+    _one_error_line(done, "'/dev/zero' holds more than 10,000 characters; at most 10,000", "notes are unchanged")
+    with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
+        assert store.get_experiment(experiment).notes == "kept"
+
+
+def test_notes_from_an_endless_pipe_is_refused_without_reading_it_all(tmp_path, experiment):
+    """``yes | kvlab notes 1 --file -``: ``yes`` never ends, so the command returns only if it stops reading."""
+    yes = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
+    try:
+        done = subprocess.run([*KVLAB, "notes", str(experiment), "--file", "-"], stdin=yes.stdout, env=_env(tmp_path),
+                              capture_output=True, text=True, timeout=SAFETY_S, preexec_fn=_bounded_address_space)
+    finally:
+        assert yes.stdout is not None
+        yes.stdout.close()
+        yes.kill()
+        yes.wait()
+    _one_error_line(done, "standard input holds more than 10,000 characters; at most 10,000")
+    with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
+        assert store.get_experiment(experiment).notes == "kept"
+
+
+@pytest.mark.parametrize("text, stored", [("x" * MAX_NOTES_CHARS + "\n", "x" * MAX_NOTES_CHARS),
+                                          ("x" * MAX_NOTES_CHARS, "x" * MAX_NOTES_CHARS),
+                                          ("x" * (MAX_NOTES_CHARS + 1), None),
+                                          ("x" * MAX_NOTES_CHARS + "\n\n", None),
+                                          ("é" * MAX_NOTES_CHARS, "é" * MAX_NOTES_CHARS)])
+def test_notes_at_the_limit_are_kept_and_one_character_more_is_refused(tmp_path, experiment, text, stored):
+    """The bound counts characters (a two-byte ``é`` is one), after the file's final newline is dropped."""
+    path = tmp_path / "notes.txt"
+    path.write_text(text, encoding="utf-8")
+    done = subprocess.run([*KVLAB, "notes", str(experiment), "--file", str(path)], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=SAFETY_S)
+    if stored is None:
+        _one_error_line(done, "holds more than 10,000 characters")
+    else:
+        assert done.returncode == 0, done.stderr
+    with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
+        assert store.get_experiment(experiment).notes == (stored or "kept")
+
+
+# -- row 15: kvlab export --out -----------------------------------------------------------------------------
+
+def test_export_out_through_a_symlink_is_refused_and_its_target_kept(tmp_path, experiment):
+    """``kvlab export 1 --out link`` where ``link -> victim``: the victim is not overwritten, the link stays."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    link = tmp_path / "export.json"
+    link.symlink_to(victim)
+    done = subprocess.run([*KVLAB, "export", str(experiment), "--out", str(link)], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=SAFETY_S)
+    _one_error_line(done, f"--out {link}: is a symbolic link (to {victim})")
+    assert victim.read_text() == "precious\n" and link.is_symlink()
+
+
+def test_export_out_through_a_dangling_symlink_creates_nothing(tmp_path, experiment):
+    target = tmp_path / "elsewhere" / "planted.json"
+    target.parent.mkdir()
+    link = tmp_path / "export.json"
+    link.symlink_to(target)
+    done = subprocess.run([*KVLAB, "export", str(experiment), "--out", str(link)], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=SAFETY_S)
+    _one_error_line(done, "is a symbolic link")
+    assert not target.exists()
+
+
+def test_a_symlink_made_after_the_check_is_not_written_through(tmp_path):
+    """A link planted between :func:`check_output` (before an hour-long run) and the write."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    out = check_output(str(tmp_path / "run.json"), "--json")
+    out.symlink_to(victim)
+    with pytest.raises(UserError, match="became a symbolic link"):
+        write_output(out, "{}", "--json")
+    assert victim.read_text() == "precious\n"
+
+
+def test_export_out_into_a_missing_directory_creates_it(tmp_path, experiment):
+    """The tutorial's ``kvlab export 2 --format csv --out results/quick.csv`` in a directory without ``results/``."""
+    done = subprocess.run([*KVLAB, "export", str(experiment), "--format", "csv", "--out", "results/quick.csv"],
+                          cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=SAFETY_S)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "results" / "quick.csv").is_file()
+    assert done.stderr == "wrote results/quick.csv\n"
