@@ -268,9 +268,11 @@ class Worker:
         def store(result: ItemResult) -> None:
             trial_id = by_label[result.config_name]
             if trial_id not in heartbeat.gone:
-                self.store.add_item_result(trial_id, result)
-                if self.on_stored:
-                    self.on_stored(result)
+                if self.store.add_item_result(trial_id, result):
+                    if self.on_stored:
+                        self.on_stored(result)
+                else:  # a duplicate, or the trial ended meanwhile (cancelled): ask now, not at the next beat
+                    heartbeat.beat_now()
 
         def finish(group: list[KVCacheConfig]) -> None:
             for trial_id in (by_label[c.label] for c in group):
@@ -369,6 +371,11 @@ class _Heartbeat:
                 return
             except Exception as error:  # noqa: BLE001 -- a missed beat is retried; staleness takes minutes
                 log.warning("heartbeat failed: %s", one_line(str(error)))
+
+    def beat_now(self) -> None:
+        """Beat at once (a write was refused: cancelled meanwhile?), so that the batch drops the trials it no
+        longer owns before its next evaluation rather than at the next beat."""
+        self.gone |= self.store.heartbeat(self.worker_id, [t for t in self.trial_ids if t not in self.gone])
 
     def stop(self) -> None:
         self._stop.set()

@@ -54,7 +54,7 @@ from kvlab.store.records import (
     TrialRecord,
 )
 from kvlab.store.tables import EventRow, ExperimentRow, ItemResultRow, TelemetryRow, TrialRow, TuneRow
-from kvlab.store.transitions import ACTIVE, add_event, roll_up
+from kvlab.store.transitions import ACTIVE, ENDED_WITHOUT_RESULTS, add_event, roll_up
 from kvlab.store.tunes import TuneQueries
 
 if TYPE_CHECKING:  # the spec's pydantic models are imported where a spec is written, not by every read
@@ -523,11 +523,17 @@ class Store(TuneQueries):
     # -- results ------------------------------------------------------------------------------
 
     def add_item_result(self, trial_id: int, result: ItemResult) -> bool:
-        """Store one result; False (and nothing changes) if the trial already has this (item, task)."""
+        """Store one result; False (and nothing changes) if the trial already has this (item, task), or
+        if it was cancelled or failed meanwhile: no evaluation counts after a cancel (the worker that gets
+        False for that reason stops the trial at once, not at its next heartbeat)."""
         with self._session(write=True) as session:
-            experiment_id = session.scalar(select(TrialRow.experiment_id).where(TrialRow.id == trial_id))
-            if experiment_id is None:
+            row = session.execute(self._locking(select(TrialRow.experiment_id, TrialRow.status)
+                                                .where(TrialRow.id == trial_id))).one_or_none()
+            if row is None:
                 raise TrialNotFoundError(f"no trial {trial_id}")
+            experiment_id, status = row
+            if status in ENDED_WITHOUT_RESULTS:
+                return False
             inserted = session.scalar(
                 self._insert()(ItemResultRow)
                 .values(trial_id=trial_id, experiment_id=experiment_id,

@@ -16,6 +16,9 @@ from kvlab.store.tables import EventRow, ExperimentRow, TrialRow, TuneRow
 
 #: Trial statuses of work not yet ended.
 ACTIVE = ("queued", "running")
+#: Trial statuses whose work was stopped (a cancel; a failure, stale recovery's included): they take no more
+#: item results, so that nothing a worker still makes counts after the cancel (Store.add_item_result).
+ENDED_WITHOUT_RESULTS = ("cancelled", "failed")
 
 
 def add_event(session: Session, experiment_id: int, message: str, level: str = "info",
