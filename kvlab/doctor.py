@@ -36,7 +36,7 @@ from kvlab.engines.endpoint_rules import (
     parse_base_url,
     sendable,
 )
-from kvlab.secrets import DEFAULT_KEY_VAR, mask, redact, remember_secret, remember_url_credentials
+from kvlab.secrets import DEFAULT_KEY_VAR, KeyChoice, mask, redact, remember_secret, remember_url_credentials
 
 Status = Literal["ok", "warn", "fail", "skip"]
 CHECK_NAMES = ("base URL", "proxy", "connection", "auth", "models", "completion", "engine")
@@ -100,15 +100,19 @@ class _Proxy:
 
 
 def diagnose(base_url: str, model_id: str | None, api_key: str | None, timeout_s: float = 10.0,
-             key_source: str = "", key_var: str = DEFAULT_KEY_VAR) -> DoctorReport:
+             key_source: str = "", key_var: str = DEFAULT_KEY_VAR, withheld: KeyChoice | None = None) -> DoctorReport:
     """Check the endpoint step by step.  ``key_source`` says where ``api_key`` came from
-    (:func:`kvlab.secrets.read_setting`'s second value); ``key_var`` is the variable to name in fixes."""
+    (:func:`kvlab.secrets.read_setting`'s second value); ``key_var`` is the variable to name in fixes;
+    ``withheld``: the key in ``key_var`` is set but not sent to this URL (:func:`kvlab.secrets.key_for`, the
+    dashboard's page), which a 401 is then blamed on."""
     base_url = (base_url or "").strip()
     remember_url_credentials(base_url)
     remember_secret(api_key)  # servers echo keys: every detail is redacted, also before it is cut short
     run = _Run(model_id or None, api_key, timeout_s, key_source or key_var, key_var)
+    run.withheld = withheld if withheld and withheld.withheld else None
     run.start(base_url)
-    key = f"{mask(api_key)} ({key_source or key_var})" if api_key and api_key.strip() else f"none ({key_var} not set)"
+    unset = f"{key_var} not sent to this URL" if run.withheld else f"{key_var} not set"
+    key = f"{mask(api_key)} ({key_source or key_var})" if api_key and api_key.strip() else f"none ({unset})"
     return DoctorReport(redact(strip_credentials(base_url)), model_id or None, key, run.finish())
 
 
@@ -129,6 +133,7 @@ class _Run:
         self.client: httpx.Client | None = None
         self.proxy: _Proxy | None = None
         self.url_credentials = False  # the base URL held a user:password (taken out, never sent)
+        self.withheld: KeyChoice | None = None  # the key is set but not sent here
 
     def set(self, name: str, status: Status, detail: str, fix: str = "") -> None:
         self.checks[name] = Check(name, status, detail, fix)
@@ -252,13 +257,17 @@ class _Run:
         elif self.key:
             self.set("auth", "ok", f"the server accepts the key {mask(self.key)} ({self.key_source})")
         else:
-            self.set("auth", "ok", f"no key set ({self.key_var}), and the server asks for none")
+            none = f"no key sent ({self.withheld.withheld})" if self.withheld else f"no key set ({self.key_var})"
+            self.set("auth", "ok", f"{none}, and the server asks for none")
         return True
 
     def auth_failure(self, response: httpx.Response) -> tuple[str, str]:
         said = f"HTTP {response.status_code}: {_body_text(response)}"
         if self.url_credentials:
             said += "; the user:password in the base URL was not sent (kvlab authenticates with the key only)"
+        if not self.key and self.withheld:
+            return (f"the server wants an API key and none was sent ({self.withheld.withheld}; {said})",
+                    self.withheld.fix)
         if not self.key:
             return (f"the server wants an API key and none is set ({self.key_var} is not set; {said})",
                     f"set {self.key_var} in the environment or in .streamlit/secrets.toml")

@@ -23,6 +23,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kvlab.core.urls import HIDDEN, URL_USERINFO, strip_credentials, url_credentials, url_passwords
 
@@ -30,6 +31,15 @@ BASE_URL_VAR = "KVLAB_BASE_URL"
 MODEL_ID_VAR = "KVLAB_MODEL_ID"
 DEFAULT_KEY_VAR = "KVLAB_API_KEY"
 DATABASE_URL_VAR = "KVLAB_DATABASE_URL"
+#: The root of a ``kvlab serve`` the dashboard's playground attaches to (:mod:`kvlab.dashboard.warm_engine`).
+PLAYGROUND_URL_VAR = "KVLAB_PLAYGROUND_URL"
+#: The only names a variable holding an API key may have (environment or secrets file): ``<P>_API_KEY``, upper
+#: case.  ``HOME``, ``KVLAB_DATABASE_URL`` or a cloud token are never read as a key (:func:`key_var_problem`).
+KEY_VAR_NAME = re.compile(r"[A-Z][A-Z0-9_]*_API_KEY")
+#: Where each key may go besides its ``<P>_BASE_URL`` (:func:`key_destinations`): settings of the process, never
+#: of a page or a link.
+EXTRA_KEY_DESTINATIONS: dict[str, tuple[str, ...]] = {DEFAULT_KEY_VAR: (PLAYGROUND_URL_VAR,)}
+DEFAULT_PORTS = {"http": 80, "https": 443}
 #: Environment variables whose values :func:`redact` masks wherever they appear.
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 #: Shorter values are not masked inside text (a 4-letter password would mangle every word that
@@ -80,6 +90,78 @@ def mask(secret: str | None) -> str:
     return f"****{tail}"
 
 
+# -- which key may go to which URL ---------------------------------------------------------------
+
+
+def key_var_problem(name: str) -> str | None:
+    """Why ``name`` may not be read as an API key (None when it may): only ``<P>_API_KEY`` variables hold keys,
+    so that no page, link or spec can have kvlab send ``HOME``, ``KVLAB_DATABASE_URL`` or any other setting."""
+    if KEY_VAR_NAME.fullmatch(name):
+        return None
+    shown = name if re.fullmatch(r"[A-Za-z0-9_]{1,60}", name) else repr(name[:60])
+    return (f"{shown} is not a key variable: kvlab reads an API key only from a variable named <NAME>_API_KEY "
+            f"(upper case, e.g. {DEFAULT_KEY_VAR} or OPENAI_API_KEY) in the environment or .streamlit/secrets.toml")
+
+
+def key_destinations(key_var: str) -> tuple[str, ...]:
+    """The settings naming the URLs the key in ``key_var`` belongs to: ``<P>_BASE_URL`` for ``<P>_API_KEY``
+    (``KVLAB_API_KEY`` -> ``KVLAB_BASE_URL``, ``OPENAI_API_KEY`` -> ``OPENAI_BASE_URL``), and for
+    ``KVLAB_API_KEY`` the playground's ``KVLAB_PLAYGROUND_URL`` too."""
+    return (key_var.removesuffix("API_KEY") + "BASE_URL", *EXTRA_KEY_DESTINATIONS.get(key_var, ()))
+
+
+def origin(url: str) -> str | None:
+    """``scheme://host:port`` of ``url`` (the default port written out, no user:password), None when it has
+    no http(s) scheme or host: what :func:`key_for` compares."""
+    try:
+        parts = urlsplit(strip_credentials(url.strip()))
+        scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:  # a port that is no number
+        return None
+    if scheme not in DEFAULT_PORTS or not host:
+        return None
+    return f"{scheme}://{host}:{port or DEFAULT_PORTS[scheme]}"
+
+
+@dataclass(frozen=True)
+class KeyChoice:
+    """The key a request to one URL carries: ``key`` (None: none), ``source`` (where it was read),
+    ``withheld``, why a key that is set is not sent there (empty when it is sent, or none is set), and ``fix``,
+    how to have it sent."""
+
+    key: str | None = field(repr=False)
+    source: str
+    withheld: str = ""
+    fix: str = ""
+
+
+def key_for(key_var: str, url: str) -> KeyChoice:
+    """The key in ``key_var`` for a request to ``url`` that a page or a link aimed: sent only where one of the
+    settings of :func:`key_destinations` (the process's environment or secrets file) points, at the same
+    scheme, host and port -- a link may fill a form, not aim the dashboard's credentials at a host of its
+    choosing.  ``ValueError`` (:func:`key_var_problem`) for a variable that holds no key."""
+    if problem := key_var_problem(key_var):
+        raise ValueError(problem)
+    key, source = read_setting(key_var)
+    if not key:
+        return KeyChoice(None, source)
+    target = origin(url)
+    declared = {var: read_setting(var)[0] for var in key_destinations(key_var)}
+    if target is not None and any(origin(value) == target for value in declared.values() if value):
+        return KeyChoice(key, source)
+    places = [f"{origin(value) or hide_url(value)} ({var})" for var, value in declared.items() if value]
+    belongs = f"belongs to {' and '.join(places)}" if places else f"is declared for no URL ({' or '.join(declared)})"
+    return KeyChoice(None, source, f"{key_var} {belongs}, not to {target or hide_url(url)}: it is not sent there",
+                     f"type the key on the page, or set {next(iter(declared))} to this endpoint in the dashboard's "
+                     "environment or .streamlit/secrets.toml")
+
+
+def hide_url(url: str) -> str:
+    """``url`` as a message may show it: no user:password, at most 80 characters."""
+    shown = strip_credentials(url.strip())
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
 # -- credentials in URLs ---------------------------------------------------------------------------
 
 
@@ -110,8 +192,11 @@ class Endpoint:
 
 def resolve_endpoint(base_url: str | None, model_id: str | None, api_key_env: str = DEFAULT_KEY_VAR) -> Endpoint:
     """Fill what the spec leaves out from ``KVLAB_BASE_URL`` / ``KVLAB_MODEL_ID`` and read the key
-    from ``api_key_env`` (environment first, then the secrets file).  A ``user:password@`` in the
-    URL is dropped (``dropped_credentials`` says so): kvlab authenticates with the key only."""
+    from ``api_key_env`` (environment first, then the secrets file; ``ValueError`` for a variable that
+    holds no key, :func:`key_var_problem`).  A ``user:password@`` in the URL is dropped
+    (``dropped_credentials`` says so): kvlab authenticates with the key only."""
+    if problem := key_var_problem(api_key_env):
+        raise ValueError(problem)
     base_url = base_url or read_setting(BASE_URL_VAR)[0]
     if not base_url:
         raise ValueError(f"no endpoint: set backend.base_url in the spec or {BASE_URL_VAR} in the environment "

@@ -17,7 +17,7 @@ import pytest
 from kvlab.engines.managed_server import ManagedServer, free_port
 from tests.waiting import SAFETY_S
 
-API_KEY_VAR = "KVLAB_TEST_SERVE_KEY"
+API_KEY_VAR = "KVLAB_TEST_SERVE_API_KEY"  # a key variable is named <NAME>_API_KEY (kvlab.secrets)
 API_KEY = "kvlab-test-key-0123456789abcdef"
 
 

@@ -50,6 +50,7 @@ class Behaviour:
     delay_s: float = 0.0
     chat_only: bool = False  # POST /completions is 404
     seen: list[str] = field(default_factory=list)
+    authorization: list[str] = field(default_factory=list)  # each request's Authorization header ("" for none)
 
 
 def json_reply(body: object, status: int = 200) -> Reply:
@@ -69,6 +70,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         behaviour = self.server.behaviour
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         behaviour.seen.append(f"{self.command} {self.path}")
+        behaviour.authorization.append(self.headers.get("Authorization") or "")
         time.sleep(behaviour.delay_s)
         status, content_type, body = self.route(behaviour)
         self.send_response(status)
@@ -397,10 +399,10 @@ def test_cli_exit_codes_and_no_key_in_output(serve, monkeypatch, capsys):
     assert doctor_cli("--timeout", "2") == 0
     out = capsys.readouterr().out
     assert "all checks passed" in out and KEY not in out
-    monkeypatch.setenv("OTHER_KEY", WRONG_KEY)
-    assert doctor_cli("--api-key-env", "OTHER_KEY", "--model", "other-model") == 2  # the user's to fix
+    monkeypatch.setenv("OTHER_API_KEY", WRONG_KEY)
+    assert doctor_cli("--api-key-env", "OTHER_API_KEY", "--model", "other-model") == 2  # the user's to fix
     captured = capsys.readouterr()
-    assert "FAIL  auth" in captured.out and "OTHER_KEY" in captured.out
+    assert "FAIL  auth" in captured.out and "OTHER_API_KEY" in captured.out
     assert captured.err == "error: doctor: 1 check(s) failed; the report above gives the fix for each\n"
     assert WRONG_KEY not in captured.out + captured.err and KEY not in captured.out + captured.err
     monkeypatch.delenv("KVLAB_BASE_URL")
@@ -408,9 +410,10 @@ def test_cli_exit_codes_and_no_key_in_output(serve, monkeypatch, capsys):
     assert "KVLAB_BASE_URL" in capsys.readouterr().err
 
 
-def page_text(at: AppTest) -> str:
-    parts = [str(e.value) for kind in ("markdown", "caption", "error", "warning", "success", "info", "text_input")
-             for e in at.get(kind)]
+def page_text(at: AppTest, inputs: bool = True) -> str:
+    """What the page shows (with what its text inputs hold, unless ``inputs`` is false)."""
+    kinds = ("markdown", "caption", "error", "warning", "success", "info") + (("text_input",) if inputs else ())
+    parts = [str(e.value) for kind in kinds for e in at.get(kind)]
     parts += [frame.value.to_csv() for frame in at.dataframe]
     return "\n".join(parts).replace("\\", "")
 
@@ -418,10 +421,10 @@ def page_text(at: AppTest) -> str:
 def test_page_shows_the_diagnosis_and_never_the_key(serve, monkeypatch):
     monkeypatch.setenv("KVLAB_API_KEY", WRONG_KEY)
     monkeypatch.setenv("KVLAB_MODEL_ID", "tiny-model")
+    monkeypatch.setenv("KVLAB_BASE_URL", serve(Behaviour(key=KEY)) + "/v1")  # where the key belongs
     at = AppTest.from_file(PAGE, default_timeout=SAFETY_S).run()
     assert not at.exception
     assert "environment variable KVLAB_API_KEY" in page_text(at)
-    at.text_input(key="doctor_base_url").input(serve(Behaviour(key=KEY)) + "/v1")
     at.button(key="doctor_check").click().run()
     assert not at.exception
     text = page_text(at)
@@ -482,3 +485,74 @@ def test_the_engine_is_recognised_by_its_model_list_and_says_what_kvlab_measures
     report = diagnose(serve(Behaviour(owned_by=owned_by)) + "/v1", "tiny-model", None)
     engine = check(report, "engine")
     assert engine.status == "ok" and engine.detail.startswith(said), engine.detail
+
+
+# -- which variable is read as a key, and where it goes (issue 47, row 1) -----------------------------------------
+
+
+@pytest.mark.parametrize("var", ["HOME", "KVLAB_DATABASE_URL"])
+def test_the_cli_reads_no_variable_that_holds_no_key_and_sends_nothing(serve, monkeypatch, capsys, var):
+    """`kvlab doctor --api-key-env HOME` is the user's mistake: exit 2 in one line, no request sent."""
+    monkeypatch.setenv("KVLAB_DATABASE_URL", "postgresql://kvlab:db-password-0123@db.internal/kvlab")
+    behaviour = Behaviour()
+    assert doctor_cli("--base-url", serve(behaviour) + "/v1", "--api-key-env", var, "--timeout", "2") == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: {var} is not a key variable: kvlab reads an API key only from a variable "
+                                   "named <NAME>_API_KEY") and captured.err.count("\n") == 1
+    assert behaviour.seen == [] and "db-password" not in captured.out + captured.err
+
+
+def test_the_cli_sends_a_key_variable_to_the_url_its_user_gives(serve, monkeypatch, capsys):
+    """The CLI's user owns its environment and its command line: the key goes where the command says."""
+    behaviour = Behaviour(key=KEY)
+    monkeypatch.setenv("KVLAB_API_KEY", KEY)
+    assert doctor_cli("--base-url", serve(behaviour) + "/v1", "--model", "tiny-model", "--timeout", "2") == 0
+    assert set(behaviour.authorization) == {f"Bearer {KEY}"}
+
+
+@pytest.mark.parametrize("var", ["HOME", "KVLAB_DATABASE_URL"])
+def test_the_page_sends_no_variable_that_holds_no_key(serve, monkeypatch, var):
+    """Issue 47 row 1: "Key variable" = HOME and Check sent `Authorization: Bearer /root`."""
+    monkeypatch.setenv("KVLAB_DATABASE_URL", "postgresql://kvlab:db-password-0123@db.internal/kvlab")
+    behaviour = Behaviour()
+    at = AppTest.from_file(PAGE, default_timeout=SAFETY_S).run()
+    at.text_input(key="doctor_base_url").input(serve(behaviour) + "/v1")
+    at.text_input(key="doctor_key_var").input(var).run()
+    assert f"{var} is not a key variable" in page_text(at)
+    at.button(key="doctor_check").click().run()
+    assert not at.exception
+    assert [e.value.replace("\\", "") for e in at.error] == [
+        f"{var} is not a key variable: kvlab reads an API key only from a variable named <NAME>_API_KEY (upper case, "
+        "e.g. KVLAB_API_KEY or OPENAI_API_KEY) in the environment or .streamlit/secrets.toml"]  # one line
+    assert behaviour.seen == [] and "/root" not in page_text(at) and "db-password" not in page_text(at)
+
+
+def test_the_page_sends_the_dashboards_key_only_to_the_url_it_belongs_to(serve, monkeypatch):
+    """KVLAB_API_KEY goes to KVLAB_BASE_URL's server; a base URL typed on the page gets no key, and the page and
+    the report say why; a key typed on the page goes with that check."""
+    home, other = Behaviour(key=KEY), Behaviour(key=KEY)
+    home_url, other_url = serve(home) + "/v1", serve(other) + "/v1"
+    monkeypatch.setenv("KVLAB_BASE_URL", home_url)
+    monkeypatch.setenv("KVLAB_API_KEY", KEY)
+    monkeypatch.setenv("KVLAB_MODEL_ID", "tiny-model")
+    at = AppTest.from_file(PAGE, default_timeout=SAFETY_S).run()
+    assert "sent to this URL, the one it belongs to" in page_text(at)
+    at.button(key="doctor_check").click().run()
+    assert "All checks passed." in page_text(at) and set(home.authorization) == {f"Bearer {KEY}"}
+
+    at.text_input(key="doctor_base_url").input(other_url).run()
+    origin = other_url.removesuffix("/v1")
+    assert f"Key: none sent. KVLAB_API_KEY belongs to {home_url.removesuffix('/v1')} (KVLAB_BASE_URL)" in \
+        page_text(at)
+    at.button(key="doctor_check").click().run()
+    text = page_text(at)
+    assert not at.exception and other.seen and set(other.authorization) == {""}  # asked, without the key
+    assert f"none was sent (KVLAB_API_KEY belongs to {home_url.removesuffix('/v1')} (KVLAB_BASE_URL), not to " \
+           f"{origin}: it is not sent there" in text and "type the key on the page" in text and KEY not in text
+
+    other.authorization.clear()
+    at.text_input(key="doctor_typed_key").input(KEY).run()
+    assert "typed on this page" in page_text(at)
+    at.button(key="doctor_check").click().run()
+    assert "All checks passed." in page_text(at) and set(other.authorization) == {f"Bearer {KEY}"}
+    assert KEY not in page_text(at, inputs=False) and "****" in page_text(at, inputs=False)

@@ -126,3 +126,49 @@ def test_log_records_are_redacted_with_their_arguments_and_traceback():
     line = logging.Formatter().format(record)
     assert "try 2 of http://***@h/v1: http://***@h" in line and "ConnectionError: http://***@h/v1" in line
     assert PASSWORD not in line
+
+
+# -- which key may go to which URL (issue 47, rows 1 and 10) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["HOME", "KVLAB_DATABASE_URL", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "PATH",
+                                  "kvlab_api_key", "API_KEY", "_API_KEY", "KVLAB_API_KEY ", ""])
+def test_only_a_variable_named_like_a_key_is_read_as_one(secrets_file, monkeypatch, name):
+    monkeypatch.setenv("KVLAB_DATABASE_URL", "postgresql://kvlab:db-password-123@db/kvlab")
+    with pytest.raises(ValueError, match="is not a key variable: kvlab reads an API key only from a variable "
+                                         "named <NAME>_API_KEY"):
+        resolve_endpoint("http://127.0.0.1:9/v1", None, name)
+    with pytest.raises(ValueError, match="is not a key variable"):
+        secrets.key_for(name, "http://127.0.0.1:9/v1")
+
+
+@pytest.mark.parametrize("name", ["KVLAB_API_KEY", "OPENAI_API_KEY", "MY_SERVER_2_API_KEY"])
+def test_a_key_variable_is_named_name_api_key(name):
+    assert secrets.key_var_problem(name) is None
+
+
+def test_a_key_goes_only_to_the_origin_its_base_url_variable_declares(secrets_file, monkeypatch):
+    """KVLAB_API_KEY belongs to KVLAB_BASE_URL's scheme, host and port (any path: the doctor corrects paths)."""
+    choice = secrets.key_for("KVLAB_API_KEY", "http://10.0.0.5:8000/other/v1")
+    assert choice.key == "sk-from-secrets-file-1234" and not choice.withheld
+    for elsewhere in ("http://evil.example/v1", "https://10.0.0.5:8000/v1", "http://10.0.0.5:8001/v1",
+                      "http://10.0.0.5.evil.example:8000/v1", "http://10.0.0.5:8000@evil.example/v1", "not a url"):
+        withheld = secrets.key_for("KVLAB_API_KEY", elsewhere)
+        assert withheld.key is None and "KVLAB_API_KEY belongs to http://10.0.0.5:8000 (KVLAB_BASE_URL)" in \
+            withheld.withheld and "is not sent there" in withheld.withheld, elsewhere
+        assert "KVLAB_BASE_URL" in withheld.fix and "type the key" in withheld.fix
+    assert secrets.key_for("KVLAB_API_KEY", "HTTP://10.0.0.5:8000/v1").key  # scheme and host in any case
+    monkeypatch.setenv("KVLAB_BASE_URL", "https://api.example.com/v1")
+    assert secrets.key_for("KVLAB_API_KEY", "https://API.example.com:443/v2").key  # the default port written out
+    monkeypatch.setenv("KVLAB_PLAYGROUND_URL", "http://127.0.0.1:8123")  # the playground's own server
+    assert secrets.key_for("KVLAB_API_KEY", "http://127.0.0.1:8123/v1").key
+
+
+def test_another_key_belongs_to_its_own_base_url_declared_in_the_secrets_file(secrets_file, monkeypatch):
+    secrets_file.write_text('TEAM_API_KEY = "sk-team-key-abcdefgh"\nTEAM_BASE_URL = "https://llm.team.example/v1"\n')
+    assert secrets.key_for("TEAM_API_KEY", "https://llm.team.example/v1").key == "sk-team-key-abcdefgh"
+    assert secrets.key_for("TEAM_API_KEY", "http://127.0.0.1:8000/v1").key is None
+    monkeypatch.setenv("LONE_API_KEY", "sk-lone-key-12345678")  # declared for no URL: sent nowhere from a page
+    lone = secrets.key_for("LONE_API_KEY", "http://127.0.0.1:8000/v1")
+    assert lone.key is None and "LONE_API_KEY is declared for no URL (LONE_BASE_URL)" in lone.withheld
+    assert secrets.key_for("UNSET_API_KEY", "http://x/v1") == secrets.KeyChoice(None, "not set")
