@@ -1,7 +1,8 @@
 """Compare: several experiments' tradeoff curves overlaid, and a parallel-coordinates view of the
 knobs (KV bits, evicted fraction) against the outcomes (ratio achieved, accuracy) with their table.
 The third section sets the same spec on several engines side by side, each config against its own engine's
-baseline, and pairs two of them config by config (the tables of ``kvlab compare``).  The sections are picked
+baseline, and pairs two of them config by config and item by item, an item known by its content, not its id alone
+(the tables of ``kvlab compare``).  The sections are picked
 with a selector bound to the URL (``tab``): only the picked one is drawn (the parallel coordinates need
 plotly.js' full bundle, which the tradeoffs do not)."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.analysis.agreement import engine_agreement, engines_table
+from kvlab.analysis.agreement import different_items, engine_agreement, engines_table
 from kvlab.dashboard import charts, page_table, views
 from kvlab.store import ExperimentNotFoundError
 from pages.common import chart, empty_state, experiment_label, get_store, results_of, share_box, summaries_of
@@ -71,13 +72,16 @@ elif section == views.COMPARE_SECTIONS[2]:
                 "any number are set side by side on the items all of them ran.")
         st.stop()
     runs = [(i, records[i].backend_kind, results_of(records[i])[0]) for i in chosen]
+    if note := different_items([(i, results) for i, _, results in runs]):
+        st.warning(views.md(note) + ".", icon=":material/warning:")
     if len(chosen) == 2:
         if rows := engine_agreement(runs[0][2], runs[1][2]):
             a, b = (f"#{i}" for i in chosen)
             st.dataframe(views.engine_rows(rows, a, b), hide_index=True)
             st.caption("same outcome: items with equal scores; same text: the answer up to the item's stop sequence")
         else:
-            st.info("These two experiments share no config (by name) and item without an error to pair.")
+            st.info("These two experiments share no config (by name) and item (the same prompt and answer) without "
+                    "an error to pair.")
     if table := engines_table(runs):
         st.dataframe(views.engines_table_rows(table), hide_index=True)
         st.caption("every engine's configs on the items all of the chosen experiments ran; KV B/token: measured from "
@@ -86,7 +90,7 @@ elif section == views.COMPARE_SECTIONS[2]:
                    "sampled continuation: different quantities); `kvlab compare` adds each server's baseline against "
                    "the embedded engine's")
     else:
-        st.info("The chosen experiments share no item without an error.")
+        st.info("The chosen experiments share no item (the same prompt and answer) without an error.")
 elif rows := views.compare_rows(summaries, [k for k in trial_keys if k not in hidden]):
     chart(charts.parallel_figure(rows), "parallel", "kvlab-parameters")
     st.dataframe([{"experiment": r.experiment_id, "config": r.config_name, "KV bits": r.quant_bits,

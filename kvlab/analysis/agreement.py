@@ -4,11 +4,12 @@ Two engines given the same greedy requests need not answer alike: their kernels,
 CPU build computes in bfloat16, the embedded engine in float32) and their formats differ (an fp8
 cache is per-tensor scaled in vLLM, per block of tokens with a 16-bit residual window in kvlab).  For
 each config both experiments ran (matched by name), this pairs their results item by item (task,
-item id) and says how often the outcomes agree (same score), how often the generated text is the
-same, what each engine's cache costs per context token (measured bytes on the embedded engine, a
-server's pool estimate on vLLM), and each engine's fidelity to *its own* baseline: mean KL with its 95%
-interval over the items, and which estimator measured it (the embedded engine's exact KL on the greedy
-output, a server's sampled estimate: compare like with like).
+item id and the item's content: :func:`item_key`; the same id under another seed is another item, never
+paired, and :func:`different_items` says so) and says how often the outcomes agree (same score), how
+often the generated text is the same, what each engine's cache costs per context token (measured
+bytes on the embedded engine, a server's pool estimate on vLLM), and each engine's fidelity to *its own*
+baseline: mean KL with its 95% interval over the items, and which estimator measured it (the embedded
+engine's exact KL on the greedy output, a server's sampled estimate: compare like with like).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.core.results import ItemResult
+from kvlab.core.results import ITEM_HASH, ItemResult
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,37 @@ def answer_text(result: ItemResult) -> str:
     return text.strip()
 
 
+def item_key(result: ItemResult) -> tuple[str, str, str]:
+    """(task, item id, content): results are of the same item only when all three are equal.  The content is
+    the item's hash stored with the result (:attr:`kvlab.core.items.TaskItem.content_hash`); a result stored
+    before kvlab kept one is known by its seed and expected answer instead (a generated item is a function of
+    its seed, and two items with other answers are other items)."""
+    content = result.extra.get(ITEM_HASH)
+    if not isinstance(content, str):
+        content = f"seed {result.seed}, answer {result.answer!r}"
+    return result.task, result.item_id, content
+
+
+def different_items(runs: Sequence[tuple[int, Sequence[ItemResult]]]) -> str | None:
+    """One line naming the item ids that ``runs`` (experiment id, its results) share but that name other items
+    in them (another content: a spec with another seed generates other prompts and answers under the same ids),
+    which are never paired; None when every shared id is the same item everywhere."""
+    seen: dict[tuple[str, str], dict[str, tuple[int, ItemResult]]] = {}
+    for experiment_id, results in runs:
+        for result in results:
+            task, item_id, content = item_key(result)
+            seen.setdefault((task, item_id), {}).setdefault(content, (experiment_id, result))
+    differing = [(ids, by_content) for ids, by_content in seen.items() if len(by_content) > 1]
+    if not differing:
+        return None
+    (task, item_id), by_content = differing[0]
+    example = "; ".join(f"#{experiment_id} (seed {r.seed}) expects {r.answer[:40]!r}"
+                        for experiment_id, r in by_content.values())
+    return (f"{len(differing)} item id(s) name different items in these experiments and are not paired (their "
+            f"prompts and answers differ: another seed, say, generates other items under the same ids), e.g. "
+            f"{task}/{item_id}: {example}")
+
+
 def _per_token(result: ItemResult) -> float | None:
     """KV bytes per context token: the engines count a prompt's tokens alike, but the embedded engine
     measures the context's cache and a server's estimate covers the whole prompt."""
@@ -91,8 +123,8 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 def engine_agreement(results_a: Sequence[ItemResult], results_b: Sequence[ItemResult]) -> list[EngineAgreement]:
     """Per config both result sets hold (in ``results_a``'s order), the agreement of their items."""
-    def keyed(results: Sequence[ItemResult]) -> dict[tuple[str, str, str], ItemResult]:
-        return {(r.config_name, r.task, r.item_id): r for r in results if r.error is None}
+    def keyed(results: Sequence[ItemResult]) -> dict[tuple[str, str, str, str], ItemResult]:
+        return {(r.config_name, *item_key(r)): r for r in results if r.error is None}
 
     a, b = keyed(results_a), keyed(results_b)
     rows = []
@@ -133,13 +165,13 @@ def engines_table(runs: Sequence[tuple[int, str, Sequence[ItemResult]]]) -> list
     """Every config of every run (``(experiment id, engine, results)``, the same spec on several engines, each with
     its own formats), on the items all of the runs ran: the table that sets engines side by side even where their
     configs differ (llama.cpp's q8_0 beside the embedded engine's int8), each against its own baseline."""
-    def items(results: Sequence[ItemResult]) -> set[tuple[str, str]]:
-        return {(r.task, r.item_id) for r in results if r.error is None}
+    def items(results: Sequence[ItemResult]) -> set[tuple[str, str, str]]:
+        return {item_key(r) for r in results if r.error is None}
 
     shared = set.intersection(*(items(results) for _, _, results in runs)) if runs else set()
     rows = []
     for experiment_id, engine, results in runs:
-        kept = [r for r in results if r.error is None and (r.task, r.item_id) in shared]
+        kept = [r for r in results if r.error is None and item_key(r) in shared]
         for name in dict.fromkeys(r.config_name for r in kept):
             mine = [r for r in kept if r.config_name == name]
             rows.append(EngineConfig(

@@ -17,7 +17,7 @@ from kvlab.secrets import redact
 
 if TYPE_CHECKING:
     from kvlab.analysis.agreement import EngineFidelity
-    from kvlab.store import ExperimentStore
+    from kvlab.core.results import ItemResult
 
 
 def _store():
@@ -131,22 +131,34 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """The same spec on several engines (:mod:`kvlab.analysis.agreement`): two experiments config by config, and
     every experiment's configs side by side, each against its own engine's baseline."""
+    ids = list(dict.fromkeys(args.ids))  # each experiment once, in the order given
+    if len(ids) < 2:
+        raise UserError(f"kvlab compare: give two or more different experiment ids (got {ids[0]} alone)")
+    if repeated := sorted({i for i in args.ids if args.ids.count(i) > 1}):
+        print(f"note: experiment(s) {', '.join(map(str, repeated))} named more than once: compared once",
+              file=sys.stderr)
     store = _store()
-    if len(args.ids) < 2:
-        raise UserError(f"kvlab compare: give two or more experiment ids (got {args.ids[0]} alone)")
-    experiments = [store.get_experiment(i) for i in args.ids]
+    experiments = [store.get_experiment(i) for i in ids]
+    results = {e.id: store.item_results(e.id) for e in experiments}
+    if empty := [e for e in experiments if not results[e.id]]:
+        raise UserError("kvlab compare: " + "; ".join(f"experiment {e.id} '{shown(e.name)}' ({e.status}) has no "
+                                                      "results" for e in empty) + ": nothing to compare it on")
+    from kvlab.analysis.agreement import different_items
+
+    if note := different_items(list(results.items())):
+        print(f"note: {shown(note)}")
     if len(experiments) == 2:
-        _pairwise(store, *experiments)
-    _engines(store, experiments)
-    _baselines_against_each_other(store, *experiments)
+        _pairwise(results, *experiments)
+    _engines(results, experiments)
+    _baselines_against_each_other(results, *experiments)
     return 0
 
 
-def _engines(store: ExperimentStore, experiments: list[Any]) -> None:
+def _engines(results: dict[int, list[ItemResult]], experiments: list[Any]) -> None:
     """Every experiment's configs on the items all of them ran (:func:`kvlab.analysis.agreement.engines_table`)."""
     from kvlab.analysis.agreement import engines_table
 
-    rows = engines_table([(e.id, e.backend_kind, store.item_results(e.id)) for e in experiments])
+    rows = engines_table([(e.id, e.backend_kind, results[e.id]) for e in experiments])
     if not rows:
         print(f"experiments {', '.join(str(e.id) for e in experiments)} share no item without an error: no engines "
               "table")
@@ -168,11 +180,11 @@ def _number(value: float | None, estimated: bool = False, form: str = ",.0f") ->
     return "-" if value is None else ("≈" if estimated else "") + format(value, form)
 
 
-def _pairwise(store: ExperimentStore, a: Any, b: Any) -> None:
+def _pairwise(results: dict[int, list[ItemResult]], a: Any, b: Any) -> None:
     """Two experiments config by config: the configs both ran, paired item by item."""
     from kvlab.analysis.agreement import engine_agreement
 
-    rows = engine_agreement(store.item_results(a.id), store.item_results(b.id))
+    rows = engine_agreement(results[a.id], results[b.id])
     if not rows:
         print(f"experiments {a.id} and {b.id} share no config and item without an error: nothing to pair")
         return
@@ -194,7 +206,7 @@ def _pairwise(store: ExperimentStore, a: Any, b: Any) -> None:
               + "; ".join(sorted(teachers)))
 
 
-def _baselines_against_each_other(store: ExperimentStore, *experiments: Any) -> None:
+def _baselines_against_each_other(results: dict[int, list[ItemResult]], *experiments: Any) -> None:
     """Where one experiment ran on the embedded engine and the other kept its baseline's sampled continuations
     (a server's), how far that server's baseline is from the embedded engine's
     (:mod:`kvlab.experiments.cross_engine`)."""
@@ -207,7 +219,7 @@ def _baselines_against_each_other(store: ExperimentStore, *experiments: Any) -> 
     from kvlab.experiments.cross_engine import baseline_kl_to_embedded, references
 
     for served in others:
-        refs = references(store.item_results(served.id))
+        refs = references(results[served.id])
         if not refs:
             continue
         summary = baseline_kl_to_embedded(refs, embedded[0].spec["model"])

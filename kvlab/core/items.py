@@ -3,6 +3,8 @@ of :mod:`kvlab.tasks` make it)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,3 +49,11 @@ class TaskItem:
     def prompt(self) -> str:
         """The full text a completion model is given."""
         return self.context + self.question
+
+    @property
+    def content_hash(self) -> str:
+        """16 hex digits of SHA-256 over what the item is (its task, text and expected answer): two items are
+        the same item only when this is equal, whatever their ids (the same id names another item under
+        another seed).  Stored with each result (``extra["item_hash"]``) to pair results across experiments."""
+        content = [self.task, self.kind, self.context, self.question, self.continuation, self.answer]
+        return hashlib.sha256(json.dumps(content).encode()).hexdigest()[:16]

@@ -194,6 +194,9 @@ class GenerationKV:
                    baseline_bytes, trace[peak][1], last_bytes / last_tokens if last_tokens else 0.0)
 
 
+#: The key of a result's ``extra`` that holds its item's :attr:`kvlab.core.items.TaskItem.content_hash`.
+ITEM_HASH = "item_hash"
+
 #: What a config was teacher-forced on (:attr:`Fidelity.teacher`).
 TEACHER_BASELINE_OUTPUT = "the baseline's greedy output"
 TEACHER_CONTINUATION = "the reference continuation"

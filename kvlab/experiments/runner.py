@@ -19,7 +19,7 @@ from kvlab.analysis.summary import ConfigSummary, Decision, decide, summarize
 from kvlab.core.experiment_spec import ExperimentSpec, spec_to_dict
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
-from kvlab.core.results import ItemResult
+from kvlab.core.results import ITEM_HASH, ItemResult
 from kvlab.engines.base import Engine, EngineFailure, passes
 from kvlab.engines.factory import build_engine
 from kvlab.experiments.provenance import environment
@@ -92,7 +92,8 @@ def missing_baseline(spec: ExperimentSpec) -> list[str]:
 def score(item: TaskItem, result: ItemResult) -> ItemResult:
     """The item's score, and (in ``extra["shortcuts"]``) what the task's shortcuts would score; the
     item's stop sequences in ``extra["stop"]`` (a server leaves them out of its text, the embedded
-    engine keeps the one it stopped at: :mod:`kvlab.analysis.agreement` compares the two)."""
+    engine keeps the one it stopped at: :mod:`kvlab.analysis.agreement` compares the two) and its
+    content hash in ``extra["item_hash"]`` (the agreement pairs items by it, not by id alone)."""
     if item.kind == "generate" and result.error is None:
         try:
             result.score = score_item(item, result.generated)
@@ -103,6 +104,7 @@ def score(item: TaskItem, result: ItemResult) -> ItemResult:
         result.extra = {**result.extra, "shortcuts": shortcuts}
     if item.stop:
         result.extra = {**result.extra, "stop": list(item.stop)}
+    result.extra = {**result.extra, ITEM_HASH: item.content_hash}
     return result
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvlab.analysis.agreement import answer_text, engine_agreement, engines_table
+from kvlab.analysis.agreement import answer_text, different_items, engine_agreement, engines_table
 from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE, Fidelity
 from tests.dashboard_data import item_result
 
@@ -90,3 +90,21 @@ def test_engines_side_by_side_on_the_items_all_of_them_ran_whatever_their_config
     assert q8.kv_bytes == pytest.approx(12_240) and q8.estimated and q8.accuracy == 1.0
     assert not rows[1].estimated and rows[1].accuracy == pytest.approx(1 / 3)  # int2 misses items 0 and 1: PROFILE
     assert engines_table([(1, "embedded", embedded_run), (2, "llamacpp", [served("baseline", 9, 1.0)])]) == []
+
+
+def test_items_pair_by_their_content_not_their_id_alone():
+    """The same id under another seed is another item (issue 47 row 3): its stored content hash differs; a
+    result stored without one (before kvlab kept it) is known by its seed and expected answer."""
+    a = [replace(embedded("baseline", 0), extra=STOP | {"item_hash": "aaaa"})]
+    assert engine_agreement(a, [replace(a[0], extra=STOP | {"item_hash": "bbbb"})]) == []
+    assert [row.items for row in engine_agreement(a, [replace(a[0])])] == [1]
+    legacy = embedded("baseline", 0)
+    assert engine_agreement([legacy], [replace(legacy, seed=1)]) == []
+    assert engine_agreement([legacy], [replace(legacy, answer="54321")]) == []
+    assert [row.items for row in engine_agreement([legacy], [replace(legacy)])] == [1]
+    assert engines_table([(1, "embedded", a), (2, "vllm", [replace(a[0], extra=STOP | {"item_hash": "bbbb"})])]) == []
+    note = different_items([(1, a), (2, [replace(a[0], seed=1, answer="86717", extra={"item_hash": "bbbb"})])])
+    assert note == ("1 item id(s) name different items in these experiments and are not paired (their prompts and "
+                    "answers differ: another seed, say, generates other items under the same ids), e.g. "
+                    "passkey/passkey-512-0: #1 (seed 0) expects '12345'; #2 (seed 1) expects '86717'")
+    assert different_items([(1, a), (2, a)]) is None

@@ -63,7 +63,7 @@ def test_store_commands_import_no_heavy_library(argv, store_env):
     assert not heavy, f"kvlab {' '.join(argv)} imported {heavy[:8]}"
 
 
-@pytest.mark.parametrize("argv", [["ls"], ["ls", "--status", "done"], ["db", "status"], ["compare", "1", "1"]],
+@pytest.mark.parametrize("argv", [["ls"], ["ls", "--status", "done"], ["db", "status"], ["compare", "1", "2"]],
                          ids=" ".join)
 def test_listing_commands_import_neither_the_spec_models_nor_another_commands_parser(argv, store_env):
     """They read rows: no pydantic (the spec's models), and only the store commands' parsers (build_parser)."""
