@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -77,8 +79,10 @@ def load_model(
         raise ValueError(f"Unknown dtype {dtype!r}; use one of {', '.join(_DTYPES)}") from None
     # a per-tensor bar on every (1 s) load is noise in logs and CLIs
     with library_output(), reading(path, "transformers cannot load this model directory"):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation,
-                                                     trust_remote_code=False)
+        model, loading = cast(tuple[PreTrainedModel, dict[str, Any]], AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch_dtype, attn_implementation=attn_implementation, trust_remote_code=False,
+            output_loading_info=True))  # the stubs do not know output_loading_info's (model, info) pair
+        _refuse_uncovered(path, model, loading["missing_keys"])
         _refuse_no_tokenizer(path)  # after the weights, whose fault a broken directory names first
         tokenizer = _usable(path, AutoTokenizer.from_pretrained(path, trust_remote_code=False))
         fingerprint = model_fingerprint(path)
@@ -111,6 +115,19 @@ def _refuse_no_tokenizer(path: Path) -> None:
     if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ModelFileError(f"{path}: has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): copy the model's "
                              "tokenizer files into the directory beside config.json")
+
+
+def _refuse_uncovered(path: Path, model: PreTrainedModel, missing: Collection[str]) -> None:
+    """Weights of the model that its checkpoint does not hold: transformers starts them from random values
+    and only logs it, so a directory with a single tensor ran as a model and reached a verdict (issue 47).
+    A tied weight (``lm_head`` sharing the embeddings) is not missing: transformers leaves it out of the list."""
+    if missing:
+        names = sorted(missing)
+        raise ModelFileError(
+            f"{path}: its weights do not cover the model: {len(names)} of its {len(model.state_dict())} weight "
+            f"tensors are not in the checkpoint ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}) and "
+            "would start from random values; copy all of the model's *.safetensors files (and "
+            "model.safetensors.index.json) into the directory")
 
 
 def _usable(path: Path, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:

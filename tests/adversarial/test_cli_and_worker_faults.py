@@ -16,6 +16,7 @@ Each runs the real ``kvlab`` process (``python -m kvlab.cli``) on a SQLite file 
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -31,6 +32,7 @@ from kvlab.core.limits import MAX_NOTES_CHARS
 from kvlab.store import Store
 from tests.waiting import SAFETY_S
 
+ROOT = Path(__file__).resolve().parents[2]
 KVLAB = [sys.executable, "-m", "kvlab.cli"]
 SPEC = {"name": "faults", "tasks": [{"name": "passkey", "context_lengths": [256]}], "configs": [{"name": "baseline"}]}
 #: The address space a ``kvlab notes`` process may take: its imports need about a fifth of it; the
@@ -157,3 +159,55 @@ def test_export_out_into_a_missing_directory_creates_it(tmp_path, experiment):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "results" / "quick.csv").is_file()
     assert done.stderr == "wrote results/quick.csv\n"
+
+
+# -- row 14: a checkpoint that does not cover its model -----------------------------------------------------
+
+
+def _tiny_on(model: Path, tmp_path: Path) -> Path:
+    spec = tmp_path / "spec.toml"
+    spec.write_text((ROOT / "examples" / "tiny.toml").read_text().replace('model = "smollm2-135m"',
+                                                                        f"model = {json.dumps(str(model))}"))
+    return spec
+
+
+@pytest.mark.model
+def test_kvlab_run_on_a_checkpoint_with_one_tensor_is_exit_2_before_anything_is_stored(tmp_path):
+    """The issue's directory: config, tokenizer and one tensor of the default model's checkpoint."""
+    from tests.models.partial import partial_checkpoint
+
+    model = partial_checkpoint(tmp_path, keep=1)
+    done = subprocess.run([*KVLAB, "run", str(_tiny_on(model, tmp_path))], env=_env(tmp_path), capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=SAFETY_S)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr and "sweet spot" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [done.stderr.splitlines()[-1]], done.stderr
+    assert errors[0].startswith(f"error: {model.resolve()}: its weights do not cover the model: 271 of its 273 "
+                                "weight tensors are not in the checkpoint"), errors[0]
+    with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
+        assert store.list_experiments() == []
+
+
+@pytest.mark.model
+def test_a_worker_on_a_checkpoint_with_one_tensor_gives_the_trials_back_naming_why(tmp_path):
+    """A worker's host whose model directory lacks weights: a host's model problem (docs/concepts/reliability.md),
+    so the trials go back to the queue with a warning naming the worker and why, and nothing is decided."""
+    from tests.models.partial import partial_checkpoint
+
+    model = partial_checkpoint(tmp_path, keep=1)
+    spec = SPEC | {"model": str(model)}
+    with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
+        experiment_id = store.create_experiment(parse_spec(spec), {})
+    done = subprocess.run([*KVLAB, "worker", "--exit-when-idle", "--threads", "1"], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=SAFETY_S)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("error: worker ") and f"left experiment(s) {experiment_id} in the queue" in last, last
+    assert "its weights do not cover the model" in last, last
+    with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
+        assert [t.status for t in store.trials(experiment_id)] == ["queued"]
+        assert not store.item_results(experiment_id)
+        warnings = [e.message for e in store.events(experiment_id) if e.level == "warning"]
+        assert len(warnings) == 1 and "its weights do not cover the model" in warnings[0], warnings
