@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import streamlit as st
 
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.core.margins import DEFAULT_MAX_DROP
-from kvlab.core.tune_spec import TuneSpec, backend_space
 from kvlab.dashboard import tune_charts, views
 from kvlab.experiments.report import MIB
 from kvlab.store import ExperimentRecord, ExperimentStore, StoreError
@@ -30,7 +27,7 @@ from pages.common import chart
 
 LIVE_EVERY_S = 2.0
 #: The page's ``show`` choice (in the URL): which candidates the chart and the table show.
-SHOWS = ("all", "complete", "stopped", "active")
+SHOWS = ("all", "complete", "stopped", "active", progress.UNFINISHED)
 #: The page's ``section`` choice (in the URL): the search (its front, hypervolume and candidates, which
 #: ``show`` filters) or the parameters (their importance and slice plot for ``metric``).  Apart, so that a
 #: page opens with two charts, not four (~0.2 s of each load on 2 cores, docs/decisions.md).
@@ -54,25 +51,16 @@ class TuneState:
 
 def read_state(store: ExperimentStore, experiment: ExperimentRecord, tune: TuneRecord) -> TuneState:
     trials = store.trials(experiment.id)
-    max_drop = float(experiment.spec.get("max_drop", DEFAULT_MAX_DROP))
-    shown = progress.points(store.candidates(experiment.id), trials, max_drop)
+    shown, budgets = progress.of_tune(experiment, tune, store.candidates(experiment.id), trials)
     base = progress.baseline_trial(trials)
     baseline = progress.baseline_measures(store.item_results(experiment.id, trial_id=base.id)) if base else (None, None)
     answer = tune.recommendation or {}
     if answer.get("baseline_kv_bytes"):  # the decision's own figure, on every item
         baseline = (float(answer["baseline_kv_bytes"]), answer.get("baseline_accuracy", baseline[1]))
     history = progress.hypervolume_history(shown, baseline[0]) if baseline[0] else []
-    used = progress.item_evals(trials)
-    space, _ = backend_space(TuneSpec.model_validate(experiment.spec["tune"]), experiment.backend_kind)
     return TuneState(tune=tune, shown=shown, front=progress.pareto_front(shown), history=history, baseline=baseline,
-                     used=used, model=experiment.model, configs={t.id: t.config for t in trials},
-                     budgets=progress.budgets(shown, space, tune.grid_points, _elapsed_s(tune), used))
-
-
-def _elapsed_s(tune: TuneRecord) -> float:
-    """Seconds since the search started, to its end once it has ended (SQLite hands back naive UTC)."""
-    start, end = tune.started_at, tune.finished_at or datetime.now(UTC)
-    return (end.replace(tzinfo=end.tzinfo or UTC) - start.replace(tzinfo=start.tzinfo or UTC)).total_seconds()
+                     used=budgets.item_evals, model=experiment.model, configs={t.id: t.config for t in trials},
+                     budgets=budgets)
 
 
 def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, section: str, show: str, metric: str,
@@ -99,7 +87,8 @@ def live(store: ExperimentStore, experiment: ExperimentRecord, seen: str, sectio
     recommended = ((tune.recommendation or {}).get("label") if tune.state != "running"
                    else getattr(progress.best_so_far(state.shown), "label", None))
     chart(tune_charts.front_figure(visible, state.front if show in ("all", "complete") else [], state.baseline,
-                                   recommended, title=f"{experiment.name}: {tune_charts.FRONT_TITLE}"),
+                                   recommended, title=f"{experiment.name}: {tune_charts.FRONT_TITLE}",
+                                   final=tune.state != "running"),
           "tune-front", f"{stem}-front")
     st.caption("Feasible (counted in the front, the hypervolume and the recommendation): judged on every item and "
                "acceptable by the sweet-spot rule on every task, at the margins above (fidelity certified within "
@@ -135,7 +124,8 @@ def _trials_help(budgets: progress.Budgets, tally: Mapping[str, int]) -> str:
                                                      if budgets.most != budgets.max_trials else ""))
     return (f"A trial is a candidate the sampler proposed; done: judged on every item or stopped early ({limit}). "
             f"All candidates: {tally['complete']} complete, {tally['stopped']} stopped early, {tally['active']} "
-            "active.")
+            f"active, {tally[progress.UNFINISHED]} unfinished (left so by a tune that ended: never judged on every "
+            "item).")
 
 
 def progress_text(budgets: progress.Budgets, running: bool) -> str:
@@ -145,6 +135,8 @@ def progress_text(budgets: progress.Budgets, running: bool) -> str:
              else f"{budgets.done} trials done (no max_trials)"]
     if budgets.active:
         parts.append(f"{budgets.active} active")
+    if budgets.unfinished:
+        parts.append(f"{budgets.unfinished} unfinished")
     time_spent = views.fmt_duration(budgets.elapsed_s)
     parts.append(f"{time_spent} of {budgets.max_minutes:g} min (max_minutes)" if budgets.max_minutes is not None
                  else f"{time_spent} so far" if running else f"ran {time_spent}")
@@ -179,12 +171,21 @@ def _recommendation(state: TuneState) -> None:
     answer = state.tune.recommendation
     if state.tune.state == "running" or answer is None:
         best = progress.best_so_far(state.shown)
+        ending = progress.ending_text(state.tune.state, state.budgets)
+        if ending is not None:  # ended without an answer: say what finished and what did not, first
+            st.warning(f"No recommendation: the tune was {ending}."
+                       + (f" {views.md(state.tune.note)}." if state.tune.note and state.tune.note != state.tune.state
+                          else ""))
         if best is None:
-            st.info("No candidate is complete and non-inferior yet: the current best appears here as soon as one is "
-                    "judged on every item." if state.tune.state == "running" else
-                    f"The tune is {state.tune.state}: {views.md(state.tune.note or 'no recommendation')}.")
+            if ending is None:
+                st.info("No candidate is complete and non-inferior yet: the current best appears here as soon as "
+                        "one is judged on every item." if state.tune.state == "running" else
+                        f"The tune is {state.tune.state}: {views.md(state.tune.note or 'no recommendation')}.")
             return
-        st.info(f"Current best so far (the tune is {state.tune.state}): **{views.md(best.label)}**, "
+        what = ("Current best so far" if ending is None else
+                f"Partial (the tune was {state.tune.state}: not its answer): the best of the candidates judged on "
+                "every item before it ended")
+        st.info(f"{what}: **{views.md(best.label)}**, "
                 f"{best.kv_bytes / MIB:.3f} MiB KV per item, accuracy {best.accuracy:.3f}, difference "
                 f"{progress.interval_text(best)} on {best.judged_items} items. The final choice also corrects for "
                 "the number of candidates (Holm).")

@@ -100,14 +100,25 @@ def cmd_show(args: argparse.Namespace) -> int:
               f"{shown(t.config_name)}" + (f"   error: {shown(redact(t.error))}" if t.error else ""))
     tune = store.tune(args.id)
     if tune is not None:
+        from kvlab.tune import progress
         from kvlab.tune.recommend import describe
 
-        stopped = [c for c in store.candidates(args.id) if c.state == "stopped"]
-        print(f"\ntune {shown(tune.state)}: {len(stopped)} candidate(s) stopped early"
-              + (f"; {shown(tune.note)}" if tune.note else "") + f" (the dashboard's /tune?id={args.id})")
+        candidates, counts = progress.of_tune(experiment, tune, store.candidates(args.id), trials)
+        note = f"; {shown(tune.note)}" if tune.note and tune.note != tune.state else ""
+        ending = progress.ending_text(tune.state, counts)
+        stopped = sum(1 for c in candidates if c.state == "stopped")
+        head = (f"{ending}; no recommendation" if ending
+                else f"{shown(tune.state)}: {stopped} candidate(s) stopped early")
+        print(f"\ntune {head}{note} (the dashboard's /tune?id={args.id})")
         if tune.recommendation:
             print(shown("\n".join(describe(tune.recommendation)), lines=True))
     results = store.item_results(args.id)
+    if results and experiment.partial:
+        cut = ", ".join(f"{shown(t.config_name)} ({t.items_done}/{t.items_total or '?'} items)" for t in trials
+                        if t.status in ("cancelled", "failed"))
+        print(f"\n{experiment.partial} -- the run did not finish; the verdicts and the sweet spot below rest on the "
+              f"{len(results)} evaluations done before it ended, not on the whole run"
+              + (f" (not finished: {cut})" if cut else ""))
     if results:
         from kvlab.analysis.summary import summarize  # scipy: imported only when there is something to summarise
         from kvlab.core.margins import Margins
@@ -120,6 +131,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         print()
         margins = Margins.of(experiment.spec | margin_overrides(args))
         print(shown(render(summarize(results, baseline, margins), results, baseline), lines=True))
+        if experiment.partial:
+            print(f"({experiment.partial} -- the sweet spot above is not the run's answer)")
     events = store.events(args.id)[-args.events:] if args.events else []
     if events:
         print("\nrecent events:")

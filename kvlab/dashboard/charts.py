@@ -32,6 +32,20 @@ PHASE_COLORS = {"load": "#9e9e9e", "prefill": "#1f77b4", "compress": "#ff7f0e", 
                 "score": "#9467bd", "idle": "#d3d3d3",
                 "launch": "#8c564b", "request": "#17becf"}  # launch/request: a server kvlab launched or calls
 _LAYOUT: dict[str, Any] = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
+#: The marker vocabulary of every chart (the experiment and tune pages, their exports): each symbol means one
+#: thing wherever it is drawn.  The star is the chosen config -- an experiment's sweet spot, a tune's
+#: recommendation (or its best so far while it runs) -- and nothing else; the baseline, where it is a point of
+#: its own, is the black diamond.  ``front``: a config on an experiment's Pareto front; the rest are a tune
+#: candidate's states (:mod:`kvlab.tune.progress`; ``unfinished``: left so by a tune that ended).
+MARKERS: dict[str, dict[str, Any]] = {
+    "chosen": {"size": 18, "symbol": "star", "color": "#ffbf00", "line": {"width": 1, "color": "#333"}},
+    "baseline": {"size": 13, "symbol": "diamond", "color": "black"},
+    "front": {"size": 13, "symbol": "circle-open", "color": "#d62728"},
+    "complete": {"size": 10, "symbol": "circle", "color": "#1f77b4"},
+    "active": {"size": 10, "symbol": "triangle-up-open", "color": "#ff7f0e", "line": {"width": 2}},
+    "stopped": {"size": 8, "symbol": "x", "color": "#9e9e9e"},
+    "unfinished": {"size": 9, "symbol": "square-open", "color": "#8c564b", "line": {"width": 2}},
+}
 
 
 def plotly_text(text: str) -> str:
@@ -142,8 +156,7 @@ def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", bas
     if front:
         fig.add_trace(go.Scatter(
             name="Pareto front", x=[_x(s, axis) for s in front], y=[_y(s, metric) for s in front],
-            mode="lines+markers", line={"color": "#d62728", "width": 2},
-            marker={"size": 13, "symbol": "circle-open", "color": "#d62728"},
+            mode="lines+markers", line={"color": "#d62728", "width": 2}, marker=MARKERS["front"],
             hovertext=_hover(front), hoverinfo="text"))
     sweet = decision.sweet_spot
     words = f"Sweet spot: the {decision.rule}." + (f" {decision.note[0].upper()}{decision.note[1:]}."
@@ -152,8 +165,7 @@ def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", bas
                        y=-0.2, yanchor="top", showarrow=False, align="left", font={"size": 10, "color": "#555"})
     if sweet is not None and any(s.config_name == sweet.config_name for s in points):
         fig.add_trace(go.Scatter(name="sweet spot", x=[_x(sweet, axis)], y=[_y(sweet, metric)], mode="markers",
-                                 marker={"size": 18, "symbol": "star", "color": "#ffbf00",
-                                         "line": {"width": 1, "color": "#333"}},
+                                 marker=MARKERS["chosen"],
                                  hovertext=_hover([sweet]), hoverinfo="text"))
         fig.add_annotation(x=_x(sweet, axis), y=_y(sweet, metric), ax=40, ay=-45, showarrow=True, arrowhead=2,
                            text=f"sweet spot: {plotly_text(sweet.config_name)} ({sweet.compression_ratio:.2f}x, "

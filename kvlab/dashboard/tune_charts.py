@@ -10,21 +10,22 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvlab.dashboard.charts import plotly_text
+from kvlab.dashboard.charts import MARKERS, plotly_text
 from kvlab.experiments.report import MIB
 from kvlab.tune.importance import Importance, Metric, Sample, categorical, varying
-from kvlab.tune.progress import Point
+from kvlab.tune.progress import UNFINISHED, Point
 
 _LAYOUT = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
-#: How each state is drawn: complete solid, stopped greyed, active (still running or waiting) open.
+#: How each state is drawn (its marker from the charts' vocabulary, :data:`kvlab.dashboard.charts.MARKERS`):
+#: complete solid, stopped greyed, active (still running or waiting) open, unfinished (its tune ended first) apart.
 STYLES = {
-    "complete": {"name": "complete (every item)", "marker": {"color": "#1f77b4", "size": 10,
-                                                               "symbol": "circle"}, "opacity": 1.0},
-    "active": {"name": "active (more items to come)", "marker": {"color": "#ff7f0e", "size": 10,
-                                                                    "symbol": "circle-open", "line": {"width": 2}},
-               "opacity": 1.0},
-    "stopped": {"name": "stopped early", "marker": {"color": "#9e9e9e", "size": 8, "symbol": "x"}, "opacity": 0.55},
+    "complete": {"name": "complete (every item)", "marker": MARKERS["complete"], "opacity": 1.0},
+    "active": {"name": "active (more items to come)", "marker": MARKERS["active"], "opacity": 1.0},
+    "stopped": {"name": "stopped early", "marker": MARKERS["stopped"], "opacity": 0.55},
+    UNFINISHED: {"name": "unfinished (the tune ended first)", "marker": MARKERS["unfinished"], "opacity": 0.8},
 }
+#: The order the states are drawn in (the last on top).
+DRAWN = ("stopped", UNFINISHED, "active", "complete")
 FRONT_TITLE = "Pareto front so far: KV bytes vs accuracy"
 HYPERVOLUME_TITLE = "Hypervolume over trials"
 IMPORTANCE_TITLE = "Parameter importance"
@@ -50,13 +51,14 @@ def _hover(point: Point) -> str:
 
 
 def front_figure(shown: Sequence[Point], front: Sequence[Point], baseline: tuple[float | None, float | None],
-                 recommended: str | None = None, title: str = FRONT_TITLE) -> go.Figure:
+                 recommended: str | None = None, title: str = FRONT_TITLE, final: bool = True) -> go.Figure:
     """Every judged candidate at (KV MiB, accuracy) with its paired-difference 95% interval drawn
     around its accuracy (the difference's interval, shifted by the candidate's accuracy minus the
     difference: the baseline's accuracy on the same items); the feasible front as a step line; the
-    baseline; ``recommended`` ringed."""
+    baseline (a diamond); ``recommended`` starred, as an experiment's sweet spot is (the charts' one marker
+    vocabulary): the tune's answer, or its best so far while it runs (``final`` False)."""
     fig = go.Figure()
-    for state in ("stopped", "active", "complete"):
+    for state in DRAWN:
         group = [p for p in shown if p.state == state and _drawn(p)]
         if not group:
             continue
@@ -77,15 +79,14 @@ def front_figure(shown: Sequence[Point], front: Sequence[Point], baseline: tuple
     base_bytes, base_accuracy = baseline
     if base_bytes is not None and base_accuracy is not None:
         fig.add_trace(go.Scatter(x=[base_bytes / MIB], y=[base_accuracy], mode="markers", name="baseline (16-bit)",
-                                 marker={"color": "black", "size": 13, "symbol": "star"},
+                                 marker=MARKERS["baseline"],
                                  hovertext=[f"<b>baseline</b><br>accuracy {base_accuracy:.3f}"
                                             f"<br>KV {base_bytes / MIB:.3f} MiB"], hoverinfo="text"))
     chosen = [p for p in shown if p.label == recommended and _drawn(p)]
     if chosen:
         fig.add_trace(go.Scatter(x=[_mib(chosen[0])], y=[chosen[0].accuracy], mode="markers",
-                                 name=f"recommended: {plotly_text(chosen[0].label)}", hoverinfo="skip",
-                                 marker={"color": "#d62728", "size": 22, "symbol": "circle-open",
-                                         "line": {"width": 3}}))
+                                 name=f"{'recommended' if final else 'best so far'}: {plotly_text(chosen[0].label)}",
+                                 hoverinfo="skip", marker=MARKERS["chosen"]))
     fig.update_layout(title=plotly_text(title), xaxis_title="physical KV cache (MiB per item, measured)",
                       yaxis_title="accuracy (fraction correct; bars: paired 95% interval vs baseline)",
                       legend={"orientation": "h", "y": -0.2}, **_LAYOUT)
@@ -132,7 +133,7 @@ def slice_figure(found: Sequence[Sample], metric: Metric, title: str = SLICE_TIT
     legend: set[str] = set()
     for column, name in enumerate(names, start=1):
         having = [s for s in found if name in s.params]
-        for state in ("stopped", "active", "complete"):
+        for state in DRAWN:
             group = [s for s in having if s.state == state]
             if not group:
                 continue

@@ -389,7 +389,7 @@ def experiment_rows(experiments: Sequence[ExperimentRecord], decisions: Mapping[
             "id": page_link(e), "kind": kind(e), "name": e.name, "status": e.status,
             "progress": progress(e, tunes.get(e.id)), "trials": trials_text(e, tunes.get(e.id)),
             "items": f"{e.items_done}/{e.items_total or '?'}",
-            "sweet spot": spot.config_name if spot else "-",
+            "sweet spot": (spot.config_name + (f" ({e.partial})" if e.partial else "")) if spot else "-",
             "best ratio held (x)": round(spot.compression_ratio, 2) if spot and _present(spot.compression_ratio)
             else None,
             "its mean KL (nats)": float(f"{spot.mean_kl:.3g}") if spot and spot.mean_kl is not None else None,

@@ -14,6 +14,9 @@ from typing import Any
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 TERMINAL_STATUSES = ("done", "failed", "cancelled")
+#: How the results of an experiment that ended without finishing are labelled wherever a verdict or a sweet
+#: spot is drawn from them (the experiments list, ``kvlab show``): they rest on the items done before it ended.
+PARTIAL_LABELS = {"cancelled": "partial: cancelled", "failed": "partial: failed"}
 PHASES = ("load", "prefill", "compress", "decode", "idle", "score",
           "launch", "request")  # launch: a vLLM/SGLang server starting; request: waiting on a server
 SOURCES = ("cpu", "nvml", "server")
@@ -58,6 +61,11 @@ class ExperimentRecord:
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    @property
+    def partial(self) -> str | None:
+        """The label its verdicts and sweet spot carry when it ended without finishing (:data:`PARTIAL_LABELS`)."""
+        return PARTIAL_LABELS.get(self.status)
+
 
 @dataclass
 class TrialRecord:
@@ -83,6 +91,11 @@ class TrialRecord:
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def partial(self) -> str | None:
+        """The label its verdicts and sweet spot carry when it ended without finishing (:data:`PARTIAL_LABELS`)."""
+        return PARTIAL_LABELS.get(self.status)
 
 
 def baseline_trial(trials: Sequence[TrialRecord]) -> TrialRecord | None:

@@ -527,12 +527,11 @@ class Store(TuneQueries):
         if it was cancelled or failed meanwhile: no evaluation counts after a cancel (the worker that gets
         False for that reason stops the trial at once, not at its next heartbeat)."""
         with self._session(write=True) as session:
-            row = session.execute(self._locking(select(TrialRow.experiment_id, TrialRow.status)
-                                                .where(TrialRow.id == trial_id))).one_or_none()
-            if row is None:
+            trial = session.scalar(self._locking(select(TrialRow).where(TrialRow.id == trial_id)))
+            if trial is None:
                 raise TrialNotFoundError(f"no trial {trial_id}")
-            experiment_id, status = row
-            if status in ENDED_WITHOUT_RESULTS:
+            experiment_id = trial.experiment_id
+            if trial.status in ENDED_WITHOUT_RESULTS:
                 return False
             inserted = session.scalar(
                 self._insert()(ItemResultRow)

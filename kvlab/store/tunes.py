@@ -217,13 +217,18 @@ class TuneQueries:
 
     def finish_tune(self, experiment_id: int, state: str, recommendation: dict[str, Any] | None,
                     note: str | None) -> None:
-        """End the search; the experiment ends with it once its trials have (cancelled with the tune)."""
+        """End the search; the experiment ends with it once its trials have (cancelled with the tune).
+        A tune that has already ended keeps its ending: the store's cancel (the page's Cancel, ``kvlab
+        cancel``) ends it first, and its driver's own "cancelled" when it notices must not overwrite when
+        and why it ended."""
         now = datetime.now(UTC)
         with self._session(write=True) as session:
             experiment = self._lock_experiment(session, experiment_id)
             row = session.get(TuneRow, experiment_id)
             if row is None:
                 raise ExperimentNotFoundError(f"experiment {experiment_id} has no tune")
+            if row.state != "running":
+                return
             row.state, row.recommendation, row.note, row.finished_at = state, recommendation, note, now
             if state == "cancelled":
                 session.execute(update(TrialRow).where(TrialRow.experiment_id == experiment_id,

@@ -114,7 +114,7 @@ class Tuner:
         while True:
             if self._cancelled():
                 self._fail_open_proposals()
-                self.store.finish_tune(self.experiment_id, "cancelled", None, "cancelled")
+                self.store.finish_tune(self.experiment_id, "cancelled", None, None)  # ended by the cancel already
                 self.say("tune cancelled")
                 return {}
             budget = self._budget()

@@ -78,7 +78,7 @@ def metric_value(metric: Metric, point: Point, baseline_kv_bytes: float | None) 
              else None)
     value: float | None
     if metric.key == "ratio held":
-        if point.state == "active":
+        if not point.finished:  # active, or left unfinished by its ended tune
             return None
         value = ratio if point.feasible else 0.0
     else:

@@ -8,6 +8,11 @@ Which points count (for the front, the hypervolume and the best so far): **feasi
 candidates judged on every item (state ``complete``) whose paired 95% interval of the accuracy
 difference lies above ``-max_drop`` (non-inferior; a complete candidate also passed the latency
 limits, else the judge stopped it).  Stopped and still-active candidates are drawn but never count.
+
+A candidate still ``active`` when its tune has ended (cancelled, or failed) never finished: it is shown as
+``unfinished`` (:data:`UNFINISHED`), with the reason, never as running or waiting -- the store keeps its
+last verdict on its first items, which is not a verdict on the candidate.  Its tune's page, ``kvlab show``
+and the experiments list all read it through :func:`points` and :func:`of_tune`.
 """
 
 from __future__ import annotations
@@ -16,13 +21,21 @@ import csv
 import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kvlab.core.experiment_spec import ExperimentSpec
+from kvlab.core.margins import DEFAULT_MAX_DROP
 from kvlab.core.results import ItemResult
 from kvlab.core.tune_spec import TuneSpec, backend_space, grid_points, rungs
 from kvlab.experiments.report import MIB
-from kvlab.store.records import CandidateRecord, TrialRecord, baseline_trial
+from kvlab.store.records import CandidateRecord, ExperimentRecord, TrialRecord, TuneRecord, baseline_trial
+
+#: A candidate's state as shown: the store's (active | stopped | complete), or this one for a candidate
+#: left active by a tune that has ended -- it was never judged on every item, nor stopped by the judge.
+UNFINISHED = "unfinished"
+#: States of a candidate that finished: judged on every item, or stopped early by the judge.
+FINISHED = ("complete", "stopped")
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,11 @@ class Point:
     feasible: bool
     mean_kl: float | None = None  # fidelity against the baseline, where measured
 
+    @property
+    def finished(self) -> bool:
+        """Judged on every item, or stopped early (not active, not :data:`UNFINISHED`)."""
+        return self.state in FINISHED
+
 
 def baseline_measures(results: Sequence[ItemResult]) -> tuple[float | None, float | None]:
     """The baseline's mean physical KV bytes and accuracy over the items it has done (an item that
@@ -65,15 +83,26 @@ def is_feasible(candidate: CandidateRecord, max_drop: float) -> bool:
     return candidate.diff_low is not None and candidate.diff_low > -max_drop
 
 
-def points(candidates: Sequence[CandidateRecord], trials: Sequence[TrialRecord], max_drop: float) -> list[Point]:
-    """The candidates in trial order (the order the tune proposed them), the baseline left out."""
+def shown_state(candidate: CandidateRecord, tune_state: str) -> tuple[str, str | None]:
+    """A candidate's state and reason as every view shows them: the store's, except that one left
+    ``active`` by a tune that is no longer running is :data:`UNFINISHED`, the reason saying how its tune ended."""
+    if candidate.state == "active" and tune_state != "running":
+        return UNFINISHED, f"the tune was {tune_state} before it was judged on every item"
+    return candidate.state, candidate.reason
+
+
+def points(candidates: Sequence[CandidateRecord], trials: Sequence[TrialRecord], max_drop: float,
+           tune_state: str = "running") -> list[Point]:
+    """The candidates in trial order (the order the tune proposed them), the baseline left out;
+    ``tune_state``: the tune's (:func:`shown_state`)."""
     labels = {t.id: t.config_name for t in trials}
     base = baseline_trial(trials)
     return [Point(trial_id=c.trial_id, label=labels.get(c.trial_id, f"trial {c.trial_id}"), number=c.number,
-                  state=c.state, reason=c.reason, rung=c.rung, judged_items=c.judged_items, accuracy=c.accuracy,
+                  state=state, reason=reason, rung=c.rung, judged_items=c.judged_items, accuracy=c.accuracy,
                   diff=c.diff, diff_low=c.diff_low, diff_high=c.diff_high, kv_bytes=c.kv_bytes, ttft_ms=c.ttft_ms,
                   tpot_ms=c.tpot_ms, feasible=is_feasible(c, max_drop), mean_kl=c.mean_kl)
-            for c in sorted(candidates, key=lambda c: c.trial_id) if base is None or c.trial_id != base.id]
+            for c in sorted(candidates, key=lambda c: c.trial_id) if base is None or c.trial_id != base.id
+            for state, reason in [shown_state(c, tune_state)]]
 
 
 def dominates(a: Point, b: Point) -> bool:
@@ -165,7 +194,7 @@ def rows_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def counts(shown: Sequence[Point]) -> Mapping[str, int]:
     """How many candidates are in each state."""
-    tally = {"active": 0, "stopped": 0, "complete": 0}
+    tally = {"active": 0, "stopped": 0, "complete": 0, UNFINISHED: 0}
     for point in shown:
         tally[point.state] = tally.get(point.state, 0) + 1
     return tally
@@ -185,6 +214,7 @@ class Budgets:
     max_minutes: float | None
     item_evals: int
     max_item_evals: int | None
+    unfinished: int = 0  # trials its ended tune left unjudged (cancelled or failed mid-way): :data:`UNFINISHED`
 
     @property
     def pace_s(self) -> float | None:
@@ -218,10 +248,36 @@ def budgets(shown: Sequence[Point], tune: TuneSpec, grid_points: int, elapsed_s:
     and its space's ``grid_points``."""
     proposed = [p for p in shown if p.number is not None]
     most = min(tune.max_trials, grid_points) if tune.max_trials is not None else None
-    return Budgets(done=sum(1 for p in proposed if p.state != "active"),
+    return Budgets(done=sum(1 for p in proposed if p.finished),
                    active=sum(1 for p in proposed if p.state == "active"), most=most, max_trials=tune.max_trials,
                    elapsed_s=elapsed_s, max_minutes=tune.max_minutes, item_evals=used,
-                   max_item_evals=tune.max_item_evals)
+                   max_item_evals=tune.max_item_evals, unfinished=sum(1 for p in proposed if p.state == UNFINISHED))
+
+
+def elapsed_s(tune: TuneRecord, now: datetime | None = None) -> float:
+    """Seconds since the search started, to its end once it has ended (SQLite hands back naive UTC)."""
+    start, end = tune.started_at, tune.finished_at or now or datetime.now(UTC)
+    return (end.replace(tzinfo=end.tzinfo or UTC) - start.replace(tzinfo=start.tzinfo or UTC)).total_seconds()
+
+
+def of_tune(experiment: ExperimentRecord, tune: TuneRecord, candidates: Sequence[CandidateRecord],
+            trials: Sequence[TrialRecord], now: datetime | None = None) -> tuple[list[Point], Budgets]:
+    """A stored tune's candidates as shown and its budgets, as the tune page, the experiments list and
+    ``kvlab show`` all count them."""
+    shown = points(candidates, trials, float(experiment.spec.get("max_drop", DEFAULT_MAX_DROP)), tune.state)
+    space, _ = backend_space(TuneSpec.model_validate(experiment.spec["tune"]), experiment.backend_kind)
+    return shown, budgets(shown, space, tune.grid_points, elapsed_s(tune, now), item_evals(trials))
+
+
+def ending_text(tune_state: str, state: Budgets) -> str | None:
+    """What an ended tune that gave no recommendation finished and what it did not, in one line
+    (``cancelled before its search finished: 0 of 11 trials done, 3 unfinished``); None while it runs or
+    once it is done.  Its own words and numbers only (the state is one of the store's TUNE_STATES): no escaping."""
+    if tune_state in ("running", "done"):
+        return None
+    done = f"{state.done} of {state.most} trials done" if state.most is not None else f"{state.done} trials done"
+    return (f"{tune_state} before its search finished: {done}"
+            + (f", {state.unfinished} unfinished" if state.unfinished else ""))
 
 
 def eta(state: Budgets) -> Estimate | None:

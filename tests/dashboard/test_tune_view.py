@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
+from kvlab.analysis.summary import decide, summarize
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.dashboard import page_table, tune_charts
+from kvlab.core.margins import Margins
+from kvlab.dashboard import charts, page_table, tune_charts
 from kvlab.dashboard.tune_launch import record_launch
 from kvlab.store.tunes import study_name
 from kvlab.tune import importance, progress
@@ -155,7 +157,12 @@ def test_cancel_asks_first_then_cancels_the_tune_and_keeps_its_best_so_far(store
     assert store.tune(tune_id).state == "cancelled" and store.get_experiment(tune_id).status == "cancelled"
     assert store.candidates(tune_id) == before  # the judged candidates stay
     assert f"Tune #{tune_id} cancelled" in texts(at.success)
-    assert "Current best so far (the tune is cancelled): **int4/g64/r64**" in texts(at.info)
+    # what finished and what did not; the best complete candidate only as a partial result, never the answer
+    assert "No recommendation: the tune was cancelled before its search finished: 3 of 4 trials done, 1 unfinished" \
+        in texts(at.warning)  # int8 and int4 complete, int2 stopped; snapkv was waiting for its next round
+    assert ("Partial (the tune was cancelled: not its answer): the best of the candidates judged on every item "
+            "before it ended: **int4/g64/r64**") in texts(at.info)
+    assert "active" not in _progress_text(at) and "1 unfinished" in _progress_text(at)
     assert not [b for b in at.button if b.key == "tune-cancel-confirm"]  # no Cancel once it has ended
 
 
@@ -245,3 +252,27 @@ def test_a_tune_without_its_study_says_so(store):
     assert_clean(at)
     assert "cannot be read: no Optuna study file beside the store" in texts(at.info)
     assert not Path(make_url(store.study_storage_url()).database).exists()  # reading created nothing
+
+
+def test_the_star_marks_the_chosen_config_on_every_chart_and_never_the_baseline(store):
+    """Issue 47 row 7: "on the tune chart the star marks the baseline, elsewhere the sweet spot".  One
+    vocabulary (kvlab.dashboard.charts.MARKERS): the star is the chosen config, the diamond the baseline."""
+    tune_id = populate_tune(store)
+    shown, _ = progress.of_tune(store.get_experiment(tune_id), store.tune(tune_id), store.candidates(tune_id),
+                                store.trials(tune_id))
+    label = store.tune(tune_id).recommendation["label"]
+    tune_fig = tune_charts.front_figure(shown, progress.pareto_front(shown), (BASELINE_BYTES, 1.0), label)
+    running_fig = tune_charts.front_figure(shown, [], (BASELINE_BYTES, 1.0), label, final=False)
+    results = store.item_results(tune_id)
+    summaries = summarize(results, "baseline", Margins(max_drop=MAX_DROP))
+    sweep_fig = charts.tradeoff_figure(summaries, decision=decide(summaries, "baseline"))
+
+    def symbols(fig) -> dict[str, str]:
+        return {trace.name: trace.marker.symbol for trace in fig.data if trace.marker.symbol is not None}
+
+    assert [n for n, s in symbols(tune_fig).items() if s == "star"] == [f"recommended: {label}"]
+    assert [n for n, s in symbols(running_fig).items() if s == "star"] == [f"best so far: {label}"]
+    assert [n for n, s in symbols(sweep_fig).items() if s == "star"] == ["sweet spot"]
+    assert symbols(tune_fig)["baseline (16-bit)"] == charts.MARKERS["baseline"]["symbol"] != "star"
+    assert {tune_charts.STYLES[state]["marker"]["symbol"] for state in tune_charts.STYLES}.isdisjoint(
+        {charts.MARKERS[m]["symbol"] for m in ("chosen", "baseline", "front")})  # no state reads as another meaning

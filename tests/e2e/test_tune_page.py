@@ -170,8 +170,13 @@ def test_cancel_asks_first_then_cancels_the_running_tune(server, browser):
             assert store.tune(tune_id).state == "cancelled" and store.get_experiment(tune_id).status == "cancelled"
             assert len(store.candidates(tune_id)) == 1 + len(CANDIDATES)  # the baseline's and every candidate's stay
         expect(main.get_by_test_id("stMetric").filter(has_text="Tune")).to_contain_text("cancelled")
-        expect(main.get_by_test_id("stAlertContentInfo").filter(has_text="Current best so far")).to_contain_text(
-            "Current best so far (the tune is cancelled): int4/g64/r64")
+        expect(main.get_by_test_id("stAlertContentWarning")).to_contain_text(
+            "No recommendation: the tune was cancelled before its search finished")
+        expect(main.get_by_test_id("stAlertContentInfo").filter(has_text="Partial")).to_contain_text(
+            "Partial (the tune was cancelled: not its answer): the best of the candidates judged on every item "
+            "before it ended: int4/g64/r64")
+        expect(_progress(page)).to_contain_text("unfinished")
+        expect(_progress(page)).not_to_contain_text("active")
         expect(main.get_by_role("button", name="Cancel tune")).to_have_count(0)
         _assert_clean(page)
     finally:

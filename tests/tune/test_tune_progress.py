@@ -87,7 +87,7 @@ def test_points_leave_out_the_baseline_and_rows_say_why():
     assert rows[1]["reason"] == "clearly inferior after 4 items"
     assert rows[1]["diff [low, high]"] == "-0.700 [-0.900, -0.200]" and rows[1]["rung/items"] == "0/4"
     assert progress.item_evals(trials) == 44
-    assert progress.counts(shown) == {"active": 0, "stopped": 1, "complete": 1}
+    assert progress.counts(shown) == {"active": 0, "stopped": 1, "complete": 1, progress.UNFINISHED: 0}
 
 
 def test_baseline_measures_average_bytes_and_score_an_error_zero():
