@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -17,15 +18,18 @@ from pydantic import ValidationError
 
 from kvlab.core.axes import CONFIG_COLUMNS
 from kvlab.core.errors import ConfigError
-from kvlab.core.limits import PLAYGROUND_NEW_TOKENS
 from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.core.tasks import TASKS, generated_tasks
 from kvlab.core.urls import strip_credentials
 from kvlab.dashboard import page_table, views
 from kvlab.dashboard.endpoint_playground import run_on_endpoint
+from kvlab.dashboard.page_keys import TYPED_HELP, key_caption
 from kvlab.dashboard.playground import (
     ENGINES,
     MAX_CONFIGS,
+    NUMBER_RANGES,
+    OWN_TEXT_FIELDS,
+    OWN_TEXT_UNSAVED,
     SOURCES,
     PlaygroundView,
     answer_spans,
@@ -43,7 +47,7 @@ from kvlab.dashboard.spec_form import config_row, config_rows
 from kvlab.dashboard.task_params import item_param_widgets, params_text
 from kvlab.dashboard.warm_engine import BackgroundRun, WarmEngine
 from kvlab.paths import DATA_DIR_VAR, data_dir
-from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR
+from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, PLAYGROUND_URL_VAR, read_setting
 from kvlab.tasks.data_dir import data_files
 from pages.common import share_box
 from pages.config_table import column_order, config_columns
@@ -53,6 +57,10 @@ from pages.task_params import item_param_inputs
 DATA_COLUMNS = tuple(c for c in CONFIG_COLUMNS if c != "name")
 #: Where the session keeps its Run in flight (:class:`BackgroundRun`), and its last answer.
 RUN_KEY, ANSWER_KEY = "playground-run", "playground-answer"
+#: The user's own text while it is too long for the link (this tab's session keeps it instead).
+OWN_TEXT_KEY = "playground-own-text"
+#: The API key typed for a Run on an endpoint (this tab's session only: never in the view, the link or a log).
+TYPED_KEY = "playground-typed-key"
 #: Seconds between two looks at a Run in flight; each look also waits this long for its end (so the answer is
 #: drawn as soon as it comes, not up to a period later).  Each look is a script run here and a redraw in the
 #: browser: at 0.25 s they took 2.2 s and 2.3 s of CPU during a 7 s Run beside a worker, at 1 s 0.85 s and
@@ -84,6 +92,8 @@ view, problems = PlaygroundView.from_params(st.query_params.to_dict() | {
     "config": st.query_params.get_all("config")} if "config" in st.query_params else st.query_params.to_dict())
 for problem in problems:
     st.warning(f"The link's {views.md(problem)}", icon=":material/link_off:")
+if view.source == "text" and not any(name in st.query_params for name in OWN_TEXT_FIELDS):
+    view = replace(view, **st.session_state.get(OWN_TEXT_KEY, {}))  # a text too long for the link: the tab keeps it
 # a link's item, prefilled while the page draws (a file's row is read once the widgets have it, not twice)
 if view.engine == "embedded" and view.source != "file" and RUN_KEY not in st.session_state:
     prefill_ahead(view)
@@ -102,10 +112,15 @@ if engine == "endpoint":
     endpoint = {
         "base_url": strip_credentials(url_col.text_input(
             "Base URL", value=view.base_url, placeholder="http://127.0.0.1:8000/v1",
-            help=f"Blank: {BASE_URL_VAR} from the environment or .streamlit/secrets.toml. The key is read from "
-                 f"{DEFAULT_KEY_VAR} there, never typed here.").strip()),
+            help=f"Blank: {BASE_URL_VAR} from the environment or .streamlit/secrets.toml. {DEFAULT_KEY_VAR} "
+                 f"goes only to the URL in {BASE_URL_VAR} (or {PLAYGROUND_URL_VAR}); elsewhere, type a key "
+                 "below.").strip()),
         "model_id": id_col.text_input("Model id", value=view.model_id,
                                       help=f"Blank: {MODEL_ID_VAR}, else the only model the server lists").strip()}
+    # the key: never in the view (nor the link); the dashboard's own only where it belongs (page_keys)
+    typed_key = st.text_input("API key (optional)", type="password", key=TYPED_KEY, help=TYPED_HELP)
+    if target := endpoint["base_url"] or read_setting(BASE_URL_VAR)[0]:
+        st.caption(key_caption(DEFAULT_KEY_VAR, target, typed_key))
     st.caption("The endpoint decides its own KV cache (its launch flags): the item runs once, as it stores it, with "
                "its answer, timings and the cache it held (an estimate). The configs below run on kvlab serve; which "
                "tokens a cache kept only the embedded engine can show.")
@@ -116,10 +131,10 @@ if source == "task":
     tasks = generated_tasks()
     task_col, length_col, depth_col, seed_col = st.columns(4)
     task = task_col.selectbox("Task", tasks, index=tasks.index(view.task) if view.task in tasks else 0)
-    length = length_col.number_input("Context (tokens)", min_value=64, max_value=8192, step=128, value=view.length)
-    depth = depth_col.number_input("Needle depth", min_value=0.0, max_value=1.0, step=0.1, value=view.depth,
+    length = length_col.number_input("Context (tokens)", *NUMBER_RANGES["length"], step=128, value=view.length)
+    depth = depth_col.number_input("Needle depth", *NUMBER_RANGES["depth"], step=0.1, value=view.depth,
                                    disabled=not TASKS[task].needle_depths, help="Where the task hides what it asks for")
-    seed = seed_col.number_input("Seed", min_value=0, step=1, value=view.seed)
+    seed = seed_col.number_input("Seed", *NUMBER_RANGES["seed"], step=1, value=view.seed)
     # the task's own parameters that shape one item, a widget each from its parameter model
     widgets = item_param_widgets(TASKS[task].params)
     own = item_param_inputs(widgets, f"playground-{task}-", view.task_param_values() if task == view.task else {})
@@ -131,7 +146,7 @@ elif source == "file":
     file = file_col.selectbox("File (under the data directory)", files, index=0 if files else None,
                               help=f"The JSONL files under {data_dir()} ({DATA_DIR_VAR}); New experiment's jsonl "
                                    "task uploads one there.")
-    row = row_col.number_input("Row", min_value=1, step=1, value=view.row, help="1 is the file's first item")
+    row = row_col.number_input("Row", *NUMBER_RANGES["row"], step=1, value=view.row, help="1 is the file's first item")
     inputs = {"file": file or "", "row": int(row)}
     if not files:
         st.info(f"No JSONL file under the data directory {data_dir()} ({DATA_DIR_VAR}): put one there, or upload "
@@ -152,7 +167,7 @@ else:
                "answer": answer_col.text_input("Expected answer (optional: marks the answer right or wrong)",
                                                value=view.answer),
                "max_new_tokens": int(tokens_col.number_input(
-                   "Max new tokens", min_value=1, max_value=PLAYGROUND_NEW_TOKENS, step=8, value=view.max_new_tokens,
+                   "Max new tokens", *NUMBER_RANGES["max_new_tokens"], step=8, value=view.max_new_tokens,
                    help="The most tokens each answer may take (fewer when the model ends it)"))}
 
 st.subheader("Configs")
@@ -178,8 +193,14 @@ for number, row in enumerate(rows, start=1):
         st.stop()
 
 view = PlaygroundView(model=model, engine=engine, source=source, config=tuple(configs), **endpoint, **inputs)
-st.query_params.from_dict(view.params())
-share_box(view.params())
+link, left_out = view.link()
+st.query_params.from_dict(link)
+share_box(link)
+if left_out:
+    st.session_state[OWN_TEXT_KEY] = {name: getattr(view, name) for name in OWN_TEXT_FIELDS}
+    st.sidebar.caption(views.md(left_out))
+else:
+    st.session_state.pop(OWN_TEXT_KEY, None)
 
 
 
@@ -193,8 +214,9 @@ def start_run(view: PlaygroundView) -> None:
     try:
         if view.engine == "endpoint":
             fields = view.item()  # a file's row is read here, and its error said at once
+            typed_key = str(st.session_state.get(TYPED_KEY) or "")
             job = BackgroundRun(lambda report, cancelled: run_on_endpoint(fields, view.model, view.base_url,
-                                                                          view.model_id), key)
+                                                                          view.model_id, typed_key=typed_key), key)
         else:
             body, warm = request_body(view), warm_engine(view.model)
 
@@ -236,7 +258,8 @@ if view.engine == "embedded" and not running:  # the item as the widgets have it
 run_col, save_col = st.columns([1, 1])
 run_col.button("Run", type="primary", icon=":material/play_arrow:", key="run", disabled=running,
                on_click=start_run, args=(view,), help="A Run in flight: wait for it, or Cancel it" if running else None)
-if save_col.button("Save as experiment", icon=":material/save:", key="save"):
+if save_col.button("Save as experiment", icon=":material/save:", key="save", disabled=view.source == "text",
+                   help=OWN_TEXT_UNSAVED if view.source == "text" else None):
     try:
         st.session_state["playground_spec"] = spec_for(view)
     except ValueError as error:

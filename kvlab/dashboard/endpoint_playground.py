@@ -13,6 +13,7 @@ serve``'s), so the dashboard needs no tokenizer and stays free of torch.  Every 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -24,8 +25,9 @@ from kvlab.core.geometry import CacheGeometry
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.model_registry import KNOWN_MODELS
+from kvlab.dashboard.page_keys import page_key
 from kvlab.dashboard.warm_engine import PlaygroundError
-from kvlab.engines.endpoint_rules import server_root
+from kvlab.engines.endpoint_rules import key_problem, sendable, server_root
 from kvlab.engines.factory import openai_endpoint
 from kvlab.engines.openai_compat import EndpointError, LaunchedKV, OpenAICompatEngine
 from kvlab.engines.server_logs import KVPool
@@ -105,12 +107,14 @@ def _pool(endpoint: Endpoint) -> KVPool | None:
 
 
 def run_on_endpoint(item_fields: Mapping[str, Any], model: str, base_url: str | None, model_id: str | None,
-                    max_new_tokens: int | None = None) -> dict[str, Any]:
+                    max_new_tokens: int | None = None, typed_key: str = "") -> dict[str, Any]:
     """One run, in the shape of ``POST /kvlab/playground``'s answer (one result: the server's own cache, with
     ``kv_source`` saying where its bytes come from, ``kv_estimated`` whether they are an estimate (they are
-    measured on ``kvlab serve``); no token spans, no kept positions)."""
+    measured on ``kvlab serve``); no token spans, no kept positions).  The request carries ``typed_key``, else
+    ``KVLAB_API_KEY`` only where it belongs (:func:`kvlab.dashboard.page_keys.page_key`): a link names the base
+    URL, not where the dashboard's key goes."""
     try:
-        endpoint = openai_endpoint(base_url or None, model_id or None, DEFAULT_KEY_VAR)
+        endpoint = sent_key(openai_endpoint(base_url or None, model_id or None, DEFAULT_KEY_VAR), typed_key)
     except ConfigError as error:
         raise PlaygroundError(str(error)) from None
     backend = BackendSpec(kind="openai_compat", base_url=endpoint.base_url, max_retries=1,
@@ -148,6 +152,15 @@ def run_on_endpoint(item_fields: Mapping[str, Any], model: str, base_url: str | 
                 "query_aware": False, "kept_positions": None, "kv_source": result.kv.source,
                 "kv_estimated": result.kv.estimated,
                 "output_tokens": result.output_tokens}]}
+
+
+def sent_key(endpoint: Endpoint, typed_key: str) -> Endpoint:
+    """``endpoint`` with the key a page's request to it may carry (:func:`kvlab.dashboard.page_keys.page_key`)."""
+    choice = page_key(DEFAULT_KEY_VAR, endpoint.base_url, typed_key)
+    if choice.key and not sendable(choice.key):
+        raise ConfigError(f"the typed API key {key_problem(choice.key)}: type the key exactly as issued")
+    return replace(endpoint, api_key=choice.key,
+                   key_source=f"none sent: {choice.withheld}" if choice.withheld else choice.source)
 
 
 def _item(fields: Mapping[str, Any], tokenizer: EndpointTokenizer, max_new_tokens: int | None) -> TaskItem:

@@ -16,6 +16,7 @@ from kvlab.core.model_registry import DEFAULT_MODEL, KNOWN_MODELS
 from kvlab.core.results import KeptPositions
 from kvlab.core.tasks import FILE_TASK, TASKS, generated_tasks
 from kvlab.core.urls import strip_credentials
+from kvlab.dashboard.task_params import ParamWidget, item_param_widgets
 from kvlab.dashboard.views import fmt
 from kvlab.tasks.data_dir import checked_data_file
 from kvlab.tasks.jsonl import DEFAULT_MAX_NEW_TOKENS, read_row
@@ -38,6 +39,22 @@ DEFAULT_CONFIGS = (
 MAX_CONFIGS = PLAYGROUND_CONFIGS
 #: New tokens an answer to the user's own text may take, unless the page says otherwise (a JSONL row's default).
 OWN_TEXT_NEW_TOKENS = DEFAULT_MAX_NEW_TOKENS
+#: The largest whole number a number widget holds (the browser's exact integers): a seed's or a row's ceiling.
+MAX_WHOLE = 2**53 - 1
+#: Each number a link sets, with the range of its widget on the page (which uses these): a link's value outside it
+#: is said in one line and left at its default, never handed to a widget that would stop the page.
+NUMBER_RANGES: dict[str, tuple[int | float, int | float]] = {
+    "length": (64, 8192), "depth": (0.0, 1.0), "seed": (0, MAX_WHOLE), "row": (1, MAX_WHOLE),
+    "max_new_tokens": (1, PLAYGROUND_NEW_TOKENS)}
+#: The most characters of the user's own text (context, question and answer together) a link carries: a longer
+#: text stays on the page, and the link says that it is not in it (a share link is a line to paste, not a
+#: document; the text's place is a JSONL file in the data directory, whose row a link names).
+LINK_TEXT_CHARS = 300
+#: The fields of the user's own text.
+OWN_TEXT_FIELDS = ("context", "question", "answer")
+#: Why "Save as experiment" is off for the user's own text.
+OWN_TEXT_UNSAVED = ("Save as experiment runs a whole task: pick a task or a JSONL file as the input (put your own "
+                    "texts in a JSONL file in the data directory)")
 
 
 @dataclass(frozen=True)
@@ -95,19 +112,39 @@ class PlaygroundView:
                     values["task_params"] = _params_text(raw if isinstance(raw, str) else raw[-1])
                     continue
                 text = raw if isinstance(raw, str) else raw[-1]
-                kind = type(getattr(default, item.name))
-                values[item.name] = kind(text)
-                if item.name == "max_new_tokens" and not 1 <= values[item.name] <= PLAYGROUND_NEW_TOKENS:
-                    del values[item.name]
-                    raise ValueError(f"{text} is not in 1-{PLAYGROUND_NEW_TOKENS}, the playground's range")
+                if item.name in NUMBER_RANGES:
+                    number = _link_number(item.name, text, type(getattr(default, item.name)))
+                    if isinstance(number, str):
+                        problems.append(number)
+                    else:
+                        values[item.name] = number
+                    continue
+                values[item.name] = type(getattr(default, item.name))(text)
             except (ValueError, TypeError) as error:
                 problems.append(f"{item.name}: {str(error).splitlines()[0]} (left at its default)")
-        for name, allowed in (("source", SOURCES), ("engine", ENGINES), ("model", tuple(KNOWN_MODELS))):
+        for name, allowed in (("source", SOURCES), ("engine", ENGINES), ("model", tuple(KNOWN_MODELS)),
+                              ("task", tuple(generated_tasks()))):
             if values.get(name, getattr(default, name)) not in allowed:
                 problems.append(f"{name}: {values[name]!r} is not one of {', '.join(allowed)} (left at its default)")
                 values[name] = getattr(default, name)
+        if values.get("task_params"):
+            values["task_params"], said = _params_in_range(values.get("task", default.task), values["task_params"])
+            problems += said
         values["base_url"] = strip_credentials(values.get("base_url", ""))
         return cls(**values), problems
+
+    def link(self) -> tuple[dict[str, str | list[str]], str | None]:
+        """The share link's query parameters (:meth:`params`), and a line when the user's own text is left out of
+        them for its length (over :data:`LINK_TEXT_CHARS` characters)."""
+        params = self.params()
+        chars = len(self.context) + len(self.question) + len(self.answer)
+        if self.source != "text" or chars <= LINK_TEXT_CHARS:
+            return params, None
+        for name in OWN_TEXT_FIELDS:
+            params.pop(name, None)
+        return params, (f"Your text ({chars:,} characters) is not in the link: a link carries your own text up to "
+                        f"{LINK_TEXT_CHARS} characters. To share a longer one, put it in a JSONL file in the data "
+                        "directory and link its row.")
 
     def configs(self) -> list[dict[str, Any]]:
         return [json.loads(text) for text in self.config]
@@ -127,6 +164,47 @@ class PlaygroundView:
             return {key: record[key] for key in ("context", "question", "answer", "scorer", "tolerance")
                     if key in record}
         return {"context": self.context, "question": self.question, "answer": self.answer}
+
+
+def _link_number(name: str, text: str, kind: type) -> int | float | str:
+    """A link's number ``name`` as ``kind``, or the line that says why it is left at its default (not a number,
+    not whole, or out of :data:`NUMBER_RANGES`)."""
+    low, high = NUMBER_RANGES[name]
+    shown = f"{name}={text[:40]}{'...' if len(text) > 40 else ''}"
+    try:
+        number = float(text)
+    except ValueError:
+        return f"{shown} is not a number; left at its default"
+    if not low <= number <= high:  # NaN too
+        return f"{shown} is out of range ({low:,}-{high:,}); left at its default"
+    if kind is int and not number.is_integer():
+        return f"{shown} is not a whole number; left at its default"
+    return int(text) if kind is int and text.strip().lstrip("+-").isdigit() else kind(number)
+
+
+def _params_in_range(task: str, text: str) -> tuple[str, list[str]]:
+    """A link's task parameters less those the task's widgets cannot show, each said in one line."""
+    params, problems = json.loads(text), []
+    for widget in item_param_widgets(TASKS[task].params):
+        if widget.name in params and (wrong := _param_problem(widget, params[widget.name])):
+            problems.append(f"task_params: {widget.name}={json.dumps(params.pop(widget.name))[:40]} {wrong}; "
+                            "left at its default")
+    return (json.dumps(params, separators=(",", ":"), sort_keys=True) if params else ""), problems
+
+
+def _param_problem(widget: ParamWidget, value: Any) -> str | None:
+    """Why a task parameter's widget cannot show ``value`` (None when it can): a number out of its range, not a
+    number or not whole, or not one of a choice's options."""
+    if widget.kind == "choice":
+        return None if value is None or value in widget.options else f"is not one of {widget.options}"
+    if widget.kind not in ("int", "float"):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "is not a number"
+    low, high = widget.bounds
+    if not (low is None or value >= low) or not (high is None or value <= high) or value != value:
+        return f"is out of range ({'' if low is None else low}-{'' if high is None else high})"
+    return "is not a whole number" if widget.kind == "int" and not float(value).is_integer() else None
 
 
 def _params_text(text: str) -> str:
@@ -284,8 +362,7 @@ def spec_for(view: PlaygroundView, items: int = 10) -> dict[str, Any]:
     baseline: the configs need kvlab serve).  ``ValueError`` for the user's own text: a sweep runs a task (such
     texts run as a JSONL file in the data directory)."""
     if view.source == "text":
-        raise ValueError("Save as experiment runs a whole task: pick a task or a JSONL file as the input (put your "
-                         "own texts in a JSONL file in the data directory)")
+        raise ValueError(OWN_TEXT_UNSAVED)
     entry: dict[str, Any]
     if view.source == "file":
         entry = {"name": FILE_TASK, "path": view.file}

@@ -33,9 +33,8 @@ import httpx
 from kvlab.dashboard.process_exit import stop_at_exit
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.paths import log_dir
-from kvlab.secrets import DEFAULT_KEY_VAR, read_setting
+from kvlab.secrets import DEFAULT_KEY_VAR, PLAYGROUND_URL_VAR, key_for
 
-URL_VAR = "KVLAB_PLAYGROUND_URL"
 #: Seconds a Run's stream may stay silent before the page gives up on the server (it sends its progress every
 #: quarter of a second, queued or running: :data:`kvlab.serve.app.PROGRESS_EVERY_S`).
 SILENCE_TIMEOUT_S = 60.0
@@ -50,8 +49,8 @@ class WarmEngine:
 
     def __init__(self, model: str):
         self.model = model
-        self.attached = os.environ.get(URL_VAR, "").rstrip("/") or None
-        self.api_key = read_setting(DEFAULT_KEY_VAR)[0] if self.attached else None
+        self.attached = os.environ.get(PLAYGROUND_URL_VAR, "").rstrip("/") or None
+        self.api_key = key_for(DEFAULT_KEY_VAR, self.attached).key if self.attached else None  # it belongs there
         self._server: ManagedServer | None = None
         self._root: str | None = self.attached
         self._lock = threading.Lock()
