@@ -251,8 +251,15 @@ def eta_text(left: Eta | None) -> str:
     if left is None:
         return ("no estimate of the time left yet: no finished run of this model on this backend, and too few "
                 "evaluations of its own")
-    return (f"about {fmt_duration(left.seconds_left)} left for {left.evaluations_left} evaluations (an estimate "
-            f"from {left.pace.basis})")
+    basis = f"{left.evaluations_left} evaluations (an estimate from {left.pace.basis})"
+    if left.stage == "queued":  # the wait grows; the estimate starts at the first claim
+        return (f"queued {fmt_duration(left.stage_s)} (no worker has claimed it yet); then about "
+                f"{fmt_duration(left.seconds_left)} for {basis}")
+    head = (f"starting: loading the model and its first items ({fmt_duration(left.stage_s)} so far); "
+            if left.stage == "starting" else "")
+    if left.overdue_s > 0:
+        return f"{head}{fmt_duration(left.overdue_s)} past the estimate for {basis}"
+    return f"{head}about {fmt_duration(left.seconds_left)} left for {basis}"
 
 
 def kind(experiment: ExperimentRecord) -> str:

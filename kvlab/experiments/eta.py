@@ -9,6 +9,13 @@ configs a worker claims together, several workers in parallel, the model's load)
   :data:`PAST_RUNS`), each from its start to its end;
 * with neither, no estimate.
 
+The estimate moves with the clock, never standing still while nothing lands: a past runs' pace is their
+whole wall time per evaluation, the model's load included, so their estimate of this run is a span from
+its first claim (``planned x pace``), counted down from there -- and once it is spent, how far past it the
+run is; the run's own pace is its time so far per evaluation, which grows while an evaluation takes long.
+Its :attr:`Eta.stage` says where the run is: ``queued`` (no worker has claimed it: the wait so far, then the
+estimate), ``starting`` (claimed, no evaluation yet: the model's load and its first items) or ``evaluating``.
+
 The time so far is split at the experiment's own marks: queued (created -> the first claim), the
 model's load (the workers' telemetry samples in the ``load`` phase) and evaluating (the rest).
 Pure functions over store records: the experiment page and its tests call them alike.
@@ -39,16 +46,34 @@ class Pace:
     basis: str
 
 
+#: Where a run stands, for its estimate (:attr:`Eta.stage`).
+STAGES = ("queued", "starting", "evaluating")
+
+
 @dataclass(frozen=True)
 class Eta:
-    """An estimate of the time left: the evaluations left at a pace."""
+    """An estimate of the time left: the evaluations left at a pace.  ``span_s``: where the pace includes
+    the model's load (a past run's), the whole run's estimate from its first claim, of which ``spent_s`` has
+    passed; None: the evaluations left times the pace.  ``stage`` (:data:`STAGES`) and ``stage_s``: where
+    the run stands and for how long so far (queued: since it was created; starting: since its first claim)."""
 
     evaluations_left: int
     pace: Pace
+    span_s: float | None = None
+    spent_s: float = 0.0
+    stage: str = "evaluating"
+    stage_s: float = 0.0
 
     @property
     def seconds_left(self) -> float:
-        return self.evaluations_left * self.pace.seconds_per_evaluation
+        if self.span_s is None:
+            return self.evaluations_left * self.pace.seconds_per_evaluation
+        return max(0.0, self.span_s - self.spent_s)
+
+    @property
+    def overdue_s(self) -> float:
+        """How far past its estimate the run is (0 while within it)."""
+        return 0.0 if self.span_s is None else max(0.0, self.spent_s - self.span_s)
 
 
 @dataclass(frozen=True)
@@ -113,15 +138,25 @@ def past_pace(experiment: ExperimentRecord, past: Sequence[ExperimentRecord]) ->
 
 def estimate(experiment: ExperimentRecord, trials: Sequence[TrialRecord], past: Sequence[ExperimentRecord],
              now: datetime, per_config: int | None = None) -> Eta | None:
-    """The time left of a queued or running experiment: its evaluations left at its own pace, else at
-    its past runs' (module docstring); None once it has ended, or without a pace or a count."""
+    """The time left of a queued or running experiment at ``now``: its evaluations left at its own pace,
+    else its past runs' span counted from its first claim (module docstring); None once it has ended, or
+    without a pace or a count."""
     if experiment.is_terminal:
         return None
     planned = evaluations_planned(trials, per_config)
-    pace = own_pace(experiment, now) or past_pace(experiment, past)
-    if planned is None or pace is None:
+    if planned is None:
         return None
-    return Eta(max(0, planned - experiment.items_done), pace)
+    left = max(0, planned - experiment.items_done)
+    if (own := own_pace(experiment, now)) is not None:
+        return Eta(left, own)
+    pace = past_pace(experiment, past)
+    if pace is None:
+        return None
+    span = planned * pace.seconds_per_evaluation
+    if experiment.started_at is None:
+        return Eta(left, pace, span, 0.0, "queued", _seconds(experiment.created_at, now))
+    spent = _seconds(experiment.started_at, now)
+    return Eta(left, pace, span, spent, "starting" if experiment.items_done == 0 else "evaluating", spent)
 
 
 def load_seconds(samples: Sequence[TelemetrySample]) -> float | None:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from kvlab.dashboard import views
 from kvlab.experiments import eta, worker_logs
 from kvlab.store.records import ExperimentRecord, TelemetrySample, TrialRecord
 from tests.waiting import SAFETY_S
@@ -59,7 +60,9 @@ def test_past_runs_of_the_same_model_and_backend_give_the_pace_before_the_run_ha
     assert pace is not None and pace.seconds_per_evaluation == 4.0  # the median of 10, 2 and 4
     assert "#2" in pace.basis and "#5" not in pace.basis and "embedded" in pace.basis
     left = eta.estimate(now_running, [trial(0, 10), trial(1, 10)], past, NOW)
-    assert left is not None and left.evaluations_left == 18 and left.seconds_left == 72.0
+    # their pace includes their load: 20 evaluations are 80 s from the first claim, 500 s ago -- 420 s past it
+    assert left is not None and left.evaluations_left == 18 and left.span_s == 80.0
+    assert left.seconds_left == 0.0 and left.overdue_s == 420.0 and left.stage == "evaluating"
     assert left.pace == pace  # 2 evaluations of its own are too few to go by
 
 
@@ -146,3 +149,40 @@ def test_a_long_log_is_read_from_its_end_with_each_line_still_its_workers(tmp_pa
     assert worker_logs.worker_log_tail({"host-3-cccccc"}, since=0, folder=tmp_path).lines[-1].endswith("three line 0")
     log.write_text(header("host-4-dddddd") + lines("four", 40))  # the file rewritten: scanned again from its start
     assert worker_logs.worker_log_tail({"host-4-dddddd"}, since=0, folder=tmp_path).lines[-1].endswith("four line 39")
+
+
+def test_the_eta_moves_with_time_through_the_queue_and_the_model_load():
+    """Issue 47 row 4: "about 6 s left for 6 evaluations … the model's load included" stood still from 2.5 s to
+    14.9 s with "0/? items", and the run finished at 22.9 s.  The clock is injected (``now``): while queued the
+    page says so and counts the wait; once claimed, the past runs' estimate (their load included) counts down
+    from the claim, and past it says by how much it is late; never a frozen figure."""
+    created = NOW - timedelta(seconds=60)
+    claimed = created + timedelta(seconds=2.5)
+    past = [experiment(2, "done", started_s=4000, finished_s=3994, items_done=6)]  # 1 s per evaluation, load included
+    queued = replace(experiment(started_s=None), created_at=created)
+    running = replace(experiment(), created_at=created, started_at=claimed)
+    trials = [trial(0, None), trial(1, None)]
+
+    def at(record: ExperimentRecord, seconds: float) -> tuple[eta.Eta, str]:
+        left = eta.estimate(record, trials, past, created + timedelta(seconds=seconds), per_config=3)
+        assert left is not None
+        return left, views.eta_text(left)
+
+    first, text = at(queued, 1.0)
+    assert first.stage == "queued" and first.stage_s == 1.0 and text.startswith("queued 1 s (no worker has claimed it")
+    assert "then about 6 s for 6 evaluations" in text
+    assert at(queued, 2.0)[1] != text  # the wait grows
+    seen = []
+    for seconds in (2.5, 5.0, 8.0, 14.9, 22.0):
+        left, text = at(running, seconds)
+        assert left.stage == "starting" and left.stage_s == pytest.approx(seconds - 2.5)
+        assert text.startswith(f"starting: loading the model and its first items ({views.fmt_duration(seconds - 2.5)} "
+                               "so far)")
+        seen.append((left.seconds_left, left.overdue_s, text))
+    assert [s for s, _, _ in seen] == pytest.approx([6.0, 3.5, 0.5, 0.0, 0.0])  # counts down from the claim
+    assert [o for _, o, _ in seen] == pytest.approx([0.0, 0.0, 0.0, 6.4, 13.5])  # then grows past it
+    assert "about 6 s left for 6 evaluations" in seen[0][2] and "6 s past the estimate for 6" in seen[3][2]
+    assert len({t for _, _, t in seen}) == len(seen)  # a different text at every moment
+    evaluating = replace(running, items_done=2)
+    left, text = at(evaluating, 5.0)
+    assert left.stage == "evaluating" and text.startswith("about 4 s left for 4 evaluations")
