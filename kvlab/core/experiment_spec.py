@@ -337,6 +337,9 @@ def check_context_lengths(spec: ExperimentSpec, model_limit: int | None) -> None
     if BACKENDS[spec.backend.kind].serves_spec_model:
         limits.append((model_limit, "{model}'s maximum context of {limit:,} tokens",
                        " or a model with a longer context", True))
+    if BACKENDS[spec.backend.kind].launches_server:  # the launched server's context (llama.cpp: its pool's cells)
+        limits.append((spec.backend.server.max_model_len, "server.max_model_len = {limit:,}",
+                       " or a larger server.max_model_len", True))
     for index, task in enumerate(spec.tasks):
         # its prompts are measured once tokenized (the engine refuses one too long)
         if not TASK_REGISTRY[task.name].target_lengths:

@@ -163,7 +163,23 @@ class LaunchedServerEngine(Engine):
                               num_layers=num_layers)
 
     def check_items(self, items: Sequence[TaskItem]) -> None:
+        """Perplexity refused; every item's prompt (as it is sent: context and question) and new tokens within the
+        server's context (``server.max_model_len``), measured with the task's tokenizer before any launch: a server
+        refuses a longer one request by request (llama.cpp: its pool's ``n_ctx`` cells).  Generated tasks were
+        refused by the spec already, where their lengths are known; a file's prompts are known here."""
         refuse_perplexity(items)
+        limit = self.spec.backend.server.max_model_len
+        if limit is None:
+            return
+        too_long = [(item, needed) for item in items
+                    if (needed := len(self._tokenizer(item.context + item.question)["input_ids"])
+                        + item.max_new_tokens) > limit]
+        if too_long:
+            item, needed = too_long[0]
+            more = f" (and {len(too_long) - 1} more items)" if len(too_long) > 1 else ""
+            raise ConfigError(f"item {item.item_id}: {needed:,} tokens (prompt and new tokens) exceed "
+                              f"server.max_model_len = {limit:,}, the {self.name} server's context{more}; use shorter "
+                              "prompts or a larger server.max_model_len")
 
     def evaluate(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> Iterator[ItemResult]:
         for config in configs:

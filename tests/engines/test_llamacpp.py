@@ -119,3 +119,68 @@ def test_the_tune_searches_llamacpps_key_and_value_types_only():
 def test_the_embedded_tune_leaves_llamacpps_types_out_and_says_so():
     narrowed, notes = backend_space(TuneSpec(quant=["int8", "q4_0"], max_trials=4), "embedded")
     assert narrowed.quant == ["int8"] and notes == ["embedded has no KV cache like q4_0: left out of the search"]
+
+
+# Issue 47 row 9: "[backend.server] max_model_len = 128 (or 256) with passkey context_lengths = [256] passes
+# validation; the server raises `Requested tokens (256) exceed context window` inside a streamed 200 and the run makes
+# no progress for 180 s".
+ROW_9_SPEC = """
+name = "row-9"
+model = "smollm2-135m"
+[backend]
+kind = "{kind}"
+[backend.server]
+max_model_len = {max_model_len}
+[[tasks]]
+name = "passkey"
+context_lengths = [256]
+num_items = 1
+[[configs]]
+name = "baseline"
+"""
+
+
+@pytest.mark.parametrize("kind", ["llamacpp", "vllm", "sglang"])
+@pytest.mark.parametrize("max_model_len", [128, 256])
+def test_a_pool_smaller_than_the_longest_prompt_and_its_new_tokens_is_refused_by_the_spec(kind, max_model_len):
+    import tomllib
+
+    from pydantic import ValidationError
+
+    from kvlab.core.experiment_spec import ExperimentSpec, format_validation_error
+
+    with pytest.raises(ValidationError) as refused:
+        ExperimentSpec.model_validate(tomllib.loads(ROW_9_SPEC.format(kind=kind, max_model_len=max_model_len)))
+    (line,) = format_validation_error(refused.value).splitlines()
+    assert line.startswith("tasks.0.context_lengths: [256] exceed server.max_model_len = ")
+    assert "new tokens" in line and "a larger server.max_model_len" in line, line
+
+
+def test_kvlab_run_refuses_it_before_launching_in_one_line_exit_2(tmp_path):
+    from tests.serving import kvlab_cli
+
+    (tmp_path / "row9.toml").write_text(ROW_9_SPEC.format(kind="llamacpp", max_model_len=128))
+    ran = kvlab_cli("run", "row9.toml", "--no-store", db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr[-2000:]
+    (line,) = [line for line in ran.stderr.splitlines() if line.strip()]  # the one line, before any header
+    assert line.startswith("error: ") and "server.max_model_len = 128" in line, line
+
+
+def test_a_files_prompt_longer_than_the_pool_is_refused_before_launch_in_one_line_exit_2(tmp_path):
+    """A file's prompts are measured once tokenized (their lengths are not in the spec): refused after the items
+    are built, before any server is launched."""
+    import json
+
+    from tests.serving import kvlab_cli
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"context": "The sky is blue. " * 60, "question": "\nColour:", "answer": "blue"})
+                    + "\n" + json.dumps({"context": "Short.", "question": "\nA:", "answer": "b"}) + "\n")
+    spec = ROW_9_SPEC.format(kind="llamacpp", max_model_len=128).replace(
+        'name = "passkey"\ncontext_lengths = [256]\nnum_items = 1', f'name = "jsonl"\npath = "{rows}"')
+    (tmp_path / "file.toml").write_text(spec)
+    ran = kvlab_cli("run", "file.toml", "--no-store", db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr[-2000:]
+    (line,) = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
+    assert "exceed server.max_model_len = 128" in line and "new tokens" in line, line
+    assert "launch" not in (ran.stdout + ran.stderr).lower()
