@@ -4,6 +4,14 @@ The server runs in its own session (a new process group): vLLM and SGLang each s
 processes (API server, engine core / scheduler, detokenizer), and signalling the group is the only
 way to reach all of them, including ones whose parent already died.  Its stdout and stderr go to a
 log file, which is how kvlab learns the KV pool size and why a start failed.
+
+A server never outlives the process that launched it, however that process ends: a watchdog
+(:data:`WATCHDOG`, a few lines run by kvlab's own interpreter in a session of its own) waits on a
+pipe whose only writer is the launching process; the kernel closes it when that process ends (a
+SIGKILL included, where no ``finally`` runs), and the watchdog then stops the server's process group
+as :meth:`ManagedServer.stop` does.  A pipe rather than ``PR_SET_PDEATHSIG``: the kernel sends that
+signal when the *thread* that forked the server ends, and kvlab launches servers from threads that
+end long before their process (a worker's, the dashboard's).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import TracebackType
@@ -22,6 +31,31 @@ import httpx
 from kvlab.cpu_priority import pass_on_session_niceness
 
 TAIL_LINES = 30
+#: Seconds between SIGINT, SIGTERM and SIGKILL when a server is stopped (by :meth:`ManagedServer.stop` or its watchdog).
+STOP_GRACE_S = 20.0
+#: The watchdog's script (argv: the server's process group, the grace in seconds; stdin: the launcher's pipe).  It
+#: ignores SIGINT and SIGTERM (a Ctrl-C of the terminal reaches it too) and lives in a session of its own, so that it
+#: sees the server's group empty.
+WATCHDOG = r"""
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pgid, grace = int(sys.argv[1]), float(sys.argv[2])
+sys.stdin.buffer.read()  # returns at end of file: the process that launched the server has ended
+def signal_group(sig):
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+for sig in (signal.SIGINT, signal.SIGTERM):
+    if not signal_group(sig):
+        sys.exit(0)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and signal_group(0):
+        time.sleep(0.1)
+signal_group(signal.SIGKILL)
+"""
 
 
 class ServerStartError(RuntimeError):
@@ -50,14 +84,17 @@ class ManagedServer:
     """
 
     def __init__(self, command: list[str], health_url: str, log_path: Path, env: dict[str, str] | None = None,
-                 startup_timeout_s: float = 900.0, poll_s: float = 0.5):
+                 startup_timeout_s: float = 900.0, poll_s: float = 0.5, stop_grace_s: float = STOP_GRACE_S):
         self.command = list(command)
         self.health_url = health_url
         self.log_path = Path(log_path)
         self.env = env
         self.startup_timeout_s = startup_timeout_s
         self.poll_s = poll_s
+        self.stop_grace_s = stop_grace_s
         self._process: subprocess.Popen[bytes] | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._lifeline: int | None = None  # the write end of the watchdog's pipe, held until stop()
         self._log: IO[bytes] | None = None
         self._log_start = 0
         self._stopped = False
@@ -81,7 +118,19 @@ class ManagedServer:
             self._log.close()
             raise ServerStartError(f"could not run {self.command[0]!r}: {error}", None, "") from None
         pass_on_session_niceness(self._process.pid)  # a background worker's server yields as the worker does
+        self._watch(self._process.pid)
         return self
+
+    def _watch(self, pgid: int) -> None:
+        """Start the server's watchdog (:data:`WATCHDOG`); this process keeps the write end of its pipe, which no
+        child inherits (``os.pipe`` makes it non-inheritable)."""
+        read_end, self._lifeline = os.pipe()
+        try:
+            self._watchdog = subprocess.Popen(
+                [sys.executable, "-c", WATCHDOG, str(pgid), str(self.stop_grace_s)], stdin=read_end,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.close(read_end)
 
     def wait_healthy(self) -> None:
         """Poll the health URL until it answers 200.
@@ -127,8 +176,9 @@ class ManagedServer:
     def log_tail(self, lines: int = TAIL_LINES) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        """Stop the whole process group: SIGINT, then SIGTERM, then SIGKILL.  Safe to call again.
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop the whole process group: SIGINT, then SIGTERM, then SIGKILL (``grace_s`` apart; None:
+        ``stop_grace_s``), then its watchdog.  Safe to call again.
 
         SIGINT first because both engines shut down cleanly on it (freeing GPU memory and their
         worker processes); SIGTERM after ``grace_s``; SIGKILL after as long again.  SIGKILL also
@@ -136,6 +186,7 @@ class ManagedServer:
         would keep their GPU memory).
         """
         process = self._process
+        grace_s = self.stop_grace_s if grace_s is None else grace_s
         if process is not None and not self._stopped:
             self._stopped = True
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -148,6 +199,13 @@ class ManagedServer:
                     pass
             _signal_group(process.pid, signal.SIGKILL)  # whatever the server left behind in its group
             process.wait()
+        if self._watchdog is not None:  # nothing left for it to stop
+            self._watchdog.kill()
+            self._watchdog.wait()
+            self._watchdog = None
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
         if self._log is not None:
             self._log.close()
 

@@ -150,3 +150,58 @@ def test_missing_interpreter_is_a_start_error(tmp_path):
     server = ManagedServer(["/nonexistent/python", "-m", "vllm"], "http://127.0.0.1:9/health", tmp_path / "s.log")
     with pytest.raises(ServerStartError, match="could not run '/nonexistent/python'"):
         server.start()
+
+
+# Issue 47 row 9: "SIGKILL of the run leaves its llama.cpp servers running as orphans".  A process that launches a
+# server (and its stubborn worker, which ignores SIGINT and SIGTERM) and then sleeps; killed with SIGKILL, no
+# finally of it runs.
+LAUNCHER = r"""
+import re, sys, threading, time
+from pathlib import Path
+from kvlab.engines.managed_server import ManagedServer
+log = Path(sys.argv[2])
+def launch():
+    server = ManagedServer([sys.executable, "-c", sys.argv[1]], "http://127.0.0.1:9/health", log, stop_grace_s=0.5)
+    server.start()
+    return server
+if sys.argv[3] == "thread":  # launched from a thread that ends at once: the server must outlive the thread
+    launched = []
+    thread = threading.Thread(target=lambda: launched.append(launch()))
+    thread.start()
+    thread.join()
+    server = launched[0]
+else:
+    server = launch()
+while "worker pid" not in log.read_text():
+    time.sleep(0.05)
+print(server.pid, re.search(r"worker pid (\d+)", log.read_text()).group(1), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_a_server_never_outlives_the_process_that_launched_it_even_killed_with_sigkill(tmp_path, where):
+    import os
+    import signal
+    import subprocess
+
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, PARENT_WITH_WORKER, str(tmp_path / "server.log"),
+                                 where], stdout=subprocess.PIPE, text=True)
+    try:
+        server, worker = (int(pid) for pid in launcher.stdout.readline().split())
+        assert not _gone(server) and not _gone(worker)  # alive while the launcher is, from a thread too
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=SAFETY_S)
+        wait_until(lambda: _gone(server) and _gone(worker), "the server and its worker to end with their launcher")
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=SAFETY_S)
+
+
+def test_stopping_a_server_ends_its_watchdog_too(tmp_path):
+    before = {child.pid for child in psutil.Process().children()}  # a session's fixtures may hold servers
+    server, _ = _server(tmp_path, SLOW_SERVER, startup_timeout_s=SAFETY_S, poll_s=0.1)
+    with server:
+        (watchdog,) = [child for child in psutil.Process().children() if child.pid not in before | {server.pid}]
+        assert "-c" in watchdog.cmdline()
+    assert _gone(watchdog.pid)
