@@ -173,7 +173,7 @@ def _recommendation(state: TuneState) -> None:
         best = progress.best_so_far(state.shown)
         ending = progress.ending_text(state.tune.state, state.budgets)
         if ending is not None:  # ended without an answer: say what finished and what did not, first
-            st.warning(f"No recommendation: the tune was {ending}."
+            st.warning(f"No recommendation: the tune {ending}."
                        + (f" {views.md(state.tune.note)}." if state.tune.note and state.tune.note != state.tune.state
                           else ""))
         if best is None:

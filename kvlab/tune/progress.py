@@ -36,6 +36,8 @@ from kvlab.store.records import CandidateRecord, ExperimentRecord, TrialRecord, 
 UNFINISHED = "unfinished"
 #: States of a candidate that finished: judged on every item, or stopped early by the judge.
 FINISHED = ("complete", "stopped")
+#: How a tune that ended without finishing its search ended, in words (its TUNE_STATES other than running, done).
+ENDED = {"cancelled": "was cancelled", "failed": "failed"}
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def shown_state(candidate: CandidateRecord, tune_state: str) -> tuple[str, str |
     """A candidate's state and reason as every view shows them: the store's, except that one left
     ``active`` by a tune that is no longer running is :data:`UNFINISHED`, the reason saying how its tune ended."""
     if candidate.state == "active" and tune_state != "running":
-        return UNFINISHED, f"the tune was {tune_state} before it was judged on every item"
+        return UNFINISHED, f"the tune {ENDED.get(tune_state, tune_state)} before it was judged on every item"
     return candidate.state, candidate.reason
 
 
@@ -271,12 +273,12 @@ def of_tune(experiment: ExperimentRecord, tune: TuneRecord, candidates: Sequence
 
 def ending_text(tune_state: str, state: Budgets) -> str | None:
     """What an ended tune that gave no recommendation finished and what it did not, in one line
-    (``cancelled before its search finished: 0 of 11 trials done, 3 unfinished``); None while it runs or
+    (``was cancelled before its search finished: 0 of 11 trials done, 3 unfinished``); None while it runs or
     once it is done.  Its own words and numbers only (the state is one of the store's TUNE_STATES): no escaping."""
     if tune_state in ("running", "done"):
         return None
     done = f"{state.done} of {state.most} trials done" if state.most is not None else f"{state.done} trials done"
-    return (f"{tune_state} before its search finished: {done}"
+    return (f"{ENDED.get(tune_state, tune_state)} before its search finished: {done}"
             + (f", {state.unfinished} unfinished" if state.unfinished else ""))
 
 

@@ -135,7 +135,7 @@ def test_kvlab_show_and_ls_of_the_cancelled_tune(store, capsys):
     assert main(["show", str(tune_id)]) == 0
     out = capsys.readouterr().out
     budgets = _shown(store, tune_id)[1]
-    assert (f"tune cancelled before its search finished: 0 of {budgets.most} trials done, {len(PROMISING)} "
+    assert (f"tune was cancelled before its search finished: 0 of {budgets.most} trials done, {len(PROMISING)} "
             "unfinished; no recommendation") in out
     head, _, verdicts = out.partition("partial: cancelled")
     assert verdicts, out  # the verdicts come after the label
@@ -173,10 +173,9 @@ def test_a_cancelled_sweep_is_labelled_partial_in_the_list_and_in_show(store, ca
 
 
 def _decision(db: Store, experiment_id: int):
-    from kvlab.store.records import baseline_name
-
     from kvlab.analysis.summary import decide, summarize
     from kvlab.core.margins import Margins
+    from kvlab.store.records import baseline_name
 
     results = db.item_results(experiment_id)
     baseline = baseline_name(db.trials(experiment_id))
