@@ -32,12 +32,19 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                                   reason=f"no {CHROMIUM}: `apt-get install chromium`")]
 
 
+def secrets_file(tmp_path_factory) -> Path:
+    """The dashboard's secrets file (KVLAB_SECRETS_FILE): a test writes into it what the dashboard reads then."""
+    return tmp_path_factory.getbasetemp() / "dashboard-secrets.toml"
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[str]:
     """`streamlit run app.py` on a free port and an empty SQLite store; its workers are stopped with it."""
     tmp = tmp_path_factory.mktemp("dashboard")
     process, url = start_dashboard(f"sqlite:///{tmp / 'kvlab.sqlite'}", tmp / "streamlit.log",
-                                   {API_KEY_VAR: API_KEY})  # the key of kvlab_server, for the workers it starts
+                                   {API_KEY_VAR: API_KEY,  # the key of kvlab_server, for the workers it starts
+                                    # where that key belongs, written by the test that checks kvlab_server
+                                    "KVLAB_SECRETS_FILE": str(secrets_file(tmp_path_factory))})
     try:
         yield url
     finally:
@@ -217,10 +224,12 @@ def _wait_done(page) -> str:
     return text
 
 
-def test_check_an_endpoint_then_sweep_it(server, browser, kvlab_server):
+def test_check_an_endpoint_then_sweep_it(server, browser, kvlab_server, tmp_path_factory):
     """The doctor passes `kvlab serve`; a sweep launched from the form runs against it through the
     openai_compat backend; the key is shown masked and never in a page."""
     base_url = kvlab_server[1]
+    # the dashboard sends a key only to the URL it belongs to (kvlab.secrets.key_for): <NAME>_BASE_URL's
+    secrets_file(tmp_path_factory).write_text(f'{API_KEY_VAR.removesuffix("API_KEY")}BASE_URL = "{base_url}"\n')
     page = _page(browser, server)
     page.get_by_role("heading", name="Experiments").wait_for()  # app.py has run: its navigation is in place
     page.get_by_test_id("stSidebarNav").get_by_text("Endpoint doctor", exact=True).click()

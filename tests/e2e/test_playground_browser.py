@@ -18,6 +18,7 @@ from kvlab.dashboard import page_table
 from kvlab.dashboard.playground import config_text, shade
 from kvlab.store import Store
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
+from tests.test_doctor import Behaviour, serve  # noqa: F401  (a server that records the Authorization it gets)
 from tests.waiting import SAFETY_S
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright not installed: scripts/setup.sh --dev")
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.model,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM}: `apt-get install chromium`")]
 
 CONFIGS = [{"evict": "streaming_llm", "ratio": 0.75}, {"evict": "snapkv", "ratio": 0.75, "query_aware": True}]
+DASHBOARD_KEY = "sk-e2e-dashboards-own-key-0123456789"
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,11 @@ def dashboard(tmp_path_factory) -> Iterator[tuple[str, str]]:
         pass  # the store's tables, as a first visit finds them
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("KVLAB_PLAYGROUND_URL", raising=False)
-        process, base = start_dashboard(url, folder / "streamlit.log", extra_env={"KVLAB_LOG_DIR": str(folder)})
+        for var in ("KVLAB_BASE_URL", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+            patch.delenv(var, raising=False)
+        # the dashboard's own key (issue 47 row 10): no link may aim it at a host of its choosing
+        process, base = start_dashboard(url, folder / "streamlit.log", extra_env={"KVLAB_LOG_DIR": str(folder),
+                                                                                  "KVLAB_API_KEY": DASHBOARD_KEY})
     try:
         yield base, url
     finally:
@@ -207,3 +213,57 @@ def test_the_configs_editor_opens_with_name_method_ratio_and_format_in_view(dash
     names = editor.locator("td[aria-colindex='1']")  # each row's name, as the grid's accessible table has it
     names.first.wait_for(state="attached")
     assert names.count() >= 1 and all((cell.text_content() or "").strip() for cell in names.all())
+
+
+def test_a_share_link_does_not_aim_the_dashboards_key_at_its_host(dashboard, page, serve):  # noqa: F811
+    """Issue 47 row 10: `/playground?engine=endpoint&base_url=http://HOST/v1&model_id=m&source=text&context=x&
+    question=q` and one click on Run sent `Authorization: Bearer <KVLAB_API_KEY>` to HOST without a word."""
+    recorder = Behaviour(models=("m",))
+    host = serve(recorder)
+    run = _open(page, dashboard[0], urlencode({"engine": "endpoint", "base_url": f"{host}/v1", "model_id": "m",
+                                               "source": "text", "context": "x", "question": "q"}))
+    said = page.get_by_text("Key: none sent.")
+    expect(said).to_contain_text(f"not to {host}: it is not sent there")  # said before the Run
+    run.click()
+    page.get_by_test_id("stAlertContentError").or_(page.get_by_test_id("stDataFrame").nth(1)).first.wait_for()
+    expect(run).to_be_enabled()
+    assert recorder.authorization and not any(DASHBOARD_KEY in sent for sent in recorder.authorization)
+    assert DASHBOARD_KEY not in page.content()
+
+
+def test_out_of_range_link_numbers_are_one_line_each_and_the_page_is_drawn(dashboard, page):
+    """Issue 47 row 12: `length=200000`, `seed=-5`, `depth=2` (and `row=0`, `seed=1e23`, `length=10`) stopped
+    the page with "Something went wrong on this page (StreamlitValueAboveMaxError...)"."""
+    for query, lines in ((urlencode({"length": "200000", "seed": "-5", "depth": "2"}), [
+                             "length=200000 is out of range (64-8,192); left at its default",
+                             "depth=2 is out of range (0.0-1.0); left at its default",
+                             "seed=-5 is out of range (0-9,007,199,254,740,991); left at its default"]),
+                         (urlencode({"length": "10", "seed": "1e23"}), [
+                             "length=10 is out of range (64-8,192); left at its default",
+                             "seed=1e23 is out of range (0-9,007,199,254,740,991); left at its default"]),
+                         (urlencode({"source": "file", "row": "0"}), [
+                             "row=0 is out of range (1-9,007,199,254,740,991); left at its default"])):
+        _open(page, dashboard[0], query)
+        warnings = page.get_by_test_id("stAlertContentWarning")
+        expect(warnings).to_have_count(len(lines))
+        assert [w.inner_text().split("\n")[-1] for w in warnings.all()] == [f"The link's {line}" for line in lines]
+        expect(page.get_by_text("Something went wrong")).to_have_count(0)
+        expect(page.get_by_label("Context (tokens)" if "row" not in query else "Row", exact=True)).to_have_value(
+            "1024" if "row" not in query else "1")
+
+
+def test_own_text_too_long_for_a_link_stays_out_of_it_and_save_is_off(dashboard, page):
+    """Issue 47 row 7: own-text links carried the whole text (~1,000 characters); Save as experiment was enabled
+    for own text, then failed."""
+    _open(page, dashboard[0], urlencode({"source": "text", "question": "What is the code?"}))
+    save = page.get_by_role("button", name="Save as experiment")
+    expect(save).to_be_disabled()
+    context = page.get_by_label("Context (compressed)")
+    context.fill("The secret code is 4417. " * 44)  # 1,100 characters
+    context.press("Control+Enter")
+    sidebar = page.get_by_test_id("stSidebar")
+    expect(sidebar).to_contain_text("characters) is not in the link")
+    link = sidebar.locator("code").first.inner_text()
+    assert "context=" not in link and "question=" not in link and "source=text" in link
+    assert "context=" not in page.url
+    expect(context).to_have_value("The secret code is 4417. " * 44)  # the page keeps it
