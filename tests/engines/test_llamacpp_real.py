@@ -205,3 +205,55 @@ def test_a_server_that_cannot_load_its_model_says_why_in_one_line(llamacpp_pytho
     server.stop()
     said = startup_failure(server.log_text(), str(failed.value).splitlines()[0], LLAMACPP.startup_faults)
     assert said.startswith(cause) and "\n" not in said, said
+
+
+def test_a_run_killed_with_sigkill_leaves_no_llamacpp_server_behind(llamacpp_python, tmp_path):
+    """Issue 47 row 9: "SIGKILL of the run leaves its llama.cpp servers running as orphans".  ``kvlab run`` is killed
+    once its server is up (no ``finally`` of it runs); the server must end with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.waiting import wait_until
+
+    (tmp_path / "killed.toml").write_text(spec_toml("llamacpp-killed", "llamacpp", [{"name": "baseline"}]))
+    run = subprocess.Popen([sys.executable, "-m", "kvlab.cli", "run", "killed.toml", "--no-store"], cwd=tmp_path,
+                           env=os.environ | {"KVLAB_DATABASE_URL": f"sqlite:///{tmp_path / 'kvlab.sqlite'}"},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def servers() -> list[psutil.Process]:
+        try:
+            children = psutil.Process(run.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        return [child for child in children if "llamacpp_server.py" in " ".join(_cmdline(child))]
+
+    try:
+        launched = wait_until(servers, "the run's llama.cpp server", process=run)
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(timeout=SAFETY_S)
+        wait_until(lambda: all(_gone(server) for server in launched), "the server to end with its run")
+    finally:
+        run.kill()
+        run.wait(timeout=SAFETY_S)
+
+
+def _cmdline(process) -> list[str]:
+    import psutil
+
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
+
+
+def _gone(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
