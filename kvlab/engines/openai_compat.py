@@ -255,6 +255,8 @@ class OpenAICompatEngine(Engine):
         except (openai.BadRequestError, openai.UnprocessableEntityError) as error:
             return self._failed(item, config, redact(f"{type(error).__name__}: {_message(error)}"))
         except openai.APIError as error:
+            if _error_event(error):  # the server refused this request inside its streamed 200 (vLLM's shape)
+                return self._failed(item, config, redact(f"the server refused it mid-answer: {_message(error)}"))
             raise EndpointError(self._explain(error)) from None
         except Exception as error:  # noqa: BLE001 -- a stream cut mid-answer raises the transport's own errors
             raise EndpointError(redact(f"{self.endpoint.base_url} broke off a streamed answer "
@@ -392,7 +394,15 @@ def _seconds(value: Any) -> float:
 
 
 def _message(error: openai.APIError) -> str:
-    return error_message(error.body) or error.message
+    """The server's message, on one line (a server's own may hold line breaks)."""
+    return " ".join((error_message(error.body) or error.message).split())
+
+
+def _error_event(error: openai.APIError) -> bool:
+    """Whether ``error`` is an error event read inside a streamed answer (``data: {"error": {...}}``, which the
+    ``openai`` client raises as a bare :class:`openai.APIError` carrying the event's body), not a status or a
+    transport failure."""
+    return type(error) is openai.APIError and isinstance(error.body, dict)
 
 
 def build(spec: ExperimentSpec) -> OpenAICompatEngine:

@@ -45,7 +45,8 @@ REFUSALS = [
     ("prompt_logprobs 21", {"prompt": "The capital of France is", "prompt_logprobs": 21, "max_tokens": 1},
      "prompt_logprobs", "prompt_logprobs must be 0 to 20, got 21"),
     ("prompt_logprobs -1", {"prompt": "The capital of France is", "prompt_logprobs": -1, "max_tokens": 1},
-     "prompt_logprobs", "prompt_logprobs = -1 asks for the whole vocabulary at every prompt position"),
+     "prompt_logprobs", "prompt_logprobs = -1 asks for the whole vocabulary (49,152 tokens) at every prompt "
+                        "position; at most 20 top tokens per position are returned: ask for 0 to 20"),
     ("token id 49152", {"prompt": [1, 2, 49152], **SCORE}, "prompt", "token id 49152 is outside the vocabulary"),
     ("token id -3", {"prompt": [1, -3, 2], **SCORE}, "prompt", "token id -3 is outside the vocabulary"),
     ("token id 10**12", {"prompt": [1, 10**12], **SCORE}, "prompt", "token id 1000000000000 is outside"),
@@ -157,3 +158,14 @@ def test_prompt_logprobs_0_is_the_prompts_own_token_alone_as_vllm_answers_it(ser
     assert entries[0] is None and len(entries) == len(ids)
     assert [list(entry) for entry in entries[1:]] == [[str(token)] for token in ids[1:]]
     _still_serving_then_stops_on_sigterm(managed, client)
+
+
+def test_kvlab_serve_refuses_prompt_logprobs_minus_1_in_the_same_words():
+    """Issue 47 row 15: -1 was documented as "all", refused by kvlab serve and read as 1 by the llama.cpp server."""
+    from kvlab.serve.app import CompletionRequest
+    from kvlab.serve.errors import APIError
+
+    with pytest.raises(APIError) as refused:
+        CompletionRequest(model=MODEL, prompt="x", prompt_logprobs=-1).check(49152)
+    words = next(case[3] for case in REFUSALS if case[0] == "prompt_logprobs -1")
+    assert str(refused.value.message) == words

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -148,3 +149,56 @@ def test_a_worker_whose_server_dies_gives_the_trials_back_and_keeps_their_result
     assert 1 <= len(store.item_results(experiment_id)) < 4  # what was answered before the kill is kept
     assert any(e.level == "warning" and "EndpointError" in e.message and base_url in e.message
                for e in store.events(experiment_id))
+
+
+class _RefusesMidStream(BaseHTTPRequestHandler):
+    """A server whose first completion streams a piece of text, then an error event (vLLM's shape of an error met
+    inside a streamed 200: ``data: {"error": {...}}``), and whose later completions stream an answer."""
+
+    served = 0
+
+    def _send_json(self, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._send_json({"object": "list", "data": [{"id": "plain-model", "object": "model"}]})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).served += 1
+        chunk = {"id": "c", "object": "text_completion", "created": 0, "model": "plain-model",
+                 "choices": [{"index": 0, "text": " 4", "finish_reason": None, "logprobs": None}]}
+        events = [chunk]
+        if type(self).served == 1:
+            events.append({"error": {"object": "error", "message": "Requested tokens (256) exceed context window\n"
+                                     "of 128", "type": "BadRequestError", "param": None, "code": 400}})
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for event in events:
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_error_event_inside_a_streamed_answer_is_that_items_error_in_one_line_naming_the_cause():
+    """Issue 47 row 9: the server's refusal inside a streamed 200 stopped the run ("APIConnectionError: Connection
+    error." after 10 s with max_retries 0, no progress for 180 s with retries); it fails that item alone."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusesMidStream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = run_experiment(spec_for(f"http://127.0.0.1:{server.server_port}/v1", [{"name": "baseline"}],
+                                      max_concurrency=1, max_retries=0))
+    finally:
+        server.shutdown()
+    assert run.failure is None and len(run.results) == 2
+    failed, answered = run.results
+    assert failed.error == "the server refused it mid-answer: Requested tokens (256) exceed context window of 128"
+    assert answered.error is None and answered.generated == " 4"

@@ -74,14 +74,14 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None
     return value
 
 
-def check_fields(body: dict[str, Any]) -> None:
+def check_fields(body: dict[str, Any], vocabulary: int) -> None:
     """Refuse the fields this server's own answers read (:func:`_sample`, :func:`_score`) unless each is of its type
     and within its bounds: checked before the model's locks are taken, so a bad field never reaches llama.cpp."""
     asked = body.get("prompt_logprobs")
     if asked == WHOLE_VOCABULARY and not isinstance(asked, bool):
-        raise Refused(f"prompt_logprobs = -1 asks for the whole vocabulary at every prompt position; at most "
-                      f"{MAX_TOP_LOGPROBS} top tokens per position are returned: ask for 0 to {MAX_TOP_LOGPROBS}",
-                      "prompt_logprobs")
+        raise Refused(f"prompt_logprobs = -1 asks for the whole vocabulary ({vocabulary:,} tokens) at every prompt "
+                      f"position; at most {MAX_TOP_LOGPROBS} top tokens per position are returned: ask for 0 to "
+                      f"{MAX_TOP_LOGPROBS}", "prompt_logprobs")
     _integer(body, "prompt_logprobs", 0, MAX_TOP_LOGPROBS)
     if body.get("return_token_ids") is not None and not isinstance(body["return_token_ids"], bool):
         raise Refused(f"return_token_ids must be true or false, got {_shown(body['return_token_ids'])}",
@@ -237,7 +237,7 @@ class KVLabFields:
         raw = b"".join(chunks)
         try:
             body = _json_object(raw)
-            check_fields(body)
+            check_fields(body, self.llama.n_vocab())
             _check_package_fields(body)
             ids = await run_in_threadpool(prompt_ids, self.llama, body)
             if _ours(body):
