@@ -63,6 +63,7 @@ from kvlab.experiments.telemetry import SampleContext, TelemetrySampler, detect_
 from kvlab.experiments.worker_settings import WorkerSettings
 from kvlab.secrets import redact
 from kvlab.store import ExperimentNotFoundError, ExperimentStore, StoreLost, TrialNotFoundError
+from kvlab.store.database import ending_at_sigbus
 from kvlab.store.records import TelemetrySample, TrialRecord
 
 log = logging.getLogger(__name__)
@@ -113,13 +114,28 @@ class Worker:
         :class:`~kvlab.store.StoreLost` when its store is lost."""
         log.info("worker %s on %s", self.worker_id, self.store.url)
         try:
-            while not self._stop.is_set():
-                if not self.run_once():
-                    if self.settings.exit_when_idle and not self._unfinished_work():
-                        return
-                    self._stop.wait(self.settings.poll_s)
+            with ending_at_sigbus(self._sigbus_line):
+                while not self._stop.is_set():
+                    if not self.run_once():
+                        if self.settings.exit_when_idle and not self._unfinished_work():
+                            return
+                        self._stop.wait(self.settings.poll_s)
         finally:
             self._close_engines()
+
+    def _sigbus_line(self) -> str:
+        """The line a SIGBUS ends this worker's process with (exit 1, see :func:`ending_at_sigbus`): the store's
+        loss when its files say so (made immutable: SQLite's write to its mapped -shm file faulted), else what
+        else a SIGBUS means.  Either way the trials it held stay ``running`` until any worker finds their
+        heartbeat stale and requeues them, as for a killed worker."""
+        requeued = "its trials are requeued once their heartbeat is stale (a worker's --stale-after-s)"
+        try:
+            self.store.check_intact()
+        except StoreLost as error:
+            return f"{error}; {requeued}"
+        return (f"worker {self.worker_id} ended at a SIGBUS: a memory-mapped file failed under it (the -shm file of "
+                f"the store {self.store.url}, or a model's weights: a file system that refused a write, or a file "
+                f"cut short); {requeued}")
 
     def left_behind(self) -> dict[int, str]:
         """Unfinished experiments this worker backed off from, with why it could not run them."""

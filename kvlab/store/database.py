@@ -12,12 +12,15 @@ and ``synchronous=NORMAL``.  pysqlite's own transaction handling is switched off
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import re
+import signal
 import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from typing import Any
 from sqlalchemy import URL, Engine, create_engine, event, exc, make_url
 from sqlalchemy.engine import Connection
 
+from kvlab.errlog import one_line
 from kvlab.paths import DEFAULT_SQLITE_PATH
 from kvlab.store.errors import StoreError, StoreReadOnlyError
 
@@ -198,3 +202,72 @@ def _first_line(error: BaseException | None) -> str:
     text = str(error or "").strip()
     text = text.removeprefix("connection failed: ")
     return text.splitlines()[0].strip() if text else type(error).__name__
+
+
+# -- SIGBUS: a page of SQLite's mapped -shm file that the file system refused ---------------------------------
+
+class _SigAction(ctypes.Structure):
+    """glibc's ``struct sigaction`` on Linux (the same on x86-64 and arm64): a 1024-bit ``sa_mask``."""
+
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * (128 // ctypes.sizeof(ctypes.c_ulong))),
+                ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+
+
+_SIGBUS_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int)
+_sigbus_lock = threading.Lock()
+_sigbus_lines: list[Callable[[], str]] = []  # the innermost caller's describes the ending
+_sigbus_saved = _SigAction()  # the handler before the first caller's (faulthandler's, or the default)
+_sigbus_handler: Any = None  # the C callback, kept alive while it is installed
+
+
+def _on_sigbus(_signum: int) -> None:
+    """Say the caller's line on stderr and end the process with exit status 1, whatever happens on the way: a
+    return from this handler would run the faulting write again, and fault again, for ever."""
+    try:
+        try:
+            line = one_line(_sigbus_lines[-1]())
+        except BaseException:  # noqa: BLE001 -- a describe that fails still ends the process with a line
+            line = "this process ended at a SIGBUS: a memory-mapped file failed under it"
+        line = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in line)
+        os.write(2, f"error: {line}\n".encode("utf-8", "backslashreplace"))
+    finally:
+        os._exit(1)
+
+
+def _sigaction(new: _SigAction | None, old: _SigAction | None) -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.sigaction(signal.SIGBUS, None if new is None else ctypes.byref(new),
+                          None if old is None else ctypes.byref(old)) == 0
+
+
+@contextmanager
+def ending_at_sigbus(describe: Callable[[], str]) -> Iterator[None]:
+    """While inside, a SIGBUS ends the process with exit status 1 and one line, ``error: <describe()>``,
+    instead of killing it without a word (status -7).
+
+    SQLite maps its WAL index, the ``-shm`` file beside the database, into memory and writes to it on
+    most transactions -- a reader too, when it records which WAL frame it reads up to.  Once the file
+    system refuses a write to that file (``chattr +i`` on the store's directory and files: ext4 and xfs
+    then fail the page fault of a page the kernel wrote back meanwhile), the write is a SIGBUS inside
+    SQLite, at whichever query comes first: no check before a query can close that window, and the
+    process cannot go on after it.  ``describe`` runs in the handler (a store's :meth:`check_intact`
+    naming the store, say) and must only look at files.  Nested and concurrent callers each add
+    their line; the innermost one's is said.  A no-op where the C library has no ``sigaction``."""
+    global _sigbus_handler
+    with _sigbus_lock:
+        _sigbus_lines.append(describe)  # before the handler is installed, which reads it
+        if len(_sigbus_lines) == 1 and hasattr(signal, "SIGBUS"):
+            handler = _SIGBUS_CALLBACK(_on_sigbus)
+            try:
+                if _sigaction(_SigAction(handler=ctypes.cast(handler, ctypes.c_void_p)), _sigbus_saved):
+                    _sigbus_handler = handler
+            except (OSError, AttributeError):  # no C library to ask (a platform without sigaction)
+                pass
+    try:
+        yield
+    finally:
+        with _sigbus_lock:
+            if len(_sigbus_lines) == 1 and _sigbus_handler is not None:  # the handler goes before its line
+                _sigaction(_sigbus_saved, None)
+                _sigbus_handler = None
+            _sigbus_lines.remove(describe)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,66 @@ def test_a_worker_on_a_checkpoint_with_one_tensor_gives_the_trials_back_naming_w
         assert not store.item_results(experiment_id)
         warnings = [e.message for e in store.events(experiment_id) if e.level == "warning"]
         assert len(warnings) == 1 and "its weights do not cover the model" in warnings[0], warnings
+
+
+# -- row 13: a worker whose store turns immutable -----------------------------------------------------------
+
+def _chattr(flag: str, *paths: Path) -> None:
+    subprocess.run(["chattr", flag, *map(str, paths)], check=True, capture_output=True, timeout=SAFETY_S)
+
+
+def _immutable_files_or_skip(folder: Path) -> None:
+    """``chattr +i`` needs root (CI runs the suite as root) and a file system with the attribute (ext4, xfs, btrfs;
+    not tmpfs or overlayfs on some kernels)."""
+    if shutil.which("chattr") is None:
+        pytest.skip("no chattr (e2fsprogs) on this machine")
+    probe = folder / "chattr-probe"
+    probe.touch()
+    try:
+        _chattr("+i", probe)
+    except subprocess.CalledProcessError as error:
+        pytest.skip(f"chattr +i refused here (needs root and a file system with the immutable attribute): "
+                    f"{error.stderr.decode().strip()}")
+    _chattr("-i", probe)
+    probe.unlink()
+
+
+@pytest.mark.model
+def test_a_worker_whose_store_turns_immutable_stops_with_exit_1_naming_the_store(tmp_path):
+    """``chattr +i`` on the store's files and directory mid-run killed the worker with SIGBUS (rc -7) and no line:
+    SQLite writes to its mapped -shm file (a reader too, recording the WAL frame it reads up to), and once the
+    kernel has written a page of it back, the next write to that page faults on an immutable file.  Here another
+    process's write (a dashboard's, another worker's) comes just before the ``chattr``, so the worker's next query
+    writes the -shm, and ``sync`` writes the page back (the kernel does so by itself within 30 s).  The worker
+    must end with exit 1 and one line naming the store, and the trials it held, left ``running``, are requeued as
+    stale once the store is writable again."""
+    from tests.adversarial.test_store_loss import _ended, _queued, _wait_for_a_result
+
+    _immutable_files_or_skip(tmp_path)
+    path, env = _queued(tmp_path)
+    log = tmp_path / "worker.log"
+    # the default heartbeat (5 s): the fault comes first, as in the issue ("within 1 s")
+    worker = subprocess.Popen([*KVLAB, "worker", "--exit-when-idle", "--threads", "1"], env=env,
+                              stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    frozen: list[Path] = []
+    try:
+        _wait_for_a_result(path, worker)
+        with Store(f"sqlite:///{path}") as other:
+            other.log_event(1, "another process writes to the store")
+        frozen = [*path.parent.iterdir(), path.parent]  # `chattr +i db/* db`
+        _chattr("+i", *frozen)
+        os.sync()
+        status, errors = _ended(worker, log)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        if frozen:
+            _chattr("-i", *reversed(frozen))
+    assert status == 1, log.read_text()[-3000:]
+    assert len(errors) == 1, log.read_text()[-3000:]
+    assert errors[0].startswith(f"error: the store sqlite:///{path} can no longer be written"), errors[0]
+    with Store(f"sqlite:///{path}") as store:  # writable again: what any worker's next poll does after the timeout
+        held = [t.id for t in store.trials(1) if t.status == "running"]
+        assert held, "the worker could not give its trials back: they wait for the stale timeout"
+        assert sorted(store.requeue_stale(stale_after_s=0)) == sorted(held)
+        assert {t.status for t in store.trials(1)} <= {"queued", "done"}
