@@ -12,7 +12,9 @@ A run is cancellable (it stops at the next attention layer: :class:`Playground`)
 the next one prefills the same tokens for the same scorers (the engine's
 :attr:`~kvlab.engines.embedded.EmbeddedEngine.reuse_prefill`: a user who changes the configs and runs the same
 item again waits for no prefill), or one asked for ahead of its run (``prefill_only``: the dashboard asks for
-the item it shows, so that a new item's Run finds its prefill done or under way).
+the item it shows, so that a new item's Run finds its prefill done or under way).  A prefill ahead never delays
+a run of another item, whichever client asks for either: such a run pre-empts it, queued or under way (its
+client gets a 409, ``prefill_preempted``); a run of the same item leaves it to finish, and uses it.
 """
 
 from __future__ import annotations
@@ -187,6 +189,10 @@ class Prepared:
     question: Any
     prefill_only: bool = False
 
+    def same_item(self, other: Prepared) -> bool:
+        """Whether ``other`` prefills the same prompt (whatever its configs or budget)."""
+        return (self.item.context, self.item.question) == (other.item.context, other.item.question)
+
 
 class Playground:
     """The server's playground: requests checked and prepared (:meth:`prepare`, off the engine's thread), then
@@ -194,6 +200,24 @@ class Playground:
 
     def __init__(self, served: ServedModel):
         self.served = served
+        self._ahead: set[PlaygroundRun] = set()  # prefills asked for ahead, queued or under way
+        self._ahead_lock = threading.Lock()
+
+    def admit(self, run: PlaygroundRun) -> None:
+        """``run`` asks for the engine: a prefill ahead is kept track of; any other run pre-empts every prefill
+        ahead of another item (it would only delay this run: 38.5 s behind an 8K prefill, measured)."""
+        with self._ahead_lock:
+            if run.prepared.prefill_only:
+                self._ahead.add(run)
+                return
+            for ahead in [a for a in self._ahead if not a.prepared.same_item(run.prepared)]:
+                ahead.preempt()
+                self._ahead.discard(ahead)
+
+    def leave(self, run: PlaygroundRun) -> None:
+        """``run`` is done, or its client is."""
+        with self._ahead_lock:
+            self._ahead.discard(run)
 
     def prepare(self, request: PlaygroundRequest) -> Prepared:
         """The request's item and configs, or the :class:`APIError` that refuses it."""
@@ -251,16 +275,24 @@ class PlaygroundRun:
     next request within one layer's time, where a run nobody waits for used to hold it to its end)."""
 
     def __init__(self, playground: Playground, lock: EngineLock, prepared: Prepared):
-        self._playground, self._lock, self._prepared = playground, lock, prepared
+        self._playground, self._lock, self.prepared = playground, lock, prepared
         self._cancel = threading.Event()
+        self._preempted = False
         self.progress = playground.progress_of(prepared)
         self._future: asyncio.Future[dict[str, Any] | None] | None = None
 
     def cancel(self) -> None:
         self._cancel.set()
+        self._playground.leave(self)
+
+    def preempt(self) -> None:
+        """A run of another item came: this prefill ahead stops (or never starts), and says why."""
+        self._preempted = True
+        self._cancel.set()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self._playground.admit(self)
         await self._lock.acquire()
         try:
             self._future = asyncio.wrap_future(self._lock.thread.submit(self._run, loop))
@@ -270,8 +302,11 @@ class PlaygroundRun:
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> dict[str, Any] | None:
         try:
-            return self._playground.run(self._prepared, self._cancel.is_set, self.progress)
+            if self._cancel.is_set():  # pre-empted or given up while it waited for the engine
+                return None
+            return self._playground.run(self.prepared, self._cancel.is_set, self.progress)
         finally:
+            self._playground.leave(self)
             self._lock.release_from_thread(loop)
 
     async def wait(self, timeout: float | None = None) -> bool:
@@ -284,6 +319,10 @@ class PlaygroundRun:
         """The answer of a run that is done; the engine's error, or a 503 when the server stopped it."""
         assert self._future is not None and self._future.done()
         answer = self._future.result()
+        if answer is None and self._preempted:
+            raise APIError(409, "this prefill ahead (prefill_only) was pre-empted by a run of another item, which a "
+                                "prefill ahead never delays; ask for it again once that run is done",
+                           code="prefill_preempted")
         if answer is None:
             raise shutting_down()  # cancelled, and not by this run's client: the server is stopping
         return answer
