@@ -120,7 +120,9 @@ class PlaygroundRequest(BaseModel):
                                        "unset: the item's own budget.")
     prefill_only: bool = Field(default=False, description="Prefill the item for these configs and keep it for the "
                                "next run, which then finds it done (the dashboard asks when it shows an item, "
-                               "before Run is clicked); answers {\"prefilled\": {\"context_tokens\": ...}}.")
+                               "before Run is clicked); answers {\"prefilled\": {\"context_tokens\": ...}}. A run "
+                               "of another item, from any client, pre-empts it, queued or under way (a 409, code "
+                               "prefill_preempted); one of the same item waits for it and uses it.")
     stream: bool = Field(default=False, description="kvlab's: answer as server-sent events, a progress event as the "
                          "run moves on ({\"progress\": {...}}), then the answer ({\"answer\": {...}}) or an error "
                          "({\"error\": {...}}), then [DONE]; closing the connection stops the run.")
