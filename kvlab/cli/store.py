@@ -301,9 +301,10 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    out = check_output(args.out, "--out", create_parents=True) if args.out else None
     store = _store()
     store.get_experiment(args.id)  # an unknown id, before the (scipy) imports below
+    # after it: a refused command creates no directory
+    out = check_output(args.out, "--out", create_parents=True) if args.out else None
     from kvlab.experiments.export import experiment_document, results_csv
 
     if args.format == "csv":

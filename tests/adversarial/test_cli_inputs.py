@@ -197,8 +197,7 @@ def test_zero_workers_and_zero_events_are_valid(kvlab, stored):
 def test_export_refusals(kvlab, stored):
     (kvlab.home / "a-file").write_text("x")
     (kvlab.home / "a-dir").mkdir()
-    kvlab.user_error("export", str(stored), "--out", "no/such/dir/x.json",
-                     says=("--out no/such/dir/x.json: the directory no/such/dir does not exist",))
+    kvlab.user_error("export", str(stored + 41), "--out", "no/such/dir/x.json", says=(f"no experiment {stored + 41}",))
     kvlab.user_error("export", str(stored), "--out", "a-dir", says=("--out a-dir: is a directory",))
     kvlab.user_error("export", str(stored), "--out", "a-file/x.csv",
                      says=("--out a-file/x.csv: a-file is not a directory",))
@@ -206,9 +205,11 @@ def test_export_refusals(kvlab, stored):
                                says=("--out /proc/kvlab-export.csv: ",))
     assert "cannot write" in refused or "not writable" in refused
     kvlab.user_error("export", str(stored + 41), says=(f"no experiment {stored + 41}",))
-    assert not (kvlab.home / "no").exists()
+    assert not (kvlab.home / "no").exists()  # a refused export creates no directory
     written = kvlab("export", str(stored), "--out", "a-dir/out.json")
     assert written.returncode == 0 and (kvlab.home / "a-dir" / "out.json").stat().st_size > 0, written.stderr
+    created = kvlab("export", str(stored), "--out", "no/such/dir/x.json")  # its directory created (issue 47)
+    assert created.returncode == 0 and (kvlab.home / "no/such/dir/x.json").stat().st_size > 0, created.stderr
 
 
 def test_run_output_is_checked_before_the_run(kvlab):
