@@ -5,6 +5,7 @@ that names the option and the path when the system refuses."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from kvlab.cli.exits import UserError
@@ -26,10 +27,11 @@ def shown(value: object, lines: bool = False) -> str:
 
 def check_output(path: str, option: str, create_parents: bool = False) -> Path:
     """``path`` as a file this process can write.  Its directory must exist unless ``create_parents``
-    (then it is created now, not after an hour-long run).  A symbolic link is refused: writing through
-    it would overwrite whatever file it points at (see :func:`write_output`)."""
+    (then it is created now, not after an hour-long run).  A symbolic link to a file (or to nothing) is
+    refused: writing through it would overwrite or create whatever file it points at (see
+    :func:`write_output`); a link to a stream (``/dev/stdout``, a named pipe) writes no file and is kept."""
     out = Path(path)
-    if out.is_symlink():
+    if out.is_symlink() and not _links_to_a_stream(out):
         raise UserError(f"{option} {path}: is a symbolic link (to {os.readlink(out)}); kvlab writes no file through "
                         "a link: give the path of the file itself, or remove the link")
     if out.is_dir():
@@ -52,8 +54,9 @@ def check_output(path: str, option: str, create_parents: bool = False) -> Path:
 def write_output(path: Path, text: str, option: str) -> None:
     """Write ``text`` to ``path``, never through a symbolic link: one made there after
     :func:`check_output` (during an hour-long run) is refused by the open itself (``O_NOFOLLOW``)."""
+    follow = 0 if _links_to_a_stream(path) else os.O_NOFOLLOW
     try:
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666), "w",
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | follow, 0o666), "w",
                   encoding="utf-8") as handle:
             handle.write(text)
     except OSError as error:  # a read-only file system, a full disk, permissions os.access missed
@@ -61,6 +64,16 @@ def write_output(path: Path, text: str, option: str) -> None:
             raise UserError(f"{option} {path}: became a symbolic link (to {os.readlink(path)}) while kvlab worked; "
                             "nothing was written through it") from None
         raise UserError(f"{option} {path}: cannot write ({_reason(error)})") from None
+
+
+def _links_to_a_stream(path: Path) -> bool:
+    """Whether ``path`` is a symbolic link to something that is not a file (a terminal, a pipe, a
+    character device such as ``/dev/null``): writing through it changes no file."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # a dangling link: writing through it would create its target
+        return False
+    return path.is_symlink() and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 def _reason(error: OSError) -> str:

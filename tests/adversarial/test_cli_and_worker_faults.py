@@ -153,6 +153,21 @@ def test_a_symlink_made_after_the_check_is_not_written_through(tmp_path):
     assert victim.read_text() == "precious\n"
 
 
+def test_a_link_to_a_stream_is_written_through(tmp_path):
+    """``--json /dev/stdout`` (a link to the process's output) and a link to a named pipe change no file: kept."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    link = tmp_path / "to-pipe.json"
+    link.symlink_to(pipe)
+    out = check_output(str(link), "--json")
+    with open(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)) as reader:  # a reader, so the writer's open does not block
+        write_output(out, "{}", "--json")
+        assert reader.read() == "{}"
+    null = tmp_path / "to-null.json"
+    null.symlink_to("/dev/null")
+    write_output(check_output(str(null), "--json"), "{}", "--json")
+
+
 def test_export_out_into_a_missing_directory_creates_it(tmp_path, experiment):
     """The tutorial's ``kvlab export 2 --format csv --out results/quick.csv`` in a directory without ``results/``."""
     done = subprocess.run([*KVLAB, "export", str(experiment), "--format", "csv", "--out", "results/quick.csv"],
