@@ -3,7 +3,9 @@ estimator reads, computed from llama.cpp's own logits.
 
 kvlab runs this file with the interpreter of the llama.cpp venv (``scripts/install_llamacpp.sh``), as a script: it
 imports llama_cpp and its server's packages only, never kvlab.  Everything but the two fields is the package's own
-server, unchanged (``llama_cpp.server.__main__.main``: the same flags, routes, locks and model).
+server, unchanged (``llama_cpp.server.__main__.main``: the same flags, routes, locks and model), except that every
+completion's body is checked before it reaches the package (:class:`KVLabFields`: a bad one is a 400 naming its
+field, and never holds the model's locks).
 
 Why not the package's ``echo`` + ``logprobs``: in llama-cpp-python 0.3.36 (``llama_cpp/llama.py``,
 ``Llama._create_completion``) an echoed prompt token's log-probability is read from its own position's logits, which
