@@ -240,6 +240,7 @@ class OpenAICompatEngine(Engine):
         first_at: float | None = None
         text, pieces, usage, reported = "", 0, None, None  # reported: kvlab serve's kv_cache block
         assert self.model_id is not None  # probe() (in _complete) chose it
+        stream = None
         try:
             stream = self.client.completions.create(
                 model=self.model_id, prompt=prompt, max_tokens=item.max_new_tokens, temperature=0,
@@ -257,6 +258,9 @@ class OpenAICompatEngine(Engine):
         except openai.APIError as error:
             if _error_event(error):  # the server refused this request inside its streamed 200 (vLLM's shape)
                 return self._failed(item, config, redact(f"the server refused it mid-answer: {_message(error)}"))
+            if stream is not None and isinstance(error, openai.APIConnectionError):  # the answer had begun
+                raise EndpointError(redact(f"{self.endpoint.base_url} broke off a streamed answer "
+                                           f"({error.__cause__ or error}); is the server still running?")) from None
             raise EndpointError(self._explain(error)) from None
         except Exception as error:  # noqa: BLE001 -- a stream cut mid-answer raises the transport's own errors
             raise EndpointError(redact(f"{self.endpoint.base_url} broke off a streamed answer "

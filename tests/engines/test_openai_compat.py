@@ -156,6 +156,7 @@ class _RefusesMidStream(BaseHTTPRequestHandler):
     inside a streamed 200: ``data: {"error": {...}}``), and whose later completions stream an answer."""
 
     served = 0
+    break_off = False  # the first answer is cut after its first piece instead
 
     def _send_json(self, payload: dict) -> None:
         body = json.dumps(payload).encode()
@@ -174,6 +175,15 @@ class _RefusesMidStream(BaseHTTPRequestHandler):
         chunk = {"id": "c", "object": "text_completion", "created": 0, "model": "plain-model",
                  "choices": [{"index": 0, "text": " 4", "finish_reason": None, "logprobs": None}]}
         events = [chunk]
+        if self.path.endswith("/v1/completions") and type(self).served == 1 and type(self).break_off:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            line = f"data: {json.dumps(chunk)}\n\n".encode()
+            self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")  # and no last chunk: cut
+            self.close_connection = True
+            return
         if type(self).served == 1:
             events.append({"error": {"object": "error", "message": "Requested tokens (256) exceed context window\n"
                                      "of 128", "type": "BadRequestError", "param": None, "code": 400}})
@@ -188,9 +198,10 @@ class _RefusesMidStream(BaseHTTPRequestHandler):
         pass
 
 
-def test_an_error_event_inside_a_streamed_answer_is_that_items_error_in_one_line_naming_the_cause():
+def test_an_error_event_inside_a_streamed_answer_is_that_items_error_in_one_line_naming_the_cause(monkeypatch):
     """Issue 47 row 9: the server's refusal inside a streamed 200 stopped the run ("APIConnectionError: Connection
     error." after 10 s with max_retries 0, no progress for 180 s with retries); it fails that item alone."""
+    monkeypatch.setattr(_RefusesMidStream, "served", 0)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusesMidStream)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -202,3 +213,19 @@ def test_an_error_event_inside_a_streamed_answer_is_that_items_error_in_one_line
     failed, answered = run.results
     assert failed.error == "the server refused it mid-answer: Requested tokens (256) exceed context window of 128"
     assert answered.error is None and answered.generated == " 4"
+
+
+def test_a_streamed_answer_cut_short_names_what_happened_not_an_unreachable_server(monkeypatch):
+    """The issue's "APIConnectionError: Connection error." named no cause: an answer that began and broke off says
+    so (the run stops: the server, not the item, is at fault)."""
+    monkeypatch.setattr(_RefusesMidStream, "break_off", True)
+    monkeypatch.setattr(_RefusesMidStream, "served", 0)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusesMidStream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = run_experiment(spec_for(f"http://127.0.0.1:{server.server_port}/v1", [{"name": "baseline"}],
+                                      max_concurrency=1, max_retries=0))
+    finally:
+        server.shutdown()
+    assert run.failure is not None and "broke off a streamed answer" in run.failure, run.failure
+    assert "cannot be reached" not in run.failure and "\n" not in run.failure
