@@ -22,7 +22,14 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
 from kvlab.dashboard import views
-from kvlab.dashboard.chart_export import IMAGE_FORMATS, ExportError, figure_html, figure_image, warm_up
+from kvlab.dashboard.chart_export import (
+    IMAGE_FORMATS,
+    ExportError,
+    figure_html,
+    figure_image,
+    warm_up,
+    with_caveat,
+)
 from kvlab.dashboard.page_table import DashboardPage
 from kvlab.errlog import debug_enabled, log_details, one_line
 from kvlab.secrets import redact
@@ -156,16 +163,18 @@ def _export_renderer() -> threading.Thread:
     return warm_up(EXPORT_WARM_UP_DELAY_S)
 
 
-def chart(fig: go.Figure, key: str, file_stem: str) -> None:
-    """The figure, and under it downloads as PNG / SVG / PDF / HTML, rendered only when clicked."""
+def chart(fig: go.Figure, key: str, file_stem: str, caveat: str | None = None) -> None:
+    """The figure, and under it downloads as PNG / SVG / PDF / HTML, rendered only when clicked; each
+    download carries ``caveat`` (what the page says beside the chart: :func:`with_caveat`)."""
     _export_renderer()
     plotly_figure(fig, key)
+    exported = with_caveat(fig, caveat)
     with st.container(horizontal=True):
         for fmt, mime in IMAGE_FORMATS.items():
-            st.download_button(fmt.upper(), data=_image_callable(fig, fmt), file_name=f"{file_stem}.{fmt}", mime=mime,
-                               key=f"{key}-{fmt}", on_click="ignore", icon=":material/download:")
-        st.download_button("HTML", data=lambda: figure_html(fig), file_name=f"{file_stem}.html", mime="text/html",
-                           key=f"{key}-html", on_click="ignore", icon=":material/download:")
+            st.download_button(fmt.upper(), data=_image_callable(exported, fmt), file_name=f"{file_stem}.{fmt}",
+                               mime=mime, key=f"{key}-{fmt}", on_click="ignore", icon=":material/download:")
+        st.download_button("HTML", data=lambda: figure_html(exported), file_name=f"{file_stem}.html",
+                           mime="text/html", key=f"{key}-html", on_click="ignore", icon=":material/download:")
 
 
 def _image_callable(fig: go.Figure, fmt: str) -> Callable[[], bytes]:
@@ -182,11 +191,35 @@ def share_box(params: Mapping[str, str | int | Sequence[str | int] | None]) -> N
         st.markdown(views.code_span(url))
 
 
+def address_bar(params: Mapping[str, str | int | Sequence[str | int] | None]) -> None:
+    """Make the browser's address bar the view's link (the parameters :func:`share_box` shows): one state, one
+    writer.  For a page whose widgets do not bind themselves to the URL (``bind="query-params"``): Streamlit
+    drops a bound widget's parameter from the address bar in every run that does not draw the widget, so a
+    section that hides the chart's axes lost ``y`` there while the share link kept it."""
+    wanted = views.query_values(params)
+    if {key: st.query_params.get_all(key) for key in st.query_params} != wanted:
+        st.query_params.from_dict(wanted)
+
+
 def empty_state(message: str, page: DashboardPage | None = None, label: str | None = None) -> None:
     """Say what to do, with a link to the page where it is done."""
     st.info(message, icon=":material/info:")
     if page is not None:
         st.page_link(page.script, label=label or page.url_path, icon=":material/arrow_forward:")
+
+
+#: What cancelling an experiment does, said in the question asked before it is done.
+CANCEL_CONSEQUENCE = "Their queued and running trials stop; results already stored are kept."
+
+
+def cancel_experiment(store: ExperimentStore, experiment_id: int) -> tuple[str, str]:
+    """Cancel the experiment's queued and running trials (its workers learn it at their next heartbeat): the
+    message to show, ``("ok", text)``, or ``("error", text)`` where the store refused."""
+    try:
+        count = store.cancel_experiment(experiment_id)
+    except StoreError as error:
+        return "error", str(error)
+    return "ok", f"Experiment {experiment_id}: {count} trial(s) cancelled."
 
 
 def experiment_label(experiment: ExperimentRecord) -> str:

@@ -77,13 +77,13 @@ elif section == views.COMPARE_SECTIONS[2]:
     if len(chosen) == 2:
         if rows := engine_agreement(runs[0][2], runs[1][2]):
             a, b = (f"#{i}" for i in chosen)
-            st.dataframe(views.engine_rows(rows, a, b), hide_index=True)
+            st.dataframe(views.engine_rows(rows, a, b), hide_index=True, placeholder="-")
             st.caption("same outcome: items with equal scores; same text: the answer up to the item's stop sequence")
         else:
             st.info("These two experiments share no config (by name) and item (the same prompt and answer) without "
                     "an error to pair.")
     if table := engines_table(runs):
-        st.dataframe(views.engines_table_rows(table), hide_index=True)
+        st.dataframe(views.engines_table_rows(table), hide_index=True, placeholder="-")
         st.caption("every engine's configs on the items all of the chosen experiments ran; KV B/token: measured from "
                    "tensors, or ≈ as a server states its pool; mean KL: each engine's config against that engine's "
                    "own baseline (the embedded engine's exact KL on the greedy output, a server's estimate from a "

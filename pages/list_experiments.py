@@ -54,7 +54,7 @@ tunes = {e.id: read_state(store, e, tune).budgets for e in experiments  # counte
 st.dataframe(
     views.experiment_rows(experiments, {e.id: d for e in experiments if (d := decision_of(e)) is not None}, zone,
                           tunes=tunes),
-    hide_index=True, key="experiments_table",
+    hide_index=True, key="experiments_table", placeholder="-",  # a missing figure: "-", not Streamlit's "None"
     column_config={
         "id": st.column_config.LinkColumn("id", width="small", display_text=r"id=(\d+)$",
                                           help="Opens the experiment's page (a tune's: the tune page)"),

@@ -8,6 +8,7 @@ keyed by the experiment's last update and the viewer's choices."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +22,7 @@ from kvlab.core.limits import MAX_NOTES_CHARS
 from kvlab.core.margins import Margins
 from kvlab.core.tasks import TASKS
 from kvlab.dashboard import charts, estimate, page_table, views
-from kvlab.dashboard.chart_export import report_html
+from kvlab.dashboard.chart_export import report_html, with_caveat
 from kvlab.experiments import eta, worker_logs
 from kvlab.experiments.export import experiment_document, results_csv
 from kvlab.experiments.report import budget_notes
@@ -30,8 +31,11 @@ from kvlab.secrets import redact
 from kvlab.store import ExperimentNotFoundError, ExperimentRecord, StoreError
 from kvlab.store.records import TelemetrySample, TrialRecord
 from pages.common import (
+    CANCEL_CONSEQUENCE,
     View,
+    address_bar,
     analysed,
+    cancel_experiment,
     chart,
     db_url,
     empty_state,
@@ -71,13 +75,42 @@ st.caption(f"#{experiment.id} · {views.kind(experiment)} · {experiment.status}
            + (f" · tags: {views.md(', '.join(experiment.tags))}" if experiment.tags else ""))
 if experiment.error:
     st.error(views.md(experiment.error))
+for flash_kind, flash_text in st.session_state.pop("experiment_flash", []):
+    (st.success if flash_kind == "ok" else st.error)(views.md(flash_text))
+
+
+def cancel_box(experiment: ExperimentRecord) -> None:
+    """While it is queued or running: Cancel, asked again before it is done (as the experiments list asks)."""
+    if experiment.is_terminal:
+        st.session_state.pop("pending_cancel", None)
+        return
+    if st.session_state.get("pending_cancel") != experiment.id:
+        if st.button("Cancel", icon=":material/cancel:", key="ask-cancel",
+                     help="Stop its queued and running trials; you are asked again first"):
+            st.session_state["pending_cancel"] = experiment.id
+            st.rerun()
+        return
+    st.warning(f"Cancel experiment #{experiment.id}? {CANCEL_CONSEQUENCE}")
+    yes_col, no_col, _ = st.columns([1, 1, 4])
+    if yes_col.button("Yes, cancel", type="primary", key="confirm-cancel"):
+        st.session_state["experiment_flash"] = [cancel_experiment(store, experiment.id)]
+        del st.session_state["pending_cancel"]
+        st.rerun()
+    if no_col.button("No", key="dismiss-cancel"):
+        del st.session_state["pending_cancel"]
+        st.rerun()
+
+
+cancel_box(experiment)
 if experiment.spec.get("tune") is not None:
     st.page_link(page_table.TUNE.script, label="A tune: its Pareto front, stopped candidates and recommendation",
                  query_params={"id": str(experiment.id)}, icon=":material/tune:")
 
 
 def notes_panel(experiment: ExperimentRecord) -> None:
-    """The experiment's notes, and a form to edit them (stored redacted: a URL's password is masked)."""
+    """The experiment's notes, and a form to edit them (stored redacted: a URL's password is masked).  Notes over
+    the limit are refused with what the limit is, nothing saved and the text left in the box to shorten (the box
+    has no ``max_chars``: the browser would drop a longer paste without a word)."""
     if experiment.notes:
         st.markdown(f"**Notes:** {views.md(experiment.notes)}")
     for message in st.session_state.pop("notes_flash", []):
@@ -86,20 +119,26 @@ def notes_panel(experiment: ExperimentRecord) -> None:
     # only when it is opened (the three as expanders cost ~0.12 s of each warm load on 2 cores, docs/decisions.md).
     with (st.popover("Edit notes" if experiment.notes else "Add notes", icon=":material/edit_note:"),
           st.form("notes-form", border=False)):
-        text = st.text_area("Notes", value=experiment.notes, max_chars=MAX_NOTES_CHARS, key=f"notes-{experiment.id}",
-                            help="Free text kept with the experiment: shown in the experiments list, found by its "
-                                 "search, exported with it (`kvlab notes ID` prints or sets them). A URL's password or "
-                                 "a known key is masked before it is stored.")
-        if st.form_submit_button("Save notes", icon=":material/save:"):
-            try:
-                stored = store.set_notes(experiment.id, text)
-            except StoreError as error:
-                st.error(views.md(str(error)))
-                return
-            st.session_state.pop(f"notes-{experiment.id}", None)  # the box shows what was stored
-            st.session_state["notes_flash"] = ["Notes saved" + ("; a secret in them was masked."
-                                                                if stored != text else ".")]
-            st.rerun()
+        text = st.text_area("Notes", value=experiment.notes, key=f"notes-{experiment.id}",
+                            help=f"Free text kept with the experiment, at most {MAX_NOTES_CHARS:,} characters: shown "
+                                 "in the experiments list, found by its search, exported with it (`kvlab notes ID` "
+                                 "prints or sets them). A URL's password or a known key is masked before it is "
+                                 "stored.")
+        save = st.form_submit_button("Save notes", icon=":material/save:")
+    if not save:
+        return
+    if len(text) > MAX_NOTES_CHARS:  # said here, outside the popover: a rerun may close it
+        st.error(f"Not saved: the notes are {len(text):,} characters, more than the {MAX_NOTES_CHARS:,} allowed. "
+                 "Your text is still in the box: shorten it and save again.", icon=":material/error:")
+        return
+    try:
+        stored = store.set_notes(experiment.id, text)
+    except StoreError as error:
+        st.error(f"Not saved: {views.md(str(error))}", icon=":material/error:")
+        return
+    st.session_state.pop(f"notes-{experiment.id}", None)  # the box shows what was stored
+    st.session_state["notes_flash"] = ["Notes saved" + ("; a secret in them was masked." if stored != text else ".")]
+    st.rerun()
 
 
 notes_panel(experiment)
@@ -257,18 +296,19 @@ def _section_picked() -> None:
     st.session_state["tab_picked"] = True
 
 
-def follow_default_section(default: str) -> None:
+def follow_default_section(sections: Sequence[str]) -> None:
     """Until the viewer picks a section (in the selector, or with a link's ``tab``), the selector
-    follows the section the page opens on: Progress while the experiment runs, the result once it
-    has ended (the live panel reruns the page then), and ``tab`` stays out of the URL."""
+    follows the section the page opens on (``sections[0]``): Progress while the experiment runs, the
+    result once it has ended (the live panel reruns the page then), and ``tab`` stays out of the URL."""
     if "tab_picked" not in st.session_state:
-        st.session_state["tab_picked"] = st.query_params.get("tab") in views.SECTIONS
-    if not st.session_state["tab_picked"] and st.session_state.get("tab", default) != default:
-        st.session_state["tab"] = default
+        st.session_state["tab_picked"] = st.query_params.get("tab") in sections
+    seed("tab", kept("tab", sections) or sections[0])
+    if not st.session_state["tab_picked"] and st.session_state["tab"] != sections[0]:
+        st.session_state["tab"] = sections[0]
 
 
 def kept(key: str, options: Sequence[str] | None = None) -> Any:
-    """A bound widget's value in a run that does not draw it: what it kept (``persist_state``), else the
+    """A widget's value, also in a run that does not draw it: what it kept (``persist_state``), else the
     link's (None when ``options`` are given and the link's is not one: the widget would refuse it)."""
     if key in st.session_state:
         return st.session_state[key]
@@ -279,41 +319,52 @@ def kept(key: str, options: Sequence[str] | None = None) -> Any:
     return None if options is not None and value not in options else value
 
 
+def seed(key: str, value: Any, options: Sequence[Any] | None = None) -> None:
+    """Give the widget of ``key`` its value before it is drawn (where it has none, or one no longer among
+    ``options``).  The page's widgets take their values only this way, never also a default of their own
+    (Streamlit logs a warning with a stack trace for a widget given both), and none binds itself to the URL:
+    :func:`pages.common.address_bar` writes the URL from the view's one state."""
+    if key not in st.session_state or (options is not None and st.session_state[key] not in options):
+        st.session_state[key] = value
+
+
 def kept_margin(default: float) -> float:
-    """The margin (a fraction, as max_drop) while its widget is not drawn: the kept or linked one, else the spec's."""
-    try:
-        return float(kept("margin") or default)
-    except ValueError:  # not a number: the widget says so once it is drawn
-        return default
-
-
-def read_old_margin_links() -> None:
-    """A link made while the page took the margin in hundredths (``margin=5``) means 0.05 now: no
-    fraction of the items exceeds 1."""
+    """The margin (a fraction, as max_drop): the kept one, else the link's, else the spec's (``default``).  A
+    link made while the page took the margin in hundredths (``margin=5``) means 0.05: no fraction of the items
+    exceeds 1.  A link's margin that is not a number in the widget's range is left at the spec's, said in a line."""
+    if "margin" in st.session_state:
+        return float(st.session_state["margin"])
     raw = st.query_params.get("margin")
+    if raw is None:
+        return default
     try:
-        value = float(raw) if raw is not None else None
+        value = float(raw)
     except ValueError:
-        return
-    if value is not None and value > 1 and "margin" not in st.session_state:
-        st.query_params["margin"] = views.url_number(value / 100)
+        value = math.nan
+    value = value / 100 if value > 1 else value
+    if not views.MARGIN_MIN <= value <= views.MARGIN_MAX:
+        st.warning(f"The link's margin {views.md(repr(raw[:40]))} is not a fraction from {views.MARGIN_MIN:g} to "
+                   f"{views.MARGIN_MAX:g}: left at the spec's, {views.fmt_margin(default)}.")
+        return default
+    return value
 
 
 def view_state(section: str, default_section: str, spec_margin: float) -> views.ExperimentViewState:
     """The viewer's choices, each from its widget where this section draws it (else as it was kept):
-    the one state that the analysis, the charts and the share link all come from."""
-    hidden, margin = list(kept("hide") or []), kept_margin(spec_margin)
+    the one state that the analysis, the charts, the share link and the address bar all come from."""
+    names = list(dict.fromkeys(r.config_name for r in results))
+    hidden, margin = [name for name in kept("hide") or [] if name in names], kept_margin(spec_margin)
     if section in ANALYSED:
         with st.popover("Configs and margin", icon=":material/tune:"):
-            hidden = st.multiselect("Hide configs", list(dict.fromkeys(r.config_name for r in results)), key="hide",
-                                    bind="query-params", persist_state="page",
+            seed("hide", hidden)
+            hidden = st.multiselect("Hide configs", names, key="hide", persist_state="page",
                                     help="Leave configs out of the charts and tables. Display only: the decision "
                                          "stays on every config.")
             st.caption(HIDE_NOTE)
+            seed("margin", margin)
             margin = st.number_input(
                 views.MARGIN_LABEL, min_value=views.MARGIN_MIN, max_value=views.MARGIN_MAX, step=views.MARGIN_STEP,
-                format=views.MARGIN_FORMAT, key="margin", value=spec_margin, bind="query-params",
-                persist_state="page",
+                format=views.MARGIN_FORMAT, key="margin", persist_state="page",
                 help="How much accuracy a config may lose against the baseline, as a fraction of the items like "
                      "the accuracy itself (the spec's max_drop: 0.05 is 5 items in 100). Where "
                      "fidelity is measured and a fidelity margin is set (the spec's max_kl, min_agreement), a "
@@ -323,11 +374,11 @@ def view_state(section: str, default_section: str, spec_margin: float) -> views.
     axis, metric = kept("x", views.X_AXES), kept("y", list(views.Y_METRICS))
     if section == "Tradeoff":
         x_col, y_col = st.columns(2)
-        axis = x_col.radio("x axis", views.X_AXES, key="x", bind="query-params", horizontal=True,
-                           persist_state="page", help="bytes: physical KV cache in MiB; ratio: baseline bytes / "
-                                                      "physical bytes")
-        metric = y_col.radio("y axis", list(views.Y_METRICS), key="y", bind="query-params", horizontal=True,
-                             persist_state="page",
+        seed("x", axis or views.X_AXES[0])
+        axis = x_col.radio("x axis", views.X_AXES, key="x", horizontal=True, persist_state="page",
+                           help="bytes: physical KV cache in MiB; ratio: baseline bytes / physical bytes")
+        seed("y", metric or next(iter(views.Y_METRICS)))
+        metric = y_col.radio("y axis", list(views.Y_METRICS), key="y", horizontal=True, persist_state="page",
                              help="accuracy: fraction correct (pooled over tasks); KL: mean KL(baseline || config) "
                                   "per token in nats, teacher-forced on the baseline's output (lower is better); "
                                   "agreement: mean over items of each item's share of tokens with the baseline's "
@@ -336,15 +387,18 @@ def view_state(section: str, default_section: str, spec_margin: float) -> views.
     needle = kept("needle")
     needles = charts.needle_configs(shown)
     if section == "Needles" and needles:
-        needle = st.selectbox("Config", needles, key="needle", bind="query-params", persist_state="page")
+        seed("needle", needle if needle in needles else needles[0], needles)
+        needle = st.selectbox("Config", needles, key="needle", persist_state="page")
     layout = kept("layout")
     layouts = charts.layout_configs(shown) if section == "Layers" or layout is not None else []
     if section == "Layers" and layouts:
-        layout = st.selectbox("Config", layouts, key="layout", bind="query-params", persist_state="page")
+        seed("layout", layout if layout in layouts else layouts[0], layouts)
+        layout = st.selectbox("Config", layouts, key="layout", persist_state="page")
     item = kept("item")
     items = views.fidelity_items(shown) if section == "Failed items" or item is not None else []  # reads every result
     if section == "Failed items" and items:
-        item = st.selectbox("Item: KL along its tokens", items, key="item", bind="query-params", persist_state="page",
+        seed("item", item if item in items else items[0], items)
+        item = st.selectbox("Item: KL along its tokens", items, key="item", persist_state="page",
                             help="Any item on which fidelity to the baseline was measured, not only failed ones.")
     return views.ExperimentViewState(
         experiment.id, tab=None if section == default_section else section,
@@ -355,15 +409,15 @@ def view_state(section: str, default_section: str, spec_margin: float) -> views.
 
 
 sections = views.experiment_sections(experiment.is_terminal)
-follow_default_section(sections[0])
-section = st.segmented_control("Section", sections, default=sections[0], required=True, key="tab",
-                               bind="query-params", label_visibility="collapsed", on_change=_section_picked)
+follow_default_section(sections)
+section = st.segmented_control("Section", sections, required=True, key="tab", label_visibility="collapsed",
+                               on_change=_section_picked)
 live_panel(experiment.id, live_key(experiment, section in ANALYSED), detailed=section == views.LIVE_SECTION,
            follow_items=section in ANALYSED)
 
 spec_margin = Margins.of(experiment.spec).max_drop
-read_old_margin_links()
 state = view_state(section, sections[0], spec_margin)
+address_bar(state.params())  # the share link's parameters, written before any section can stop the page
 view = view_of(experiment, state.hide, spec_margin if state.margin is None else state.margin)
 axis = state.x or views.X_AXES[0]
 metric = state.y or next(iter(views.Y_METRICS))
@@ -377,13 +431,15 @@ if section == "Tradeoff":
                 f"{experiment.items_total or '?'} items); the chart, the table and the verdict follow as items land, "
                 "and may change.", icon=":material/hourglass_top:")
     (st.success if sweet is not None and not decision.few_items else st.info)(views.decision_text(decision))
-    if decision.few_items:
-        st.warning(f"Few items: this sweet spot {views.md(decision.few_items_note())}.", icon=":material/warning:")
+    caveat = f"Few items: this sweet spot {decision.few_items_note()}." if decision.few_items else None
+    if caveat:
+        st.warning(views.md(caveat), icon=":material/warning:")
     if sweet is not None and sweet.config_name in state.hide:
         st.caption(f"The sweet spot ({views.md(sweet.config_name)}) is hidden from the chart and the table below.")
     chart(figure("tradeoff", view, axis, f"{experiment.name}: memory vs {views.Y_METRICS[metric]}", metric),
-          "tradeoff", f"{stem}-tradeoff" + ("" if metric == "accuracy" else f"-{slug(metric)}"))
-    st.dataframe(views.summary_rows(summaries, sweet.config_name if sweet else None), hide_index=True)
+          "tradeoff", f"{stem}-tradeoff" + ("" if metric == "accuracy" else f"-{slug(metric)}"), caveat)
+    st.dataframe(views.summary_rows(summaries, sweet.config_name if sweet else None,
+                                    views.first_errors(shown_results(view)[0])), hide_index=True)
     if notes := budget_notes(summaries):
         st.warning("Freeing less memory than the budget suggests (measured prompt cache):\n\n"
                    + "\n".join(f"- {views.md(note)}" for note in notes), icon=":material/memory:")
@@ -479,6 +535,7 @@ elif section == "Spec & environment":
 def _report(experiment: ExperimentRecord, view: View) -> str:
     summaries, decided = analysed(view)
     results, baseline = shown_results(view)
+    caveat = f"Few items: this sweet spot {decided.few_items_note()}." if decided.few_items else None
     figures = {"Memory vs accuracy": charts.tradeoff_figure(summaries, "bytes", baseline, decision=decided),
                "Compression ratio vs accuracy": charts.tradeoff_figure(summaries, "ratio", baseline,
                                                                        decision=decided)}
@@ -486,6 +543,7 @@ def _report(experiment: ExperimentRecord, view: View) -> str:
         figures |= {f"Memory vs {words}": charts.tradeoff_figure(summaries, "bytes", baseline, f"Memory vs {words}",
                                                                  metric, decided)
                     for metric, words in views.Y_METRICS.items() if metric != "accuracy"}
+    figures = {title: with_caveat(fig, caveat) for title, fig in figures.items()}  # the tradeoffs, as exported
     figures |= {"Latency": charts.latency_figure(summaries),
                 "Accuracy by context length": charts.breakdown_figure(
                     breakdown(results, length_group, baseline, view.margins), "context length")}
@@ -503,7 +561,8 @@ def _report(experiment: ExperimentRecord, view: View) -> str:
             "accuracy margin (max_drop)": views.fmt_margin(decided.max_drop),
             "notes": redact(experiment.notes) or "-"}
     return report_html(f"kvlab: {experiment.name}", meta,
-                       {"Summary": views.summary_rows(summaries, best.config_name if best else None),
+                       {"Summary": views.summary_rows(summaries, best.config_name if best else None,
+                                                      views.first_errors(results)),
                         "Verdict per task": views.verdict_rows(summaries),
                         "Failed items": views.failed_rows(results, limit=100)},
                        figures, dump_spec(parse_spec(experiment.spec, stored=True)),

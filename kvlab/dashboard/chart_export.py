@@ -106,6 +106,28 @@ def figure_image(fig: go.Figure, fmt: str, width: int = 1000, height: int | None
             raise ExportError(f"could not render the chart as {fmt.upper()}: {error}") from error
 
 
+#: Characters per line of a caveat under an exported chart (at the exports' 1000 px width).
+CAVEAT_LINE = 110
+
+
+def with_caveat(fig: go.Figure, caveat: str | None) -> go.Figure:
+    """``fig`` as exported: with ``caveat`` (what the page shows beside the chart, say that its sweet spot rests
+    on few items) written under the plot, so that a PNG, SVG, PDF or HTML copy says what the page says.  The
+    figure itself is left as it was (a copy is returned; ``fig`` where there is no caveat)."""
+    if not caveat:
+        return fig
+    import textwrap
+
+    lines = textwrap.wrap(caveat, CAVEAT_LINE)
+    exported = go.Figure(fig)
+    bottom = (exported.layout.margin.b or 80) + 18 * len(lines)
+    exported.update_layout(margin={"b": bottom}, height=(fig.layout.height or 500) + 18 * len(lines))
+    exported.add_annotation(text="<br>".join(html.escape(line) for line in lines), xref="paper", yref="paper",
+                            x=0, y=0, yshift=-bottom + 4, xanchor="left", yanchor="bottom", showarrow=False,
+                            align="left", font={"size": 12, "color": "#8a6d00"})
+    return exported
+
+
 def figure_html(fig: go.Figure) -> str:
     """A standalone page with plotly.js inlined: opens offline, anywhere."""
     return fig.to_html(include_plotlyjs=True, full_html=True)

@@ -161,15 +161,21 @@ def trial_key(experiment_id: int, config_name: str) -> str:
     return f"{experiment_id}/{config_name}"
 
 
-def share_url(base: str | None, params: Mapping[str, str | int | Sequence[str | int] | None]) -> str:
-    """The link that reopens this view: ``base`` (the page's URL, no query) plus the non-empty params."""
-    query = []
+def query_values(params: Mapping[str, str | int | Sequence[str | int] | None]) -> dict[str, list[str]]:
+    """A view's query parameters as a URL carries them: each non-empty one's values as text (None, ``""`` and
+    empty lists left out).  The share link (:func:`share_url`) and the address bar (``pages.common.address_bar``)
+    both come from this."""
+    query: dict[str, list[str]] = {}
     for key, value in params.items():
         if value is None or value == "" or (isinstance(value, (list, tuple)) and not value):
             continue
-        values = value if isinstance(value, (list, tuple)) else [value]
-        query += [(key, str(v)) for v in values]
-    encoded = urlencode(query)
+        query[key] = [str(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    return query
+
+
+def share_url(base: str | None, params: Mapping[str, str | int | Sequence[str | int] | None]) -> str:
+    """The link that reopens this view: ``base`` (the page's URL, no query) plus the non-empty params."""
+    encoded = urlencode(query_values(params), doseq=True)
     return f"{base or ''}?{encoded}" if encoded else (base or "")
 
 
@@ -415,11 +421,37 @@ def trial_rows(trials: Sequence[TrialRecord]) -> list[dict[str, Any]]:
              "error": t.error or ""} for t in trials]
 
 
-def summary_rows(summaries: Sequence[ConfigSummary], sweet_name: str | None = None) -> list[dict[str, Any]]:
+#: How much of an item's error a table cell quotes.
+ERROR_SHOWN = 120
+
+
+def first_errors(results: Sequence[ItemResult]) -> dict[str, str]:
+    """Each config's first item error (one line, cut to :data:`ERROR_SHOWN` characters), for the tables that
+    say why a figure is missing."""
+    errors: dict[str, str] = {}
+    for r in results:
+        if r.error and r.config_name not in errors:
+            line = " ".join(r.error.split())
+            errors[r.config_name] = line[:ERROR_SHOWN] + ("…" if len(line) > ERROR_SHOWN else "")
+    return errors
+
+
+def missing_accuracy(s: ConfigSummary, errors: Mapping[str, str]) -> str:
+    """Why a config has no accuracy, where its items' errors say: ``- (3 item errors: <the first>)``; ``-``
+    otherwise (perplexity, which scores no answer)."""
+    if not s.errors:
+        return "-"
+    first = errors.get(s.config_name)
+    return f"- ({s.errors} item error{'s' if s.errors != 1 else ''}" + (f": {first})" if first else ")")
+
+
+def summary_rows(summaries: Sequence[ConfigSummary], sweet_name: str | None = None,
+                 errors: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The per-config summary with the units in the column names: the decision (acceptable on every
     task, the task that stopped the config, the criterion that judged each task), the fidelity to the
     baseline ("-" where it is not measured), then the accuracy figures pooled over tasks (a summary,
-    not the decision), the bytes and the latency."""
+    not the decision; where there is none, why: :func:`missing_accuracy` of ``errors``, each config's first
+    item error, :func:`first_errors`), the bytes and the latency."""
     rows = []
     for s in summaries:
         ci = f"[{s.ci_low:.2f}, {s.ci_high:.2f}]" if not _missing(s.ci_low) else "-"
@@ -434,7 +466,8 @@ def summary_rows(summaries: Sequence[ConfigSummary], sweet_name: str | None = No
             "mean KL (nats, 95% CI)": _kl(s) if s.mean_kl is not None else "-",
             "p99 KL (nats)": fmt(s.p99_kl, ".3g"),
             "top-1 agreement (95% CI)": _agreement(s) if s.agreement is not None else "-",
-            "accuracy (pooled)": fmt(s.accuracy, ".3f"), "accuracy 95% CI (pooled)": ci,
+            "accuracy (pooled)": fmt(s.accuracy, ".3f") if _present(s.accuracy) else missing_accuracy(s, errors or {}),
+            "accuracy 95% CI (pooled)": ci,
             "vs baseline (pooled, 95% CI)": diff, "non-inferior (pooled)": _yes_no(s.pooled_non_inferior),
             "Holm p (pooled)": fmt(s.p_adjusted, ".3g"), "p vs baseline (pooled)": fmt(s.p_value, ".3f"),
             "KV (MiB)": about + fmt(s.physical_kv_bytes, ".3f", 1 / MIB),

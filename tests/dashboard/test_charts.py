@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -315,3 +316,17 @@ def test_names_with_markup_are_text_in_every_figure_and_the_report():
     outside_scripts = re.sub(r"<script\b.*?</script>", "", page, flags=re.DOTALL)  # plotly.js itself has "<a"
     assert not re.search(r"<(a|span)\b", outside_scripts)
     assert "http://evil.example" in page and not re.search(r'<a href=\\?"http://evil', page)  # the figure's JSON too
+
+
+def test_an_exported_chart_carries_the_pages_caveat():
+    """Issue 47 row 7: the page warns that a sweet spot rests on few items; the exported figure says so too."""
+    from kvlab.dashboard.chart_export import with_caveat
+
+    summaries = summarize([item_result(c, i, 256, 0.1) for c in PROFILE for i in range(2)], "baseline", Margins())
+    fig = charts.tradeoff_figure(summaries, "bytes", "baseline")
+    caveat = "Few items: this sweet spot rests on 2 items; the margin of 0.05 needs about 1,000 <items> & more."
+    exported = with_caveat(fig, caveat)
+    assert with_caveat(fig, None) is fig and len(fig.layout.annotations) < len(exported.layout.annotations)
+    text = exported.layout.annotations[-1].text
+    assert text.replace("<br>", " ") == html.escape(caveat)  # plotly reads the text as HTML
+    assert "rests on 2 items" in figure_html(exported) and "rests on 2 items" not in figure_html(fig)

@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import fields, replace
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -354,6 +354,41 @@ def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdi
     assert _verdict(opened) == verdict
 
 
+def _address_bar(at: AppTest) -> str:
+    """The query the page last wrote into the browser's address bar, as a link (``?a=1&b=2``)."""
+    return "?" + urlencode(at.query_params, doseq=True)
+
+
+def test_the_address_bar_is_the_share_link_in_every_section(filled):
+    """Issue 47 row 5: a section that does not draw the chart's axes dropped ``y=`` from the address bar (the
+    share link kept it); one state, one writer: the address bar is the link, section after section."""
+    _, done_id, _ = filled
+    at = open_page(VIEW, id=str(done_id))
+    at.radio(key="y").set_value("agreement").run()
+    at.number_input(key="margin").set_value(0.2).run()
+    assert _address_bar(at) == share_link(at) == f"?id={done_id}&y=agreement&margin=0.2"
+    for section in ("Latency", "Spec & environment", "Tradeoff"):
+        at.segmented_control(key="tab").set_value(section).run()
+        assert_clean(at)
+        tab = "" if section == "Tradeoff" else "&" + urlencode({"tab": section})
+        assert _address_bar(at) == share_link(at) == f"?id={done_id}{tab}&y=agreement&margin=0.2", section
+    assert at.radio(key="y").value == "agreement" and at.number_input(key="margin").value == 0.2
+
+
+def test_a_link_margin_in_hundredths_or_out_of_range_is_read_or_left_at_the_spec(filled):
+    _, done_id, _ = filled
+    at = open_page(VIEW, id=str(done_id), margin="5")  # a link from when the page took hundredths: 0.05
+    assert_clean(at)
+    assert at.number_input(key="margin").value == 0.05 and _address_bar(at) == share_link(at) == \
+        f"?id={done_id}&margin=0.05"
+    for raw in ("7000", "abc", "0"):
+        at = open_page(VIEW, id=str(done_id), margin=raw)
+        assert_clean(at)
+        assert f"The link's margin '{raw}' is not a fraction from 0.005 to 0.5: left at the spec's, 0.5." in \
+            texts(at.warning).replace("\\", "")
+        assert at.number_input(key="margin").value == 0.5 and _address_bar(at) == f"?id={done_id}"
+
+
 def test_an_older_link_without_y_shows_accuracy_and_a_bad_y_is_dropped(filled):
     _, done_id, _ = filled
     for link_y in ({}, {"y": "perplexity"}):
@@ -603,3 +638,46 @@ def test_the_layers_section_draws_kept_tokens_per_head_and_bytes_per_layer(store
     assert at.selectbox(key="layout").value == second
     assert parse_qs(urlsplit(share_link(at)).query) == {"id": [str(experiment_id)], "tab": ["Layers"],
                                                         "layout": [second]}
+
+
+def test_notes_over_the_limit_are_refused_kept_in_the_box_and_never_called_saved(filled):
+    """Issue 47 row 11 (the page's side: the browser test pastes them): 12,000 characters, Save."""
+    store, done_id, _ = filled
+    store.set_notes(done_id, "the notes before")
+    at = open_page(VIEW, id=str(done_id))
+    pasted = "x" * 12_000
+    at.text_area(key=f"notes-{done_id}").set_value(pasted)
+    next(b for b in at.button if b.label == "Save notes").click().run()
+    assert_clean(at)
+    assert "Not saved: the notes are 12,000 characters, more than the 10,000 allowed." in texts(at.error)
+    assert "Notes saved" not in texts(at.success) and store.get_experiment(done_id).notes == "the notes before"
+    assert at.text_area(key=f"notes-{done_id}").value == pasted
+    at.text_area(key=f"notes-{done_id}").set_value("x" * 10_000)
+    next(b for b in at.button if b.label == "Save notes").click().run()
+    assert "Notes saved." in texts(at.success) and store.get_experiment(done_id).notes == "x" * 10_000
+
+
+def test_the_list_shows_a_missing_figure_as_a_dash_not_none(filled):
+    """Issue 47 row 15: the list's metric columns showed Streamlit's literal "None" where there is no figure."""
+    _, _, running_id = filled
+    at = open_page(LIST)
+    assert_clean(at)
+    table = next(frame for frame in at.dataframe if "best ratio held (x)" in frame.value.columns)
+    assert table.proto.placeholder == "-"
+
+
+def test_a_running_experiment_is_cancelled_from_its_page_after_asking(filled):
+    """Issue 47 row 7: Cancel on the running experiment's own page, asked first as the list asks."""
+    store, done_id, running_id = filled
+    assert not [b for b in open_page(VIEW, id=str(done_id)).button if b.label == "Cancel"]  # ended: none
+    at = open_page(VIEW, id=str(running_id))
+    next(b for b in at.button if b.label == "Cancel").click().run()
+    assert f"Cancel experiment #{running_id}? Their queued and running trials stop" in texts(at.warning)
+    assert store.get_experiment(running_id).status == "running"
+    next(b for b in at.button if b.label == "No").click().run()
+    assert store.get_experiment(running_id).status == "running" and "Cancel experiment" not in texts(at.warning)
+    next(b for b in at.button if b.label == "Cancel").click().run()
+    next(b for b in at.button if b.label == "Yes, cancel").click().run()
+    assert_clean(at)
+    assert re.search(rf"Experiment {running_id}\\: \d+ trial\\\(s\\\) cancelled", texts(at.success))
+    assert store.get_experiment(running_id).status == "cancelled"

@@ -410,3 +410,27 @@ def test_estimate():
     assert rates.source == "past" and rates.per_config_item == pytest.approx(0.155)
     assert rates.prefill_s(1024) == pytest.approx(0.09 * 1044 / 256)  # what those items measured at 1024 tokens
     assert estimate.rates_from_results([], "none") is None
+
+
+def test_a_missing_accuracy_says_its_item_errors():
+    """Issue 47 row 15: the run's table showed "-" for accuracy without saying why (the errors were only in an
+    export)."""
+    results = [item_result(config, i, 256, 0.1) for config in ("baseline", "int4") for i in range(4)]
+    error = "engine: Requested tokens (256) exceed context window of 128\n  (the server's words)"
+    results = [replace(r, score=None, error=error) if r.config_name == "int4" else r for r in results]
+    summaries = summarize(results, "baseline", Margins())
+    rows = {r["config"]: r for r in views.summary_rows(summaries, None, views.first_errors(results))}
+    assert rows["baseline"]["accuracy (pooled)"] == "1.000"
+    assert rows["int4"]["accuracy (pooled)"] == ("- (4 item errors: engine: Requested tokens (256) exceed context "
+                                                 "window of 128 (the server's words))")
+    assert {r["config"]: r["accuracy (pooled)"] for r in views.summary_rows(summaries)}["int4"] == "- (4 item errors)"
+    long = views.first_errors([replace(results[-1], error="x" * 500)])["int4"]
+    assert len(long) == views.ERROR_SHOWN + 1 and long.endswith("…")
+
+
+def test_the_address_bar_and_the_share_link_carry_the_same_values():
+    params = views.ExperimentViewState(3, tab="Latency", y="KL", hide=("a b", "int2"), margin=0.2).params()
+    assert views.query_values(params) == {"id": ["3"], "tab": ["Latency"], "y": ["KL"], "hide": ["a b", "int2"],
+                                          "margin": ["0.2"]}
+    assert views.share_url("http://h/experiment", params) == \
+        "http://h/experiment?id=3&tab=Latency&y=KL&hide=a+b&hide=int2&margin=0.2"

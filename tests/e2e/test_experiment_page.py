@@ -10,7 +10,10 @@ through Playwright, in a browser whose time zone is Tokyo's.
 * a running experiment's tradeoff gains a config's point when its items land, with an estimate of the
   time left, and the tail of its worker's log follows the lines the worker writes;
 * notes edited on the page are stored (a URL's password masked), shown after a reload, found by the list's
-  search and exported.
+  search and exported;
+* issue 47: a running experiment's page that flips to done logs no Streamlit warning (row 6); a running
+  experiment is cancelled from its own page, asked first (row 7); an exported chart carries the page's
+  few-items caveat (row 7).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class Served:
     two: int  # the same on 2 items at max_drop 0.05: a sweet spot by fidelity on too few items
     tune: int  # a running tune: 2 candidates proposed (and complete) of max_trials 4
     running: int  # a running sweep: the baseline and int4 have items, int2 and snapkv-50 none yet
+    log: Path  # the dashboard's output (Streamlit logs its warnings there)
 
 
 def _two_items(store: Store) -> int:
@@ -90,7 +94,7 @@ def server(tmp_path_factory) -> Iterator[Served]:
         "2026-03-01 11:00:01,000 kvlab.experiments.worker INFO the first line of the worker's own\n")
     process, base = start_dashboard(url, tmp / "streamlit.log", {"KVLAB_LOG_DIR": str(logs)})
     try:
-        yield Served(base, url, logs, sweep, two, tune, running)
+        yield Served(base, url, logs, sweep, two, tune, running, tmp / "streamlit.log")
     finally:
         process.terminate()
         process.wait(timeout=SAFETY_S)
@@ -267,3 +271,68 @@ def test_notes_are_edited_stored_shown_searched_and_exported(server, browser):
     assert [dict(zip(header, row, strict=True))["name"] for row in rows] == ["two-items"]
     assert dict(zip(header, rows[0], strict=True))["notes"].startswith("int4 holds on two items only")
     listed.context.close()
+
+
+#: Streamlit's warning (with a stack trace) for a widget given a default and a Session State value (issue 47 row 6).
+STATE_WARNING = "was created with a default value but also had its value set via the Session State API"
+
+
+def _finish(store_url: str, experiment_id: int) -> None:
+    """Every trial's items land and the trials end, as its worker finishes them."""
+    with Store(store_url) as store:
+        for trial in store.trials(experiment_id):
+            for index in range(trial.items_done, 8):
+                store.add_item_result(trial.id, item_result(trial.config_name, index, 256, 0.1, fidelity=True))
+            store.finish_trial(trial.id, "done", worker_id=WORKER)
+
+
+def test_a_running_page_that_flips_to_done_logs_no_widget_warning(server, browser):
+    with Store(server.store_url) as store:
+        experiment_id = _running(store)
+    page = _open(browser, _experiment(server, experiment_id))
+    main = page.get_by_test_id("stMain")
+    expect(page.get_by_test_id("stButtonGroup").get_by_role("radio", name="Progress", exact=True)).to_have_attribute(
+        "aria-checked", "true")
+    _finish(server.store_url, experiment_id)
+    expect(main.get_by_text(re.compile(r"^(Sweet spot|No sweet spot): ")).first).to_be_visible()  # flipped
+    expect(page.get_by_test_id("stButtonGroup").get_by_role("radio", name="Tradeoff", exact=True)).to_have_attribute(
+        "aria-checked", "true")
+    _wait_idle(page)
+    _assert_clean(page)
+    assert STATE_WARNING not in server.log.read_text(errors="replace")
+    page.context.close()
+
+
+def test_a_running_experiment_is_cancelled_from_its_own_page_after_asking(server, browser):
+    with Store(server.store_url) as store:
+        experiment_id = _running(store)
+    page = _open(browser, _experiment(server, experiment_id))
+    main = page.get_by_test_id("stMain")
+    main.get_by_role("button", name="Cancel").click()
+    _wait_idle(page)
+    expect(main.get_by_text(f"Cancel experiment #{experiment_id}? Their queued and running trials stop; results "
+                            "already stored are kept.")).to_be_visible()
+    with Store(server.store_url) as store:
+        assert store.get_experiment(experiment_id).status == "running"  # asked, not done yet
+    main.get_by_role("button", name="Yes, cancel").click()
+    expect(main.get_by_text(f"Experiment {experiment_id}: 4 trial(s) cancelled.")).to_be_visible()
+    with Store(server.store_url) as store:
+        assert store.get_experiment(experiment_id).status == "cancelled"
+    expect(main.get_by_role("button", name="Cancel")).to_have_count(0)  # nothing left to cancel
+    _assert_clean(page)
+    page.context.close()
+
+
+def test_an_exported_chart_carries_the_few_items_caveat(server, browser):
+    page = _open(browser, _experiment(server, server.two), downloads=True)
+    main = page.get_by_test_id("stMain")
+    expect(main.get_by_test_id("stAlertContentWarning").filter(has_text="Few items")).to_contain_text(
+        "Few items: this sweet spot rests on 2 items")  # the page's caveat
+    with page.expect_download() as download:
+        main.get_by_role("button", name="SVG").first.click()
+    svg = Path(download.value.path()).read_text()
+    assert "Few items: this sweet spot rests on 2 items" in svg
+    with page.expect_download() as download:
+        main.get_by_role("button", name="HTML", exact=True).first.click()
+    assert "Few items: this sweet spot rests on 2 items" in Path(download.value.path()).read_text()
+    page.context.close()

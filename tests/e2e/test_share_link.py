@@ -1,8 +1,9 @@
 """The experiment page's share link in a real browser: every piece of the page's state set through its
 widget (section, x and y axes, hidden configs, margin, needle config, item), then the sidebar's "Share
 this view" link opened in a fresh browser context (no cookies, no session) shows the same view and the
-same verdict.  The margin (a fraction, as max_drop) changes the verdict: a link without it states another rule;
-hiding a config does not (the decision is on every config)."""
+same verdict; the address bar holds that link in every section.  The margin (a fraction, as max_drop)
+changes the verdict: a link without it states another rule; hiding a config does not (the decision is on
+every config)."""
 
 from __future__ import annotations
 
@@ -120,8 +121,12 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     assert set(query) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece of the state
     assert query == {"id": ["1"], "tab": ["Needles"], "x": ["ratio"], "y": ["KL"], "hide": ["snapkv-50"],
                      "margin": ["0.2"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"]}, link
-    # (The address bar is not such a link: Streamlit drops a bound widget's parameter while the widget
-    # is not drawn, here x and y, which only the Tradeoff section draws.)
+    # the address bar is the same link (issue 47 row 5: it dropped x and y, which only the Tradeoff section draws)
+    assert parse_qs(urlsplit(page.url).query) == query, page.url
+    _section(page, "Latency").click()
+    _wait_idle(page)
+    expect(share).to_contain_text("tab=Latency")
+    assert parse_qs(urlsplit(page.url).query) == query | {"tab": ["Latency"]}, page.url
 
     shared = _page(browser, link)  # a fresh context: what someone else who opens the link sees
     expect(_section(shared, "Needles")).to_have_attribute("aria-checked", "true")
