@@ -11,7 +11,7 @@ import streamlit as st
 
 from kvlab.core.errors import ConfigError
 from kvlab.dashboard import page_table, views
-from kvlab.experiments.submit import rerun
+from kvlab.dashboard.launch import rerun_from_page
 from kvlab.store import STATUSES, StoreError
 from pages.common import decision_of, empty_state, experiment_label, get_store, share_box, viewer_zone
 from pages.tune_view import read_state
@@ -98,7 +98,7 @@ def _perform(action: str, ids: list[int]) -> list[tuple[str, str]]:
                 count = store.cancel_experiment(experiment_id)
                 messages.append(("ok", f"Experiment {experiment_id}: {count} trial(s) cancelled."))
             elif action == "rerun":
-                new_id = rerun(experiment_id, workers)
+                new_id = rerun_from_page(experiment_id, workers)
                 workers = 0
                 messages.append(("ok", f"Experiment {new_id} queued: a rerun of {experiment_id}."))
             else:

@@ -29,6 +29,7 @@ from kvlab.dashboard.spec_form import (
     default_form,
     empty_task_values,
     form_from_spec,
+    key_line,
     list_examples,
     named_rows,
 )
@@ -36,7 +37,7 @@ from kvlab.dashboard.task_params import ParamWidget, param_widgets
 from kvlab.engines.servers import SERVERS
 from kvlab.models import KNOWN_MODELS
 from kvlab.paths import DATA_DIR_VAR, data_dir
-from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, mask, read_setting
+from kvlab.secrets import BASE_URL_VAR, MODEL_ID_VAR
 from kvlab.spec_files import load_spec, parse_spec_toml
 from kvlab.tasks.data_dir import UPLOADS, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
@@ -184,7 +185,8 @@ slots: dict[str, Any] = {}
 
 def backend_options(backend: str) -> None:
     """Endpoint or server settings.  The key is never typed here: it is read from the environment or
-    .streamlit/secrets.toml when the experiment runs; this only says where it would come from."""
+    .streamlit/secrets.toml when the experiment runs; this only says whether it would be sent, and where
+    (a run aimed anywhere else is refused at Launch: :class:`kvlab.experiments.submit.PageLimits`)."""
     with st.container(border=True):
         if "base_url" in BACKENDS[backend].fields:
             url_col, model_col = st.columns(2)
@@ -225,10 +227,10 @@ def backend_options(backend: str) -> None:
         key_col, concurrency_col = st.columns(2)
         with key_col:
             st.text_input("API key variable", key=P + "backend.api_key_env",
-                          help="The NAME of the environment variable (or secrets.toml key) holding the key")
-            key_var = str(st.session_state.get(P + "backend.api_key_env") or DEFAULT_KEY_VAR)
-            key, source = read_setting(key_var)
-            st.caption(f"Key: {mask(key)} ({source})" if key else f"Key: none ({key_var} is not set)")
+                          help="The NAME of the variable (environment or secrets.toml) holding the key: "
+                               "<NAME>_API_KEY, whose key goes only to the endpoint in <NAME>_BASE_URL")
+            st.caption(key_line(backend, str(st.session_state.get(P + "backend.api_key_env") or ""),
+                                str(st.session_state.get(P + "backend.base_url") or "")))
         with concurrency_col:
             st.number_input("Concurrent requests", min_value=1, max_value=256, step=1,
                             key=P + "backend.max_concurrency")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from kvlab.core.backends import BACKEND_NAMES, BACKENDS
 from kvlab.core.errors import ConfigError
@@ -34,6 +34,7 @@ from kvlab.core.tasks import MAX_PATH_CHARS, STORED, TaskSpec
 from kvlab.core.tasks import TASKS as TASK_REGISTRY
 from kvlab.core.tune_spec import TuneSpec, backend_space
 from kvlab.core.urls import URL_USERINFO, url_credentials
+from kvlab.secrets import key_var_problem
 
 BackendKind = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # the backend registry's names
 
@@ -117,7 +118,8 @@ class BackendSpec(BaseModel):
         default=None, description="The model name the server serves (openai_compat: else KVLAB_MODEL_ID; vllm / "
         "sglang: default `model`).")
     api_key_env: str = Field(default="KVLAB_API_KEY", description="The environment variable (or key of "
-                             ".streamlit/secrets.toml) holding the API key; the key itself is never in a spec.")
+                             ".streamlit/secrets.toml) holding the API key, named <NAME>_API_KEY; the key itself is "
+                             "never in a spec.")
     max_concurrency: Annotated[int, Field(ge=1, le=256)] = Field(
         default=4, description="Requests in flight at once to a server.")
     max_retries: Annotated[int, Field(ge=0, le=20)] = Field(
@@ -126,6 +128,17 @@ class BackendSpec(BaseModel):
                                                              "take.")
     server: ServerOptions = Field(default=ServerOptions(), description="How kvlab launches a vllm or sglang server "
                                   "([backend.server]).")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_key_var(cls, name: str, info: ValidationInfo) -> str:
+        """Only a ``<NAME>_API_KEY`` variable is ever read as a key (:func:`kvlab.secrets.key_var_problem`), so
+        that no spec, from any front end, has kvlab send ``HOME`` or ``KVLAB_DATABASE_URL``.  A spec the store
+        holds (an older kvlab validated it) is read back as it is: the engine refuses it before sending
+        anything, and queued again it is validated as a new one."""
+        if (problem := key_var_problem(name)) and not (info.context and info.context.get(STORED)):
+            raise ValueError(problem)
+        return name
 
     @model_validator(mode="after")
     def _check(self) -> BackendSpec:

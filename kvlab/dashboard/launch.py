@@ -1,7 +1,8 @@
-"""The new-experiment page's Launch without Streamlit: a sweep on local workers or a Ray cluster, or a
-tune driven by a detached ``kvlab tune``, each through :func:`kvlab.experiments.submit.submit`, with
-the data directory as the only place task files may come from (the page is a web page: a path typed
-there must not reach any file on the host).
+"""The dashboard's launches without Streamlit: the new-experiment page's sweep on local workers or a Ray
+cluster, or tune driven by a detached ``kvlab tune``, and the list's Rerun, each through
+:mod:`kvlab.experiments.submit` with what a web page may submit (:func:`page_limits`: task files only from the
+data directory, a path typed there must not reach any other file on the host; the dashboard's key only to the
+URL it belongs to, the run's worker would send it to the spec's ``base_url``).
 
 A spec refused before it is stored raises :class:`Refused`, whose message is the one line the page
 shows; nothing was stored.  What only the model can tell fails the stored experiment (or tune), and
@@ -18,7 +19,7 @@ from kvlab.dashboard.executor_form import Executor
 from kvlab.dashboard.tune_launch import record_launch
 from kvlab.errlog import one_line
 from kvlab.experiments.submit import Executor as Runner
-from kvlab.experiments.submit import Handle, LocalWorkers, Submitted, submit
+from kvlab.experiments.submit import Handle, LocalWorkers, PageLimits, Submitted, rerun, submit
 from kvlab.paths import data_dir
 from kvlab.store import ExperimentStore, StoreError
 
@@ -47,8 +48,19 @@ def launch_tune(spec: ExperimentSpec, warnings: Sequence[str], store: Experiment
     return submitted.experiment_id
 
 
+def rerun_from_page(experiment_id: int, workers: int) -> int:
+    """The list's Rerun: the experiment's spec queued again, held to what a page may submit (``ConfigError``,
+    ``StoreError``: one line, nothing stored); returns the new id."""
+    return rerun(experiment_id, workers, page=page_limits())
+
+
+def page_limits() -> PageLimits:
+    """What a spec submitted from the dashboard is held to (:class:`kvlab.experiments.submit.PageLimits`)."""
+    return PageLimits(files_under=data_dir())
+
+
 def _submit(spec: ExperimentSpec, runner: Runner[Handle], warnings: Sequence[str]) -> Submitted[Handle]:
     try:
-        return submit(spec, runner, warnings, files_under=data_dir())
+        return submit(spec, runner, warnings, page=page_limits())
     except (ConfigError, StoreError) as error:
         raise Refused(one_line(str(error))) from None

@@ -26,10 +26,13 @@ from kvlab.core.kv_config import GridAxes, KVCacheConfig, SweepGrid
 from kvlab.core.margins import Margins
 from kvlab.core.methods import BUDGET_BOUNDS
 from kvlab.core.tune_spec import TuneSpec
+from kvlab.dashboard.page_keys import key_caption
 from kvlab.dashboard.task_params import param_values, params_from_values
+from kvlab.dashboard.views import md
 from kvlab.engines.server_flags import check_config
+from kvlab.experiments.submit import queued_key_problem
 from kvlab.paths import EXAMPLES_DIR
-from kvlab.secrets import DEFAULT_KEY_VAR
+from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, key_var_problem, read_setting
 
 #: A configs-table row's defaults (the columns are the axes table's: :data:`kvlab.core.axes.CONFIG_COLUMNS`).
 _CONFIG_DEFAULTS = {k: v for k, v in KVCacheConfig().model_dump(mode="json").items() if k not in NESTED_COLUMNS}
@@ -372,6 +375,21 @@ def backend_refusals(spec: ExperimentSpec) -> list[str]:
         except ConfigError as error:
             problems.append(str(error))
     return problems
+
+
+def key_line(kind: str, key_var: str, base_url: str) -> str:
+    """One line (Markdown) under the backend's fields, before Launch: whether the run's workers will send the
+    dashboard's key and where, as the playground says it (:func:`kvlab.dashboard.page_keys.key_caption`), or why
+    Launch refuses to queue the run (:func:`kvlab.experiments.submit.queued_key_problem`)."""
+    if "api_key_env" not in BACKENDS[kind].fields:
+        return "Key: none. kvlab launches this server on the worker's host and sends it no key."
+    key_var = key_var.strip() or DEFAULT_KEY_VAR
+    url = base_url.strip() or read_setting(BASE_URL_VAR)[0] or ""
+    if url and not key_var_problem(key_var) and (problem := queued_key_problem(kind, key_var, url)):
+        return f"Key: Launch refuses this run. {md(problem)}."
+    if url or key_var_problem(key_var) or not read_setting(key_var)[0]:
+        return key_caption(key_var, url)
+    return f"Key: none yet. Give the base URL: {md(key_var)}'s key goes only to the URL it belongs to."
 
 
 def config_rows(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

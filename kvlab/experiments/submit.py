@@ -15,6 +15,9 @@ nothing either.  Work that other processes run (queued for workers, which may be
 sharing the store; a detached tune; Ray) leaves what only the model, the server or the endpoint can
 tell to the process that runs it, which fails the stored experiment with the reason.
 
+A front end served to others (the dashboard) submits with :class:`PageLimits`: what a page may queue
+beyond what every front end may (task files, and where the key its worker reads may go).
+
 Every function opens the store of ``KVLAB_DATABASE_URL`` (else db/kvlab.sqlite), the one the
 local workers inherit; they log to :func:`kvlab.paths.log_dir`.
 """
@@ -33,6 +36,7 @@ from typing import Generic, Protocol, TypeVar
 
 from tqdm import tqdm
 
+from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
 from kvlab.core.results import ItemResult
@@ -47,6 +51,7 @@ from kvlab.experiments.provenance import environment
 from kvlab.experiments.runner import ExperimentRun, missing_baseline
 from kvlab.experiments.worker import Worker
 from kvlab.experiments.worker_settings import WorkerSettings
+from kvlab.secrets import BASE_URL_VAR, key_destinations, key_for, read_setting
 from kvlab.spec_files import check_on_this_host
 from kvlab.store import ExperimentStore, Store, StoreError, require_shared_store
 from kvlab.tasks import check_task_files, planned_items
@@ -86,36 +91,77 @@ class RunCancelled(KeyboardInterrupt):
         self.experiment_id, self.results_kept = experiment_id, results_kept
 
 
+@dataclass(frozen=True)
+class PageLimits:
+    """What a spec submitted from a web page (the dashboard, which may be served to a team) is held to
+    besides what every front end's is.  A page's user chose the spec, not the dashboard's owner, and the
+    process that runs it reads the dashboard's settings as ``kvlab run`` would:
+
+    - task files only under ``files_under`` (the data directory): a path typed on a page reaches no other file;
+    - a key only where it belongs (:func:`queued_key_problem`): the worker sends the key in ``api_key_env`` to
+      the spec's ``base_url``, so a spec aiming it elsewhere is refused, as a page's own request would go
+      without it (:func:`kvlab.secrets.key_for`).
+    """
+
+    files_under: Path
+
+    def refuse(self, spec: ExperimentSpec) -> None:
+        _refuse_files_outside(spec, self.files_under)
+        backend = spec.backend
+        if problem := queued_key_problem(backend.kind, backend.api_key_env, backend.base_url):
+            raise ConfigError(problem)
+
+
+def queued_key_problem(kind: str, key_var: str, base_url: str | None) -> str | None:
+    """Why a run queued from a page may not go to ``base_url`` (blank: ``KVLAB_BASE_URL``'s, as the engine
+    fills it) with the key in ``key_var``, in one line naming the variable and the URL it belongs to; None
+    when the key would go where it belongs, when ``key_var`` is not set (no key is sent), or when the
+    backend sends none (the embedded engine, a server kvlab launches).  Read from this process's environment
+    and secrets file, which the local workers it starts inherit."""
+    url = (base_url or "").strip() or read_setting(BASE_URL_VAR)[0]
+    if "api_key_env" not in BACKENDS[kind].fields or not url:  # no key read, or no endpoint: nothing is sent
+        return None
+    try:
+        choice = key_for(key_var, url)
+    except ValueError as error:  # a variable that holds no key (validation refuses it first)
+        return f"backend.api_key_env: {error}"
+    if not choice.withheld:
+        return None
+    return (f"backend.base_url: {choice.withheld}, so the dashboard does not queue a run whose worker would send "
+            f"it; set {key_destinations(key_var)[0]} to this endpoint in the dashboard's environment or "
+            ".streamlit/secrets.toml, name a key variable that belongs to it (or one that is not set, for an "
+            "endpoint that needs no key), or run the spec with `kvlab run`")
+
+
 def submit(spec: ExperimentSpec, executor: Executor[Handle], warnings: Sequence[str] = (), *,
-           files_under: Path | None = None) -> Submitted[Handle]:
+           page: PageLimits | None = None) -> Submitted[Handle]:
     """Refuse (:func:`refuse`), store with ``warnings`` as warning events (:func:`store_experiment`), then
-    start on ``executor``.  ``files_under``: a front end that may read task files only there (the
-    dashboard: its data directory)."""
-    spec = refuse(spec, executor, files_under)
+    start on ``executor``.  ``page``: submitted from a web page, held to its limits too."""
+    spec = refuse(spec, executor, page)
     return _store_and_start(spec, executor, lambda store: store_experiment(store, spec, warnings))
 
 
-def rerun(experiment_id: int, workers: int = 1) -> int:
+def rerun(experiment_id: int, workers: int = 1, *, page: PageLimits | None = None) -> int:
     """Queue the experiment's spec again as a new experiment (refused as :func:`submit` refuses a new
-    one) and start ``workers`` local workers; returns the new id."""
+    one, from a ``page`` with its limits) and start ``workers`` local workers; returns the new id."""
     executor = LocalWorkers(workers)
     require_shared_store()  # before the store is read: an in-memory one has nothing to rerun
     with Store() as store:
-        spec = refuse(parse_spec(store.get_experiment(experiment_id).spec, stored=True), executor)
+        spec = refuse(parse_spec(store.get_experiment(experiment_id).spec, stored=True), executor, page)
     return _store_and_start(
         spec, executor, lambda store: store.rerun_experiment(experiment_id, environment(torch_facts=False))
     ).experiment_id
 
 
-def refuse(spec: ExperimentSpec, executor: Executor[object], files_under: Path | None = None) -> ExperimentSpec:
+def refuse(spec: ExperimentSpec, executor: Executor[object], page: PageLimits | None = None) -> ExperimentSpec:
     """The refusal policy of every launch, checked before anything is stored or loaded: the spec as it
-    will be stored must validate (a front end's overrides skip validation), its jsonl task files must
-    be valid (and under ``files_under`` when given), what this host's files tell must fit
+    will be stored must validate (a front end's overrides skip validation), a ``page``'s limits must hold,
+    its jsonl task files must be valid, what this host's files tell must fit
     (:func:`kvlab.spec_files.check_on_this_host`), then the executor's own refusals.  Returns the spec
     with its jsonl paths absolute, as a worker started elsewhere needs them."""
     parse_spec(spec_to_dict(spec))
-    if files_under is not None:
-        _refuse_files_outside(spec, files_under)
+    if page is not None:
+        page.refuse(spec)
     spec = check_task_files(spec)
     check_on_this_host(spec)
     executor.refuse(spec)

@@ -7,6 +7,7 @@ issue's, quoted; Streamlit's AppTest runs the real app.py."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -14,6 +15,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvlab.cli.main import main
+from kvlab.core.errors import ConfigError
 from kvlab.dashboard import page_table
 from kvlab.dashboard.playground import LINK_TEXT_CHARS, NUMBER_RANGES, PlaygroundView
 from tests.adversarial.test_pages_no_traceback import COMPARE, TUNE, VIEW, db, open_page, texts  # noqa: F401
@@ -206,3 +208,122 @@ def test_row7_save_as_experiment_is_off_for_own_text_and_says_why():
     at = open_page(PLAYGROUND)
     assert not at.button(key="save").disabled  # a task's item: a sweep of the task
     assert json.dumps(PlaygroundView().params()) == "{}"
+
+
+# -- rows 1 and 10, the run a form queues: New experiment, "Save as experiment", a Tune, a Rerun --------------------
+
+NEW = page_table.NEW.script
+TEAM_URL = "https://llm.team.example/v1"  # where the dashboard's key belongs (KVLAB_BASE_URL)
+BELONGS = "KVLAB_API_KEY belongs to https://llm.team.example:443 (KVLAB_BASE_URL), not to "
+
+
+@pytest.fixture
+def queued(monkeypatch, tmp_path):
+    """The dashboard's store, and the local workers a Launch would start, recorded instead of started."""
+    from kvlab.store import Store
+
+    monkeypatch.setenv("KVLAB_BASE_URL", TEAM_URL)
+    monkeypatch.setenv("KVLAB_DATA_DIR", str(tmp_path / "data"))
+    (tmp_path / "data").mkdir()
+    started: list[tuple] = []
+    monkeypatch.setattr("kvlab.experiments.launcher.start_local_workers", lambda *args: started.append(args) or [])
+    monkeypatch.setattr("kvlab.experiments.launcher.start_tune_driver", lambda *args: started.append(args))
+    with Store() as store:
+        yield store, started
+
+
+def endpoint_spec(base_url: str, **extra):
+    from kvlab.core.experiment_spec import parse_spec
+
+    return parse_spec({"name": "aimed", "backend": {"kind": "openai_compat", "base_url": base_url, "model_id": "m"},
+                       "tasks": [{"name": "passkey", "context_lengths": [256], "num_items": 1, "max_new_tokens": 4}],
+                       **({"configs": [{}]} if not extra else extra)})
+
+
+def test_gap_the_new_experiment_form_does_not_queue_the_dashboards_key_for_a_host_of_its_choosing(
+        serve, queued):  # noqa: F811
+    """'a spec with a foreign base_url and api_key_env = "KVLAB_API_KEY" still gets the worker's key sent to a host
+    of the page user's choosing': the form says so before Launch, and Launch refuses in one line, nothing stored."""
+    store, started = queued
+    recorder = Behaviour(models=("m",))
+    host = serve(recorder)
+    at = open_page(NEW)
+    at.selectbox(key="f:backend.kind").set_value("openai_compat").run()
+    at.text_input(key="f:backend.base_url").set_value(f"{host}/v1").run()
+    at.text_input(key="f:backend.model_id").set_value("m").run()
+    assert not at.exception
+    said = texts(at.caption).replace("\\", "")
+    assert f"Key: Launch refuses this run. backend.base_url: {BELONGS}{host}: it is not sent there" in said, said
+    at.button(key="launch").click().run()
+    assert not at.exception and "Something went wrong" not in texts(at.error)
+    [refusal] = [e.value.replace("\\", "") for e in at.error]
+    assert refusal.startswith(f"backend.base_url: {BELONGS}{host}") and "\n" not in refusal, refusal
+    assert KEY not in texts(at.error) + texts(at.caption)
+    assert store.list_experiments() == [] and started == [] and recorder.seen == []
+    at.text_input(key="f:backend.base_url").set_value("https://llm.team.example:443/v1").run()  # its own URL
+    assert "sent to this URL, the one it belongs to" in texts(at.caption).replace("\\", "")
+    at.button(key="launch").click().run()
+    assert [e.name for e in store.list_experiments()] and started == [(1,)]
+
+
+def test_gap_save_as_experiment_from_a_playground_link_on_an_endpoint_is_refused_at_launch(
+        serve, queued):  # noqa: F811
+    """'"Save as experiment" from the playground on an endpoint': the link's base URL reaches the form, not the
+    dashboard's key."""
+    store, started = queued
+    recorder = Behaviour(models=("m",))
+    host = serve(recorder)
+    at = open_page(PLAYGROUND, {"engine": "endpoint", "base_url": f"{host}/v1", "model_id": "m"})
+    at.button(key="save").click().run()  # st.switch_page to the form, which takes the playground's spec
+    assert not at.exception
+    at.switch_page(NEW).run()  # AppTest's next run would go back to the page it was opened on
+    assert at.text_input(key="f:backend.base_url").value == f"{host}/v1"  # the form holds the link's endpoint
+    at.button(key="launch").click().run()
+    [refusal] = [e.value.replace("\\", "") for e in at.error]
+    assert refusal.startswith(f"backend.base_url: {BELONGS}{host}"), refusal
+    assert store.list_experiments() == [] and started == [] and recorder.seen == []
+
+
+def test_gap_a_tune_and_a_rerun_from_the_dashboard_are_held_to_the_same_rule(queued):
+    """'a Tune launched from the form, and a Rerun button of an existing experiment': the functions the pages call.
+    A tune never reaches an endpoint (it searches the KV caches kvlab chooses; launch_tune submits with the same
+    page limits all the same)."""
+    from kvlab.dashboard.launch import rerun_from_page
+    from kvlab.experiments.submit import LocalWorkers, submit
+
+    store, started = queued
+    with pytest.raises(ConfigError, match="there is nothing kvlab can tune through it"):
+        endpoint_spec("http://attacker.example:8080/v1", tune={"max_trials": 2})
+    first = submit(endpoint_spec("http://attacker.example:8080/v1"), LocalWorkers(0)).experiment_id  # the CLI's
+    with pytest.raises(ConfigError, match="^" + re.escape(f"backend.base_url: {BELONGS}http://attacker.example:8080")):
+        rerun_from_page(first, 1)
+    assert [e.id for e in store.list_experiments()] == [first] and started == []
+
+
+def spec_file(tmp_path: Path, base_url: str, key_var: str = "KVLAB_API_KEY") -> str:
+    path = tmp_path / "aimed.toml"
+    path.write_text(f'name = "aimed"\nmodel = "smollm2-135m"\n[backend]\nkind = "openai_compat"\nbase_url = '
+                    f'"{base_url}"\nmodel_id = "m"\napi_key_env = "{key_var}"\n[[tasks]]\nname = "passkey"\n'
+                    'context_lengths = [256]\nnum_items = 1\nmax_new_tokens = 4\n[[configs]]\nname = "baseline"\n')
+    return str(path)
+
+
+@pytest.mark.model
+def test_gap_kvlab_run_of_the_same_spec_sends_the_key_where_its_spec_says(serve, queued, tmp_path):  # noqa: F811
+    """The CLI user owns the command line (docs/decisions.md): `kvlab run` of that spec still runs against the
+    spec's endpoint, with the key its spec names."""
+    recorder = Behaviour(models=("m",))
+    host = serve(recorder)
+    assert main(["run", spec_file(tmp_path, f"{host}/v1"), "--quiet"]) == 0
+    assert f"Bearer {KEY}" in recorder.authorization
+
+
+@pytest.mark.parametrize("var", ["HOME", "KVLAB_DATABASE_URL"])
+def test_gap_api_key_env_home_is_refused_at_validation_by_kvlab_run(serve, queued, tmp_path, capsys, var):  # noqa: F811
+    """'Also refuse a non-key api_key_env (HOME, KVLAB_DATABASE_URL) at spec validation for every front end'."""
+    store, started = queued
+    recorder = Behaviour(models=("m",))
+    assert main(["run", spec_file(tmp_path, f"{serve(recorder)}/v1", var)]) == 2
+    err = capsys.readouterr().err
+    assert f"backend.api_key_env: {var} is not a key variable" in err and "Traceback" not in err
+    assert recorder.seen == [] and store.list_experiments() == []

@@ -44,7 +44,7 @@ def every_field_set(jsonl: Path) -> dict[str, Any]:
         "name": "everything", "model": "smollm2-135m", "seed": 7, "max_context_length": 4096, "max_drop": 0.1,
         "max_kl": 0.0, "min_agreement": 0.9,  # 0: the KL margin off, which must survive as 0 (not the default)
         "tags": ["a", "b"], "notes": "all fields", "resources": {"num_cpus": 2.0, "num_gpus": 0.0},
-        "backend": {"kind": "embedded", "device": "cpu", "dtype": "float32", "api_key_env": "MY_KEY",
+        "backend": {"kind": "embedded", "device": "cpu", "dtype": "float32", "api_key_env": "MY_API_KEY",
                     "max_concurrency": 2, "max_retries": 1, "request_timeout_s": 30.0,
                     "server": {"python": "/usr/bin/python3", "host": "127.0.0.2", "port": 8123,
                                "memory_fraction": 0.5, "max_model_len": 2048, "prefix_cache": False,

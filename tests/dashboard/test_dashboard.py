@@ -188,11 +188,12 @@ def test_new_experiment_validation_next_to_fields(store):
 
 
 def test_new_experiment_on_an_endpoint_shows_the_key_masked_and_stores_no_key(store, workers, monkeypatch):
-    monkeypatch.setenv("KVLAB_TEST_ENDPOINT_KEY", "sk-dashboard-secret-9876")
+    monkeypatch.setenv("KVLAB_TEST_ENDPOINT_API_KEY", "sk-dashboard-secret-9876")
+    monkeypatch.setenv("KVLAB_TEST_ENDPOINT_BASE_URL", "http://127.0.0.1:8000/v1")  # where that key belongs
     at = open_page(NEW)
     at.selectbox(key="f:backend.kind").set_value("openai_compat").run()
     at.text_input(key="f:backend.base_url").set_value("http://127.0.0.1:8000/v1").run()
-    at.text_input(key="f:backend.api_key_env").set_value("KVLAB_TEST_ENDPOINT_KEY").run()
+    at.text_input(key="f:backend.api_key_env").set_value("KVLAB_TEST_ENDPOINT_API_KEY").run()
     assert_clean(at)
     page_text = texts(at.caption) + texts(at.markdown)
     assert "****9876" in page_text and "sk-dashboard-secret" not in page_text
@@ -201,7 +202,7 @@ def test_new_experiment_on_an_endpoint_shows_the_key_masked_and_stores_no_key(st
     [experiment] = store.list_experiments()
     backend = store.get_experiment(experiment.id).spec["backend"]
     assert backend["kind"] == "openai_compat" and backend["base_url"] == "http://127.0.0.1:8000/v1"
-    assert backend["api_key_env"] == "KVLAB_TEST_ENDPOINT_KEY" and "sk-dashboard" not in str(backend)
+    assert backend["api_key_env"] == "KVLAB_TEST_ENDPOINT_API_KEY" and "sk-dashboard" not in str(backend)
 
 
 def test_new_experiment_on_vllm_refuses_what_vllm_lacks_before_launch(store):
