@@ -13,7 +13,16 @@ from kvlab.core.errors import ConfigError
 from kvlab.dashboard import page_table, views
 from kvlab.dashboard.launch import rerun_from_page
 from kvlab.store import STATUSES, StoreError
-from pages.common import decision_of, empty_state, experiment_label, get_store, share_box, viewer_zone
+from pages.common import (
+    CANCEL_CONSEQUENCE,
+    cancel_experiment,
+    decision_of,
+    empty_state,
+    experiment_label,
+    get_store,
+    share_box,
+    viewer_zone,
+)
 from pages.tune_view import read_state
 
 ACTIONS = {"cancel": "Cancel", "rerun": "Rerun", "delete": "Delete"}
@@ -95,8 +104,7 @@ def _perform(action: str, ids: list[int]) -> list[tuple[str, str]]:
     for experiment_id in ids:
         try:
             if action == "cancel":
-                count = store.cancel_experiment(experiment_id)
-                messages.append(("ok", f"Experiment {experiment_id}: {count} trial(s) cancelled."))
+                messages.append(cancel_experiment(store, experiment_id))
             elif action == "rerun":
                 new_id = rerun_from_page(experiment_id, workers)
                 workers = 0
@@ -112,7 +120,7 @@ def _perform(action: str, ids: list[int]) -> list[tuple[str, str]]:
 pending = st.session_state.get("pending_action")
 if pending:
     action, ids = pending
-    consequence = {"cancel": "Their queued and running trials stop; results already stored are kept.",
+    consequence = {"cancel": CANCEL_CONSEQUENCE,
                    "rerun": "Each is queued again as a new experiment with the same spec, and a local worker starts.",
                    "delete": "Their trials, results, telemetry and events are deleted too. This cannot be undone."}
     st.warning(f"{ACTIONS[action]} experiment(s) {', '.join(f'#{i}' for i in ids)}? {consequence[action]}")
