@@ -69,9 +69,9 @@ class PlainOpenAIHandler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def plain_openai_server() -> Iterator[str]:
-    """A :class:`PlainOpenAIHandler` server on 127.0.0.1; yields its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), PlainOpenAIHandler)
+def plain_openai_server(handler: type[BaseHTTPRequestHandler] | None = None) -> Iterator[str]:
+    """A :class:`PlainOpenAIHandler` server (or ``handler``'s) on 127.0.0.1; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler or PlainOpenAIHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_port}/v1"

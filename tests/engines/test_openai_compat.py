@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -20,7 +19,7 @@ from kvlab.engines.openai_compat import EndpointError
 from kvlab.experiments.runner import run_experiment
 from kvlab.experiments.worker import Worker, WorkerSettings
 from kvlab.store import Store
-from tests.serving import API_KEY, API_KEY_VAR, kvlab_serve, plain_openai_server
+from tests.serving import API_KEY, API_KEY_VAR, PlainOpenAIHandler, kvlab_serve, plain_openai_server
 
 pytestmark = pytest.mark.model
 
@@ -151,23 +150,12 @@ def test_a_worker_whose_server_dies_gives_the_trials_back_and_keeps_their_result
                for e in store.events(experiment_id))
 
 
-class _RefusesMidStream(BaseHTTPRequestHandler):
+class _RefusesMidStream(PlainOpenAIHandler):
     """A server whose first completion streams a piece of text, then an error event (vLLM's shape of an error met
     inside a streamed 200: ``data: {"error": {...}}``), and whose later completions stream an answer."""
 
     served = 0
     break_off = False  # the first answer is cut after its first piece instead
-
-    def _send_json(self, payload: dict) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        self._send_json({"object": "list", "data": [{"id": "plain-model", "object": "model"}]})
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
@@ -194,21 +182,17 @@ class _RefusesMidStream(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
 
-    def log_message(self, *args):
-        pass
+
+def _run_one_at_a_time(handler: type[PlainOpenAIHandler]):
+    with plain_openai_server(handler) as base_url:
+        return run_experiment(spec_for(base_url, [{"name": "baseline"}], max_concurrency=1, max_retries=0))
 
 
 def test_an_error_event_inside_a_streamed_answer_is_that_items_error_in_one_line_naming_the_cause(monkeypatch):
     """Issue 47 row 9: the server's refusal inside a streamed 200 stopped the run ("APIConnectionError: Connection
     error." after 10 s with max_retries 0, no progress for 180 s with retries); it fails that item alone."""
     monkeypatch.setattr(_RefusesMidStream, "served", 0)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusesMidStream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        run = run_experiment(spec_for(f"http://127.0.0.1:{server.server_port}/v1", [{"name": "baseline"}],
-                                      max_concurrency=1, max_retries=0))
-    finally:
-        server.shutdown()
+    run = _run_one_at_a_time(_RefusesMidStream)
     assert run.failure is None and len(run.results) == 2
     failed, answered = run.results
     assert failed.error == "the server refused it mid-answer: Requested tokens (256) exceed context window of 128"
@@ -220,12 +204,6 @@ def test_a_streamed_answer_cut_short_names_what_happened_not_an_unreachable_serv
     so (the run stops: the server, not the item, is at fault)."""
     monkeypatch.setattr(_RefusesMidStream, "break_off", True)
     monkeypatch.setattr(_RefusesMidStream, "served", 0)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusesMidStream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        run = run_experiment(spec_for(f"http://127.0.0.1:{server.server_port}/v1", [{"name": "baseline"}],
-                                      max_concurrency=1, max_retries=0))
-    finally:
-        server.shutdown()
+    run = _run_one_at_a_time(_RefusesMidStream)
     assert run.failure is not None and "broke off a streamed answer" in run.failure, run.failure
     assert "cannot be reached" not in run.failure and "\n" not in run.failure
