@@ -205,6 +205,7 @@ def test_the_playground_on_a_live_vllm_sizes_the_item_by_its_tokenizer_and_estim
     from kvlab.tasks.single import generated_item
 
     monkeypatch.setenv("KVLAB_API_KEY", KEY)
+    monkeypatch.setenv("KVLAB_BASE_URL", keyed_server)  # the URL the key belongs to: a page sends it there alone
     view = PlaygroundView(engine="endpoint", base_url=keyed_server, length=512, seed=1)
     answer = run_on_endpoint(view.item(), "smollm2-135m", view.base_url, None, max_new_tokens=8)
     local = generated_item("passkey", 512, 0.5, 1, smollm.tokenizer)
