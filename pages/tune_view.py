@@ -182,7 +182,7 @@ def _recommendation(state: TuneState) -> None:
                         "one is judged on every item." if state.tune.state == "running" else
                         f"The tune is {state.tune.state}: {views.md(state.tune.note or 'no recommendation')}.")
             return
-        what = ("Current best so far" if ending is None else
+        what = (f"Current best so far (the tune is {state.tune.state})" if ending is None else
                 f"Partial (the tune was {state.tune.state}: not its answer): the best of the candidates judged on "
                 "every item before it ended")
         st.info(f"{what}: **{views.md(best.label)}**, "
