@@ -25,17 +25,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from kvlab.core.key_vars import DEFAULT_KEY_VAR as DEFAULT_KEY_VAR  # re-exported: the key settings live here
+from kvlab.core.key_vars import key_var_problem as key_var_problem
 from kvlab.core.urls import HIDDEN, URL_USERINFO, strip_credentials, url_credentials, url_passwords
 
 BASE_URL_VAR = "KVLAB_BASE_URL"
 MODEL_ID_VAR = "KVLAB_MODEL_ID"
-DEFAULT_KEY_VAR = "KVLAB_API_KEY"
 DATABASE_URL_VAR = "KVLAB_DATABASE_URL"
 #: The root of a ``kvlab serve`` the dashboard's playground attaches to (:mod:`kvlab.dashboard.warm_engine`).
 PLAYGROUND_URL_VAR = "KVLAB_PLAYGROUND_URL"
-#: The only names a variable holding an API key may have (environment or secrets file): ``<P>_API_KEY``, upper
-#: case.  ``HOME``, ``KVLAB_DATABASE_URL`` or a cloud token are never read as a key (:func:`key_var_problem`).
-KEY_VAR_NAME = re.compile(r"[A-Z][A-Z0-9_]*_API_KEY")
 #: Where each key may go besides its ``<P>_BASE_URL`` (:func:`key_destinations`): settings of the process, never
 #: of a page or a link.
 EXTRA_KEY_DESTINATIONS: dict[str, tuple[str, ...]] = {DEFAULT_KEY_VAR: (PLAYGROUND_URL_VAR,)}
@@ -68,14 +66,16 @@ def _from_secrets_file(name: str) -> tuple[str, str] | None:
 
 def read_setting(name: str) -> tuple[str | None, str]:
     """``(value, where it came from)``: the environment variable ``name``, else the top-level key
-    ``name`` of the secrets file; ``(None, "not set")`` when neither has it."""
+    ``name`` of the secrets file; ``(None, "not set")`` when neither has it.  A key read here is masked from
+    then on (:func:`remember_secret`); of a URL setting (``*_URL``: a base URL, the database's) only the
+    ``user:password`` is, so that an address stays readable wherever it is printed."""
     if os.environ.get(name) is not None:
         value, source = os.environ[name], f"environment variable {name}"
     elif found := _from_secrets_file(name):
         value, source = found[0], f"{name} in {found[1]}"
     else:
         return None, "not set"
-    if name == BASE_URL_VAR:
+    if name.endswith("_URL"):
         remember_url_credentials(value)
     elif name != MODEL_ID_VAR:
         remember_secret(value)
@@ -91,16 +91,6 @@ def mask(secret: str | None) -> str:
 
 
 # -- which key may go to which URL ---------------------------------------------------------------
-
-
-def key_var_problem(name: str) -> str | None:
-    """Why ``name`` may not be read as an API key (None when it may): only ``<P>_API_KEY`` variables hold keys,
-    so that no page, link or spec can have kvlab send ``HOME``, ``KVLAB_DATABASE_URL`` or any other setting."""
-    if KEY_VAR_NAME.fullmatch(name):
-        return None
-    shown = name if re.fullmatch(r"[A-Za-z0-9_]{1,60}", name) else repr(name[:60])
-    return (f"{shown} is not a key variable: kvlab reads an API key only from a variable named <NAME>_API_KEY "
-            f"(upper case, e.g. {DEFAULT_KEY_VAR} or OPENAI_API_KEY) in the environment or .streamlit/secrets.toml")
 
 
 def key_destinations(key_var: str) -> tuple[str, ...]:

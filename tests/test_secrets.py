@@ -172,3 +172,13 @@ def test_another_key_belongs_to_its_own_base_url_declared_in_the_secrets_file(se
     lone = secrets.key_for("LONE_API_KEY", "http://127.0.0.1:8000/v1")
     assert lone.key is None and "LONE_API_KEY is declared for no URL (LONE_BASE_URL)" in lone.withheld
     assert secrets.key_for("UNSET_API_KEY", "http://x/v1") == secrets.KeyChoice(None, "not set")
+
+
+@pytest.mark.parametrize("name", ["KVLAB_BASE_URL", "KVLAB_PLAYGROUND_URL", "TEAM_BASE_URL", "KVLAB_DATABASE_URL"])
+def test_reading_a_url_setting_masks_its_password_and_leaves_the_address_readable(monkeypatch, name):
+    """key_for reads every <P>_BASE_URL; taking a whole URL for a key masked that address in every later
+    message of the process (the doctor's "write it as ****0/v1")."""
+    monkeypatch.setenv(name, "http://user:pa55word-xyz@127.0.0.1:8000/v1")
+    read_setting(name)
+    assert redact("write it as http://127.0.0.1:8000/v1") == "write it as http://127.0.0.1:8000/v1"
+    assert "pa55word-xyz" not in redact("the password pa55word-xyz")

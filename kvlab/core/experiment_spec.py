@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from kvlab.core.backends import BACKEND_NAMES, BACKENDS
 from kvlab.core.errors import ConfigError
+from kvlab.core.key_vars import key_var_problem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig, SweepGrid
 from kvlab.core.limits import (
     CONFIGS,
@@ -34,7 +35,6 @@ from kvlab.core.tasks import MAX_PATH_CHARS, STORED, TaskSpec
 from kvlab.core.tasks import TASKS as TASK_REGISTRY
 from kvlab.core.tune_spec import TuneSpec, backend_space
 from kvlab.core.urls import URL_USERINFO, url_credentials
-from kvlab.secrets import key_var_problem
 
 BackendKind = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # the backend registry's names
 
@@ -132,7 +132,7 @@ class BackendSpec(BaseModel):
     @field_validator("api_key_env")
     @classmethod
     def _check_key_var(cls, name: str, info: ValidationInfo) -> str:
-        """Only a ``<NAME>_API_KEY`` variable is ever read as a key (:func:`kvlab.secrets.key_var_problem`), so
+        """Only a ``<NAME>_API_KEY`` variable is ever read as a key (:func:`kvlab.core.key_vars.key_var_problem`), so
         that no spec, from any front end, has kvlab send ``HOME`` or ``KVLAB_DATABASE_URL``.  A spec the store
         holds (an older kvlab validated it) is read back as it is: the engine refuses it before sending
         anything, and queued again it is validated as a new one."""
