@@ -25,6 +25,7 @@ COMMAND_PARSERS: dict[str, tuple[str, ...]] = {
     "kvlab.cli.serve:add_serve_parser": ("serve",),
     "kvlab.cli.doctor:add_doctor_parser": ("doctor",),
     "kvlab.cli.engines:add_engines_parser": ("engines",),
+    "kvlab.cli.capacity:add_capacity_parser": ("capacity",),
     "kvlab.cli.store:add_store_commands": ("worker", "ls", "show", "notes", "compare", "cancel", "rerun", "export",
                                             "db"),
 }

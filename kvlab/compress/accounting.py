@@ -27,6 +27,12 @@ SCALE_BYTES = 2  # int scales and zero points are float16
 FP8_SCALE_BYTES = 4  # one float32 scale per head and block
 
 
+def kv_bits(config: KVCacheConfig) -> float:
+    """Bits per stored element of a serving engine's cache in ``config``'s dtypes, keys and values together (a ggml
+    format's scales included: q8_0 is 8.5); "none" is the model's 16-bit dtype.  A server's pool is laid out so."""
+    return (FORMATS[config.quant].bits_per_value + FORMATS[config.value_format].bits_per_value) / 2
+
+
 def compression_ratio(baseline_bytes: float, physical_bytes: float) -> float:
     return baseline_bytes / physical_bytes if physical_bytes else float("inf")
 

@@ -83,22 +83,35 @@ def host_cpu() -> HostCPU:
 
 
 @cache
-def host_gpus() -> tuple[str, ...]:
-    """The NVIDIA GPUs NVML sees, by name (none where no driver is installed)."""
+def _nvml_devices() -> list[tuple[str, int]]:
+    """Each NVIDIA GPU NVML sees: its name and total memory in bytes (none where no driver is installed)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:  # noqa: BLE001 -- NVMLError_LibraryNotFound and kin: no driver, no GPU
-        return ()
+        return []
     try:
-        names = []
+        found = []
         for index in range(pynvml.nvmlDeviceGetCount()):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        return tuple(names)
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            found.append((name.decode() if isinstance(name, bytes) else str(name),
+                          int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)))
+        return found
     finally:
         pynvml.nvmlShutdown()
+
+
+def host_gpus() -> tuple[str, ...]:
+    """The NVIDIA GPUs NVML sees, by name (none where no driver is installed)."""
+    return tuple(name for name, _ in _nvml_devices())
+
+
+def host_gpu_memory() -> tuple[str, int] | None:
+    """The first NVIDIA GPU's name and total memory in bytes, None where NVML sees none."""
+    devices = _nvml_devices()
+    return devices[0] if devices else None
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 
+from kvlab.compress.accounting import kv_bits
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec
-from kvlab.core.formats import FORMATS
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
@@ -45,12 +45,6 @@ from kvlab.secrets import Endpoint
 from kvlab.threads import available_cores
 
 log = logging.getLogger(__name__)
-
-def kv_bits(config: KVCacheConfig) -> float:
-    """Bits per stored element of a launched config's cache, keys and values together (a ggml format's scales
-    included: q8_0 is 8.5); "none" is the model's 16-bit dtype."""
-    return (FORMATS[config.quant].bits_per_value + FORMATS[config.value_format].bits_per_value) / 2
-
 
 #: How far a pool's bytes per token may stray from the model's geometry before kvlab says so (vLLM
 #: rounds the pool down to whole blocks, so it holds a few bytes a token more than the layers need).

@@ -38,9 +38,15 @@ def _http() -> str:
     return http_page(routes())
 
 
+def _capacity() -> str:
+    from kvlab.reference.capacity import capacity_page
+
+    return capacity_page()
+
+
 #: Each generated page and what makes it.
 PAGES: dict[str, Callable[[], str]] = {"cli.md": _cli, "spec.md": _spec, "registries.md": _registries,
-                                        "http-api.md": _http}
+                                        "http-api.md": _http, "capacity.md": _capacity}
 
 
 def stale_pages(directory: Path = REFERENCE_DIR) -> list[str]:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.compress.accounting import check_fits
+from kvlab.compress.accounting import check_fits, kv_bits
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.formats import FORMATS, KVLAB_QUANT_NAMES
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tune_spec import TuneSpec, backend_space
-from kvlab.engines.launched import kv_bits, pool_check
+from kvlab.engines.launched import pool_check
 from kvlab.engines.server_flags import Installed, check_config, server_command
 from kvlab.engines.servers import serving_engine
 from kvlab.engines.servers.llamacpp import GGML_TYPES

@@ -111,6 +111,26 @@ def test_every_config_shows_the_pool_bytes_of_its_own_server(runs):
                                                                                     rel=0.01)
 
 
+def test_the_capacity_projection_of_each_pool_is_what_vllm_states(runs):
+    """kvlab capacity's arithmetic against vLLM's own: the pool bytes it was given, its block size and the model's
+    geometry give the tokens vLLM states (``kv_cache_size_tokens``) and, where it states it, its maximum concurrency
+    at the model's context (``kv_cache_max_concurrency``), within 1%."""
+    import re
+
+    from kvlab.capacity.architectures import architecture
+    from kvlab.capacity.projection import Pool, project_config
+
+    arch = architecture("smollm2-135m")
+    for result in runs["vllm"]:
+        stated = dict(re.findall(r"(\w+)=([\w.]+)", result.extra["kv_bytes_source"].split("}", 1)[0]))
+        config = KVCacheConfig(quant="none" if result.config_name == "baseline" else result.config_name)
+        projected = project_config(config, arch, arch.max_context, Pool(int(stated["kv_cache_memory_bytes"]), "stated"),
+                                   server_block=int(stated["block_size"]))
+        assert projected.pool_tokens == pytest.approx(int(stated["kv_cache_size_tokens"]), rel=0.01), stated
+        if "kv_cache_max_concurrency" in stated:
+            assert projected.concurrency == pytest.approx(float(stated["kv_cache_max_concurrency"]), rel=0.01), stated
+
+
 def test_the_sweep_is_decided_by_fidelity_measured_through_vllm(runs):
     """Each fp8 config's items carry the sampled estimate against the baseline's server (the baseline's continuation
     sampled at temperature 1 and scored on both through prompt_logprobs), and the verdict is fidelity's."""

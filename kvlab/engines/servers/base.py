@@ -139,6 +139,9 @@ class ServingEngine(ABC):
     distributions: tuple[str, ...] = ()  # its package's distributions, the first found named (default: its kind)
     #: what it loads: a transformers directory, or the model's GGUF file (a registry model's own)
     model_file: Literal["directory", "gguf"] = "directory"
+    #: tokens per block of its pool on a GPU: a sequence takes whole blocks in every layer (a capacity projection
+    #: rounds so, :mod:`kvlab.capacity.projection`)
+    pool_block_tokens: int = 1
 
     @property
     def title(self) -> str:

@@ -119,7 +119,8 @@ class VLLMEngine(ServingEngine):
                                                                     else None)
             if tokens:
                 size = _whole(labels.get("kv_cache_memory_bytes"))
-                keys = ("cache_dtype", "kv_cache_size_tokens", "num_gpu_blocks", "block_size", "kv_cache_memory_bytes")
+                keys = ("cache_dtype", "kv_cache_size_tokens", "num_gpu_blocks", "block_size", "kv_cache_memory_bytes",
+                        "kv_cache_max_concurrency")
                 said = ", ".join(f"{key}={labels[key]}" for key in keys if key in labels)
                 return KVPool(tokens, size, f"{CACHE_INFO}{{{said}}}", labels.get("cache_dtype"))
         return None
@@ -215,4 +216,7 @@ VLLM = VLLMEngine(
     # vllm/entrypoints/openai/completion/protocol.py: a field left None takes the model's generation config
     # (--generation-config auto); vllm/sampling_params.py: top_k 0 disables it.
     plain_sampling={"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0},
+    # vllm/platforms/cuda.py check_and_update_config: cache_config.block_size defaults to 16 on CUDA (the CPU
+    # build's is 128: its /metrics block_size label, measured)
+    pool_block_tokens=16,
 )
