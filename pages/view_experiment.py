@@ -17,11 +17,13 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from kvlab.analysis.summary import breakdown, length_group, question_rank
+from kvlab.capacity.gpus import GPUS
 from kvlab.core.experiment_spec import dump_spec, parse_spec
 from kvlab.core.limits import MAX_NOTES_CHARS
 from kvlab.core.margins import Margins
 from kvlab.core.tasks import TASKS
-from kvlab.dashboard import charts, estimate, page_table, views
+from kvlab.dashboard import capacity_view, charts, estimate, page_table, views
+from kvlab.dashboard.capacity_view import architecture
 from kvlab.dashboard.chart_export import report_html, with_caveat
 from kvlab.experiments import eta, worker_logs
 from kvlab.experiments.export import experiment_document, results_csv
@@ -349,6 +351,43 @@ def kept_margin(default: float) -> float:
     return value
 
 
+def _whole(raw: Any, low: int, high: int) -> int | None:
+    """A link's whole number within [low, high], else None (the default then applies)."""
+    try:
+        value = int(str(raw))
+    except ValueError:
+        return None
+    return value if low <= value <= high else None
+
+
+cap_models = capacity_view.model_choices(experiment.model)
+
+
+def capacity_choice(section: str) -> capacity_view.CapacityChoice:
+    """The Capacity section's inputs: from its widgets where it is drawn, else as kept or linked."""
+    model = kept("cap_model", cap_models) or cap_models[0]
+    gpu = kept("gpu", list(GPUS)) or capacity_view.DEFAULT_GPU
+    default_context = capacity_view.default_context(architecture(model))
+    context = _whole(kept("context"), 1, capacity_view.MAX_CONTEXT) or default_context
+    clients = _whole(kept("clients"), 1, 100_000) or capacity_view.DEFAULT_CONCURRENCY
+    if section == "Capacity":
+        model_col, gpu_col, context_col, clients_col = st.columns(4)
+        seed("cap_model", model, cap_models)
+        model = model_col.selectbox("Model", cap_models, key="cap_model", persist_state="page",
+                                    help="The experiment's own model, or a well-known architecture (its real "
+                                         "geometry, sliding layers included): `kvlab capacity --help`.")
+        seed("gpu", gpu, list(GPUS))
+        gpu = gpu_col.selectbox("GPU", list(GPUS), key="gpu", persist_state="page",
+                                format_func=lambda name: GPUS[name].title)
+        seed("context", context)
+        context = int(context_col.number_input("Tokens per sequence", 1, capacity_view.MAX_CONTEXT, step=1024,
+                                               key="context", persist_state="page"))
+        seed("clients", clients)
+        clients = int(clients_col.number_input("Sequences at once", 1, 100_000, step=1, key="clients",
+                                               persist_state="page"))
+    return capacity_view.CapacityChoice(model, gpu, context, clients)
+
+
 def view_state(section: str, default_section: str, spec_margin: float) -> views.ExperimentViewState:
     """The viewer's choices, each from its widget where this section draws it (else as it was kept):
     the one state that the analysis, the charts, the share link and the address bar all come from."""
@@ -400,8 +439,13 @@ def view_state(section: str, default_section: str, spec_margin: float) -> views.
         seed("item", item if item in items else items[0], items)
         item = st.selectbox("Item: KL along its tokens", items, key="item", persist_state="page",
                             help="Any item on which fidelity to the baseline was measured, not only failed ones.")
+    cap = capacity_choice(section)
     return views.ExperimentViewState(
         experiment.id, tab=None if section == default_section else section,
+        cap_model=None if cap.model == cap_models[0] else cap.model,
+        gpu=None if cap.gpu == capacity_view.DEFAULT_GPU else cap.gpu,
+        context=None if cap.context == capacity_view.default_context(architecture(cap.model)) else cap.context,
+        clients=None if cap.concurrency == capacity_view.DEFAULT_CONCURRENCY else cap.concurrency,
         x=None if axis in (None, views.X_AXES[0]) else axis,
         y=None if metric in (None, next(iter(views.Y_METRICS))) else metric, hide=tuple(hidden),
         margin=None if margin == spec_margin else margin, needle=None if needle in (None, *needles[:1]) else needle,
@@ -474,6 +518,25 @@ if section == "Tradeoff":
             "as if it ran alone; **TPOT**: decode time after the first token per token.")
 elif section == "Latency":
     chart(figure("latency", view), "latency", f"{stem}-latency")
+elif section == "Capacity":
+    summaries = analysed(view)[0]
+    model = state.cap_model or cap_models[0]
+    choice = capacity_view.CapacityChoice(model, state.gpu or capacity_view.DEFAULT_GPU,
+                                          state.context or capacity_view.default_context(architecture(model)),
+                                          state.clients or capacity_view.DEFAULT_CONCURRENCY)
+    pool, _, rows = capacity_view.capacity_rows(summaries, experiment.backend_kind, choice)
+    st.caption(views.md(capacity_view.pool_text(pool, architecture(choice.model).title, choice)))
+    if experiment.backend_kind == "openai_compat":
+        st.info("This endpoint chose its own KV cache: the configs below are projected as kvlab's cache lays them "
+                "out, not as the server stores them.")
+    chart(charts.capacity_figure(rows, choice.concurrency, f"{experiment.name}: sequences of {choice.context:,} "
+                                 f"tokens that fit (projection)"), "capacity", f"{stem}-capacity",
+          capacity_view.LABEL)
+    st.dataframe(rows, hide_index=True, key="capacity-table")
+    st.caption("Measured ratio: this experiment's baseline bytes / physical bytes at its own lengths. Throughput "
+               "and latency under load are measured on a serving engine (vLLM, SGLang, llama.cpp), never projected.")
+    st.download_button("Projection (CSV)", data=lambda: capacity_view.rows_csv(rows), mime="text/csv",
+                       file_name=f"{stem}-capacity.csv", on_click="ignore", icon=":material/download:")
 elif section == "Breakdown":
     shared = any(question_rank(r) is not None for r in shown_results(view)[0])
     for dimension in ("task", "context length", *(("question rank",) if shared else ())):

@@ -213,6 +213,21 @@ def latency_figure(summaries: Sequence[ConfigSummary]) -> go.Figure:
     return fig
 
 
+def capacity_figure(rows: Sequence[Mapping[str, Any]], concurrency: int, title: str) -> go.Figure:
+    """Sequences of the chosen context that fit per config (the Capacity section's projection rows), with the
+    target concurrency as a line; a config that cannot be projected has no bar (the table says why)."""
+    shown = [r for r in rows if r["sequences that fit (projected)"] is not None]
+    fig = go.Figure(go.Bar(x=[plotly_text(r["config"]) for r in shown],
+                           y=[r["sequences that fit (projected)"] for r in shown],
+                           text=[f"{r['sequences that fit (projected)']:,.2f}" for r in shown], textposition="outside",
+                           marker={"color": ["#2a9d8f" if r["sequences that fit (projected)"] >= concurrency
+                                             else "#e76f51" for r in shown]}))
+    fig.add_hline(y=concurrency, line_dash="dash", annotation_text=f"{concurrency} at once")
+    fig.update_yaxes(title_text="sequences that fit (projection)", rangemode="tozero")
+    fig.update_layout(title=title, showlegend=False, **_LAYOUT)
+    return fig
+
+
 def breakdown_figure(groups: Mapping[Any, Sequence[ConfigSummary]], dimension: str) -> go.Figure:
     """Accuracy per config, grouped by ``dimension`` (``task`` or ``context length``)."""
     labels = [f"{g} tokens" if dimension == "context length" else f"question {g + 1}" if dimension == "question rank"

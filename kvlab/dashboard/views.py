@@ -49,8 +49,8 @@ X_AXES = ("bytes", "ratio")
 Y_METRICS = {"accuracy": "accuracy", "KL": "mean KL", "agreement": "top-1 agreement"}
 
 #: The experiment page's sections (its ``tab`` query parameter), and the one that leads while it runs.
-SECTIONS = ("Tradeoff", "Latency", "Breakdown", "Layers", "Generation", "Needles", "Failed items", "Progress",
-            "Spec & environment", "Export")
+SECTIONS = ("Tradeoff", "Latency", "Capacity", "Breakdown", "Layers", "Generation", "Needles", "Failed items",
+            "Progress", "Spec & environment", "Export")
 LIVE_SECTION = "Progress"
 #: The compare page's sections: the overlaid tradeoffs (the default), the knobs and outcomes (parallel
 #: coordinates and their table).
@@ -80,6 +80,12 @@ class ExperimentViewState:
     needle: str | None = None  # the needle heatmap's config; None: the first config with needle items
     layout: str | None = None  # the Layers section's config; None: the first config that is not the baseline
     item: str | None = None  # the item whose KL along its tokens is drawn; None: the first item with fidelity
+    # the Capacity section's projection: the model (None: the experiment's own where kvlab knows its geometry), the
+    # GPU, the tokens per sequence and the sequences wanted at once (None: kvlab.dashboard.capacity_view's defaults)
+    cap_model: str | None = None
+    gpu: str | None = None
+    context: int | None = None
+    clients: int | None = None
 
     def params(self) -> dict[str, str | int | list[str] | None]:
         """The query parameters of this view (None and empty ones are left out of a link)."""

@@ -276,7 +276,8 @@ def test_a_finished_experiment_opens_on_its_result_and_draws_only_that(filled):
     assert {"PNG", "SVG", "PDF", "HTML"} <= {b.proto.label for b in at.get("download_button")}
 
 
-@pytest.mark.parametrize(("section", "charts"), [("Progress", 1), ("Latency", 1), ("Breakdown", 2), ("Layers", 1),
+@pytest.mark.parametrize(("section", "charts"), [("Progress", 1), ("Latency", 1), ("Capacity", 1), ("Breakdown", 2),
+                                                 ("Layers", 1),
                                                  ("Generation", 0),
                                                  ("Needles", 1), ("Failed items", 0), ("Spec & environment", 0),
                                                  ("Export", 0)])
@@ -297,6 +298,30 @@ def test_each_section_draws_its_own_content(filled, section, charts):
     if section == "Export":
         assert {"Results (CSV)", "Everything (JSON)", "HTML report"} <= {b.proto.label
                                                                         for b in at.get("download_button")}
+
+
+def test_the_capacity_section_projects_every_config_and_its_link_keeps_the_deployment(filled):
+    """The Capacity section: every config of the experiment projected on the linked GPU, model and context, labelled
+    as a projection, its CSV said to be one; the share link reproduces the choice."""
+    from kvlab.dashboard.capacity_view import LABEL
+
+    _, done_id, _ = filled
+    at = open_page(VIEW, id=str(done_id), tab="Capacity", cap_model="llama-3.1-8b", gpu="l4", context="16384",
+                   clients="3")
+    assert_clean(at)
+    assert (at.selectbox(key="cap_model").value, at.selectbox(key="gpu").value) == ("llama-3.1-8b", "l4")
+    assert (at.number_input(key="context").value, at.number_input(key="clients").value) == (16384, 3)
+    assert share_link(at) == f"?id={done_id}&tab=Capacity&cap_model=llama-3.1-8b&gpu=l4&context=16384&clients=3"
+    caption = texts(at.caption).replace("\\", "")  # Markdown-escaped
+    assert LABEL in caption and "NVIDIA L4" in caption and "estimate" in caption
+    table = next(df.value for df in at.dataframe if "sequences that fit (projected)" in df.value.columns)
+    assert list(table["config"]) == ["baseline", "int4", "int2", "snapkv-50"]
+    fits = dict(zip(table["config"], table["sequences that fit (projected)"], strict=True))
+    assert fits["int2"] > fits["int4"] > fits["baseline"] > 0 and fits["snapkv-50"] > fits["baseline"]
+    assert "Projection (CSV)" in {b.proto.label for b in at.get("download_button")}
+    at.number_input(key="clients").set_value(8).run()
+    assert_clean(at)
+    assert share_link(at) == f"?id={done_id}&tab=Capacity&cap_model=llama-3.1-8b&gpu=l4&context=16384"
 
 
 def test_experiment_view_state_comes_from_the_url(filled):
@@ -333,6 +358,12 @@ def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdi
     at.selectbox(key="item").set_value("passkey-256-1").run()
     at.segmented_control(key="tab").set_value("Layers").run()
     at.selectbox(key="layout").set_value("int2").run()
+    at.segmented_control(key="tab").set_value("Capacity").run()
+    at.selectbox(key="cap_model").set_value("qwen2.5-7b").run()
+    at.selectbox(key="gpu").set_value("a100-40gb").run()
+    at.number_input(key="context").set_value(8192).run()
+    at.number_input(key="clients").set_value(4).run()
+    projection = next(df.value for df in at.dataframe if "sequences that fit (projected)" in df.value.columns)
     at.segmented_control(key="tab").set_value("Needles").run()
     at.selectbox(key="needle").set_value("int2").run()
     assert_clean(at)
@@ -340,7 +371,8 @@ def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdi
     params = parse_qs(urlsplit(link).query)
     assert set(params) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece, by its name
     assert params == {"id": [str(done_id)], "tab": ["Needles"], "x": ["ratio"], "y": ["KL"], "hide": ["snapkv-50"],
-                      "margin": ["0.2"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"]}
+                      "margin": ["0.2"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"],
+                      "cap_model": ["qwen2.5-7b"], "gpu": ["a100-40gb"], "context": ["8192"], "clients": ["4"]}
 
     opened = open_page(VIEW, **{key: values if len(values) > 1 else values[0] for key, values in params.items()})
     assert_clean(opened)
@@ -350,6 +382,9 @@ def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdi
     assert opened.selectbox(key="item").value == "passkey-256-1"
     opened.segmented_control(key="tab").set_value("Layers").run()
     assert opened.selectbox(key="layout").value == "int2"
+    opened.segmented_control(key="tab").set_value("Capacity").run()
+    assert next(df.value for df in opened.dataframe if "sequences that fit (projected)" in df.value.columns
+                ).equals(projection)  # the same projection, from the link alone
     opened.segmented_control(key="tab").set_value("Tradeoff").run()
     assert opened.radio(key="x").value == "ratio" and opened.radio(key="y").value == "KL"
     assert _verdict(opened) == verdict

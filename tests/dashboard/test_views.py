@@ -58,13 +58,14 @@ def test_every_piece_of_the_experiment_view_is_in_its_link():
     """Each field of the page's state, away from its default, is a query parameter of the share link
     under its own name (the widget's key), and back at its default leaves the link."""
     changed = {"tab": "Needles", "x": "ratio", "y": "KL", "hide": ("int2", "a b"), "margin": 20.0,
-               "needle": "snapkv-50", "layout": "int4", "item": "passkey-256-0"}
+               "needle": "snapkv-50", "layout": "int4", "item": "passkey-256-0", "cap_model": "gemma-3-27b",
+               "gpu": "l4", "context": 4096, "clients": 3}
     assert set(changed) == {f.name for f in fields(views.ExperimentViewState)} - {"id"}  # a new field: test it
     for name, value in changed.items():
         state = views.ExperimentViewState(7, **{name: value})
         link = views.share_url("http://h/experiment", state.params())
         expected = [(name, str(v)) for v in value] if isinstance(value, tuple) else [(name, "20" if name == "margin"
-                                                                                      else value)]
+                                                                                      else str(value))]
         assert parse_qsl(urlsplit(link).query) == [("id", "7"), *expected], name
     assert views.share_url("http://h/experiment", views.ExperimentViewState(7).params()) == "http://h/experiment?id=7"
     assert views.ExperimentViewState(7, margin=12.5).params()["margin"] == "12.5"

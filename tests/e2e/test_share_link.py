@@ -109,6 +109,16 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     _wait_idle(page)
     _pick(page, "stSelectbox", "Config", "int2")
     page.get_by_text("int2: where the prompt's cache is").wait_for()
+    _section(page, "Capacity").click()
+    _wait_idle(page)
+    _pick(page, "stSelectbox", "Model", "qwen2.5-7b")
+    _pick(page, "stSelectbox", "GPU", "NVIDIA A100 40GB")
+    for label, value in (("Tokens per sequence", "8192"), ("Sequences at once", "4")):
+        box = page.get_by_label(label, exact=True)
+        box.fill(value)
+        box.press("Enter")
+        _wait_idle(page)
+    page.get_by_text("synthetic-sweep: sequences of 8,192 tokens that fit (projection)").wait_for()
     _section(page, "Needles").click()
     _wait_idle(page)
     _pick(page, "stSelectbox", "Config", "int2")
@@ -120,7 +130,8 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     query = parse_qs(urlsplit(link).query)
     assert set(query) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece of the state
     assert query == {"id": ["1"], "tab": ["Needles"], "x": ["ratio"], "y": ["KL"], "hide": ["snapkv-50"],
-                     "margin": ["0.2"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"]}, link
+                     "margin": ["0.2"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"],
+                     "cap_model": ["qwen2.5-7b"], "gpu": ["a100-40gb"], "context": ["8192"], "clients": ["4"]}, link
     # the address bar is the same link (issue 47 row 5: it dropped x and y, which only the Tradeoff section draws)
     assert parse_qs(urlsplit(page.url).query) == query, page.url
     _section(page, "Latency").click()
@@ -137,6 +148,11 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     _section(shared, "Layers").click()
     _wait_idle(shared)
     shared.get_by_text("int2: where the prompt's cache is").wait_for()
+    _section(shared, "Capacity").click()
+    _wait_idle(shared)
+    shared.get_by_text("synthetic-sweep: sequences of 8,192 tokens that fit (projection)").wait_for()
+    expect(shared.get_by_test_id("stSelectbox").filter(has=shared.get_by_text("GPU", exact=True))
+           ).to_contain_text("NVIDIA A100 40GB")
     _section(shared, "Tradeoff").click()
     _wait_idle(shared)
     expect(shared.get_by_test_id("stRadioOption").filter(has_text="ratio").locator("input")).to_be_checked()

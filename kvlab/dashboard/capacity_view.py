@@ -1,0 +1,109 @@
+"""The experiment page's Capacity section: what each of the experiment's configs buys on a GPU -- the sequences
+of a context length that fit -- projected from its layout (:mod:`kvlab.capacity.projection`) beside the
+compression the experiment measured.  Computed, never measured; every table and chart says so."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvlab.analysis.summary import ConfigSummary, stored_config
+from kvlab.capacity.architectures import ARCHITECTURES, Architecture
+from kvlab.capacity.architectures import architecture as find_architecture
+from kvlab.capacity.gpus import GIB, GPUS
+from kvlab.capacity.projection import ConfigCapacity, Pool, project
+from kvlab.core.backends import BACKENDS
+from kvlab.core.errors import ConfigError
+
+DEFAULT_GPU = "h100-80gb"
+DEFAULT_CONCURRENCY = 8
+#: The context a projection opens on: the model's, capped here (the blog's example is 128K).
+DEFAULT_CONTEXT_CAP = 131_072
+MAX_CONTEXT = 10_000_000
+LABEL = "Projection: computed from each config's layout, not measured"
+
+
+@functools.lru_cache(maxsize=32)
+def architecture(name: str) -> Architecture:
+    """:func:`kvlab.capacity.architectures.architecture`, once per name in this process (a config's parameters are
+    counted by building its model on the meta device: a second per rerun)."""
+    return find_architecture(name)
+
+
+@dataclass(frozen=True)
+class CapacityChoice:
+    """The section's inputs, as its share link carries them (None: the default)."""
+
+    model: str
+    gpu: str
+    context: int
+    concurrency: int
+
+
+def model_choices(experiment_model: str) -> list[str]:
+    """The experiment's own model first (where kvlab knows its geometry), then the built-in table."""
+    try:
+        architecture(experiment_model)
+        own = [experiment_model]
+    except (ConfigError, OSError, ValueError):
+        own = []
+    return list(dict.fromkeys([*own, *ARCHITECTURES]))
+
+
+def default_context(arch: Architecture) -> int:
+    return min(arch.max_context or DEFAULT_CONTEXT_CAP, DEFAULT_CONTEXT_CAP)
+
+
+def server_block(backend_kind: str) -> int | None:
+    """The pool's block tokens of a serving engine's layout; None for kvlab's own cache."""
+    if not BACKENDS[backend_kind].launches_server:
+        return None
+    from kvlab.engines.servers import serving_engine
+
+    return serving_engine(backend_kind).pool_block_tokens
+
+
+def capacity_rows(summaries: Sequence[ConfigSummary], backend_kind: str, choice: CapacityChoice
+                  ) -> tuple[Pool, list[ConfigCapacity], list[dict[str, Any]]]:
+    """The pool, each config's projection and the table's rows (every config, one that cannot be projected with
+    its reason).  ``backend_kind`` picks the layout: a serving engine's pool or kvlab's cache."""
+    arch = architecture(choice.model)
+    pool = Pool.on_gpu(GPUS[choice.gpu].memory_bytes, arch)
+    configs = [(s, stored_config(s.config)) for s in summaries]
+    projected = [project([c], arch, choice.context, pool, server_block=server_block(backend_kind))[0] if c
+                 else ConfigCapacity(s.config_name, problem="a config this kvlab no longer reads") for s, c in configs]
+    base = next((p.concurrency for p in projected if p.label == "baseline" and p.concurrency), None)
+    rows = []
+    for summary, row in zip(summaries, projected, strict=True):
+        rows.append({
+            "config": summary.config_name,
+            "measured ratio (this experiment)": summary.compression_ratio,
+            "KV per sequence (GiB, projected)": None if row.sequence_bytes is None else row.sequence_bytes / GIB,
+            "sequences that fit (projected)": row.concurrency,
+            "vs baseline": row.concurrency / base if base and row.concurrency is not None else None,
+            f"{choice.concurrency} fit?": None if row.concurrency is None else row.concurrency >= choice.concurrency,
+            "note": row.problem or "",
+        })
+    return pool, projected, rows
+
+
+def pool_text(pool: Pool, arch_title: str, choice: CapacityChoice) -> str:
+    return (f"{LABEL}. {arch_title} on {GPUS[choice.gpu].title}, {choice.context:,} tokens per sequence: "
+            f"KV pool {pool.bytes / GIB:,.1f} GiB ({pool.how}).")
+
+
+def rows_csv(rows: Sequence[dict[str, Any]]) -> str:
+    """The projection table as CSV, its first line saying it is one (text cells made inert for spreadsheets)."""
+    from kvlab.experiments.export import spreadsheet_safe
+
+    buffer = io.StringIO()
+    buffer.write(f"# {LABEL}\n")
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["config"])
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: spreadsheet_safe(value) for key, value in row.items()})
+    return buffer.getvalue()
