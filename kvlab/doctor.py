@@ -340,14 +340,14 @@ class _Run:
 
     def check_engine(self, models: httpx.Response) -> None:
         """Which serving engine answers, by the ``owned_by`` of its model list, and what kvlab measures on it."""
-        from kvlab.engines.servers import SERVERS
+        from kvlab.engines.servers import engine_owning
 
         owners = _owners(models)
-        for server in SERVERS.values():
-            if owner := next((o for o in owners if o in server.owned_by), None):
-                self.set("engine", "ok", f"{server.title} (its models are owned_by '{owner}'): kvlab measures "
-                                         f"{server.attached_note}")
-                return
+        if server := engine_owning(owners):
+            owner = next(o for o in owners if o in server.owned_by)
+            self.set("engine", "ok", f"{server.title} (its models are owned_by '{owner}'): kvlab measures "
+                                     f"{server.attached_note}")
+            return
         said = f"owned_by '{owners[0]}'" if owners else "no owned_by"
         self.set("engine", "ok", f"not an engine kvlab knows by its model list ({said}): kvlab measures accuracy and "
                                  "latency, and fidelity if it answers prompt_logprobs and return_token_ids (probed "

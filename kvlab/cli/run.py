@@ -76,6 +76,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.no_store:
         from kvlab.experiments.runner import run_experiment
 
+        if spec.load is not None:  # its levels are stored with their trials, as they land
+            raise cli_exit.UserError(f"{args.spec}: has a [load] table, whose levels kvlab stores with each config's "
+                                     "trial: drop --no-store")
+
         starting()
         run = run_experiment(spec, progress=not args.quiet, limit=args.limit)
     else:
@@ -103,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     run.warnings = warnings + run.warnings
     for warning in run.warnings[len(warnings):]:
         print(f"warning: {warning}", file=sys.stderr)
-    print(render(run.summaries(), run.results, run.baseline_name))
+    print(render(run.summaries(), run.results, run.baseline_name, load=run.load))
     print(f"\n{len(run.results)} evaluations in {run.wall_s:.0f} s", file=sys.stderr)
     if json_out:
         write_output(json_out, json.dumps(run.to_dict(), indent=1), "--json")

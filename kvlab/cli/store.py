@@ -130,7 +130,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         baseline = shown(baseline_name(trials))
         print()
         margins = Margins.of(experiment.spec | margin_overrides(args))
-        print(shown(render(summarize(results, baseline, margins), results, baseline), lines=True))
+        load = [replace(level, config_name=shown(level.config_name)) for level in store.load_levels(args.id)]
+        print(shown(render(summarize(results, baseline, margins), results, baseline, load=load), lines=True))
         if experiment.partial:
             print(f"({experiment.partial} -- the sweet spot above is not the run's answer)")
     events = store.events(args.id)[-args.events:] if args.events else []

@@ -49,6 +49,8 @@ class Backend:
     fields: tuple[str, ...] = ()
     kv_dtypes: Mapping[str, str] = field(default_factory=dict)
     separate_kv: bool = False  # the server stores keys and values in types of their own (a config's value_quant)
+    #: why a ``[load]`` table cannot run on it (None: it can: a server that batches requests)
+    no_load: str | None = None
 
 
 # vLLM: vllm/config/cache.py `CacheDType = Literal["auto", ..., "fp8", "fp8_e4m3", "fp8_e5m2", ...]`, the type of
@@ -65,7 +67,11 @@ _LLAMACPP_DTYPES = {"none": "f16"} | {name: name for name in ("q8_0", "q5_1", "q
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("embedded", "Embedded (PyTorch)", "kvlab.engines.embedded",
             "kvlab's own engine: every format and eviction method, measured bytes, fidelity against the baseline",
-            kv_choice="all", loads_model_here=True, fields=("device", "dtype")),
+            kv_choice="all", loads_model_here=True, fields=("device", "dtype"),
+            no_load="kvlab's own engine runs one request at a time and has no serving scheduler: throughput under "
+                    "load is measured on a serving engine (backend kind 'vllm', 'sglang' or an OpenAI-compatible "
+                    "endpoint); here the experiment page's Capacity section and `kvlab capacity` compute the "
+                    "sequences each config fits in a budget"),
     Backend("openai_compat", "OpenAI-compatible endpoint", "kvlab.engines.openai_compat",
             "any server with the OpenAI API (kvlab serve, a running vLLM or SGLang): it decides its own KV cache",
             kv_choice="none", serves_spec_model=False, fields=("base_url", "model_id", "api_key_env")),
@@ -80,7 +86,10 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("llamacpp", "llama.cpp", "kvlab.engines.launched",
             "kvlab starts a llama.cpp server (llama-cpp-python's) per K and V cache type on the model's GGUF file "
             "and reads its pool", kv_choice="server_dtypes", launches_server=True, fields=("model_id", "server"),
-            kv_dtypes=_LLAMACPP_DTYPES, separate_kv=True),
+            kv_dtypes=_LLAMACPP_DTYPES, separate_kv=True,
+            no_load="the llama.cpp server kvlab launches (llama-cpp-python's) runs one request at a time; "
+                    "llama.cpp's concurrent server is the C++ llama-server (--parallel): start one and reach it by "
+                    "URL (backend kind 'openai_compat')"),
 )}
 
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)

@@ -29,6 +29,7 @@ from kvlab.core.limits import (
     FieldProblem,
     check_text,
 )
+from kvlab.core.load_spec import LoadSpec
 from kvlab.core.margins import DEFAULT_MAX_KL, Margins
 from kvlab.core.model_registry import context_limit, model_depth
 from kvlab.core.tasks import MAX_PATH_CHARS, STORED, TaskSpec
@@ -182,6 +183,9 @@ class ExperimentSpec(BaseModel):
     configs: list[KVCacheConfig] = Field(default=[], description="KV-cache configs ([[configs]]); the baseline "
                                          "(no quantization, no eviction) is always added first.")
     sweep: SweepGrid | None = Field(default=None, description="A grid expanded into more configs ([sweep]).")
+    load: LoadSpec | None = Field(
+        default=None, description="A load phase ([load]): after its items, each config's server is measured under "
+        "load with the task's prompts, every config in the same KV memory budget (vllm, sglang, an endpoint).")
     tune: TuneSpec | None = Field(
         default=None, description="What `kvlab tune` searches ([tune]); configs and sweep then add fixed "
         "candidates.")
@@ -290,7 +294,32 @@ class ExperimentSpec(BaseModel):
                                f"{self.tasks[fed[0]].name} task generates nothing (its continuation is fed and "
                                "scored at once): run decode policies on a task that generates its answer")
         check_item_evals(self, known_items)
+        self._check_load()
         return self
+
+    def _check_load(self) -> None:
+        """A ``[load]`` table on a backend that batches requests, its budget where kvlab launches the server."""
+        load = self.load
+        if load is None:
+            return
+        backend = BACKENDS[self.backend.kind]
+        if backend.no_load:
+            raise FieldProblem("load", backend.no_load)
+        if self.tune is not None:
+            raise FieldProblem("load", "kvlab tune does not run a load phase: measure the configs it recommends "
+                                       "with `kvlab run` and a [load] table")
+        server = self.backend.server
+        if backend.launches_server:
+            if load.kv_budget_mib is None:
+                raise FieldProblem("load.kv_budget_mib", f"give the KV memory every config's {backend.title} server "
+                                   "gets (MiB): the same budget for every config is what the load compares")
+            for name in ("kv_cache_gib", "memory_fraction"):
+                if getattr(server, name) is not None:
+                    raise FieldProblem(f"backend.server.{name}", "load.kv_budget_mib sizes every config's KV pool: "
+                                       f"remove server.{name}")
+        elif load.kv_budget_mib is not None:
+            raise FieldProblem("load.kv_budget_mib", "an endpoint sized its own KV pool when it was started: "
+                                                     "remove load.kv_budget_mib")
 
     @property
     def margins(self) -> Margins:

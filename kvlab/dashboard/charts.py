@@ -30,7 +30,8 @@ X_TITLES = {"bytes": "physical KV cache (MiB)", "ratio": "compression ratio (x, 
 ACCURACY_TITLE = "accuracy (fraction correct, 95% CI)"
 PHASE_COLORS = {"load": "#9e9e9e", "prefill": "#1f77b4", "compress": "#ff7f0e", "decode": "#2ca02c",
                 "score": "#9467bd", "idle": "#d3d3d3",
-                "launch": "#8c564b", "request": "#17becf"}  # launch/request: a server kvlab launched or calls
+                # launch/request: a server kvlab launched or calls; bench: that server under a [load] table's load
+                "launch": "#8c564b", "request": "#17becf", "bench": "#e377c2"}
 _LAYOUT: dict[str, Any] = {"template": "plotly_white", "margin": {"l": 70, "r": 30, "t": 60, "b": 60}, "height": 480}
 #: The marker vocabulary of every chart (the experiment and tune pages, their exports): each symbol means one
 #: thing wherever it is drawn.  The star is the chosen config -- an experiment's sweet spot, a tune's

@@ -8,19 +8,23 @@ with defaults where an engine has nothing to say; every engine inherits it, so n
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Iterable, Iterator, Sequence
-from typing import Any, Literal, Protocol, TypedDict, TypeVar
+from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, TypeVar
 
-from kvlab.core.errors import HostLacksError  # defined there: kvlab.tasks raises it too
+from kvlab.core.errors import ConfigError, HostLacksError  # HostLacksError defined there: kvlab.tasks raises it too
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import ItemResult
+
+if TYPE_CHECKING:
+    from kvlab.core.load_spec import LoadSpec
+    from kvlab.load.metrics import LevelResult
 
 __all__ = ["Engine", "EngineFailure", "HostLacksError", "Phase", "TelemetryReading", "TelemetrySource", "passes"]
 
 #: What an engine is doing now, stamped on every telemetry sample (the store's ``PHASES``, less
 #: ``score``, which only the runner's scoring uses).
-Phase = Literal["load", "prefill", "compress", "decode", "idle", "launch", "request"]
+Phase = Literal["load", "prefill", "compress", "decode", "idle", "launch", "request", "bench"]
 
 
 class EngineFailure(RuntimeError):
@@ -94,6 +98,16 @@ class Engine(ABC):
         for item, configs in work:
             for result in self.evaluate(item, configs):
                 yield item, result
+
+    def measure_load(self, config: KVCacheConfig, items: Sequence[TaskItem], load: LoadSpec, seed: int,
+                     done: Collection[tuple[str, float]] = ()) -> Generator[LevelResult, None, None]:
+        """``config``'s server under each of ``load``'s levels but those ``done`` (mode, level), with the prompts of
+        ``items``, one :class:`~kvlab.load.metrics.LevelResult` as each level ends.  Only an engine whose server
+        batches requests runs one (the backend registry's ``no_load`` says why the others do not)."""
+        from kvlab.core.backends import BACKENDS
+
+        raise ConfigError(BACKENDS[self.name].no_load if self.name in BACKENDS and BACKENDS[self.name].no_load
+                          else f"the {self.name} engine runs no load phase")
 
     def describe(self) -> dict[str, Any]:
         """Model, device, dtype and anything else a report should record."""

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import cached_property
 from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -31,6 +32,7 @@ from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.model_registry import KNOWN_MODELS, ModelNotAvailableError
 from kvlab.core.results import ItemResult
 from kvlab.engines.base import Engine, EngineFailure, TelemetryReading, TelemetrySource
+from kvlab.engines.endpoint_rules import server_root
 from kvlab.engines.host import Install, default_python, probe_install, refuse_on_host
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_perplexity
@@ -43,6 +45,10 @@ from kvlab.models.resolve import resolve_gguf, resolve_model
 from kvlab.paths import server_log_dir
 from kvlab.secrets import Endpoint
 from kvlab.threads import available_cores
+
+if TYPE_CHECKING:
+    from kvlab.core.load_spec import LoadSpec
+    from kvlab.load.metrics import LevelResult
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +158,19 @@ class LaunchedServerEngine(Engine):
 
     def _command(self, config: KVCacheConfig, port: int) -> list[str]:
         num_layers = self._geometry.num_layers if config.skip_layers is not None and self._geometry else None
+        budget = self.spec.load.kv_budget_bytes if self.spec.load is not None else None
+        kv_budget = None if budget is None else (budget, self._pool_bytes_per_token(config))
         return server_command(self.name, self._served_model, config, self.spec.backend.server, port, self.served_name,
                               self.spec.seed, dtype=self.spec.backend.dtype, installed=self._installed,
-                              num_layers=num_layers)
+                              num_layers=num_layers, kv_budget=kv_budget)
+
+    def _pool_bytes_per_token(self, config: KVCacheConfig) -> float | None:
+        """The config's pool bytes per token by the model's geometry (None without one)."""
+        geometry = self._geometry
+        if geometry is None:
+            return None
+        layers_16bit = len(config.skip_layers.indices(geometry.num_layers)) if config.skip_layers else 0
+        return geometry.bytes_per_token(kv_bits(config), layers_16bit)
 
     def check_items(self, items: Sequence[TaskItem]) -> None:
         """Perplexity refused; every item's prompt (as it is sent: context and question) and new tokens within the
@@ -192,6 +208,27 @@ class LaunchedServerEngine(Engine):
                 yield from inner.evaluate_many([(item, [config]) for item, config in pairs])
             except EngineFailure as error:
                 raise EngineFailure(self._crash_report(error)) from None
+
+    def measure_load(self, config: KVCacheConfig, items: Sequence[TaskItem], load: LoadSpec, seed: int,
+                     done: Collection[tuple[str, float]] = ()) -> Generator[LevelResult, None, None]:
+        """``config``'s server (launched for it in the load's budget, or still up from its items) under each level,
+        with the engine's request fields and its ``/metrics`` read meanwhile; the telemetry's phase is "bench"."""
+        from kvlab.engines.load_monitor import watch_server
+
+        inner = self._launch(config)
+        root = server_root(inner.endpoint.base_url)
+        server = serving_engine(self.name)
+        self.phase, self.current_config = "bench", config.label
+        try:
+            pool = self._metrics.current.pool if self._metrics.current is not None else None
+            for level in inner.measure_load(config, items, load, seed, done, fields=server.load_fields,
+                                            watch=watch_server(root, self.name)):
+                yield replace(level, pool_tokens=pool.tokens if pool is not None else None)
+                self.phase, self.current_config = "bench", config.label  # the caller stored it meanwhile
+        except EngineFailure as error:
+            raise EngineFailure(self._crash_report(error)) from None
+        finally:
+            self.phase = "request"
 
     def telemetry_sources(self) -> list[TelemetrySource]:
         return [self._metrics]

@@ -19,10 +19,10 @@ import math
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 
@@ -43,8 +43,13 @@ from kvlab.engines.server_fidelity import (
     fidelity,
     item_seed,
 )
+from kvlab.engines.servers import engine_owning
 from kvlab.engines.servers.base import ScoringAPI
 from kvlab.secrets import Endpoint, redact
+
+if TYPE_CHECKING:
+    from kvlab.core.load_spec import LoadSpec
+    from kvlab.load.metrics import LevelResult, ServerReading
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +103,7 @@ class OpenAICompatEngine(Engine):
             max_retries=backend.max_retries, timeout=backend.request_timeout_s)
         self.model_id: str | None = endpoint.model_id
         self.server_info: dict[str, Any] | None = None  # kvlab serve's `kvlab` block of /v1/models
+        self.owners: list[str] = []  # the owned_by of its /v1/models entries (which engine serves)
         self._probed = False
         self._in_flight = 0  # requests in flight: the phase is "request" while there are any
         self._in_flight_lock = threading.Lock()
@@ -174,6 +180,36 @@ class OpenAICompatEngine(Engine):
                 for future in pending:
                     future.cancel()
 
+    def measure_load(self, config: KVCacheConfig, items: Sequence[TaskItem], load: LoadSpec, seed: int,
+                     done: Collection[tuple[str, float]] = (), *, fields: Mapping[str, Any] | None = None,
+                     watch: Callable[[], Callable[[], ServerReading]] | None = None
+                     ) -> Generator[LevelResult, None, None]:
+        """The endpoint under each level of ``load`` (:func:`kvlab.load.client.run_level`) but those ``done``, the
+        items' prompts (context and question, as their requests send them) in turn.  ``fields``: the server's own
+        request fields (``ignore_eos``); ``watch``: what reads the server meanwhile (a launched one's
+        ``/metrics``; an endpoint whose models a serving engine owns is read by that engine's metric names, with its
+        fields).  ``kvlab serve`` is refused: it runs one request at a time, with no serving scheduler."""
+        from kvlab.load.client import run_level
+
+        self.probe()
+        if self.per_request_configs:
+            raise ConfigError("this endpoint is kvlab serve, which runs one request at a time with no serving "
+                              "scheduler: measure load on vLLM, SGLang or another serving engine; the experiment "
+                              "page's Capacity section computes what each config fits")
+        assert self.model_id is not None
+        if watch is None and (server := engine_owning(self.owners)) is not None:  # a running vLLM or SGLang
+            from kvlab.engines.load_monitor import watch_server
+
+            fields, watch = server.load_fields, watch_server(server_root(self.endpoint.base_url), server.kind)
+        prompts = [item.context + item.question for item in items]
+        key = (self.endpoint.api_key or "").strip()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        for mode, level in load.levels():
+            if (mode, level) in done:
+                continue
+            yield run_level(self.endpoint.base_url, self.model_id, prompts, mode, level, load.requests,
+                            load.output_tokens, fields=fields, headers=headers, seed=seed, watch=watch)
+
     # -- the endpoint ----------------------------------------------------------------------------
 
     def probe(self) -> None:
@@ -188,6 +224,7 @@ class OpenAICompatEngine(Engine):
         if choice.model is None:
             raise ConfigError(choice.refusal(self.endpoint.base_url))
         self.model_id = choice.model
+        self.owners = [str(m.owned_by) for m in models if getattr(m, "owned_by", None)]
         entry = next((m for m in models if m.id == self.model_id), None)
         extra = (entry.model_extra or {}) if entry is not None else {}
         self.server_info = extra.get("kvlab") if isinstance(extra.get("kvlab"), dict) else None

@@ -96,13 +96,16 @@ def server_command(
     dtype: str = "auto",
     installed: Installed | None = None,
     num_layers: int | None = None,
+    kv_budget: tuple[int, float | None] | None = None,
 ) -> list[str]:
     """The argv that starts the engine's OpenAI-compatible server for one KV-cache config.
 
     ``port`` is the real port (``server.port`` may be 0, meaning "pick one": the caller resolves it
     with :func:`kvlab.engines.managed_server.free_port`).  ``dtype`` is the spec's ``backend.dtype``;
     ``installed``: the server install (default: ``server.python``, not the CPU build); ``num_layers``: the
-    model's, which a config's 16-bit last layers need (``skip_layers.last``).  No API key ever appears here.
+    model's, which a config's 16-bit last layers need (``skip_layers.last``); ``kv_budget``: a ``[load]`` table's
+    budget in bytes and the config's pool bytes per token (the engine's own flag sizes the pool:
+    :meth:`~kvlab.engines.servers.base.ServingEngine.with_budget`).  No API key ever appears here.
     """
     installed = installed or Installed(options.python or "python")
     server = serving_engine(kind)
@@ -111,6 +114,9 @@ def server_command(
     server.check_options(options)
     if not 0 < port < 65536:
         raise ConfigError(f"server port {port}: give a port in 1..65535")
+    budget_args: list[str] = []
+    if kv_budget is not None:
+        options, budget_args = server.with_budget(options, *kv_budget)
     argv = [installed.python, *server.entry(), "--host", options.host, "--port", str(port)]
     kv_dtypes = (server.kv_dtypes[config.quant], server.kv_dtypes[config.value_format])
     argv += server.launch_args(model, kv_dtypes, options, installed, dtype, served_model_name, seed)
@@ -121,7 +127,7 @@ def server_command(
         if problem := skip.check(num_layers):
             raise ConfigError(f"config '{config.label}': {problem}")
         argv += [server.skip_layers_flag, *map(str, sorted(skip.indices(num_layers)))]
-    return argv + list(options.extra_args)
+    return argv + budget_args + list(options.extra_args)
 
 
 def server_env(kind: str, installed: Installed, local_model: bool) -> dict[str, str]:

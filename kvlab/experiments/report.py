@@ -17,6 +17,7 @@ from kvlab.analysis.summary import (
     short_of_budget,
 )
 from kvlab.core.results import TEACHER_BASELINE_SAMPLE, GenerationKV, ItemResult
+from kvlab.store.records import LoadLevelRecord
 
 MIB = 1024 * 1024
 
@@ -152,8 +153,9 @@ def budget_notes(summaries: Sequence[ConfigSummary]) -> list[str]:
 
 
 def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], baseline_name: str,
-           decision: Decision | None = None) -> str:
-    """The whole terminal report; ``decision`` defaults to :func:`decide` at the default margin."""
+           decision: Decision | None = None, load: Sequence[LoadLevelRecord] = ()) -> str:
+    """The whole terminal report; ``decision`` defaults to :func:`decide` at the default margin; ``load``: the
+    load levels of a ``[load]`` table, shown beside the cost (:mod:`kvlab.experiments.load_report`)."""
     decision = decision or decide(summaries, baseline_name)
     margins = summaries[0].margins if summaries else None
     parts = [summary_table(summaries), "", "accuracy by task and context length (tokens):",
@@ -169,6 +171,8 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
         parts += ["", f"baseline accuracy {base.accuracy:.2f} on {base.n_scored} items"
                   + ("  (low: the model can hardly do this task uncompressed)" if base.accuracy < 0.5 else "")]
     parts.append(decision_text(decision))
+    if load:
+        parts += ["", *load_section(summaries, baseline_name, decision, load)]
     if notes := budget_notes(summaries):
         parts += ["", "freeing less memory than the budget suggests (measured prompt cache):", *notes]
     if any(s.kv_bytes_estimated for s in summaries):
@@ -202,3 +206,19 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
         if notes := sorted({note for r in results if (note := (r.extra or {}).get("fidelity_note"))}):
             parts.append("fidelity: " + "; ".join(notes))
     return "\n".join(parts)
+
+
+def load_section(summaries: Sequence[ConfigSummary], baseline_name: str, decision: Decision,
+                 load: Sequence[LoadLevelRecord]) -> list[str]:
+    """What each config buys under load beside what it costs, and the gain of the sweet spot (else of every
+    config) over the baseline."""
+    from kvlab.experiments.load_report import both_halves_table, gain_text
+
+    spot = decision.sweet_spot
+    chosen = [s for s in summaries if spot is not None and s.config_name == spot.config_name] or list(summaries)
+    gains = [text for s in chosen if (text := gain_text(s, baseline_name, load))]
+    head = "the sweet spot buys, measured under load" if spot is not None and gains else "measured under load"
+    return ["what each config buys under load (every config in the same KV budget; vllm bench serve's "
+            "definitions: TTFT to the first token, TPOT per output token after it, E2EL end to end; max running / "
+            "waiting: the server's own /metrics):", both_halves_table(summaries, load),
+            *([f"{head}: " + "; ".join(gains)] if gains else [])]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +23,7 @@ from kvlab.core.results import ITEM_HASH, ItemResult
 from kvlab.engines.base import Engine, EngineFailure, passes
 from kvlab.engines.factory import build_engine
 from kvlab.experiments.provenance import environment
+from kvlab.store.records import LoadLevelRecord
 from kvlab.tasks import generate_items, score_item, shortcut_scores
 from kvlab.tasks.scoring import ScoringError
 
@@ -38,6 +39,7 @@ class ExperimentRun:
     wall_s: float
     warnings: list[str] = field(default_factory=list)
     failure: str | None = None  # why the run stopped early (its results so far are kept)
+    load: list[LoadLevelRecord] = field(default_factory=list)  # a [load] table's levels, as stored
 
     @property
     def baseline_name(self) -> str:
@@ -61,6 +63,7 @@ class ExperimentRun:
             "summary": [s.to_dict() for s in self.summaries()],
             "sweet_spot": self.decision().to_dict(),
             "results": [r.to_dict() for r in self.results],
+            "load": [asdict(level) for level in self.load],
         }
 
 

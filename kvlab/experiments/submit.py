@@ -282,7 +282,7 @@ class InThisProcess:
                     engine=described, environment={"versions": record.versions, "git_commit": record.git_commit,
                                                    "hardware": record.hardware},
                     started_at=started_at, wall_s=time.perf_counter() - started, warnings=missing_baseline(spec),
-                    failure=failure)
+                    failure=failure, load=store.load_levels(experiment_id))
 
             yield start
         finally:

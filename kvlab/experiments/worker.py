@@ -46,7 +46,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
 from kvlab.core.errors import ConfigError, HostLacksError
@@ -291,7 +291,12 @@ class Worker:
                     heartbeat.beat_now()
 
         def finish(group: list[KVCacheConfig]) -> None:
-            for trial_id in (by_label[c.label] for c in group):
+            for config in group:
+                trial_id = by_label[config.label]
+                if spec.load is not None and trial_id not in heartbeat.gone:
+                    self._measure_load(spec, engine, config, items[:limits[trial_id]], trial_id, heartbeat)
+                    if self._stopping():
+                        return  # the caller releases the trial; its stored levels are kept and skipped on resume
                 if trial_id not in heartbeat.gone:
                     self.store.finish_trial(trial_id, "done", worker_id=self.worker_id)
                     finished.add(trial_id)
@@ -299,6 +304,20 @@ class Worker:
         evaluate_configs(engine, items, configs, store, todo=todo,
                          active=lambda config: by_label[config.label] not in heartbeat.gone,
                          stopping=self._stopping, on_pass_done=finish)  # stopped: the caller releases the rest
+
+    def _measure_load(self, spec: ExperimentSpec, engine: Engine, config: KVCacheConfig, items: list[TaskItem],
+                      trial_id: int, heartbeat: _Heartbeat) -> None:
+        """The trial's server under the spec's ``[load]`` levels it has not stored yet, each stored as it ends
+        (the experiment page shows it at once); a cancel or a stop ends it after the level in progress."""
+        assert spec.load is not None
+        stored = self.store.load_levels(self.store.get_trial(trial_id).experiment_id, trial_id)
+        done = {(level.mode, level.level) for level in stored}
+        with closing(engine.measure_load(config, items, spec.load, spec.seed, done)) as levels:
+            for level in levels:
+                if not self.store.add_load_level(trial_id, level.mode, level.level, level.to_dict()):
+                    heartbeat.beat_now()  # the trial ended meanwhile (cancelled): ask now
+                if trial_id in heartbeat.gone or self._stopping():
+                    return
 
     # -- endings --------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from kvlab.store.records import (
     TERMINAL_STATUSES,
     EventRecord,
     ExperimentRecord,
+    LoadLevelRecord,
     TelemetrySample,
     TrialRecord,
 )
@@ -45,7 +46,7 @@ from kvlab.store.repository import Store
 __all__ = [
     "LEVELS", "PHASES", "SOURCES", "STATUSES", "TERMINAL_STATUSES",
     "EventLog", "EventRecord", "ExperimentNotFoundError", "ExperimentRecord", "ExperimentStore", "Experiments",
-    "Integrity", "Results", "SchemaOutdatedError", "Store", "TelemetrySink", "Tunes", "WorkQueue",
+    "Integrity", "LoadLevelRecord", "Results", "SchemaOutdatedError", "Store", "TelemetrySink", "Tunes", "WorkQueue",
     "StoreError", "StoreLost", "StoreReadOnlyError", "TelemetrySample", "TrialNotFoundError", "TrialRecord",
     "head_revision", "require_shared_store",
 ]

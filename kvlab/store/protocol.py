@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         CandidateRecord,
         EventRecord,
         ExperimentRecord,
+        LoadLevelRecord,
         TelemetrySample,
         TrialRecord,
         TuneRecord,
@@ -58,11 +59,14 @@ class WorkQueue(Protocol):
 
 
 class Results(Protocol):
-    """Item results: each (trial, item, task) stored once, so a requeued trial skips what is done."""
+    """Item results: each (trial, item, task) stored once, so a requeued trial skips what is done; and the load
+    levels of a ``[load]`` table, each (trial, mode, level) once."""
 
     def add_item_result(self, trial_id: int, result: ItemResult) -> bool: ...
     def done_item_keys(self, trial_id: int) -> set[tuple[str, str]]: ...
     def item_results(self, experiment_id: int, trial_id: int | None = None) -> list[ItemResult]: ...
+    def add_load_level(self, trial_id: int, mode: str, level: float, result: dict[str, Any]) -> bool: ...
+    def load_levels(self, experiment_id: int, trial_id: int | None = None) -> list[LoadLevelRecord]: ...
 
 
 class TelemetrySink(Protocol):

@@ -18,7 +18,7 @@ TERMINAL_STATUSES = ("done", "failed", "cancelled")
 #: spot is drawn from them (the experiments list, ``kvlab show``): they rest on the items done before it ended.
 PARTIAL_LABELS = {"cancelled": "partial: cancelled", "failed": "partial: failed"}
 PHASES = ("load", "prefill", "compress", "decode", "idle", "score",
-          "launch", "request")  # launch: a vLLM/SGLang server starting; request: waiting on a server
+          "launch", "request", "bench")  # launch: a server starting; request: waiting on a server; bench: under load
 SOURCES = ("cpu", "nvml", "server")
 LEVELS = ("info", "warning", "error")
 #: A tune's state: running while its driver may add trials (the experiment stays open meanwhile).
@@ -134,6 +134,17 @@ class TelemetrySample:
     gpu_power_w: float | None = None
     gpu_temperature_c: float | None = None
     process_gpu_memory_bytes: int | None = None
+
+
+@dataclass
+class LoadLevelRecord:
+    """One config's server at one load level; ``result`` is :class:`kvlab.load.metrics.LevelResult`'s dict."""
+
+    trial_id: int
+    config_name: str
+    mode: str
+    level: float
+    result: dict[str, Any]
 
 
 @dataclass

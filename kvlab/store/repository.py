@@ -50,10 +50,11 @@ from kvlab.store.records import (
     TERMINAL_STATUSES,
     EventRecord,
     ExperimentRecord,
+    LoadLevelRecord,
     TelemetrySample,
     TrialRecord,
 )
-from kvlab.store.tables import EventRow, ExperimentRow, ItemResultRow, TelemetryRow, TrialRow, TuneRow
+from kvlab.store.tables import EventRow, ExperimentRow, ItemResultRow, LoadLevelRow, TelemetryRow, TrialRow, TuneRow
 from kvlab.store.transitions import ACTIVE, ENDED_WITHOUT_RESULTS, add_event, roll_up
 from kvlab.store.tunes import TuneQueries
 
@@ -561,6 +562,36 @@ class Store(TuneQueries):
             stmt = stmt.where(ItemResultRow.trial_id == trial_id)
         with self._session() as session:
             return [_item_result(row._mapping) for row in session.execute(stmt)]
+
+    def add_load_level(self, trial_id: int, mode: str, level: float, result: dict[str, Any]) -> bool:
+        """Store one load level of a trial's server; False (nothing changes) if the trial has it already, or was
+        cancelled or failed meanwhile (as :meth:`add_item_result`).  Its first error is redacted."""
+        with self._session(write=True) as session:
+            trial = session.scalar(self._locking(select(TrialRow).where(TrialRow.id == trial_id)))
+            if trial is None:
+                raise TrialNotFoundError(f"no trial {trial_id}")
+            if trial.status in ENDED_WITHOUT_RESULTS:
+                return False
+            result = result | {"first_error": result.get("first_error") and redact(result["first_error"])}
+            inserted = session.scalar(
+                self._insert()(LoadLevelRow)
+                .values(trial_id=trial_id, experiment_id=trial.experiment_id, config_name=trial.config_name,
+                        mode=mode, level=level, result=result)
+                .on_conflict_do_nothing(index_elements=["trial_id", "mode", "level"])
+                .returning(LoadLevelRow.id))
+            return inserted is not None
+
+    def load_levels(self, experiment_id: int, trial_id: int | None = None) -> list[LoadLevelRecord]:
+        """The experiment's load levels (or one trial's), in trial position, then mode and level."""
+        stmt = (select(LoadLevelRow.trial_id, LoadLevelRow.config_name, LoadLevelRow.mode, LoadLevelRow.level,
+                       LoadLevelRow.result)
+                .join(TrialRow, TrialRow.id == LoadLevelRow.trial_id)
+                .where(LoadLevelRow.experiment_id == experiment_id)
+                .order_by(TrialRow.position, LoadLevelRow.mode, LoadLevelRow.level))
+        if trial_id is not None:
+            stmt = stmt.where(LoadLevelRow.trial_id == trial_id)
+        with self._session() as session:
+            return [LoadLevelRecord(**row._mapping) for row in session.execute(stmt)]
 
     # -- telemetry and events -----------------------------------------------------------------
 

@@ -268,3 +268,19 @@ class TuneCandidateRow(Base):
     acceptable: Mapped[bool | None] = mapped_column(Boolean)  # the sweet-spot rule on its items, uncorrected
     mean_kl: Mapped[float | None] = mapped_column(Double)
     kl_high: Mapped[float | None] = mapped_column(Double)
+
+
+class LoadLevelRow(Base):
+    """One config's server at one load level (a ``[load]`` table's): the client's figures and the server's, as
+    :class:`kvlab.load.metrics.LevelResult` serializes them."""
+
+    __tablename__ = "load_levels"
+    __table_args__ = (UniqueConstraint("trial_id", "mode", "level"), Index(None, "experiment_id"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    config_name: Mapped[str] = mapped_column(Text)
+    mode: Mapped[str] = mapped_column(String(16))
+    level: Mapped[float] = mapped_column(Double)
+    result: Mapped[dict[str, Any]] = mapped_column(JSONType)

@@ -24,4 +24,9 @@ def serving_engine(kind: str) -> ServingEngine:
         raise ConfigError(f"server kind '{kind}': kvlab launches {', '.join(SERVERS)} servers") from None
 
 
-__all__ = ["SERVERS", "FormLabels", "MetricNames", "ServingEngine", "serving_engine"]
+def engine_owning(owners: list[str]) -> ServingEngine | None:
+    """The serving engine whose models are ``owned_by`` one of ``owners`` (an endpoint's ``/v1/models``), if any."""
+    return next((server for server in SERVERS.values() if any(o in server.owned_by for o in owners)), None)
+
+
+__all__ = ["SERVERS", "engine_owning", "FormLabels", "MetricNames", "ServingEngine", "serving_engine"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from kvlab.core.backends import BACKENDS
+from kvlab.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
@@ -142,6 +143,9 @@ class ServingEngine(ABC):
     #: tokens per block of its pool on a GPU: a sequence takes whole blocks in every layer (a capacity projection
     #: rounds so, :mod:`kvlab.capacity.projection`)
     pool_block_tokens: int = 1
+    #: request fields of a load phase's completions (vllm bench serve --ignore-eos: every request generates the
+    #: tokens asked, so that configs are compared on the same work)
+    load_fields: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def title(self) -> str:
@@ -170,6 +174,13 @@ class ServingEngine(ABC):
                     dtype: str, served_model_name: str, seed: int) -> list[str]:
         """The engine's arguments after ``python -m MODULE --host H --port P``, for one KV dtype of keys and one of
         values (checked; the same but where the engine has ``separate_kv``)."""
+
+    def with_budget(self, options: ServerOptions, budget_bytes: int, bytes_per_token: float | None
+                    ) -> tuple[ServerOptions, list[str]]:
+        """A ``[load]`` table's KV memory budget as the engine's own flag: the options to launch with and the
+        arguments to add.  ``bytes_per_token``: the config's pool bytes per token by the model's geometry (None
+        where kvlab cannot read it), for an engine that sizes its pool in tokens."""
+        raise ConfigError(f"{self.title} has no flag that sizes its KV pool in bytes")
 
     def entry(self) -> list[str]:
         """What follows the interpreter on the command line, before the flags: ``-m MODULE``."""

@@ -61,6 +61,15 @@ class SGLangEngine(ServingEngine):
             argv.append("--disable-radix-cache")
         return argv + ["--enable-metrics", "--served-model-name", served_model_name, "--random-seed", str(seed)]
 
+    def with_budget(self, options: ServerOptions, budget_bytes: int, bytes_per_token: float | None
+                    ) -> tuple[ServerOptions, list[str]]:
+        """``--max-total-tokens`` (server_args.py ServerArgs.max_total_tokens: "the maximum number of tokens in the
+        memory pool"): the budget over this config's bytes per token, so a compressed cache holds more tokens."""
+        if bytes_per_token is None:
+            raise ConfigError("SGLang sizes its KV pool in tokens, and kvlab reads a config's bytes per token from "
+                              "a local model's geometry only: run load.kv_budget_mib on a registry or local model")
+        return options, ["--max-total-tokens", str(int(budget_bytes // bytes_per_token))]
+
     def parse_pool(self, log_text: str) -> KVPool | None:
         candidates = [m for m in (last_match(_MHA, log_text), last_match(_MLA, log_text)) if m]
         if not candidates:
@@ -215,6 +224,7 @@ SGLANG = SGLangEngine(
         "--mem-fraction-static": "server.memory_fraction", "--context-length": "server.max_model_len",
         "--disable-radix-cache": "server.prefix_cache", "--enable-metrics": "kvlab (always on)",
         "--served-model-name": "the served model name", "--random-seed": "the spec's seed",
+        "--max-total-tokens": "load.kv_budget_mib",
     },
     # server_args.py ServerArgs.api_key / admin_api_key: flags only
     key_flags={flag: "SGLang takes a key only as a flag, so kvlab serves it on 127.0.0.1 without one"
@@ -230,6 +240,8 @@ SGLANG = SGLangEngine(
                   "take no prompt_logprobs; backend kind sglang launches one server per KV setting and measures "
                   "fidelity through SGLang's native /generate)",
     scoring_api=SGLangGenerate(),
+    # python/sglang/srt/sampling/sampling_params.py SamplingParams.ignore_eos, taken by its OpenAI completions
+    load_fields={"ignore_eos": True},
     form=FormLabels(memory_flag="--mem-fraction-static", context_flag="--context-length", prefix_cache="Radix cache",
                     python_help="kvlab starts `python -m ...` with it (pip install 'kvlab[sglang]' on a CUDA host)"),
 )

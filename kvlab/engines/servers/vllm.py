@@ -83,6 +83,11 @@ class VLLMEngine(ServingEngine):
             argv.append("--enforce-eager")
         return argv + ["--served-model-name", served_model_name, "--seed", str(seed)]
 
+    def with_budget(self, options: ServerOptions, budget_bytes: int, bytes_per_token: float | None
+                    ) -> tuple[ServerOptions, list[str]]:
+        """--kv-cache-memory-bytes (server.kv_cache_gib's flag): the same bytes for every config."""
+        return options.model_copy(update={"kv_cache_gib": budget_bytes / (1 << 30)}), []
+
     def launch_env(self, installed: Installed) -> dict[str, str]:
         """No usage reports (this host may reach no network); the CPU build runs its OpenMP threads unpinned
         (``VLLM_CPU_OMP_THREADS_BIND=nobind``: pinning to cores other processes use stalls both) and as many
@@ -219,4 +224,6 @@ VLLM = VLLMEngine(
     # vllm/platforms/cuda.py check_and_update_config: cache_config.block_size defaults to 16 on CUDA (the CPU
     # build's is 128: its /metrics block_size label, measured)
     pool_block_tokens=16,
+    # vllm/entrypoints/openai/completion/protocol.py CompletionRequest.ignore_eos (a vLLM extension)
+    load_fields={"ignore_eos": True},
 )

@@ -1,0 +1,87 @@
+"""A spec's ``[load]`` table: where it may run and how its budget reaches each engine's flag, and the whole path --
+``kvlab run`` through a worker into the store, ``kvlab show`` and the JSON -- against a stand-in scheduler."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvlab.cli.main import main
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ServerOptions, parse_spec
+from kvlab.core.kv_config import BASELINE, KVCacheConfig
+from kvlab.engines.server_flags import Installed, server_command
+from kvlab.store import Store
+from tests.load.fake_scheduler import Scheduler, scheduler_server
+
+TASKS = [{"name": "passkey", "context_lengths": [256], "num_items": 2, "max_new_tokens": 4}]
+LOAD = {"kv_budget_mib": 32, "concurrency": [1, 2], "requests": 4, "output_tokens": 5}
+
+
+def spec(kind: str, load: dict | None = None, **backend) -> dict:
+    return {"name": "l", "model": "smollm2-135m", "backend": {"kind": kind, **backend}, "tasks": TASKS,
+            "configs": [{"name": "baseline"}], "load": LOAD if load is None else load}
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    (spec("embedded"), "Capacity section"),
+    (spec("llamacpp"), "llama-server"),
+    (spec("vllm", LOAD | {"kv_budget_mib": None}), "give the KV memory"),
+    (spec("vllm", server={"kv_cache_gib": 1.0}), "remove server.kv_cache_gib"),
+    (spec("vllm", server={"memory_fraction": 0.5}), "remove server.memory_fraction"),
+    (spec("openai_compat", base_url="http://127.0.0.1:1/v1"), "remove load.kv_budget_mib"),
+    (spec("vllm", LOAD | {"concurrency": [], "request_rates": []}), "at least one load level"),
+])
+def test_a_load_table_where_it_cannot_run_is_refused_with_the_reason(data, words):
+    with pytest.raises(ConfigError, match="load") as refused:
+        parse_spec(data)
+    assert words in str(refused.value)
+
+
+def test_the_budget_is_each_engines_own_flag_the_same_bytes_for_every_config():
+    installed = Installed("python", cpu_build=True)
+    budget = 32 << 20
+    for config in (BASELINE, KVCacheConfig(quant="fp8_e4m3")):
+        argv = server_command("vllm", "m", config, ServerOptions(), 8000, "m", installed=installed,
+                              kv_budget=(budget, 11_520.0))
+        assert argv.count("--kv-cache-memory-bytes") == 1 and argv[argv.index("--kv-cache-memory-bytes") + 1] == \
+            str(budget)  # not the CPU build's default 1 GiB
+    # SGLang sizes its pool in tokens: the budget over each config's bytes per token
+    baseline = server_command("sglang", "m", BASELINE, ServerOptions(), 8000, "m", kv_budget=(budget, 23_040.0))
+    fp8 = server_command("sglang", "m", KVCacheConfig(quant="fp8_e4m3"), ServerOptions(), 8000, "m",
+                         kv_budget=(budget, 11_520.0))
+    tokens = [int(argv[argv.index("--max-total-tokens") + 1]) for argv in (baseline, fp8)]
+    assert tokens == [budget // 23_040, budget // 11_520]
+    with pytest.raises(ConfigError, match="max-total-tokens"):
+        server_command("sglang", "m", BASELINE, ServerOptions(extra_args=["--max-total-tokens", "9"]), 8000, "m")
+
+
+@pytest.mark.model  # the task's tokenizer (the default model's)
+def test_kvlab_run_stores_each_level_and_prints_both_halves(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{tmp_path / 'kvlab.sqlite'}")
+    scheduler = Scheduler(slots=4, clients=2, gate="seen")
+    with scheduler_server(scheduler) as root:
+        path = tmp_path / "load.toml"
+        path.write_text(
+            f'name = "under-load"\nmodel = "smollm2-135m"\n[backend]\nkind = "openai_compat"\nbase_url = "{root}/v1"\n'
+            'model_id = "m"\n[[tasks]]\nname = "passkey"\ncontext_lengths = [256]\nnum_items = 2\nmax_new_tokens = 4\n'
+            '[[configs]]\nname = "baseline"\n[load]\nconcurrency = [1, 2]\nrequests = 4\noutput_tokens = 5\n')
+        assert main(["run", str(path), "--quiet", "--json", str(tmp_path / "out.json")]) == 0
+        printed = capsys.readouterr().out
+        assert main(["run", str(path), "--no-store"]) == 2
+        assert "drop --no-store" in capsys.readouterr().err
+    assert "what each config buys under load" in printed and "2 clients" in printed
+    with Store() as store:
+        (experiment,) = store.list_experiments()
+        levels = store.load_levels(experiment.id)
+    assert [(level.config_name, level.mode, level.level) for level in levels] == [
+        ("baseline", "closed", 1.0), ("baseline", "closed", 2.0)]
+    for level in levels:
+        assert (level.result["requests"], level.result["completed"], level.result["errors"]) == (4, 4, 0)
+        assert level.result["output_tokens"] == 4 * 5
+        # its models are owned_by vllm: its /metrics were read by vLLM's names while the level ran
+        assert 1 <= level.result["server"]["max_running"] <= level.level and level.result["server"]["samples"] >= 2
+    assert [level["level"] for level in json.loads((tmp_path / "out.json").read_text())["load"]] == [1.0, 2.0]
+    assert main(["show", str(experiment.id)]) == 0
+    assert "what each config buys under load" in capsys.readouterr().out
