@@ -18,6 +18,7 @@ import streamlit as st
 
 from kvlab.analysis.summary import breakdown, length_group, question_rank
 from kvlab.capacity.gpus import GPUS
+from kvlab.core.backends import BACKENDS
 from kvlab.core.experiment_spec import dump_spec, parse_spec
 from kvlab.core.limits import MAX_NOTES_CHARS
 from kvlab.core.margins import Margins
@@ -25,7 +26,7 @@ from kvlab.core.tasks import TASKS
 from kvlab.dashboard import capacity_view, charts, estimate, page_table, views
 from kvlab.dashboard.capacity_view import architecture
 from kvlab.dashboard.chart_export import report_html, with_caveat
-from kvlab.experiments import eta, worker_logs
+from kvlab.experiments import eta, load_report, worker_logs
 from kvlab.experiments.export import experiment_document, results_csv
 from kvlab.experiments.report import budget_notes
 from kvlab.paths import log_dir
@@ -467,6 +468,46 @@ axis = state.x or views.X_AXES[0]
 metric = state.y or next(iter(views.Y_METRICS))
 stem = slug(f"{experiment.id}-{experiment.name}")
 
+def load_section(experiment: ExperimentRecord, view: View, stem: str) -> None:
+    """What each config buys under load beside what it costs: the load curves, the both-halves chart and table,
+    the gains over the baseline (a spec's ``[load]`` table; its levels appear as each config's end)."""
+    records = store.load_levels(experiment.id)
+    if not records:
+        why = BACKENDS[experiment.backend_kind].no_load if experiment.backend_kind in BACKENDS else None
+        if why:
+            st.info(views.md(f"No load phase on this backend: {why}."))
+        elif experiment.spec.get("load") and not experiment.is_terminal:
+            st.info("The load phase runs on each config's server after its items: its levels appear here as each "
+                    "config ends.", icon=":material/hourglass_top:")
+        else:
+            st.info("No load phase: a [load] table in the spec measures each config's server under load, every "
+                    "config in the same KV budget (kv_budget_mib, concurrency, request_rates; docs: the spec "
+                    "reference).")
+        return
+    summaries = analysed(view)[0]
+    baseline = shown_results(view)[1]
+    shown_names = {s.config_name for s in summaries}
+    records = [r for r in records if r.config_name in shown_names]
+    st.caption("Every config's server in the same KV budget, measured with the task's own prompts by vllm bench "
+               "serve's definitions: output tokens/s over the level's duration; TTFT to the first token; TPOT per "
+               "output token after it; the most requests running and waiting as the server's /metrics said.")
+    chart(charts.load_curves_figure(load_report.levels_by_config(records)), "load-curves", f"{stem}-load-curves")
+    points = load_report.halves_points(summaries, baseline, records)
+    if points:
+        chart(charts.halves_figure(points, load_report.halves_front(points),
+                                   f"{experiment.name}: what each config costs vs what it buys"),
+              "halves", f"{stem}-both-halves")
+        if unmeasured := [p.config for p in points if p.mean_kl is None]:
+            st.caption(views.md(f"Not on the chart (no mean KL measured): {', '.join(unmeasured)}."))
+    rows = load_report.both_halves_rows(summaries, records)
+    st.dataframe(rows, hide_index=True, key="load-table")
+    gains = [text for s in summaries if (text := load_report.gain_text(s, baseline, records))]
+    if gains:
+        st.markdown("\n".join(f"- {views.md(text)}" for text in gains))
+    st.download_button("Both halves (CSV)", data=lambda: capacity_view.rows_csv(rows, None), mime="text/csv",
+                       file_name=f"{stem}-load.csv", on_click="ignore", icon=":material/download:")
+
+
 if section == "Tradeoff":
     summaries, decision = analysed(view)
     sweet = decision.sweet_spot
@@ -518,6 +559,8 @@ if section == "Tradeoff":
             "as if it ran alone; **TPOT**: decode time after the first token per token.")
 elif section == "Latency":
     chart(figure("latency", view), "latency", f"{stem}-latency")
+elif section == "Load":
+    load_section(experiment, view, stem)
 elif section == "Capacity":
     summaries = analysed(view)[0]
     model = state.cap_model or cap_models[0]

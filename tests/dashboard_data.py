@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.results import CacheLayout, Fidelity, ItemResult
+from kvlab.load.metrics import LevelResult, ServerReading
 from kvlab.store import Store, TelemetrySample
 
 # max_drop 0.5: with 8 items only a wide non-inferiority margin can show a sweet spot.
@@ -61,11 +62,33 @@ def _layout(physical: float, context: int, config: str) -> dict:
     return CacheLayout(((kept,) * 3,) * 30, (int(physical / 30),) * 30).to_dict()
 
 
-def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True, fidelity: bool = False) -> int:
+#: The synthetic load phase: clients at each closed-loop level, and the baseline's pool in tokens (two sequences).
+LOAD_CLIENTS, BASE_POOL_TOKENS = (1, 2, 4), 1_408
+
+
+def load_level(config: str, clients: int) -> LevelResult:
+    """A config's server at ``clients`` clients, as a pool ``1 / bytes-per-baseline-byte`` times the baseline's
+    would serve them: the requests that fit run (two per baseline pool), the rest wait; each running request
+    streams 10 tokens/s."""
+    ratio = PROFILE[config][0]
+    running = min(clients, int(2 / ratio))
+    latency = {"ttft": {"mean": 100.0 * clients / running, "p50": 100.0, "p90": 150.0 * clients / running,
+                        "p99": 200.0 * clients / running},
+               "tpot": {"mean": 100.0, "p50": 100.0, "p90": 110.0, "p99": 120.0}, "itl": None,
+               "e2el": {"mean": 1600.0, "p50": 1600.0, "p90": 1700.0, "p99": 1800.0 * clients / running}}
+    return LevelResult("closed", float(clients), 8, 8, 0, None, 8 / running * 1.6, running / 1.6, 10.0 * running,
+                       10.0 * running + 300.0 * running / 1.6, 8 * 300, 8 * 16, latency,
+                       ServerReading(running, clients - running, 0, min(1.0, running * ratio / 2), 20),
+                       round(BASE_POOL_TOKENS / ratio))
+
+
+def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True, fidelity: bool = False,
+             load: bool = False) -> int:
     """An experiment of 4 configs x 8 passkey items (2 lengths x 2 depths x 2), with telemetry and
     events; ``finish=False`` leaves it running with half of the items done.  Without ``fidelity`` its
     results are those of a backend that does not measure it (accuracy decides); with it, every
-    config but the baseline carries its fidelity to the baseline (then fidelity decides)."""
+    config but the baseline carries its fidelity to the baseline (then fidelity decides).  ``load``: each
+    config's server also under a load phase (:func:`load_level`), as a [load] table stores it."""
     spec = parse_spec(SPEC | {"name": name})
     experiment_id = store.create_experiment(spec, {"versions": {"kvlab": "test"}, "git_commit": "abc123",
                                                    "hardware": {"cpu_count": 2}})
@@ -82,6 +105,10 @@ def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True, f
                                            ts=1000.0 + 4 * trial.position + step, phase=phase, source="cpu",
                                            trial_id=trial.id, rss_bytes=(900 + step) * 2**20, cpu_percent=180.0,
                                            kv_bytes=step * 2**20))
+        if load:
+            for clients in LOAD_CLIENTS:
+                level = load_level(trial.config_name, clients)
+                store.add_load_level(trial.id, "closed", float(clients), level.to_dict())
         if finish:
             store.finish_trial(trial.id, "done", worker_id="test-host:w0")
     store.add_telemetry(samples)

@@ -20,7 +20,9 @@ from kvlab.cli.options import (
 )
 from kvlab.cli.outputs import check_output, write_output
 from kvlab.core.backends import BACKEND_NAMES, BACKENDS
+from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import BackendSpec, ExperimentSpec
+from kvlab.core.limits import FieldProblem
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.spec_files import load_spec
 
@@ -37,7 +39,12 @@ def with_backend_kind(spec: ExperimentSpec, kind: str) -> ExperimentSpec:
     kinds read (an endpoint's base_url, the embedded engine's device) are dropped, not refused."""
     unread = {name for backend in BACKENDS.values() for name in backend.fields} - set(BACKENDS[kind].fields)
     backend = spec.backend.model_dump(exclude=unread) | {"kind": kind}
-    return spec.model_copy(update={"backend": BackendSpec.model_validate(backend)})
+    moved = spec.model_copy(update={"backend": BackendSpec.model_validate(backend)})
+    try:
+        moved.check_load()  # a [load] table is asked for, never dropped: refused where it cannot run
+    except FieldProblem as problem:
+        raise ConfigError(f"--backend {kind}: {problem.path}: {problem}") from None
+    return moved
 
 
 def cmd_run(args: argparse.Namespace) -> int:

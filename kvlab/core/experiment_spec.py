@@ -294,11 +294,12 @@ class ExperimentSpec(BaseModel):
                                f"{self.tasks[fed[0]].name} task generates nothing (its continuation is fed and "
                                "scored at once): run decode policies on a task that generates its answer")
         check_item_evals(self, known_items)
-        self._check_load()
+        self.check_load()
         return self
 
-    def _check_load(self) -> None:
-        """A ``[load]`` table on a backend that batches requests, its budget where kvlab launches the server."""
+    def check_load(self) -> None:
+        """A ``[load]`` table on a backend that batches requests, its budget where kvlab launches the server
+        (:class:`FieldProblem` otherwise; also for a spec moved to another backend, ``kvlab run --backend``)."""
         load = self.load
         if load is None:
             return

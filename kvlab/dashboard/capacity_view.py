@@ -96,12 +96,14 @@ def pool_text(pool: Pool, arch_title: str, choice: CapacityChoice) -> str:
             f"KV pool {pool.bytes / GIB:,.1f} GiB ({pool.how}).")
 
 
-def rows_csv(rows: Sequence[dict[str, Any]]) -> str:
-    """The projection table as CSV, its first line saying it is one (text cells made inert for spreadsheets)."""
+def rows_csv(rows: Sequence[dict[str, Any]], label: str | None = LABEL) -> str:
+    """A table of rows as CSV, its first line ``label`` where given (the projection's says it is one); text cells
+    made inert for spreadsheets."""
     from kvlab.experiments.export import spreadsheet_safe
 
     buffer = io.StringIO()
-    buffer.write(f"# {LABEL}\n")
+    if label:
+        buffer.write(f"# {label}\n")
     writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["config"])
     writer.writeheader()
     for row in rows:

@@ -23,7 +23,9 @@ from kvlab.core.margins import Margins
 from kvlab.core.results import CacheLayout, ItemResult
 from kvlab.core.tasks import TASKS
 from kvlab.dashboard.views import MIB, Y_METRICS, CompareRow, fidelity_text
+from kvlab.experiments.load_report import HalvesPoint
 from kvlab.experiments.nodes import node_of
+from kvlab.load.metrics import LevelResult
 from kvlab.store.records import TelemetrySample
 
 X_TITLES = {"bytes": "physical KV cache (MiB)", "ratio": "compression ratio (x, baseline bytes / physical bytes)"}
@@ -226,6 +228,56 @@ def capacity_figure(rows: Sequence[Mapping[str, Any]], concurrency: int, title: 
     fig.add_hline(y=concurrency, line_dash="dash", annotation_text=f"{concurrency} at once")
     fig.update_yaxes(title_text="sequences that fit (projection)", rangemode="tozero")
     fig.update_layout(title=title, showlegend=False, **_LAYOUT)
+    return fig
+
+
+def load_curves_figure(levels: Mapping[str, Sequence[LevelResult]]) -> go.Figure:
+    """Each config's load curves: output tokens/s against clients (closed loop) and p99 TTFT against the request
+    rate (open loop; against clients where the load had no rates)."""
+    has_open = any(r.mode == "open" for rows in levels.values() for r in rows)
+    right = ("p99 TTFT vs request rate" if has_open else "p99 TTFT vs clients")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("output tokens/s vs clients", right))
+    for index, (name, rows) in enumerate(levels.items()):
+        color = _PALETTE[index % len(_PALETTE)]
+        closed = [r for r in rows if r.mode == "closed"]
+        fig.add_trace(go.Scatter(x=[r.level for r in closed], y=[r.output_throughput for r in closed],
+                                 mode="lines+markers", name=plotly_text(name), legendgroup=name,
+                                 line={"color": color}), row=1, col=1)
+        latency = [r for r in rows if r.mode == ("open" if has_open else "closed")]
+        fig.add_trace(go.Scatter(x=[r.level for r in latency], y=[r.latency("ttft", "p99") for r in latency],
+                                 mode="lines+markers", name=plotly_text(name), legendgroup=name, showlegend=False,
+                                 line={"color": color}), row=1, col=2)
+    fig.update_xaxes(title_text="clients (closed loop)", row=1, col=1)
+    fig.update_xaxes(title_text="requests/s (open loop)" if has_open else "clients (closed loop)", row=1, col=2)
+    fig.update_yaxes(title_text="output tokens/s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="p99 TTFT (ms)", rangemode="tozero", row=1, col=2)
+    fig.update_layout(title="Under load: throughput and latency per config", **_LAYOUT)
+    return fig
+
+
+def halves_figure(points: Sequence[HalvesPoint], front: Sequence[str], title: str) -> go.Figure:
+    """What each config costs (mean KL, 95% interval) against what it buys (output tokens/s at one load level),
+    the front over both as a line; configs whose KL was not measured are left out (the page says which)."""
+    shown = [p for p in points if p.mean_kl is not None]
+    fig = go.Figure(go.Scatter(
+        x=[p.mean_kl for p in shown], y=[p.output_throughput for p in shown], mode="markers+text",
+        text=[plotly_text(p.config) for p in shown], textposition="top center", marker={"size": 11},
+        error_x={"type": "data", "symmetric": False,
+                 "array": [(p.kl_high - p.mean_kl) if p.kl_high is not None and p.mean_kl is not None else 0
+                           for p in shown],
+                 "arrayminus": [(p.mean_kl - p.kl_low) if p.kl_low is not None and p.mean_kl is not None else 0
+                                for p in shown]},
+        hovertext=[f"{html.escape(p.config)}: {p.output_throughput:.1f} output tokens/s at {p.level}, max running "
+                   f"{p.max_running if p.max_running is not None else '-'}" for p in shown],
+        hoverinfo="text", name="configs"))
+    on_front = [p for name in front for p in shown if p.config == name]
+    if len(on_front) > 1:
+        fig.add_trace(go.Scatter(x=[p.mean_kl for p in on_front], y=[p.output_throughput for p in on_front],
+                                 mode="lines", line={"dash": "dot", "color": "#555"}, name="front (both halves)"))
+    level = shown[0].level if shown else ""
+    fig.update_xaxes(title_text="mean KL vs baseline (nats/token, lower is better)", rangemode="tozero")
+    fig.update_yaxes(title_text=f"output tokens/s at {level}", rangemode="tozero")
+    fig.update_layout(title=title, **_LAYOUT)
     return fig
 
 

@@ -49,7 +49,7 @@ X_AXES = ("bytes", "ratio")
 Y_METRICS = {"accuracy": "accuracy", "KL": "mean KL", "agreement": "top-1 agreement"}
 
 #: The experiment page's sections (its ``tab`` query parameter), and the one that leads while it runs.
-SECTIONS = ("Tradeoff", "Latency", "Capacity", "Breakdown", "Layers", "Generation", "Needles", "Failed items",
+SECTIONS = ("Tradeoff", "Latency", "Load", "Capacity", "Breakdown", "Layers", "Generation", "Needles", "Failed items",
             "Progress", "Spec & environment", "Export")
 LIVE_SECTION = "Progress"
 #: The compare page's sections: the overlaid tradeoffs (the default), the knobs and outcomes (parallel

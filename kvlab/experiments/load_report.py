@@ -5,6 +5,7 @@ the blog's table, measured; and the gain a config shows over the baseline, in on
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kvlab.analysis.summary import ConfigSummary
@@ -81,3 +82,50 @@ def gain_text(config: ConfigSummary, baseline_name: str, records: Sequence[LoadL
                     if config.kl_ci_low is not None and config.kl_ci_high is not None else "")
         parts.append(f"mean KL {config.mean_kl:.3g}{interval}")
     return f"{config.config_name}: " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class HalvesPoint:
+    """A config's cost (mean KL with its interval, accuracy) and what it buys (output tokens/s, the most requests
+    its server ran at once) at one load level: a point of the experiment page's both-halves chart."""
+
+    config: str
+    mean_kl: float | None
+    kl_low: float | None
+    kl_high: float | None
+    accuracy: float | None
+    output_throughput: float
+    max_running: float | None
+    level: str
+
+
+def halves_points(summaries: Sequence[ConfigSummary], baseline_name: str, records: Sequence[LoadLevelRecord]
+                  ) -> list[HalvesPoint]:
+    """Each config at the highest level every config ran (closed loop first); the baseline's KL is 0 by
+    definition.  Empty where the configs share no level."""
+    by_config = levels_by_config(records)
+    names = [s.config_name for s in summaries if s.config_name in by_config]
+    shared = set.intersection(*({(r.mode, r.level) for r in by_config[n]} for n in names)) if names else set()
+    if not shared:
+        return []
+    key = max(shared, key=lambda k: (k[0] == "closed", k[1]))
+    points = []
+    for summary in summaries:
+        level = next((r for r in by_config.get(summary.config_name, []) if (r.mode, r.level) == key), None)
+        if level is None:
+            continue
+        base = summary.config_name == baseline_name
+        points.append(HalvesPoint(summary.config_name, 0.0 if base else summary.mean_kl,
+                                  0.0 if base else summary.kl_ci_low, 0.0 if base else summary.kl_ci_high,
+                                  summary.accuracy, level.output_throughput, level.server.max_running, level.label))
+    return points
+
+
+def halves_front(points: Sequence[HalvesPoint]) -> list[str]:
+    """The configs no other beats on both halves: mean KL (lower) and output tokens/s (higher), by KL."""
+    known = [p for p in points if p.mean_kl is not None]
+    front = [p for p in known if not any(
+        o.mean_kl <= p.mean_kl and o.output_throughput >= p.output_throughput  # type: ignore[operator]
+        and (o.mean_kl < p.mean_kl or o.output_throughput > p.output_throughput)  # type: ignore[operator]
+        for o in known)]
+    return [p.config for p in sorted(front, key=lambda p: p.mean_kl or 0.0)]

@@ -276,7 +276,8 @@ def test_a_finished_experiment_opens_on_its_result_and_draws_only_that(filled):
     assert {"PNG", "SVG", "PDF", "HTML"} <= {b.proto.label for b in at.get("download_button")}
 
 
-@pytest.mark.parametrize(("section", "charts"), [("Progress", 1), ("Latency", 1), ("Capacity", 1), ("Breakdown", 2),
+@pytest.mark.parametrize(("section", "charts"), [("Progress", 1), ("Latency", 1), ("Load", 0), ("Capacity", 1),
+                                                 ("Breakdown", 2),
                                                  ("Layers", 1),
                                                  ("Generation", 0),
                                                  ("Needles", 1), ("Failed items", 0), ("Spec & environment", 0),
@@ -298,6 +299,30 @@ def test_each_section_draws_its_own_content(filled, section, charts):
     if section == "Export":
         assert {"Results (CSV)", "Everything (JSON)", "HTML report"} <= {b.proto.label
                                                                         for b in at.get("download_button")}
+
+
+def test_the_load_section_shows_both_halves_and_the_gain_over_the_baseline(store):
+    """An experiment whose servers ran a load phase: the load curves, cost against what it buys, the table of both
+    halves with every level of every config, and each config's gain over the baseline in words."""
+    done_id = populate(store, fidelity=True, load=True)
+    at = open_page(VIEW, id=str(done_id), tab="Load")
+    assert_clean(at)
+    assert plotly_charts(at) == 2
+    table = next(df.value for df in at.dataframe if "out tok/s" in df.value.columns)
+    assert len(table) == 4 * 3 and set(table["config"]) == {"baseline", "int4", "int2", "snapkv-50"}
+    at_four = table[table["level"] == "4 clients"].set_index("config")
+    assert at_four.loc["int2", "max running"] == 4 and at_four.loc["baseline", "max running"] == 2
+    assert at_four.loc["baseline", "pool tokens"] == 1_408 and at_four.loc["int4", "pool tokens"] > 1_408
+    gains = texts(at.markdown).replace("\\", "")
+    assert "int4: 3.70x the pool tokens, 2.00x the output tokens/s at 4 clients" in gains, gains
+    assert "Both halves (CSV)" in {b.proto.label for b in at.get("download_button")}
+
+
+def test_the_load_section_says_why_an_experiment_has_none(filled):
+    _, done_id, _ = filled
+    at = open_page(VIEW, id=str(done_id), tab="Load")
+    assert_clean(at)
+    assert "kvlab's own engine runs one request at a time" in texts(at.info)
 
 
 def test_the_capacity_section_projects_every_config_and_its_link_keeps_the_deployment(filled):

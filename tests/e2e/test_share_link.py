@@ -33,7 +33,8 @@ def server(tmp_path_factory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("share")
     url = f"sqlite:///{tmp / 'kvlab.sqlite'}"
     with Store(url) as store:
-        populate(store, fidelity=True)  # experiment 1: 4 configs x 8 passkey items, max_drop 0.5, fidelity
+        populate(store, fidelity=True, load=True)  # experiment 1: 4 configs x 8 passkey items, max_drop 0.5, fidelity,
+        # and a load phase
     process, base = start_dashboard(url, tmp / "streamlit.log")
     try:
         yield base
@@ -148,6 +149,10 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     _section(shared, "Layers").click()
     _wait_idle(shared)
     shared.get_by_text("int2: where the prompt's cache is").wait_for()
+    _section(shared, "Load").click()
+    _wait_idle(shared)
+    shared.get_by_text("Under load: throughput and latency per config").wait_for()
+    shared.get_by_text("synthetic-sweep: what each config costs vs what it buys").wait_for()
     _section(shared, "Capacity").click()
     _wait_idle(shared)
     shared.get_by_text("synthetic-sweep: sequences of 8,192 tokens that fit (projection)").wait_for()

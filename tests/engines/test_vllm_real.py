@@ -45,11 +45,11 @@ NOT_HERE = {q: HERE.refused[q] for q in FP8 if q not in DTYPES}
 SMOLLM2 = CacheGeometry(num_layers=30, num_kv_heads=3, head_dim=64)
 
 
-def spec_toml(name: str, num_items: int, depths: list[float], **rest: object) -> str:
+def spec_toml(name: str, num_items: int, depths: list[float], server: dict | None = None, **rest: object) -> str:
     """A spec of passkey items at 512 tokens on a vLLM that kvlab launches (and waits for, however busy the host)."""
     return tomli_w.dumps({
         "name": name, "model": "smollm2-135m", **rest,
-        "backend": {"kind": "vllm", "server": {"startup_timeout_s": SAFETY_S}},
+        "backend": {"kind": "vllm", "server": {"startup_timeout_s": SAFETY_S, **(server or {})}},
         "tasks": [{"name": "passkey", "context_lengths": [512], "depths": depths, "num_items": num_items,
                    "max_new_tokens": 8}],
     })
@@ -57,7 +57,16 @@ def spec_toml(name: str, num_items: int, depths: list[float], **rest: object) ->
 
 # the fp8 sweep, or where fp8 cannot run the baseline alone (a spec's one config at the model's own dtype)
 CONFIGS = {"sweep": {"quant": DTYPES}} if DTYPES else {"configs": [{"name": "baseline", "quant": "none"}]}
-SPEC = spec_toml("vllm-real", 4, [0.25, 0.75], **CONFIGS)
+#: One KV budget for every config: 11 blocks of 128 bfloat16 tokens (11 x 128 x 23,040 B = 30.9375 MiB, whole blocks,
+#: so the pool's bytes per token are the geometry's) -- 1,408 tokens, two of the items' sequences (about 540 prompt
+#: and 16 new tokens: 5 blocks each); fp8 fits 22 blocks, four.  The context is capped at 1,024 tokens: vLLM refuses
+#: a pool smaller than one sequence of the model's own (8,192).
+LOAD = {"kv_budget_mib": 30.9375, "concurrency": [4], "requests": 8, "output_tokens": 16}
+BUDGET_TOKENS = {"baseline": 1_408, **{dtype: 2_816 for dtype in DTYPES}}
+MAX_MODEL_LEN = 1024
+SPEC = spec_toml("vllm-real", 4, [0.25, 0.75], server={"max_model_len": MAX_MODEL_LEN}, load=LOAD, **CONFIGS)
+# The same items on the embedded engine, which runs no load phase (it has no serving scheduler).
+EMBEDDED = spec_toml("vllm-real", 4, [0.25, 0.75], **CONFIGS)
 # Where fp8 cannot run: the same spec on a second server setting, the weights (and so the cache) in float16.
 FLOAT16 = SPEC.replace('kind = "vllm"', 'kind = "vllm"\ndtype = "float16"').replace("vllm-real", "vllm-float16")
 KEY = "kvlab-test-key-0123456789"
@@ -76,7 +85,8 @@ def runs(vllm_python, tmp_path_factory) -> dict:
     spec.write_text(SPEC)
     on_vllm = kvlab_cli("run", str(spec), db=db, cwd=folder)
     assert on_vllm.returncode == 0, on_vllm.stderr[-3000:]
-    embedded = kvlab_cli("run", str(spec), "--backend", "embedded", db=db, cwd=folder)
+    (folder / "embedded.toml").write_text(EMBEDDED)
+    embedded = kvlab_cli("run", str(folder / "embedded.toml"), "--backend", "embedded", db=db, cwd=folder)
     assert embedded.returncode == 0, embedded.stderr[-3000:]
     compared = kvlab_cli("compare", "2", "1", db=db, cwd=folder)
     if NOT_HERE:
@@ -87,6 +97,7 @@ def runs(vllm_python, tmp_path_factory) -> dict:
         assert on_float16.returncode == 0, on_float16.stderr[-3000:]
     with Store(f"sqlite:///{db}") as store:
         yield {"vllm": store.item_results(1), "embedded": store.item_results(2), "trials": store.trials(1),
+               "load": store.load_levels(1),
                "telemetry": store.telemetry(1), "stdout": on_vllm.stdout, "compare": compared,
                "float16": store.item_results(3) if NOT_HERE else None}
 
@@ -98,7 +109,7 @@ def test_every_config_shows_the_pool_bytes_of_its_own_server(runs):
     for result in results:
         bits = 16 if result.config_name == "baseline" else 8
         per_token = result.physical_kv_bytes / result.prompt_tokens
-        # the pool as vLLM states it: 1 GiB holds 46,592 bf16 or 93,184 fp8 tokens (23,046 and 11,523 B/token)
+        # the pool as vLLM states it: the load's budget holds 1,408 bf16 or 2,816 fp8 tokens (23,040 and 11,520 B/token)
         assert per_token == pytest.approx(SMOLLM2.bytes_per_token(bits), rel=0.01), result.config_name
         assert "cache_config_info" in result.extra["kv_bytes_source"] and ", agree" in result.extra["kv_bytes_source"]
     assert all(r.score == 1.0 for r in results if r.config_name == "baseline")  # the model does the task on vLLM
@@ -114,7 +125,7 @@ def test_every_config_shows_the_pool_bytes_of_its_own_server(runs):
 def test_the_capacity_projection_of_each_pool_is_what_vllm_states(runs):
     """kvlab capacity's arithmetic against vLLM's own: the pool bytes it was given, its block size and the model's
     geometry give the tokens vLLM states (``kv_cache_size_tokens``) and, where it states it, its maximum concurrency
-    at the model's context (``kv_cache_max_concurrency``), within 1%."""
+    at the server's context (``kv_cache_max_concurrency``), within 1%."""
     import re
 
     from kvlab.capacity.architectures import architecture
@@ -124,11 +135,34 @@ def test_the_capacity_projection_of_each_pool_is_what_vllm_states(runs):
     for result in runs["vllm"]:
         stated = dict(re.findall(r"(\w+)=([\w.]+)", result.extra["kv_bytes_source"].split("}", 1)[0]))
         config = KVCacheConfig(quant="none" if result.config_name == "baseline" else result.config_name)
-        projected = project_config(config, arch, arch.max_context, Pool(int(stated["kv_cache_memory_bytes"]), "stated"),
+        projected = project_config(config, arch, MAX_MODEL_LEN, Pool(int(stated["kv_cache_memory_bytes"]), "stated"),
                                    server_block=int(stated["block_size"]))
         assert projected.pool_tokens == pytest.approx(int(stated["kv_cache_size_tokens"]), rel=0.01), stated
         if "kv_cache_max_concurrency" in stated:
             assert projected.concurrency == pytest.approx(float(stated["kv_cache_max_concurrency"]), rel=0.01), stated
+
+
+def test_under_load_a_compressed_pool_runs_more_requests_at_once(runs):
+    """The load phase on the real vLLM, every config in the same 30.9 MiB budget: 4 clients, 8 requests of the items'
+    prompts.  The baseline's pool holds two of them and queues (or preempts) the rest; fp8's holds twice the tokens
+    and runs more at once with a shorter queue.  Counts only: the throughput ratios are benchmarks/load_bench.py's."""
+    levels = {level.config_name: level.result for level in runs["load"]}
+    assert set(levels) == {"baseline", *DTYPES}
+    for name, level in levels.items():
+        assert (level["mode"], level["level"], level["completed"], level["errors"]) == ("closed", 4.0, 8, 0), name
+        assert level["pool_tokens"] == BUDGET_TOKENS[name] and level["output_tokens"] == 8 * 16, name
+        assert level["server"]["samples"] >= 2 and level["server"]["max_running"] >= 1, name
+    base = levels["baseline"]["server"]
+    assert base["max_running"] <= 3 and base["max_waiting"] + base["preemptions"] >= 1, base
+    if not DTYPES:
+        could_not_run("more requests at once under vLLM's fp8 KV cache (the baseline alone ran under load here)",
+                      next(iter(NOT_HERE.values())))
+        return
+    for dtype in DTYPES:
+        fp8 = levels[dtype]["server"]
+        assert fp8["max_running"] > base["max_running"], (dtype, fp8, base)
+        assert fp8["max_waiting"] + fp8["preemptions"] < base["max_waiting"] + base["preemptions"], (dtype, fp8, base)
+    assert "what each config buys under load" in runs["stdout"]
 
 
 def test_the_sweep_is_decided_by_fidelity_measured_through_vllm(runs):

@@ -57,6 +57,15 @@ def test_the_budget_is_each_engines_own_flag_the_same_bytes_for_every_config():
         server_command("sglang", "m", BASELINE, ServerOptions(extra_args=["--max-total-tokens", "9"]), 8000, "m")
 
 
+def test_a_load_table_moved_to_a_backend_without_one_is_refused_not_dropped(tmp_path, capsys):
+    path = tmp_path / "vllm.toml"
+    path.write_text('name = "l"\n[backend]\nkind = "vllm"\n[[tasks]]\nname = "passkey"\ncontext_lengths = [256]\n'
+                    'num_items = 1\n[[configs]]\nname = "baseline"\n[load]\nkv_budget_mib = 32\n')
+    assert main(["run", str(path), "--backend", "embedded"]) == 2
+    err = capsys.readouterr().err
+    assert "--backend embedded: load:" in err and "Capacity section" in err and "Traceback" not in err
+
+
 @pytest.mark.model  # the task's tokenizer (the default model's)
 def test_kvlab_run_stores_each_level_and_prints_both_halves(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("KVLAB_DATABASE_URL", f"sqlite:///{tmp_path / 'kvlab.sqlite'}")
