@@ -230,6 +230,16 @@ class LaunchedServerEngine(Engine):
         finally:
             self.phase = "request"
 
+    @property
+    def server_root(self) -> str | None:
+        """The root URL of the server up now (None between configs)."""
+        return server_root(self._inner.endpoint.base_url) if self._inner is not None else None
+
+    @property
+    def server_python(self) -> str:
+        """The interpreter the servers run in (the engine's venv), where its own tools are importable."""
+        return self._installed.python
+
     def telemetry_sources(self) -> list[TelemetrySource]:
         return [self._metrics]
 
