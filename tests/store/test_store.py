@@ -698,3 +698,21 @@ def test_the_head_read_from_the_migration_files_is_alembics():
     from kvlab.store.migrate import _script, head_revision
 
     assert [head_revision()] == _script().get_heads()
+
+
+def test_load_levels_are_stored_once_per_trial_and_level_and_none_after_a_cancel(store, monkeypatch):
+    """A [load] table's levels: each (trial, mode, level) once (a resumed trial skips what it has), in trial
+    position then level, a first error redacted, nothing after the trial was cancelled."""
+    monkeypatch.setenv("TEST_API_KEY", "sk-load-secret-123456")
+    experiment_id = store.create_experiment(make_spec(2), ENV)
+    first, second = store.claim_trials("w1", max_trials=2)
+    result = {"mode": "closed", "level": 4.0, "first_error": "HTTP 401: bad key sk-load-secret-123456"}
+    assert store.add_load_level(second.id, "closed", 4.0, result)
+    assert store.add_load_level(first.id, "closed", 4.0, result) and store.add_load_level(first.id, "closed", 1.0, {})
+    assert not store.add_load_level(first.id, "closed", 4.0, result)  # already there
+    levels = store.load_levels(experiment_id)
+    assert [(level.trial_id, level.level) for level in levels] == [(first.id, 1.0), (first.id, 4.0), (second.id, 4.0)]
+    assert levels[0].config_name == first.config_name and "sk-load-secret" not in str(levels[1].result)
+    assert [level.level for level in store.load_levels(experiment_id, second.id)] == [4.0]
+    store.cancel_experiment(experiment_id)
+    assert not store.add_load_level(first.id, "open", 2.0, {})
