@@ -21,6 +21,7 @@ from kvlab.capacity.gpus import GPUS
 from kvlab.core.backends import BACKENDS
 from kvlab.core.experiment_spec import dump_spec, parse_spec
 from kvlab.core.limits import MAX_NOTES_CHARS
+from kvlab.core.load_spec import stored_load_target
 from kvlab.core.margins import Margins
 from kvlab.core.tasks import TASKS
 from kvlab.dashboard import capacity_view, charts, estimate, page_table, views
@@ -504,6 +505,10 @@ def load_section(experiment: ExperimentRecord, view: View, stem: str) -> None:
     gains = [text for s in summaries if (text := load_report.gain_text(s, baseline, records))]
     if gains:
         st.markdown("\n".join(f"- {views.md(text)}" for text in gains))
+    if (target := stored_load_target(experiment.spec)) is not None:
+        head, *missed = load_report.target_lines(summaries, baseline, records, target)
+        st.info(views.md(head[0].upper() + head[1:]) + "".join(f"\n- {views.md(line.strip())}" for line in missed),
+                icon=":material/speed:")
     st.download_button("Both halves (CSV)", data=lambda: capacity_view.rows_csv(rows, None), mime="text/csv",
                        file_name=f"{stem}-load.csv", on_click="ignore", icon=":material/download:")
 

@@ -114,7 +114,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     run.warnings = warnings + run.warnings
     for warning in run.warnings[len(warnings):]:
         print(f"warning: {warning}", file=sys.stderr)
-    print(render(run.summaries(), run.results, run.baseline_name, load=run.load))
+    print(render(run.summaries(), run.results, run.baseline_name, load=run.load,
+                 target=spec.load.target if spec.load is not None else None))
     print(f"\n{len(run.results)} evaluations in {run.wall_s:.0f} s", file=sys.stderr)
     if json_out:
         write_output(json_out, json.dumps(run.to_dict(), indent=1), "--json")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kvlab.cli.exits import UserError
 from kvlab.cli.options import add_margin_options, int_between, margin_overrides, non_negative_int, positive_int
 from kvlab.cli.outputs import check_output, shown, write_output
+from kvlab.core.load_spec import stored_load_target
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import redact
 
@@ -131,7 +132,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         print()
         margins = Margins.of(experiment.spec | margin_overrides(args))
         load = [replace(level, config_name=shown(level.config_name)) for level in store.load_levels(args.id)]
-        print(shown(render(summarize(results, baseline, margins), results, baseline, load=load), lines=True))
+        target = stored_load_target(experiment.spec)
+        print(shown(render(summarize(results, baseline, margins), results, baseline, load=load, target=target),
+                    lines=True))
         if experiment.partial:
             print(f"({experiment.partial} -- the sweet spot above is not the run's answer)")
     events = store.events(args.id)[-args.events:] if args.events else []

@@ -8,7 +8,7 @@ end-to-end latency) are :mod:`kvlab.load.metrics`'s; the load itself is :mod:`kv
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -16,6 +16,30 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 MAX_LEVELS = 12
 MAX_REQUESTS = 10_000
 MIB = 1 << 20
+
+
+class LoadTarget(BaseModel):
+    """``[load.target]``: what a config's server must hold at one closed-loop level for the sweet spot to be it."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    clients: Annotated[int, Field(ge=1, le=4096)] = Field(
+        description="The closed-loop level the target is read at: one of load.concurrency.")
+    min_output_tokens_per_s: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="The least output tokens/s the server must serve at that level.")
+    max_p99_ttft_ms: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="The longest p99 time to first token (ms) it may take at that level.")
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> LoadTarget:
+        if self.min_output_tokens_per_s is None and self.max_p99_ttft_ms is None:
+            raise ValueError("give min_output_tokens_per_s, max_p99_ttft_ms or both")
+        return self
+
+    def words(self) -> str:
+        bounds = [f"at least {self.min_output_tokens_per_s:g} output tokens/s"] if self.min_output_tokens_per_s else []
+        bounds += [f"p99 TTFT at most {self.max_p99_ttft_ms:g} ms"] if self.max_p99_ttft_ms else []
+        return f"{' and '.join(bounds)} at {self.clients} clients"
 
 
 class LoadSpec(BaseModel):
@@ -45,6 +69,10 @@ class LoadSpec(BaseModel):
         default=64, description="Tokens every request generates, past its end-of-sequence where the server takes "
                                 "ignore_eos (vLLM, SGLang; vllm bench serve --ignore-eos); elsewhere at most.")
 
+    target: LoadTarget | None = Field(
+        default=None, description="A throughput or latency target at one closed-loop level ([load.target]): the "
+                                  "sweet spot is then the most compressed acceptable config whose server holds it.")
+
     @field_validator("concurrency", "request_rates")
     @classmethod
     def _distinct_sorted(cls, levels: list[float]) -> list[float]:
@@ -56,6 +84,9 @@ class LoadSpec(BaseModel):
     def _some_level(self) -> LoadSpec:
         if not self.concurrency and not self.request_rates:
             raise ValueError("give at least one load level: concurrency (closed loop) or request_rates (open loop)")
+        if self.target is not None and self.target.clients not in self.concurrency:
+            raise ValueError(f"target.clients {self.target.clients} is no closed-loop level of this load: add it to "
+                             f"concurrency ({self.concurrency})")
         return self
 
     @property
@@ -65,3 +96,9 @@ class LoadSpec(BaseModel):
     def levels(self) -> list[tuple[str, float]]:
         """(mode, level) in the order they run: the closed loop's concurrencies, then the open loop's rates."""
         return [("closed", float(n)) for n in self.concurrency] + [("open", rate) for rate in self.request_rates]
+
+
+def stored_load_target(spec: dict[str, Any]) -> LoadTarget | None:
+    """The ``[load.target]`` of a spec as the store holds it (None without one)."""
+    target = (spec.get("load") or {}).get("target")
+    return None if target is None else LoadTarget.model_validate(target)

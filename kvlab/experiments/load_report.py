@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.analysis.summary import ConfigSummary
+from kvlab.core.load_spec import LoadTarget
 from kvlab.load.metrics import LevelResult
 from kvlab.store.records import LoadLevelRecord
 
@@ -129,3 +130,47 @@ def halves_front(points: Sequence[HalvesPoint]) -> list[str]:
         and (o.mean_kl < p.mean_kl or o.output_throughput > p.output_throughput)  # type: ignore[operator]
         for o in known)]
     return [p.config for p in sorted(front, key=lambda p: p.mean_kl or 0.0)]
+
+
+def target_verdicts(summaries: Sequence[ConfigSummary], records: Sequence[LoadLevelRecord], target: LoadTarget
+                    ) -> dict[str, str | None]:
+    """Per config, why its server missed ``target`` (None: it held it; "no such level" where it did not run it)."""
+    by_config = levels_by_config(records)
+    verdicts: dict[str, str | None] = {}
+    for summary in summaries:
+        level = next((r for r in by_config.get(summary.config_name, [])
+                      if r.mode == "closed" and r.level == target.clients), None)
+        if level is None:
+            verdicts[summary.config_name] = f"not measured at {target.clients} clients"
+            continue
+        missed = []
+        if target.min_output_tokens_per_s is not None and level.output_throughput < target.min_output_tokens_per_s:
+            missed.append(f"{level.output_throughput:.1f} output tokens/s")
+        p99 = level.latency("ttft", "p99")
+        if target.max_p99_ttft_ms is not None and (p99 is None or p99 > target.max_p99_ttft_ms):
+            missed.append(f"p99 TTFT {p99:,.0f} ms" if p99 is not None else "no TTFT")
+        if level.errors:
+            missed.append(f"{level.errors} failed requests")
+        verdicts[summary.config_name] = ", ".join(missed) or None
+    return verdicts
+
+
+def sweet_spot_under_target(summaries: Sequence[ConfigSummary], baseline_name: str,
+                            records: Sequence[LoadLevelRecord], target: LoadTarget) -> tuple[str | None, list[str]]:
+    """The most compressed config that is acceptable (the sweet-spot rule; the baseline always is) and whose server
+    held ``target``, and one line per config that missed it."""
+    verdicts = target_verdicts(summaries, records, target)
+    acceptable = [s for s in summaries if s.config_name == baseline_name or s.non_inferior]
+    holding = [s for s in acceptable if verdicts.get(s.config_name) is None]
+    chosen = max(holding, key=lambda s: s.compression_ratio, default=None)
+    missed = [f"{name} missed it ({why})" for name, why in verdicts.items() if why is not None]
+    return (chosen.config_name if chosen else None), missed
+
+
+def target_lines(summaries: Sequence[ConfigSummary], baseline_name: str, records: Sequence[LoadLevelRecord],
+                 target: LoadTarget) -> list[str]:
+    """The load target's verdict in words: the sweet spot that holds it (or that none does), who missed it."""
+    chosen, missed = sweet_spot_under_target(summaries, baseline_name, records, target)
+    head = (f"holding the load target ({target.words()}): the sweet spot is {chosen}" if chosen else
+            f"holding the load target ({target.words()}): no acceptable config does")
+    return [head, *(f"  {line}" for line in missed)]

@@ -16,6 +16,7 @@ from kvlab.analysis.summary import (
     question_rank,
     short_of_budget,
 )
+from kvlab.core.load_spec import LoadTarget
 from kvlab.core.results import TEACHER_BASELINE_SAMPLE, GenerationKV, ItemResult
 from kvlab.store.records import LoadLevelRecord
 
@@ -153,7 +154,8 @@ def budget_notes(summaries: Sequence[ConfigSummary]) -> list[str]:
 
 
 def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], baseline_name: str,
-           decision: Decision | None = None, load: Sequence[LoadLevelRecord] = ()) -> str:
+           decision: Decision | None = None, load: Sequence[LoadLevelRecord] = (),
+           target: LoadTarget | None = None) -> str:
     """The whole terminal report; ``decision`` defaults to :func:`decide` at the default margin; ``load``: the
     load levels of a ``[load]`` table, shown beside the cost (:mod:`kvlab.experiments.load_report`)."""
     decision = decision or decide(summaries, baseline_name)
@@ -172,7 +174,7 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
                   + ("  (low: the model can hardly do this task uncompressed)" if base.accuracy < 0.5 else "")]
     parts.append(decision_text(decision))
     if load:
-        parts += ["", *load_section(summaries, baseline_name, decision, load)]
+        parts += ["", *load_section(summaries, baseline_name, decision, load, target)]
     if notes := budget_notes(summaries):
         parts += ["", "freeing less memory than the budget suggests (measured prompt cache):", *notes]
     if any(s.kv_bytes_estimated for s in summaries):
@@ -209,10 +211,10 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
 
 
 def load_section(summaries: Sequence[ConfigSummary], baseline_name: str, decision: Decision,
-                 load: Sequence[LoadLevelRecord]) -> list[str]:
-    """What each config buys under load beside what it costs, and the gain of the sweet spot (else of every
-    config) over the baseline."""
-    from kvlab.experiments.load_report import both_halves_table, gain_text
+                 load: Sequence[LoadLevelRecord], target: LoadTarget | None = None) -> list[str]:
+    """What each config buys under load beside what it costs, the gain of the sweet spot (else of every config)
+    over the baseline, and the sweet spot that holds the load's target where it has one."""
+    from kvlab.experiments.load_report import both_halves_table, gain_text, target_lines
 
     spot = decision.sweet_spot
     chosen = [s for s in summaries if spot is not None and s.config_name == spot.config_name] or list(summaries)
@@ -221,4 +223,5 @@ def load_section(summaries: Sequence[ConfigSummary], baseline_name: str, decisio
     return ["what each config buys under load (every config in the same KV budget; vllm bench serve's "
             "definitions: TTFT to the first token, TPOT per output token after it, E2EL end to end; max running / "
             "waiting: the server's own /metrics):", both_halves_table(summaries, load),
-            *([f"{head}: " + "; ".join(gains)] if gains else [])]
+            *([f"{head}: " + "; ".join(gains)] if gains else []),
+            *(target_lines(summaries, baseline_name, load, target) if target is not None else [])]

@@ -94,3 +94,28 @@ def test_kvlab_run_stores_each_level_and_prints_both_halves(tmp_path, capsys, mo
     assert [level["level"] for level in json.loads((tmp_path / "out.json").read_text())["load"]] == [1.0, 2.0]
     assert main(["show", str(experiment.id)]) == 0
     assert "what each config buys under load" in capsys.readouterr().out
+
+
+def test_a_load_target_picks_the_most_compressed_acceptable_config_that_holds_it(tmp_path):
+    """Synthetic servers (tests/dashboard_data.py): at 4 clients the baseline's pool runs 2 requests (20 tokens/s),
+    the compressed ones 4 (40); int4 is the acceptable one (its fidelity certified), so it is the sweet spot that
+    holds 35 tokens/s, and none holds 100."""
+    from kvlab.analysis.summary import summarize
+    from kvlab.core.load_spec import LoadTarget
+    from kvlab.core.margins import Margins
+    from kvlab.experiments.load_report import sweet_spot_under_target, target_lines
+    from tests.dashboard_data import populate
+
+    with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
+        experiment_id = populate(store, fidelity=True, load=True)
+        results, records = store.item_results(experiment_id), store.load_levels(experiment_id)
+    summaries = summarize(results, "baseline", Margins(max_drop=0.5))
+    chosen, missed = sweet_spot_under_target(summaries, "baseline", records,
+                                             LoadTarget(clients=4, min_output_tokens_per_s=35, max_p99_ttft_ms=250))
+    assert chosen == "int4" and missed == ["baseline missed it (20.0 output tokens/s, p99 TTFT 400 ms)"]
+    lines = target_lines(summaries, "baseline", records, LoadTarget(clients=4, min_output_tokens_per_s=100))
+    assert "no acceptable config does" in lines[0] and len(lines) == 1 + 4
+    with pytest.raises(ConfigError, match="target.clients 8 is no closed-loop level"):
+        parse_spec(spec("vllm", LOAD | {"target": {"clients": 8, "max_p99_ttft_ms": 100}}))
+    with pytest.raises(ConfigError, match="min_output_tokens_per_s, max_p99_ttft_ms or both"):
+        parse_spec(spec("vllm", LOAD | {"target": {"clients": 2}}))
