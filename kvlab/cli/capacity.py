@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING
 
 from kvlab.cli.options import float_between, positive_float, positive_int
-from kvlab.core.backends import BACKENDS
+from kvlab.core.backends import BACKENDS, SERVER_KINDS
 
 if TYPE_CHECKING:
     from kvlab.capacity.projection import ConfigCapacity, Pool
@@ -51,7 +51,7 @@ def add_capacity_parser(subparsers: argparse._SubParsersAction) -> None:
     capacity.add_argument("--block-tokens", type=positive_int,
                           help="tokens per block of a serving engine's pool (default: the engine's on a GPU; "
                                "vLLM's CPU build uses 128)")
-    capacity.add_argument("--engine", choices=LAYOUT_ENGINES, default="vllm",
+    capacity.add_argument("--engine", choices=LAYOUT_ENGINES, default=SERVER_KINDS[0],
                           help="whose cache layout: kvlab's (embedded: quantization and eviction) or a serving "
                                "engine's pool (default: %(default)s)")
     configs = capacity.add_mutually_exclusive_group()

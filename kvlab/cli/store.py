@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from kvlab.cli.exits import UserError
 from kvlab.cli.options import add_margin_options, int_between, margin_overrides, non_negative_int, positive_int
 from kvlab.cli.outputs import check_output, shown, write_output
-from kvlab.core.load_spec import stored_load_target
 from kvlab.experiments.launcher import MAX_LOCAL_WORKERS
 from kvlab.secrets import redact
 
@@ -132,6 +131,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         print()
         margins = Margins.of(experiment.spec | margin_overrides(args))
         load = [replace(level, config_name=shown(level.config_name)) for level in store.load_levels(args.id)]
+        from kvlab.core.load_spec import stored_load_target
+
         target = stored_load_target(experiment.spec)
         print(shown(render(summarize(results, baseline, margins), results, baseline, load=load, target=target),
                     lines=True))

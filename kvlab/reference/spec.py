@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvlab.core.experiment_spec import BackendSpec, ExperimentSpec, Resources, ServerOptions
 from kvlab.core.kv_config import DecodePolicy, KVCacheConfig, SkipLayers, SweepGrid
+from kvlab.core.load_spec import LoadSpec, LoadTarget
 from kvlab.core.tasks import TASKS, TaskSpec
 from kvlab.core.tune_spec import TuneSpec
 from kvlab.reference.schema import model_section
@@ -37,6 +38,8 @@ def spec_page() -> str:
         model_section(DecodePolicy, "`decode` of a config", level=3),
         model_section(SkipLayers, "`skip_layers` of a config", level=3),
         model_section(SweepGrid, "`[sweep]`"),
+        model_section(LoadSpec, "`[load]`"),
+        model_section(LoadTarget, "`[load.target]`", level=3),
         model_section(TuneSpec, "`[tune]`"),
         model_section(Resources, "`[resources]`"),
     ]
