@@ -59,7 +59,7 @@ def both_halves_table(summaries: Sequence[ConfigSummary], records: Sequence[Load
 
 def gain_text(config: ConfigSummary, baseline_name: str, records: Sequence[LoadLevelRecord]) -> str | None:
     """What ``config`` buys over the baseline at the highest closed-loop level both ran (else the highest rate):
-    ``fp8_e4m3: 2.00x the pool tokens, 1.44x the output tokens/s at 8 clients, max running 4 vs 2, mean KL
+    the form of ``fp8_e4m3: 2.00x the pool tokens, 2.56x the output tokens/s at 4 clients, max running 4 vs 2, mean KL
     0.004 [0, 0.012]``; None where the two share no level."""
     by_config = levels_by_config(records)
     mine = {(r.mode, r.level): r for r in by_config.get(config.config_name, [])}
