@@ -19,6 +19,7 @@ import pytest
 
 from kvlab.core.backends import BACKENDS
 from kvlab.secrets import mask
+from tests.e2e.browsing import downloaded, wait_idle
 from tests.e2e.dashboard_server import CHROMIUM, ROOT, start_dashboard
 from tests.serving import API_KEY, API_KEY_VAR
 from tests.waiting import SAFETY_S
@@ -73,13 +74,6 @@ def _page(browser, url: str):
     return page
 
 
-def _wait_idle(page) -> None:
-    """Until the script run that a click started has finished (its download buttons are then current:
-    a rerun replaces them)."""
-    page.wait_for_timeout(500)
-    page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
-
-
 def _shot(page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
@@ -89,7 +83,7 @@ def _fill(page, label: str, value: str) -> None:
     field = page.get_by_label(label, exact=True)
     field.fill(value)
     field.press("Enter")
-    _wait_idle(page)
+    wait_idle(page)
 
 
 def _section(page, name: str):
@@ -102,10 +96,9 @@ def _metric(page, label: str):
 
 
 def _download(page, button, tmp_path: Path) -> bytes:
-    with page.expect_download() as info:
-        button.click()
-    target = tmp_path / info.value.suggested_filename
-    info.value.save_as(target)
+    info = downloaded(page, button)
+    target = tmp_path / info.suggested_filename
+    info.save_as(target)
     return target.read_bytes()
 
 
@@ -155,10 +148,10 @@ def test_create_launch_watch_share_export(server, browser, tmp_path):
     assert page.get_by_text("physical KV cache (MiB)").count()
     _shot(page, "4-experiment-done")
     page.get_by_test_id("stRadio").get_by_text("ratio", exact=True).click()
-    _wait_idle(page)
+    wait_idle(page)
     page.get_by_text("compression ratio (x, baseline bytes / physical bytes)").wait_for()
     _section(page, "Needles").click()
-    _wait_idle(page)
+    wait_idle(page)
     share = page.get_by_test_id("stSidebar").locator(".st-key-share-link code")
     expect(share).to_contain_text("tab=Needles")
     link = share.inner_text().strip()
@@ -179,7 +172,7 @@ def test_create_launch_watch_share_export(server, browser, tmp_path):
     # -- exports ---------------------------------------------------------------------------------------
     _section(page, "Tradeoff").click()
     expect(page).not_to_have_url(re.compile("tab="))
-    _wait_idle(page)
+    wait_idle(page)
 
     def button(key: str):
         return page.locator(f".st-key-{key} button")  # Streamlit marks a keyed element with st-key-<key>
@@ -195,7 +188,7 @@ def test_create_launch_watch_share_export(server, browser, tmp_path):
     assert chart_html.lower().startswith(b"<!doctype html>") and b"Plotly.newPlot" in chart_html
     _section(page, "Export").click()
     expect(page).to_have_url(re.compile("tab=Export"))
-    _wait_idle(page)
+    wait_idle(page)
     report = _download(page, page.get_by_role("button", name="HTML report"), tmp_path)
     assert b"kvlab: e2e-tiny" in report and b"Plotly.newPlot" in report and b"name = &quot;e2e-tiny&quot;" in report
     csv = _download(page, page.get_by_role("button", name="Results (CSV)"), tmp_path)
@@ -237,7 +230,7 @@ def test_check_an_endpoint_then_sweep_it(server, browser, kvlab_server, tmp_path
     _fill(page, "Base URL", base_url)
     _fill(page, "Key variable", API_KEY_VAR)
     page.get_by_role("button", name="Check endpoint").click()
-    _wait_idle(page)
+    wait_idle(page)
     _shot(page, "8-endpoint-doctor")
     page.get_by_text("All checks passed.").wait_for()
     assert API_KEY not in page.content()
@@ -246,7 +239,7 @@ def test_check_an_endpoint_then_sweep_it(server, browser, kvlab_server, tmp_path
     page.get_by_text("Preview and launch").wait_for()
     page.get_by_test_id("stSelectbox").filter(has_text="Backend").click()
     page.get_by_role("option", name=BACKENDS["openai_compat"].title).click()
-    _wait_idle(page)
+    wait_idle(page)
     _fill(page, "Base URL", base_url)
     _fill(page, "API key variable", API_KEY_VAR)
     expect(page.get_by_text(f"Key: {mask(API_KEY)}")).to_be_visible()

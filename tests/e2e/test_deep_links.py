@@ -21,6 +21,7 @@ import pytest
 from kvlab.dashboard import page_table
 from kvlab.store import Store
 from tests.dashboard_data import populate
+from tests.e2e.browsing import wait_idle
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
 from tests.tune_data import populate_tune
 from tests.waiting import SAFETY_S
@@ -70,7 +71,7 @@ def test_a_shared_link_on_a_fresh_server_opens_its_page_without_a_dialog(link, s
         page.on("response", lambda response: failed.append((response.status, response.url))
                 if response.status >= 400 else None)
         page.goto(base + link)
-        page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
+        wait_idle(page, after_input=False)
         main = page.get_by_test_id("stMain")
         main.get_by_role("heading", name=LINKS[link]).first.wait_for()
         page.wait_for_timeout(1000)  # a dialog arrives with the first script run: give it time to show

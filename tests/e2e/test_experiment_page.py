@@ -30,6 +30,7 @@ from kvlab.core.experiment_spec import parse_spec
 from kvlab.dashboard import page_table, views
 from kvlab.store import Store
 from tests.dashboard_data import SPEC, item_result, populate
+from tests.e2e.browsing import downloaded, wait_idle
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
 from tests.tune_data import populate_tune
 from tests.waiting import SAFETY_S
@@ -106,14 +107,8 @@ def _open(browser, url: str, width: int = 1400, downloads: bool = False):
     page = context.new_page()
     page.set_default_timeout(SAFETY_S * 1000)
     page.goto(url)
-    _wait_idle(page)
+    wait_idle(page)
     return page
-
-
-def _wait_idle(page) -> None:
-    """Until the script run that an input started has finished."""
-    page.wait_for_timeout(300)
-    page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
 
 
 def _assert_clean(page) -> None:
@@ -167,7 +162,7 @@ def test_hiding_a_config_leaves_the_verdict(server, browser):
     page.get_by_test_id("stMultiSelect").filter(has=page.get_by_text("Hide configs", exact=True)).click()
     page.get_by_role("option", name="int2", exact=True).click()
     page.keyboard.press("Escape")
-    _wait_idle(page)
+    wait_idle(page)
     expect(page.get_by_test_id("stSidebar").locator(".st-key-share-link code")).to_contain_text("hide=int2")
     assert _verdict(page) == before and "across 3 configs" in before  # the family is every config still
     page.context.close()
@@ -229,7 +224,7 @@ def test_a_running_experiment_draws_what_lands_with_its_eta_and_log(server, brow
     expect(progress).to_contain_text("left for 20 evaluations")
 
     page.get_by_test_id("stButtonGroup").get_by_role("radio", name="Progress", exact=True).click()
-    _wait_idle(page)
+    wait_idle(page)
     expect(main.get_by_text("the first line of the worker's own")).to_be_visible()
     with (server.logs / "worker-1-0.log").open("a") as log:  # the worker goes on writing
         log.write(f"2026-03-01 11:00:02,000 kvlab.experiments.worker INFO a line from postgresql://kv:{SECRET}@db\n")
@@ -247,22 +242,20 @@ def test_notes_are_edited_stored_shown_searched_and_exported(server, browser):
     note = f"int4 holds on two items only; mirror at postgresql://kv:{SECRET}@db.example/kv"
     page.get_by_label("Notes", exact=True).fill(note)
     page.get_by_role("button", name="Save notes").click()
-    _wait_idle(page)
+    wait_idle(page)
     expect(main.get_by_text("Notes saved; a secret in them was masked.")).to_be_visible()
     with Store(server.store_url) as store:
         stored = store.get_experiment(server.two).notes
     assert stored.startswith("int4 holds on two items only") and SECRET not in stored
 
     page.reload()
-    _wait_idle(page)
+    wait_idle(page)
     expect(main.get_by_text(re.compile(r"^Notes: int4 holds on two items only"))).to_be_visible()
-    with page.expect_download() as download:
-        main.get_by_role("button", name="Everything (JSON)").click()
-    document = json.loads(Path(download.value.path()).read_text())
+    download = downloaded(page, main.get_by_role("button", name="Everything (JSON)"))
+    document = json.loads(Path(download.path()).read_text())
     assert document["experiment"]["notes"] == stored
-    with page.expect_download() as download:
-        main.get_by_role("button", name="HTML report").click()
-    report = Path(download.value.path()).read_text()
+    download = downloaded(page, main.get_by_role("button", name="HTML report"))
+    report = Path(download.path()).read_text()
     assert "int4 holds on two items only" in report and SECRET not in report
     page.context.close()
 
@@ -297,7 +290,7 @@ def test_a_running_page_that_flips_to_done_logs_no_widget_warning(server, browse
     expect(main.get_by_text(re.compile(r"^(Sweet spot|No sweet spot): ")).first).to_be_visible()  # flipped
     expect(page.get_by_test_id("stButtonGroup").get_by_role("radio", name="Tradeoff", exact=True)).to_have_attribute(
         "aria-checked", "true")
-    _wait_idle(page)
+    wait_idle(page)
     _assert_clean(page)
     assert STATE_WARNING not in server.log.read_text(errors="replace")
     page.context.close()
@@ -309,7 +302,7 @@ def test_a_running_experiment_is_cancelled_from_its_own_page_after_asking(server
     page = _open(browser, _experiment(server, experiment_id))
     main = page.get_by_test_id("stMain")
     main.get_by_role("button", name="Cancel").click()
-    _wait_idle(page)
+    wait_idle(page)
     expect(main.get_by_text(f"Cancel experiment #{experiment_id}? Their queued and running trials stop; results "
                             "already stored are kept.")).to_be_visible()
     with Store(server.store_url) as store:
@@ -328,11 +321,9 @@ def test_an_exported_chart_carries_the_few_items_caveat(server, browser):
     main = page.get_by_test_id("stMain")
     expect(main.get_by_test_id("stAlertContentWarning").filter(has_text="Few items")).to_contain_text(
         "Few items: this sweet spot rests on 2 items")  # the page's caveat
-    with page.expect_download() as download:
-        main.get_by_role("button", name="SVG").first.click()
-    svg = Path(download.value.path()).read_text()
+    download = downloaded(page, main.get_by_role("button", name="SVG").first)
+    svg = Path(download.path()).read_text()
     assert "Few items: this sweet spot rests on 2 items" in svg
-    with page.expect_download() as download:
-        main.get_by_role("button", name="HTML", exact=True).first.click()
-    assert "Few items: this sweet spot rests on 2 items" in Path(download.value.path()).read_text()
+    download = downloaded(page, main.get_by_role("button", name="HTML", exact=True).first)
+    assert "Few items: this sweet spot rests on 2 items" in Path(download.path()).read_text()
     page.context.close()

@@ -17,6 +17,7 @@ import pytest
 from kvlab.dashboard import page_table
 from kvlab.dashboard.playground import config_text, shade
 from kvlab.store import Store
+from tests.e2e.browsing import wait_idle
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
 from tests.test_doctor import Behaviour, serve  # noqa: F401  (a server that records the Authorization it gets)
 from tests.waiting import SAFETY_S
@@ -68,17 +69,12 @@ def page(dashboard, browser):
         context.close()
 
 
-def _wait_idle(page) -> None:
-    """Until the script run in progress has finished: only after an event that the run itself shows."""
-    page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
-
-
 def _open(page, base: str, query: str):
     """The playground at ``query``, idle, and its Run button."""
     page.goto(f"{base}/{page_table.PLAYGROUND.url_path}?{query}")
     run = page.get_by_test_id("stMain").get_by_role("button", name="Run")
     run.wait_for()
-    _wait_idle(page)
+    wait_idle(page, after_input=False)
     return run
 
 
@@ -114,7 +110,7 @@ def test_a_playground_link_runs_maps_the_needle_and_becomes_an_experiment(dashbo
     # label in hidden cells: a heading is what the reader sees)
     main.locator("strong").filter(has_text="snapkv:r0.75/qa").wait_for()
     expect(run).to_be_enabled()
-    _wait_idle(page)
+    wait_idle(page, after_input=False)
     verdicts = main.locator("p").filter(has_text="(right)").count(), main.locator("p").filter(
         has_text="(wrong)").count()
     assert verdicts[0] >= 1 and verdicts[1] >= 1  # the baseline right, StreamingLLM wrong
@@ -143,7 +139,7 @@ def test_a_playground_link_runs_maps_the_needle_and_becomes_an_experiment(dashbo
     items.fill("1")
     items.press("Enter")
     expect(_metric(page, "Evaluations")).to_have_text("3")
-    _wait_idle(page)
+    wait_idle(page, after_input=False)
     page.get_by_test_id("stMain").get_by_role("button", name="Launch", exact=True).click()
     # the experiment's page, or the form's refusal (which fails here with its text, not a wait)
     page.get_by_role("heading", name="playground-passkey").or_(
@@ -193,7 +189,7 @@ def test_own_text_sends_its_max_new_tokens_and_an_empty_baseline_says_why(dashbo
     tokens.fill("1")
     tokens.press("Enter")
     expect(page).to_have_url(re.compile(r"[?&]max_new_tokens=1(&|$)"))  # in the link, like every field
-    _wait_idle(page)
+    wait_idle(page, after_input=False)
     _run_in_flight(page, run, progress=False)
     expect(page.get_by_text("The baseline answered nothing")).to_contain_text("its one new token (all that Max new "
                                                                               "tokens allows) was blank space")

@@ -18,6 +18,7 @@ import pytest
 from kvlab.dashboard import page_table, views
 from kvlab.store import Store
 from tests.dashboard_data import populate
+from tests.e2e.browsing import wait_idle
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
 from tests.waiting import SAFETY_S
 
@@ -52,14 +53,8 @@ def _page(browser, url: str, requests: list[str] | None = None):
     page.set_default_timeout(SAFETY_S * 1000)
     page.goto(url)
     page.get_by_role("heading", name="synthetic-sweep").wait_for()
-    _wait_idle(page)
+    wait_idle(page)
     return page
-
-
-def _wait_idle(page) -> None:
-    """Until the script run that an input started has finished."""
-    page.wait_for_timeout(300)
-    page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
 
 
 def _section(page, name: str):
@@ -79,7 +74,7 @@ def _pick(page, widget: str, label: str, option: str) -> None:
     page.get_by_test_id(widget).filter(has=page.get_by_text(label, exact=True)).click()
     page.get_by_role("option", name=option, exact=True).click()
     page.keyboard.press("Escape")
-    _wait_idle(page)
+    wait_idle(page)
 
 
 def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
@@ -92,36 +87,36 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     margin = page.get_by_label(views.MARGIN_LABEL, exact=True)
     margin.fill("0.2")
     margin.press("Enter")
-    _wait_idle(page)
+    wait_idle(page)
     _pick(page, "stMultiSelect", "Hide configs", "snapkv-50")
     page.keyboard.press("Escape")  # closes the popover, which lies over the axes' radios
     page.get_by_test_id("stRadio").get_by_text("ratio", exact=True).click()
-    _wait_idle(page)
+    wait_idle(page)
     page.get_by_test_id("stRadio").get_by_text("KL", exact=True).click()
-    _wait_idle(page)
+    wait_idle(page)
     page.get_by_text("synthetic-sweep: memory vs mean KL").wait_for()
     verdict = _verdict(page)
     assert verdict != at_the_spec_margin and "by more than 0.2 (" in verdict
     _section(page, "Failed items").click()
-    _wait_idle(page)
+    wait_idle(page)
     _pick(page, "stSelectbox", "Item: KL along its tokens", "passkey-256-1")
     page.get_by_text("KL along the tokens of passkey-256-1").wait_for()
     _section(page, "Layers").click()
-    _wait_idle(page)
+    wait_idle(page)
     _pick(page, "stSelectbox", "Config", "int2")
     page.get_by_text("int2: where the prompt's cache is").wait_for()
     _section(page, "Capacity").click()
-    _wait_idle(page)
+    wait_idle(page)
     _pick(page, "stSelectbox", "Model", "qwen2.5-7b")
     _pick(page, "stSelectbox", "GPU", "NVIDIA A100 40GB")
     for label, value in (("Tokens per sequence", "8192"), ("Sequences at once", "4")):
         box = page.get_by_label(label, exact=True)
         box.fill(value)
         box.press("Enter")
-        _wait_idle(page)
+        wait_idle(page)
     page.get_by_text("synthetic-sweep: sequences of 8,192 tokens that fit (projection)").wait_for()
     _section(page, "Needles").click()
-    _wait_idle(page)
+    wait_idle(page)
     _pick(page, "stSelectbox", "Config", "int2")
     page.get_by_text("Needle retrieval: int2").wait_for()
 
@@ -136,7 +131,7 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     # the address bar is the same link (issue 47 row 5: it dropped x and y, which only the Tradeoff section draws)
     assert parse_qs(urlsplit(page.url).query) == query, page.url
     _section(page, "Latency").click()
-    _wait_idle(page)
+    wait_idle(page)
     expect(share).to_contain_text("tab=Latency")
     assert parse_qs(urlsplit(page.url).query) == query | {"tab": ["Latency"]}, page.url
 
@@ -144,21 +139,21 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     expect(_section(shared, "Needles")).to_have_attribute("aria-checked", "true")
     shared.get_by_text("Needle retrieval: int2").wait_for()
     _section(shared, "Failed items").click()
-    _wait_idle(shared)
+    wait_idle(shared)
     shared.get_by_text("KL along the tokens of passkey-256-1").wait_for()
     _section(shared, "Layers").click()
-    _wait_idle(shared)
+    wait_idle(shared)
     shared.get_by_text("int2: where the prompt's cache is").wait_for()
     _section(shared, "Load").click()
-    _wait_idle(shared)
+    wait_idle(shared)
     shared.get_by_text("Under load: throughput and latency per config").wait_for()
     shared.get_by_text("synthetic-sweep: what each config costs vs what it buys").wait_for()
     _section(shared, "Capacity").click()
-    _wait_idle(shared)
+    wait_idle(shared)
     shared.get_by_text("synthetic-sweep: sequences of 8,192 tokens that fit (projection)").wait_for()
     shared.get_by_text(re.compile(r"Projection.*NVIDIA A100 40GB")).first.wait_for()  # the link's GPU
     _section(shared, "Tradeoff").click()
-    _wait_idle(shared)
+    wait_idle(shared)
     expect(shared.get_by_test_id("stRadioOption").filter(has_text="ratio").locator("input")).to_be_checked()
     expect(shared.get_by_test_id("stRadioOption").filter(has_text="KL").locator("input")).to_be_checked()
     shared.get_by_text("synthetic-sweep: memory vs mean KL").wait_for()

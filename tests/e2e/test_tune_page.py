@@ -18,6 +18,7 @@ import pytest
 from kvlab.dashboard import page_table
 from kvlab.experiments.report import MIB
 from kvlab.store import Store
+from tests.e2e.browsing import downloaded, wait_idle
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard
 from tests.tune_data import BASELINE_BYTES, CANDIDATES, FIRST_ROUND, SPEC, populate_tune
 from tests.waiting import SAFETY_S
@@ -63,7 +64,7 @@ def _open(browser, url: str):
     page = context.new_page()
     page.set_default_timeout(SAFETY_S * 1000)
     page.goto(url)
-    page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
+    wait_idle(page, after_input=False)
     return context, page
 
 
@@ -104,14 +105,12 @@ def test_a_finished_tune_shows_its_front_stopped_candidates_and_recommendation(s
         expect(main.get_by_test_id("stText").filter(has_text='quant = "int4"')).to_have_count(1)
         expect(main.get_by_test_id("stMetric").filter(has_text="Item evaluations used")).to_contain_text("68")
         # exports: the front as SVG (rendered by kaleido), the candidates as CSV
-        with page.expect_download() as download:
-            main.get_by_role("button", name="SVG").first.click()
-        svg = Path(download.value.path()).read_text()
-        assert svg.startswith("<svg") and "Pareto front so far" in svg and download.value.suggested_filename.endswith(
+        download = downloaded(page, main.get_by_role("button", name="SVG").first)
+        svg = Path(download.path()).read_text()
+        assert svg.startswith("<svg") and "Pareto front so far" in svg and download.suggested_filename.endswith(
             "-front.svg")
-        with page.expect_download() as download:
-            main.get_by_role("button", name="Candidates (CSV)").click()
-        lines = Path(download.value.path()).read_text().splitlines()
+        download = downloaded(page, main.get_by_role("button", name="Candidates (CSV)"))
+        lines = Path(download.path()).read_text().splitlines()
         assert lines[0].startswith("label,trial,state,rung/items") and len(lines) == 1 + len(CANDIDATES)
         # the share link carries the view
         main.get_by_test_id("stButtonGroup").get_by_role("radio", name="stopped", exact=True).click()
@@ -142,7 +141,7 @@ def test_a_running_tune_updates_live_and_its_experiment_links_here(server, brows
         expect(main.get_by_test_id("stAlertContentSuccess")).to_contain_text("Recommended: int4/g64/r64")
         _assert_clean(page)
         page.goto(f"{base}/{page_table.EXPERIMENT.url_path}?id={running}")
-        page.locator("[data-testid=stApp][data-test-script-state=notRunning]").wait_for()
+        wait_idle(page, after_input=False)
         page.get_by_test_id("stMain").get_by_role("link", name=re.compile("A tune")).click()
         page.get_by_test_id("stMain").get_by_role("heading", name="Tune: synthetic-tune").wait_for()
         assert f"id={running}" in page.url
@@ -243,10 +242,9 @@ def test_importance_and_slice_plot_follow_the_metric_and_export(server, browser)
         expect(slice_plot.locator(".gtitle")).to_contain_text("accuracy difference vs baseline")
         expect(page.get_by_test_id("stSidebar").locator(".st-key-share-link code")).to_contain_text(
             "section=Parameters&metric=accuracy+diff")
-        with page.expect_download() as download:
-            main.locator(".st-key-tune-slice-html button").click()
-        html = Path(download.value.path()).read_text()
-        assert "accuracy difference vs baseline" in html and download.value.suggested_filename.endswith("-slice.html")
+        download = downloaded(page, main.locator(".st-key-tune-slice-html button"))
+        html = Path(download.path()).read_text()
+        assert "accuracy difference vs baseline" in html and download.suggested_filename.endswith("-slice.html")
         _assert_clean(page)
     finally:
         context.close()
