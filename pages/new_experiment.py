@@ -42,6 +42,7 @@ from kvlab.spec_files import load_spec, parse_spec_toml
 from kvlab.tasks.data_dir import UPLOADS, save_upload
 from kvlab.tasks.jsonl import DEFAULT_FILE_MB, FILE_MB_VAR
 from pages import tune_form
+from pages.capacity_preview import capacity_preview
 from pages.common import get_store, share_box
 from pages.config_table import column_order, config_columns
 from pages.executor_choice import executor_choice
@@ -408,6 +409,7 @@ else:
     evals_col.metric("Evaluations", len(configs) * items)
     time_col.metric("Estimated duration", views.fmt_duration(seconds))
     st.caption(f"Configs: {', '.join(c.label for c in configs)}. Estimate from {rates.source}.")
+    capacity_preview(spec)
     executor = executor_choice()
     download_col, workers_col, launch_col = st.columns([1.2, 1, 1])
     download_col.download_button("Download spec (TOML)", data=dump_spec(spec), file_name=f"{spec.name}.toml",

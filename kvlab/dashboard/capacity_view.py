@@ -18,6 +18,7 @@ from kvlab.capacity.gpus import GIB, GPUS
 from kvlab.capacity.projection import ConfigCapacity, Pool, project
 from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
+from kvlab.core.kv_config import KVCacheConfig
 
 DEFAULT_GPU = "h100-80gb"
 DEFAULT_CONCURRENCY = 8
@@ -71,17 +72,33 @@ def capacity_rows(summaries: Sequence[ConfigSummary], backend_kind: str, choice:
                   ) -> tuple[Pool, list[ConfigCapacity], list[dict[str, Any]]]:
     """The pool, each config's projection and the table's rows (every config, one that cannot be projected with
     its reason).  ``backend_kind`` picks the layout: a serving engine's pool or kvlab's cache."""
+    return _rows([(s.config_name, stored_config(s.config), s.compression_ratio) for s in summaries], backend_kind,
+                 choice, measured=True)
+
+
+def planned_rows(configs: Sequence[KVCacheConfig], backend_kind: str, choice: CapacityChoice
+                 ) -> tuple[Pool, list[dict[str, Any]]]:
+    """The same projection for the configs of a spec not run yet (the new-experiment form): nothing measured."""
+    pool, _, rows = _rows([(c.label, c, None) for c in configs], backend_kind, choice, measured=False)
+    return pool, rows
+
+
+def _rows(configs: Sequence[tuple[str, KVCacheConfig | None, float | None]], backend_kind: str,
+          choice: CapacityChoice, *, measured: bool) -> tuple[Pool, list[ConfigCapacity], list[dict[str, Any]]]:
+    """``configs``: each config's name, config (None: one this kvlab no longer reads) and measured compression
+    ratio; ``measured``: whether the table has that column (not for a spec not run yet)."""
     arch = architecture(choice.model)
     pool = Pool.on_gpu(GPUS[choice.gpu].memory_bytes, arch)
-    configs = [(s, stored_config(s.config)) for s in summaries]
-    projected = [project([c], arch, choice.context, pool, server_block=server_block(backend_kind))[0] if c
-                 else ConfigCapacity(s.config_name, problem="a config this kvlab no longer reads") for s, c in configs]
+    block = server_block(backend_kind)
+    unread = "a config this kvlab no longer reads"
+    projected = [project([config], arch, choice.context, pool, server_block=block)[0] if config
+                 else ConfigCapacity(name, problem=unread) for name, config, _ in configs]
     base = next((p.concurrency for p in projected if p.label == "baseline" and p.concurrency), None)
     rows = []
-    for summary, row in zip(summaries, projected, strict=True):
+    for (name, _, ratio), row in zip(configs, projected, strict=True):
         rows.append({
-            "config": summary.config_name,
-            "measured ratio (this experiment)": summary.compression_ratio,
+            "config": name,
+            **({"measured ratio (this experiment)": ratio} if measured else {}),
             "KV per sequence (GiB, projected)": None if row.sequence_bytes is None else row.sequence_bytes / GIB,
             "sequences that fit (projected)": row.concurrency,
             "vs baseline": row.concurrency / base if base and row.concurrency is not None else None,

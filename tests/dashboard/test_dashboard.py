@@ -325,6 +325,25 @@ def test_the_load_section_says_why_an_experiment_has_none(filled):
     assert "kvlab's own engine runs one request at a time" in texts(at.info)
 
 
+def test_the_form_projects_what_each_config_of_the_spec_would_fit_before_it_runs(store):
+    """The new-experiment form's capacity preview: the spec's configs on a GPU, labelled as a projection, with no
+    measured column (nothing ran); a bigger GPU fits more of every config."""
+    from kvlab.dashboard.capacity_view import LABEL
+
+    at = open_page(NEW)
+    at.selectbox(key="form-cap-model").set_value("llama-3.1-8b").run()
+    assert_clean(at)
+    assert LABEL in texts(at.caption).replace("\\", "")
+    table = next(df.value for df in at.dataframe if "sequences that fit (projected)" in df.value.columns)
+    assert len(table) == 3 and "measured ratio (this experiment)" not in table.columns
+    on_h100 = dict(zip(table["config"], table["sequences that fit (projected)"], strict=True))
+    assert on_h100["baseline"] >= 1 and all(fit >= on_h100["baseline"] for fit in on_h100.values()), on_h100
+    at.selectbox(key="form-cap-gpu").set_value("l4").run()
+    table = next(df.value for df in at.dataframe if "sequences that fit (projected)" in df.value.columns)
+    on_l4 = dict(zip(table["config"], table["sequences that fit (projected)"], strict=True))
+    assert all(on_l4[name] < on_h100[name] for name in on_h100), (on_l4, on_h100)
+
+
 def test_the_capacity_section_projects_every_config_and_its_link_keeps_the_deployment(filled):
     """The Capacity section: every config of the experiment projected on the linked GPU, model and context, labelled
     as a projection, its CSV said to be one; the share link reproduces the choice."""
