@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kvlab.core.backends import BACKENDS
 from kvlab.core.formats import FORMATS, FP8_MAX, INT_BITS, KVLAB_QUANT_NAMES
 from kvlab.core.geometry import BASELINE_BITS, CacheGeometry
 
@@ -78,8 +79,10 @@ def check_fits(config: KVCacheConfig, geometry: CacheGeometry) -> str | None:
     """Why ``config`` cannot be stored in ``geometry``'s layers by kvlab's cache, or None if it can."""
     for name in (config.quant, config.value_format):
         if not FORMATS[name].kvlab_stores:
-            return (f"{name} is llama.cpp's own KV cache format ({FORMATS[name].description}); kvlab's engine stores "
-                    f"{', '.join(KVLAB_QUANT_NAMES)}: run {name} with backend kind 'llamacpp'")
+            owners = [backend for backend in BACKENDS.values() if name in backend.kv_dtypes]
+            return (f"{name} is {' / '.join(b.title for b in owners)}'s own KV cache format "
+                    f"({FORMATS[name].description}); kvlab's engine stores {', '.join(KVLAB_QUANT_NAMES)}: run {name} "
+                    f"with backend kind {' or '.join(repr(b.name) for b in owners)}")
     head_dim = geometry.head_dim
     if {config.quant, config.value_format} & set(INT_BITS) and head_dim % value_group_size(config, head_dim):
         return (f"group_size {config.group_size} does not divide head_dim {head_dim} "

@@ -33,7 +33,7 @@ def check_config(kind: str, config: KVCacheConfig) -> None:
         )
     if config.value_quant is not None and not server.separate_kv:
         raise ConfigError(f"config '{label}': value_quant = '{config.value_quant}' cannot run on {engine}: one "
-                          f"--kv-cache-dtype stores keys and values alike. Run it with backend kind 'embedded'.")
+                          "cache dtype stores keys and values alike. Run it with backend kind 'embedded'.")
     if config.skip_layers is not None and server.skip_layers_flag is None:
         raise ConfigError(f"config '{label}': skip_layers ({config.skip_layers.label}) cannot run on {engine}: it "
                           "has no flag that keeps some layers' cache 16-bit. Run it with backend kind 'embedded'.")

@@ -68,7 +68,8 @@ STARTUP_FAULTS = (
                  "not enough memory for the weights and the KV pool",
                  "size the pool smaller: backend.server.kv_cache_gib (vLLM) or memory_fraction, or max_model_len"),
     StartupFault(re.compile(r"No module named '([\w.]+)'"), "a package is missing in the server's Python",
-                 "install it there (scripts/install_vllm.sh makes a complete vLLM venv), or set backend.server.python"),
+                 "install it there (kvlab's install scripts make complete venvs: `kvlab engines` names each), or set "
+                 "backend.server.python"),
     # (uvicorn, which llama-cpp-python's server runs, words it "[Errno 98] ... address already in use")
     StartupFault(re.compile(r"Address already in use", re.IGNORECASE), "its port is taken by another process",
                  "set backend.server.port = 0 (kvlab picks a free one) or a port nothing else uses"),

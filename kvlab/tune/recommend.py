@@ -59,11 +59,11 @@ def engine_flag(kind: str, config: KVCacheConfig, num_layers: int | None = None)
     if config.evict != "none":
         return {"flag": None, "statement": (
             f"{name} has no equivalent: it evicts no tokens from a sequence's KV cache ({config.evict} needs the "
-            "embedded engine or `kvlab serve`)" + (f"; its quantization alone is --kv-cache-dtype {dtype}"
+            "embedded engine or `kvlab serve`)" + (f"; its quantization alone is {server.deploy_flag(dtype, dtype)}"
                                                     if dtype and config.quant != "none" else ""))}
     if config.value_quant is not None and not server.separate_kv:
         return {"flag": None, "statement": (
-            f"{name} has no equivalent: one --kv-cache-dtype stores keys and values alike (keys in "
+            f"{name} has no equivalent: it stores keys and values alike, in one cache dtype (keys in "
             f"{config.quant} and values in {config.value_quant} need the embedded engine or `kvlab serve`)")}
     for quant, engine_dtype in ((config.quant, dtype), (config.value_format, value_dtype)):
         if engine_dtype is None:

@@ -332,7 +332,7 @@ STARTUP_FAILURES = [
     ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
      "  Value error, Invalid repository ID or local directory specified: '/tmp'.", "cannot load the model",
      "local transformers directory"),
-    ("ModuleNotFoundError: No module named 'torchvision'", "package is missing", "scripts/install_vllm.sh"),
+    ("ModuleNotFoundError: No module named 'torchvision'", "package is missing", "kvlab engines"),
 ]
 
 
