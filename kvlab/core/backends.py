@@ -51,6 +51,9 @@ class Backend:
     separate_kv: bool = False  # the server stores keys and values in types of their own (a config's value_quant)
     #: why a ``[load]`` table cannot run on it (None: it can: a server that batches requests)
     no_load: str | None = None
+    #: the ``backend.server`` settings that size its KV pool, which a ``[load]`` budget sizes instead (refused
+    #: beside one)
+    pool_settings: tuple[str, ...] = ("kv_cache_gib", "memory_fraction")
 
 
 # vLLM: vllm/config/cache.py `CacheDType = Literal["auto", ..., "fp8", "fp8_e4m3", "fp8_e5m2", ...]`, the type of
@@ -85,11 +88,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             kv_dtypes=_FP8_SERVER_DTYPES),
     Backend("llamacpp", "llama.cpp", "kvlab.engines.launched",
             "kvlab starts a llama.cpp server (llama-cpp-python's) per K and V cache type on the model's GGUF file "
-            "and reads its pool", kv_choice="server_dtypes", launches_server=True, fields=("model_id", "server"),
-            kv_dtypes=_LLAMACPP_DTYPES, separate_kv=True,
-            no_load="the llama.cpp server kvlab launches (llama-cpp-python's) runs one request at a time; "
-                    "llama.cpp's concurrent server is the C++ llama-server (--parallel): start one and reach it by "
-                    "URL (backend kind 'openai_compat')"),
+            "and reads its pool; a load phase runs on llama.cpp's own llama-server", kv_choice="server_dtypes",
+            launches_server=True, fields=("model_id", "server"),
+            kv_dtypes=_LLAMACPP_DTYPES, separate_kv=True, pool_settings=("max_model_len",)),
 )}
 
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)

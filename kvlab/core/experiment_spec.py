@@ -314,7 +314,7 @@ class ExperimentSpec(BaseModel):
             if load.kv_budget_mib is None:
                 raise FieldProblem("load.kv_budget_mib", f"give the KV memory every config's {backend.title} server "
                                    "gets (MiB): the same budget for every config is what the load compares")
-            for name in ("kv_cache_gib", "memory_fraction"):
+            for name in backend.pool_settings:
                 if getattr(server, name) is not None:
                     raise FieldProblem(f"backend.server.{name}", "load.kv_budget_mib sizes every config's KV pool: "
                                        f"remove server.{name}")

@@ -215,9 +215,9 @@ class LaunchedServerEngine(Engine):
         with the engine's request fields and its ``/metrics`` read meanwhile; the telemetry's phase is "bench"."""
         from kvlab.engines.load_monitor import watch_server
 
-        inner = self._launch(config)
-        root = server_root(inner.endpoint.base_url)
         server = serving_engine(self.name)
+        inner = self._launch(config) if server.load_server is None else self._launch_load(config, items, load)
+        root = server_root(inner.endpoint.base_url)
         self.phase, self.current_config = "bench", config.label
         try:
             pool = self._metrics.current.pool if self._metrics.current is not None else None
@@ -313,6 +313,58 @@ class LaunchedServerEngine(Engine):
                               "kv_pool": launched.source, "geometry_check": check,
                               "requests_in_flight": backend.max_concurrency})
         self.phase = "request"
+        return self._inner
+
+    def _launch_load(self, config: KVCacheConfig, items: Sequence[TaskItem], load: LoadSpec) -> OpenAICompatEngine:
+        """The engine's load server (:attr:`~kvlab.engines.servers.base.ServingEngine.load_server`) for ``config``: a
+        pool of the cells the budget holds at the config's bytes per token, shared by as many slots as sequences of
+        the workload's longest request (prompt and output tokens) fit in it."""
+        server = serving_engine(self.name)
+        assert server.load_server is not None and load.kv_budget_bytes is not None  # the spec's check_load
+        per_token = self._pool_bytes_per_token(config)
+        if per_token is None:
+            raise ConfigError(f"a load phase on {server.title} needs the model's geometry to size its pool")
+        cells = server.with_budget(self.spec.backend.server, load.kv_budget_bytes, per_token)[0].max_model_len or 0
+        longest = max(len(self._tokenizer(item.context + item.question)["input_ids"]) for item in items) \
+            + load.output_tokens
+        slots = cells // longest
+        if slots < 1:
+            raise EngineFailure(f"{config.label}: load.kv_budget_mib holds {cells:,} tokens of {server.title}'s pool, "
+                                f"fewer than the workload's longest request ({longest:,} tokens with its output): "
+                                "give a larger budget")
+        self._stop()
+        port = free_port()
+        program = str(Path(self._installed.python).parent / server.load_server.program)
+        kv_dtypes = (server.kv_dtypes[config.quant], server.kv_dtypes[config.value_format])
+        command = [program, "--host", "127.0.0.1", "--port", str(port),
+                   *server.load_args(self._served_model, kv_dtypes, self._installed, self.served_name,
+                                     self.spec.seed, cells, slots)]
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        log_path = server_log_dir() / f"{self.name}-load-{stamp}-{port}.log"
+        self.phase, self.current_config = "launch", config.label
+        managed = ManagedServer(command, f"http://127.0.0.1:{port}{server.load_server.health_path}", log_path,
+                                env=server_env(self.name, self._installed, local_model=self._model[1]),
+                                startup_timeout_s=self.spec.backend.server.startup_timeout_s)
+        try:
+            managed.start()
+            managed.wait_healthy()
+        except (ServerStartError, OSError) as error:
+            managed.stop()
+            cause = startup_failure(managed.log_text(), str(error).splitlines()[0], server.startup_faults)
+            raise EngineFailure(f"{server.load_server.program} did not start for {config.label}: {cause} "
+                                f"(log: {log_path})") from None
+        root = f"http://127.0.0.1:{port}"
+        pool = server.parse_pool(managed.log_text())
+        endpoint = Endpoint(base_url=f"{root}/v1", model_id=self.served_name, api_key=None,
+                            key_source="none (a server kvlab launched on this host)")
+        self._server, self._config = managed, None  # not the items' server: the next item launches theirs
+        self._inner = OpenAICompatEngine(endpoint, self.spec.backend, self._tokenizer, self.tokenizer_note,
+                                         seed=self.spec.seed, references=self.references)
+        self._metrics.current = ServerMetricsSource(root, self.name, pool)
+        self.launches.append({"config": config.label, "command": command, "log": str(log_path), "load": True,
+                              "kv_pool": f"{server.load_server.program} start-up log: {pool.source_line}" if pool
+                              else f"{server.load_server.program}: no KV pool in its start-up log",
+                              "slots": slots, "longest_request_tokens": longest})
         return self._inner
 
     def _crash_report(self, error: EngineFailure) -> str:

@@ -50,12 +50,19 @@ EMBEDDED_CONFIGS = [
 ]
 
 
+#: One KV budget for every K/V pair: 1,280 f16 cells (28.125 MiB at 23,040 B/token), two of the items' sequences
+#: (about 540 prompt and 16 new tokens); at their own bytes per token q8_0 gets 2,304 cells (four), q4_0 4,352
+#: (seven), k8v4 3,072 (five): whole multiples of 256, as llama.cpp rounds its pool.  On llama-server with 4 clients.
+LOAD = {"kv_budget_mib": 28.125, "concurrency": [4], "requests": 8, "output_tokens": 16}
+LOAD_CELLS = {"baseline": 1_280, "8-bit": 2_304, "4-bit": 4_352, "k8v4": 3_072}
+
+
 def spec_toml(name: str, kind: str, configs: list[dict] | None, num_items: int = ITEMS, **rest: object) -> str:
     """Passkey items at 512 tokens (and a server that may take as long as the host needs to start); ``configs``
-    None: a tune's spec."""
+    None: a tune's spec.  With a ``load`` table the budget sizes each llama.cpp pool, else 2,048 cells do."""
     backend: dict = {"kind": kind}
     if kind == "llamacpp":
-        backend["server"] = {"startup_timeout_s": SAFETY_S, "max_model_len": 2048}
+        backend["server"] = {"startup_timeout_s": SAFETY_S} | ({} if "load" in rest else {"max_model_len": 2048})
     return tomli_w.dumps({
         "name": name, "model": "smollm2-135m", "seed": 0, **rest, "backend": backend,
         "tasks": [{"name": "passkey", "context_lengths": [512], "depths": [0.25, 0.75], "num_items": num_items,
@@ -73,7 +80,7 @@ def runs(llamacpp_python, tmp_path_factory) -> dict:
     """The sweep on llama.cpp (experiment 1), the same items on the embedded engine (experiment 2), one store."""
     folder = tmp_path_factory.mktemp("llamacpp-real")
     db = folder / "kvlab.sqlite"
-    (folder / "llamacpp.toml").write_text(spec_toml("llamacpp-real", "llamacpp", LLAMACPP_CONFIGS))
+    (folder / "llamacpp.toml").write_text(spec_toml("llamacpp-real", "llamacpp", LLAMACPP_CONFIGS, load=LOAD))
     (folder / "embedded.toml").write_text(spec_toml("embedded-real", "embedded", EMBEDDED_CONFIGS))
     on_llamacpp = kvlab_cli("run", "llamacpp.toml", "--json", "out.json", db=db, cwd=folder)
     assert on_llamacpp.returncode == 0, on_llamacpp.stderr[-3000:]
@@ -82,6 +89,7 @@ def runs(llamacpp_python, tmp_path_factory) -> dict:
     compared = kvlab_cli("compare", "2", "1", db=db, cwd=folder)
     with Store(f"sqlite:///{db}") as store:
         yield {"llamacpp": store.item_results(1), "embedded": store.item_results(2), "stdout": on_llamacpp.stdout,
+               "load": store.load_levels(1),
                "json": json.loads((folder / "out.json").read_text()), "compare": compared}
 
 
@@ -106,13 +114,36 @@ def test_every_pair_shows_the_pool_bytes_of_its_own_server_against_the_hand_form
 
 
 def test_value_quantization_runs_with_flash_attention_and_the_launch_says_so(runs):
-    launches = {launch["config"]: launch["command"] for launch in runs["json"]["engine"]["launches"]}
+    launches = {launch["config"]: launch["command"] for launch in runs["json"]["engine"]["launches"]
+                if not launch.get("load")}
     assert set(launches) == {c["name"] for c in LLAMACPP_CONFIGS}
     for command in launches.values():
         assert command[command.index("--flash_attn") + 1] == "true"
     k8v4 = launches["k8v4"]
     assert (k8v4[k8v4.index("--type_k") + 1], k8v4[k8v4.index("--type_v") + 1]) == ("8", "2")
     assert k8v4[k8v4.index("--model") + 1].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")  # the model's own file
+
+
+def test_under_load_llama_server_runs_as_many_slots_as_the_budget_holds(runs):
+    """The load phase on llama.cpp's own llama-server, every K/V pair in the same 28.1 MiB budget: 4 clients, 8
+    requests of the items' prompts.  The f16 pool holds two sequences and defers the rest; q8_0's, q4_0's and
+    k8v4's hold the four at once.  The cells are what llama.cpp logs, the slots what its /metrics counts.  Counts
+    only: the throughput ratios are benchmarks/load_bench.py's."""
+    levels = {level.config_name: level.result for level in runs["load"]}
+    assert set(levels) == set(LOAD_CELLS)
+    loads = {launch["config"]: launch for launch in runs["json"]["engine"]["launches"] if launch.get("load")}
+    for name, level in levels.items():
+        assert (level["mode"], level["level"], level["completed"], level["errors"]) == ("closed", 4.0, 8, 0), name
+        assert level["pool_tokens"] == LOAD_CELLS[name] and level["output_tokens"] == 8 * 16, name
+        launch = loads[name]
+        assert launch["command"][0].endswith("llama-server") and "-kvu" in launch["command"], launch
+        assert launch["slots"] == LOAD_CELLS[name] // launch["longest_request_tokens"], launch
+        assert level["server"]["max_running"] == min(4, launch["slots"]), (name, level["server"], launch)
+    base = levels["baseline"]["server"]
+    assert base["max_running"] == 2 and base["max_waiting"] >= 1, base
+    for name in ("8-bit", "4-bit", "k8v4"):
+        assert levels[name]["server"]["max_waiting"] < base["max_waiting"], (name, levels[name]["server"], base)
+    assert "what each config buys under load" in runs["stdout"]
 
 
 def test_the_sweep_is_decided_by_fidelity_measured_through_llamacpp(runs):

@@ -26,7 +26,7 @@ def spec(kind: str, load: dict | None = None, **backend) -> dict:
 
 @pytest.mark.parametrize(("data", "words"), [
     (spec("embedded"), "Capacity section"),
-    (spec("llamacpp"), "llama-server"),
+    (spec("llamacpp", server={"max_model_len": 512}), "remove server.max_model_len"),
     (spec("vllm", LOAD | {"kv_budget_mib": None}), "give the KV memory"),
     (spec("vllm", server={"kv_cache_gib": 1.0}), "remove server.kv_cache_gib"),
     (spec("vllm", server={"memory_fraction": 0.5}), "remove server.memory_fraction"),
@@ -55,6 +55,12 @@ def test_the_budget_is_each_engines_own_flag_the_same_bytes_for_every_config():
     assert tokens == [budget // 23_040, budget // 11_520]
     with pytest.raises(ConfigError, match="max-total-tokens"):
         server_command("sglang", "m", BASELINE, ServerOptions(extra_args=["--max-total-tokens", "9"]), 8000, "m")
+    # llama.cpp sizes its pool in cells (n_ctx): the budget over each config's bytes per token, keys and values in
+    # their own types, in whole multiples of 256 (llama.cpp rounds n_ctx up to one, past the budget)
+    cells = [int(argv[argv.index("--n_ctx") + 1]) for argv in (
+        server_command("llamacpp", "m.gguf", config, ServerOptions(), 8000, "m", kv_budget=(budget, per_token))
+        for config, per_token in ((BASELINE, 23_040.0), (KVCacheConfig(quant="q8_0", value_quant="q4_0"), 9_360.0)))]
+    assert cells == [budget // 23_040 // 256 * 256, budget // 9_360 // 256 * 256] == [1_280, 3_584]
 
 
 def test_a_load_table_moved_to_a_backend_without_one_is_refused_not_dropped(tmp_path, capsys):

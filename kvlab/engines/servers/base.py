@@ -37,6 +37,15 @@ class MetricNames:
 
 
 @dataclass(frozen=True)
+class LoadServer:
+    """The engine's own program that serves a load phase, where the server kvlab launches for the items cannot batch
+    requests: an executable beside the engine venv's Python, and the path that answers 200 once it serves."""
+
+    program: str
+    health_path: str
+
+
+@dataclass(frozen=True)
 class FormLabels:
     """How the dashboard's form names the engine's own flags for kvlab's server settings."""
 
@@ -146,6 +155,8 @@ class ServingEngine(ABC):
     #: request fields of a load phase's completions (vllm bench serve --ignore-eos: every request generates the
     #: tokens asked, so that configs are compared on the same work)
     load_fields: Mapping[str, Any] = field(default_factory=dict)
+    #: the program a load phase runs on (None: the server launched for the items, in the load's budget)
+    load_server: LoadServer | None = None
 
     @property
     def title(self) -> str:
@@ -181,6 +192,12 @@ class ServingEngine(ABC):
         arguments to add.  ``bytes_per_token``: the config's pool bytes per token by the model's geometry (None
         where kvlab cannot read it), for an engine that sizes its pool in tokens."""
         raise ConfigError(f"{self.title} has no flag that sizes its KV pool in bytes")
+
+    def load_args(self, model: str, kv_dtypes: tuple[str, str], installed: Installed, served_model_name: str,
+                  seed: int, cells: int, slots: int) -> list[str]:
+        """The :attr:`load_server`'s arguments after ``--host H --port P``: a pool of ``cells`` tokens shared by
+        ``slots`` sequences that run at once."""
+        raise NotImplementedError(f"{self.title} runs its load phase on the server it runs the items on")
 
     def entry(self) -> list[str]:
         """What follows the interpreter on the command line, before the flags: ``-m MODULE``."""

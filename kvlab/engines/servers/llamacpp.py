@@ -2,12 +2,19 @@
 and that package's own server; each rule cites the file) and from its build measured here
 (``scripts/install_llamacpp.sh``).
 
-kvlab launches llama-cpp-python's OpenAI-compatible server (``llama_cpp.server``) rather than the C++
-``llama-server``: both run the same llama.cpp, but the C++ server gives no prompt log-probabilities (it refuses
-``echo``), which the sampled fidelity estimator needs, and the Python one gives them off by one position
+kvlab launches llama-cpp-python's OpenAI-compatible server (``llama_cpp.server``) for a config's items rather than
+the C++ ``llama-server``: both run the same llama.cpp, but the C++ server gives no prompt log-probabilities (it
+refuses ``echo``), which the sampled fidelity estimator needs, and the Python one gives them off by one position
 (:mod:`.llamacpp_server` says how; it adds vLLM's ``prompt_logprobs`` and ``return_token_ids`` computed from
-llama.cpp's own logits).  A running ``llama-server`` is still reachable by URL (backend kind ``openai_compat``),
-where accuracy decides.
+llama.cpp's own logits).  The Python server answers one request at a time, so a ``[load]`` phase runs on the C++
+``llama-server`` (built from the same vendored sources by ``scripts/install_llamacpp.sh``), which batches its
+``--parallel`` slots; a running ``llama-server`` is also reachable by URL (backend kind ``openai_compat``).
+
+A load budget on llama.cpp: ``-c`` cells = the budget / the config's bytes per token, in one pool that every slot
+shares (``--kv-unified``), and as many slots as sequences of the workload's longest request fit in the cells.
+llama-server admits no more: it neither preempts nor queues inside its pool (tools/server/server-context.cpp: a
+decode that finds no free cell fails every running slot, "Context size has been exceeded."), so a request that
+finds no free slot waits (``llamacpp:requests_deferred``) and a compressed cache holds more slots at once.
 
 llama.cpp stores keys and values in separate types (``type_k`` / ``type_v``; ``--cache-type-k`` /
 ``--cache-type-v`` on ``llama-server``), in its own block formats (kvlab's formats of kind ``ggml``), in a pool of
@@ -24,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from kvlab.core.errors import ConfigError
 from kvlab.engines.server_logs import KVPool, StartupFault, last_match, line_of
-from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine
+from kvlab.engines.servers.base import FormLabels, LoadServer, MetricNames, ServingEngine
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
@@ -77,6 +84,28 @@ class LlamaCppEngine(ServingEngine):
                 # stops at the next token once another request waits, so queued requests would cut each other short
                 "--interrupt_requests", "false"]
 
+    def with_budget(self, options: ServerOptions, budget_bytes: int, bytes_per_token: float | None
+                    ) -> tuple[ServerOptions, list[str]]:
+        """The pool's cells (``n_ctx``) that the budget holds at this config's bytes per token."""
+        if options.max_model_len is not None:
+            raise ConfigError("server.max_model_len is llama.cpp's pool (n_ctx), which load.kv_budget_mib sizes for "
+                              "every config: remove server.max_model_len")
+        if bytes_per_token is None:
+            raise ConfigError("load.kv_budget_mib on llama.cpp needs the model's geometry (its config.json or GGUF "
+                              "header), to turn the bytes into the pool's cells")
+        return options.model_copy(update={"max_model_len": budget_cells(budget_bytes, bytes_per_token)}), []
+
+    def load_args(self, model: str, kv_dtypes: tuple[str, str], installed: Installed, served_model_name: str,
+                  seed: int, cells: int, slots: int) -> list[str]:
+        # common/arg.cpp (llama-server): -c cells, -np slots, -kvu one pool for every slot, --metrics (Prometheus),
+        # -fit off (no context adjusted to the device's memory), -cram 0 (no prompt cache in host memory beside the
+        # pool), -fa on as the item server runs it (a quantized V needs it), -lv 4: libllama's own INFO lines, which
+        # common/log.cpp files at verbosity 4 (the pool's "llama_kv_cache: size = ..." line among them)
+        key, value = kv_dtypes
+        return ["-m", model, "-a", served_model_name, "-c", str(cells), "-np", str(slots), "-kvu", "--metrics",
+                "-ctk", key, "-ctv", value, "-fa", "on", "-fit", "off", "-cram", "0", "--no-webui", "-lv", "4",
+                "-t", str(installed.threads), "-tb", str(installed.threads), "-s", str(seed)]
+
     def parse_pool(self, log_text: str) -> KVPool | None:
         match = last_match(_POOL, log_text)
         if match is None:
@@ -98,6 +127,16 @@ class LlamaCppEngine(ServingEngine):
     def deploy_flag(self, key_dtype: str, value_dtype: str) -> str:
         # tools/server (llama-server) and the llama.cpp CLI: --cache-type-k / --cache-type-v, -fa on|off|auto
         return f"--cache-type-k {key_dtype} --cache-type-v {value_dtype} -fa on"
+
+
+#: src/llama-context.cpp: ``cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256)``: llama.cpp rounds the pool's cells up
+N_CTX_PAD = 256
+
+
+def budget_cells(budget_bytes: int, bytes_per_token: float) -> int:
+    """The pool's cells that ``budget_bytes`` hold at ``bytes_per_token``: whole multiples of :data:`N_CTX_PAD`, which
+    llama.cpp would otherwise round up past the budget."""
+    return int(budget_bytes // bytes_per_token) // N_CTX_PAD * N_CTX_PAD
 
 
 _FORMAT_NOTES: Mapping[str, str] = {
@@ -136,7 +175,10 @@ LLAMACPP = LlamaCppEngine(
     # llama_cpp/server/settings.py ServerSettings.api_key: a flag (or the API_KEY environment variable that
     # pydantic-settings reads)
     key_flags={"--api_key": "llama-cpp-python's server reads the key from the API_KEY environment variable instead"},
-    metrics=MetricNames(),  # llama-cpp-python's server has no /metrics
+    # tools/server/server-task.cpp (llama-server --metrics): gauges llamacpp:requests_processing and
+    # llamacpp:requests_deferred; no pool usage and no preemptions (it has none).  llama-cpp-python's server has no
+    # /metrics.
+    metrics=MetricNames(running=("llamacpp:requests_processing",), waiting=("llamacpp:requests_deferred",)),
     form=FormLabels(memory_flag=None, context_flag="--n_ctx (the pool's cells)",
                     prefix_cache="Prefix reuse (always on)",
                     python_help="kvlab starts `python -m llama_cpp.server` with it. Blank: the venv "
@@ -162,4 +204,9 @@ LLAMACPP = LlamaCppEngine(
     # llama_cpp/server/types.py CreateCompletionRequest: top_k 40, min_p 0.05, repeat_penalty 1.0 by default
     # (top_k 0 disables it in llama.cpp's sampler: src/llama-sampler.cpp llama_sampler_top_k_impl)
     plain_sampling={"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0},
+    # tools/server/server-context.cpp: /health answers 200 once the model is loaded (503 while loading);
+    # scripts/install_llamacpp.sh puts llama-server beside the venv's Python
+    load_server=LoadServer(program="llama-server", health_path="/health"),
+    # tools/server/server-task.cpp params_from_json_cmpl: ignore_eos
+    load_fields={"ignore_eos": True},
 )
