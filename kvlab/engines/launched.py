@@ -295,9 +295,11 @@ class LaunchedServerEngine(Engine):
         # the same pool at 16 bits: the server's own bytes scaled by the geometry's ratio (its rounding kept)
         scale = (geometry.bytes_per_token() / geometry.bytes_per_token(bits, layers_16bit)) if geometry else 16 / bits
         baseline = per_token * scale if per_token else None
+        chosen = f"; the engine chose {pool.chosen_text}" if pool and pool.chosen else ""
         launched = LaunchedKV(config=config, bytes_per_token=per_token, baseline_bytes_per_token=baseline,
                               source=(f"{self.name} {where}: {pool.source_line}" if pool else
-                                      f"{self.name}: no KV pool on /metrics or in the start-up log") + f"; {check}")
+                                      f"{self.name}: no KV pool on /metrics or in the start-up log") + f"; {check}"
+                                     + chosen)
         endpoint = Endpoint(base_url=f"{root}/v1", model_id=self.served_name, api_key=None,
                             key_source="none (a server kvlab launched on this host)")
         self._server, self._config = server, config
@@ -311,6 +313,7 @@ class LaunchedServerEngine(Engine):
         self._metrics.current = ServerMetricsSource(root, self.name, pool)
         self.launches.append({"config": config.label, "command": command, "log": str(log_path),
                               "kv_pool": launched.source, "geometry_check": check,
+                              "engine_chose": dict(pool.chosen) if pool else {},
                               "requests_in_flight": backend.max_concurrency})
         self.phase = "request"
         return self._inner
@@ -364,6 +367,7 @@ class LaunchedServerEngine(Engine):
         self.launches.append({"config": config.label, "command": command, "log": str(log_path), "load": True,
                               "kv_pool": f"{server.load_server.program} start-up log: {pool.source_line}" if pool
                               else f"{server.load_server.program}: no KV pool in its start-up log",
+                              "engine_chose": dict(pool.chosen) if pool else {},
                               "slots": slots, "longest_request_tokens": longest})
         return self._inner
 

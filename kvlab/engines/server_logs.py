@@ -10,7 +10,8 @@ its own share: the byte counts are those of one GPU.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 GIB = 1 << 30
 
@@ -26,6 +27,14 @@ class KVPool:
     bytes: int | None
     source_line: str
     cache_dtype: str | None = None  # the server's --kv-cache-dtype, where it says (vLLM's /metrics)
+    #: what the engine chose for the cache by itself and logged, setting -> value (llama.cpp's ``attn_rot_k``: a
+    #: Hadamard rotation of quantized keys), recorded with every result: an engine's defaults change between versions
+    chosen: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def chosen_text(self) -> str:
+        """``attn_rot_k=1, attn_rot_v=1`` (empty where the engine logged no choice)."""
+        return ", ".join(f"{name}={value}" for name, value in self.chosen.items())
 
     @property
     def bytes_per_token(self) -> float | None:

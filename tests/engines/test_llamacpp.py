@@ -95,6 +95,21 @@ def test_the_pool_line_is_read_and_agrees_with_the_hand_formula(key, value):
     assert "agree" in check and "DISAGREE" not in check, check
 
 
+def test_the_rotation_llama_cpp_chose_is_read_with_its_pool_from_the_last_start():
+    """src/llama-kv-cache.cpp logs whether it rotates quantized keys and values after the pool's line; a restart's
+    log holds the earlier start's lines before the last pool's."""
+    first = POOL_FORMAT % (45.0, 2048, 30, 1, 1, "f16", 22.5, "f16", 22.5)
+    last = POOL_FORMAT % (18.28, 2048, 30, 1, 1, "q8_0", 11.95, "q4_0", 6.33)
+    log = (first + "llama_kv_cache: attn_rot_k = 0, n_embd_head_k_all = 64\n"
+           "llama_kv_cache: attn_rot_v = 0, n_embd_head_k_all = 64\n" + last +
+           "llama_kv_cache: attn_rot_k = 1, n_embd_head_k_all = 64\n"
+           "llama_kv_cache: attn_rot_v = 1, n_embd_head_k_all = 64\n")
+    pool = LLAMACPP.parse_pool(log)
+    assert pool is not None and pool.chosen == {"attn_rot_k": "1", "attn_rot_v": "1"}
+    assert pool.chosen_text == "attn_rot_k=1, attn_rot_v=1"
+    assert LLAMACPP.parse_pool(first).chosen == {}  # a build that logs no rotation: nothing claimed
+
+
 def test_no_pool_line_gives_none():
     assert LLAMACPP.parse_pool("llama_model_loader: loaded meta data\n") is None
 

@@ -110,6 +110,9 @@ def test_every_pair_shows_the_pool_bytes_of_its_own_server_against_the_hand_form
         assert per_token == pytest.approx(SMOLLM2.bytes_per_token(_bits(config)), rel=0.01), config
         source = result.extra["kv_bytes_source"]
         assert "llama_kv_cache: size =" in source and ", agree" in source, source
+        # llama.cpp's own choice, recorded: it rotates quantized keys and values (src/llama-kv-cache.cpp attn_rot_k/v)
+        rotated = config.get("quant", "none") != "none"
+        assert f"the engine chose attn_rot_k={int(rotated)}, attn_rot_v={int(rotated)}" in source, source
     assert all(r.score == 1.0 for r in results if r.config_name == "baseline")  # the model does the task here
 
 

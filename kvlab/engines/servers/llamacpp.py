@@ -45,6 +45,10 @@ MIB = 1 << 20
 # src/llama-kv-cache.cpp llama_kv_cache::llama_kv_cache: LLAMA_LOG_INFO("%s: size = %7.2f MiB (%6u cells, %3d layers,
 # %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB\n", __func__, ...) -- logged once the pool is allocated
 # (llama-cpp-python prints llama.cpp's log on stderr with verbose = true).
+# src/llama-kv-cache.cpp: LLAMA_LOG_INFO("%s: attn_rot_k = %d, n_embd_head_k_all = %d\n", __func__, ...) and
+# attn_rot_v: whether llama.cpp rotates quantized keys / values with a Hadamard transform (it does when their type is
+# quantized and the head dimension allows; LLAMA_ATTN_ROT_DISABLE=1 turns it off), logged after the pool's line.
+_ROTATION = re.compile(r"llama_kv_cache: (attn_rot_[kv]) = (\d+)")
 _POOL = re.compile(r"llama_kv_cache: size = +(\d+(?:\.\d+)?) MiB \( *(\d+) cells, +(\d+) layers, +\d+/\d+ seqs\), "
                    r"K \((\w+)\): +(\d+(?:\.\d+)?) MiB, V \((\w+)\): +(\d+(?:\.\d+)?) MiB")
 
@@ -111,8 +115,10 @@ class LlamaCppEngine(ServingEngine):
         if match is None:
             return None
         key_mib, value_mib = float(match.group(5)), float(match.group(7))
+        # the rotation lines follow the pool's line of the same start
+        rotation = {name: value for name, value in _ROTATION.findall(log_text, match.end())}
         return KVPool(int(match.group(2)), round((key_mib + value_mib) * MIB) or None, line_of(log_text, match),
-                      f"K {match.group(4)}, V {match.group(6)}")
+                      f"K {match.group(4)}, V {match.group(6)}", chosen=rotation)
 
     def entry(self) -> list[str]:
         """llama-cpp-python's server with vLLM's ``prompt_logprobs`` and ``return_token_ids`` (:mod:`.llamacpp_server`,
