@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kvlab.core.backends import BACKENDS
+from kvlab.core.backends import BACKENDS, ROTATING_KINDS
 from kvlab.core.formats import FORMATS, FP8_MAX, INT_BITS, KVLAB_QUANT_NAMES
 from kvlab.core.geometry import BASELINE_BITS, CacheGeometry
 
@@ -77,6 +77,9 @@ def key_group(config: KVCacheConfig, head_dim: int) -> int:
 
 def check_fits(config: KVCacheConfig, geometry: CacheGeometry) -> str | None:
     """Why ``config`` cannot be stored in ``geometry``'s layers by kvlab's cache, or None if it can."""
+    if config.rotation is not None:
+        return (f"rotation = {str(config.rotation).lower()}: kvlab's engine stores its formats unrotated; the "
+                f"rotation is a serving engine's setting: run it with backend kind {ROTATING_KINDS}")
     for name in (config.quant, config.value_format):
         if not FORMATS[name].kvlab_stores:
             owners = [backend for backend in BACKENDS.values() if name in backend.kv_dtypes]

@@ -54,6 +54,8 @@ class Backend:
     #: the ``backend.server`` settings that size its KV pool, which a ``[load]`` budget sizes instead (refused
     #: beside one)
     pool_settings: tuple[str, ...] = ("kv_cache_gib", "memory_fraction")
+    #: its server rotates quantized keys and values, and a config's ``rotation = false`` turns that off
+    rotates: bool = False
 
 
 # vLLM: vllm/config/cache.py `CacheDType = Literal["auto", ..., "fp8", "fp8_e4m3", "fp8_e5m2", ...]`, the type of
@@ -90,7 +92,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             "kvlab starts a llama.cpp server (llama-cpp-python's) per K and V cache type on the model's GGUF file "
             "and reads its pool; a load phase runs on llama.cpp's own llama-server", kv_choice="server_dtypes",
             launches_server=True, fields=("model_id", "server"),
-            kv_dtypes=_LLAMACPP_DTYPES, separate_kv=True, pool_settings=("max_model_len",)),
+            kv_dtypes=_LLAMACPP_DTYPES, separate_kv=True, pool_settings=("max_model_len",), rotates=True),
 )}
 
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
@@ -98,3 +100,5 @@ BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
 SERVER_KINDS: tuple[str, ...] = tuple(name for name, b in BACKENDS.items() if b.launches_server)
 #: Those kinds as a message names them (``'vllm' / 'sglang'``).
 LAUNCHED_KINDS = " / ".join(f"'{kind}'" for kind in SERVER_KINDS)
+#: The backends whose servers have a rotation setting, as a message names them.
+ROTATING_KINDS = " / ".join(f"'{name}'" for name, b in BACKENDS.items() if b.rotates)

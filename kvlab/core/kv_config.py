@@ -203,6 +203,10 @@ class KVCacheConfig(BaseModel):
         default=PARAMS["window_size"].default, description=PARAMS["window_size"].help)
     n_sink: _param("n_sink") = Field(  # type: ignore[valid-type]
         default=PARAMS["n_sink"].default, description=PARAMS["n_sink"].help)
+    rotation: bool | None = Field(
+        default=None, description="A serving engine's Hadamard rotation of quantized keys and values before they are "
+        "stored (llama.cpp's attn_rot_k / attn_rot_v, on by default where the head dimension allows): false turns it "
+        "off; unset: the engine's default, recorded with every result.")
     decode: DecodePolicy | None = Field(
         default=None, description="Compress during generation too, scored by evict (kvpress's DecodingPress); "
         "with it the prompt's budget is optional.")
@@ -230,6 +234,9 @@ class KVCacheConfig(BaseModel):
         if self.skip_layers is not None and not self.quantizes:
             raise ValueError(f"skip_layers ({self.skip_layers.label}) keeps layers 16-bit under a quantization: "
                              f"set quant (or value_quant), or drop skip_layers")
+        if self.rotation is not None and not self.quantizes:
+            raise ValueError("rotation applies to quantized keys or values: set quant (or value_quant), or drop "
+                             "rotation")
         return self
 
     @model_validator(mode="after")
@@ -358,7 +365,9 @@ def describe(config: KVCacheConfig) -> str:
     if config.quantizes:
         formats = config.quant if config.value_quant is None else f"k:{config.quant}/v:{config.value_quant}"
         skipped = f"/{config.skip_layers.label}" if config.skip_layers is not None else ""
-        parts.append(formats + "".join(s.label(getattr(config, s.field)) for s in config.settings) + skipped)
+        rotated = "" if config.rotation is None else "/rot" if config.rotation else "/norot"
+        parts.append(formats + "".join(s.label(getattr(config, s.field)) for s in config.settings) + skipped
+                     + rotated)
     if config.evict != "none":
         budget = "".join(f"{BUDGETS[name].label}{value if BUDGETS[name].integer else format(value, 'g')}"
                          for name, value in config.budgets_given.items())

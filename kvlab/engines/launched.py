@@ -273,7 +273,7 @@ class LaunchedServerEngine(Engine):
         log_path = server_log_dir() / f"{self.name}-{stamp}-{port}.log"
         self.phase, self.current_config = "launch", config.label
         server = ManagedServer(command, f"http://{host}:{port}{health_path(self.name)}", log_path,
-                               env=server_env(self.name, self._installed, local_model=self._model[1]),
+                               env=server_env(self.name, self._installed, local_model=self._model[1], config=config),
                                startup_timeout_s=options.startup_timeout_s)
         try:
             server.start()
@@ -346,7 +346,8 @@ class LaunchedServerEngine(Engine):
         log_path = server_log_dir() / f"{self.name}-load-{stamp}-{port}.log"
         self.phase, self.current_config = "launch", config.label
         managed = ManagedServer(command, f"http://127.0.0.1:{port}{server.load_server.health_path}", log_path,
-                                env=server_env(self.name, self._installed, local_model=self._model[1]),
+                                env=server_env(self.name, self._installed, local_model=self._model[1],
+                                               config=config),
                                 startup_timeout_s=self.spec.backend.server.startup_timeout_s)
         try:
             managed.start()

@@ -202,6 +202,10 @@ class OpenAICompatEngine(Engine):
 
             fields, watch = server.load_fields, watch_server(server_root(self.endpoint.base_url), server.kind)
         prompts = [item.context + item.question for item in items]
+        if load.requests > len(set(prompts)):
+            log.warning("load: %d requests per level over %d distinct prompts: a server that caches prefixes serves "
+                        "the repeats from its cache, and a bigger pool caches more (for a load without reuse: more "
+                        "items, or backend.server.prefix_cache = false)", load.requests, len(set(prompts)))
         key = (self.endpoint.api_key or "").strip()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         for mode, level in load.levels():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvlab.core.backends import ROTATING_KINDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.formats import FORMATS
@@ -26,6 +27,9 @@ def check_config(kind: str, config: KVCacheConfig) -> None:
     engine = server.title
     label = config.label
     supported = ", ".join(server.kv_dtypes)
+    if config.rotation is not None and server.rotation_off_env is None:
+        raise ConfigError(f"config '{label}': rotation = {str(config.rotation).lower()} cannot run on {engine}: it has "
+                          f"no rotation setting kvlab knows; run it with backend kind {ROTATING_KINDS}")
     if config.evict != "none":
         raise ConfigError(
             f"config '{label}': evict = '{config.evict}' cannot run on {engine}: {server.no_eviction}. "
@@ -130,13 +134,16 @@ def server_command(
     return argv + budget_args + list(options.extra_args)
 
 
-def server_env(kind: str, installed: Installed, local_model: bool) -> dict[str, str]:
+def server_env(kind: str, installed: Installed, local_model: bool, config: KVCacheConfig | None = None
+               ) -> dict[str, str]:
     """The environment a launched server gets beside this process's: no usage reports (this host may
-    reach no network), the engine's own (:meth:`~kvlab.engines.servers.base.ServingEngine.launch_env`), and
+    reach no network), the engine's own (:meth:`~kvlab.engines.servers.base.ServingEngine.launch_env`),
     for a model kvlab resolved to a local directory no hub (``HF_HUB_OFFLINE``, so nothing waits on an
-    unreachable one)."""
+    unreachable one), and for ``config`` with ``rotation = false`` the engine's switch that turns it off."""
+    server = serving_engine(kind)
+    rotation_off = dict(server.rotation_off_env or {}) if config is not None and config.rotation is False else {}
     return ({"DO_NOT_TRACK": "1"} | ({"HF_HUB_OFFLINE": "1"} if local_model else {})
-            | serving_engine(kind).launch_env(installed))
+            | server.launch_env(installed) | rotation_off)
 
 
 def health_path(kind: str) -> str:

@@ -70,6 +70,9 @@ def engine_flag(kind: str, config: KVCacheConfig, num_layers: int | None = None)
             return {"flag": None, "statement": f"{name} has no equivalent of {quant}: {server.format_note(quant)}"}
     assert dtype is not None and value_dtype is not None
     flag = server.deploy_flag(dtype, value_dtype)
+    if config.rotation is False and server.rotation_off_env:  # its switch, in the server's environment
+        flag += " with " + " ".join(f"{name}={value}" for name, value in server.rotation_off_env.items()) + \
+            " in its environment"
     if config.skip_layers is not None:
         if server.skip_layers_flag is None:
             return {"flag": None, "statement": f"{name} has no equivalent: kvlab knows no {name} flag that keeps "

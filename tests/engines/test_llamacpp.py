@@ -13,7 +13,7 @@ from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tune_spec import TuneSpec, backend_space
 from kvlab.engines.launched import pool_check
-from kvlab.engines.server_flags import Installed, check_config, server_command
+from kvlab.engines.server_flags import Installed, check_config, server_command, server_env
 from kvlab.engines.servers import serving_engine
 from kvlab.engines.servers.llamacpp import GGML_TYPES
 from kvlab.tune.recommend import engine_flag
@@ -199,3 +199,22 @@ def test_a_files_prompt_longer_than_the_pool_is_refused_before_launch_in_one_lin
     (line,) = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
     assert "exceed server.max_model_len = 128" in line and "new tokens" in line, line
     assert "launch" not in (ran.stdout + ran.stderr).lower()
+
+
+def test_rotation_off_is_llamacpps_environment_switch_and_refused_where_no_engine_has_it():
+    """A config's rotation = false reaches llama.cpp as LLAMA_ATTN_ROT_DISABLE=1 in its server's environment (and in
+    the recommendation's deploy line); the label says it; an engine without the setting, or kvlab's own engine,
+    refuses it in one line naming where it runs; an unquantized config has nothing to rotate."""
+    norot = KVCacheConfig(quant="q4_0", rotation=False)
+    assert norot.label == "q4_0/norot"
+    assert server_env("llamacpp", Installed("python"), local_model=True, config=norot)["LLAMA_ATTN_ROT_DISABLE"] == "1"
+    assert "LLAMA_ATTN_ROT_DISABLE" not in server_env("llamacpp", Installed("python"), local_model=True,
+                                                      config=KVCacheConfig(quant="q4_0"))
+    assert engine_flag("llamacpp", norot)["flag"] == ("--cache-type-k q4_0 --cache-type-v q4_0 -fa on with "
+                                                       "LLAMA_ATTN_ROT_DISABLE=1 in its environment")
+    with pytest.raises(ConfigError, match="rotation = false cannot run on vLLM.*backend kind 'llamacpp'"):
+        check_config("vllm", KVCacheConfig(quant="fp8_e4m3", rotation=False))
+    problem = check_fits(KVCacheConfig(quant="int4", rotation=True), SMOLLM2)
+    assert problem and "unrotated" in problem and "'llamacpp'" in problem
+    with pytest.raises(ValueError, match="rotation applies to quantized keys or values"):
+        KVCacheConfig(rotation=False)

@@ -43,6 +43,7 @@ LLAMACPP_CONFIGS = [
     {"name": "8-bit", "quant": "q8_0"},
     {"name": "4-bit", "quant": "q4_0"},
     {"name": "k8v4", "quant": "q8_0", "value_quant": "q4_0"},
+    {"name": "4-bit-norot", "quant": "q4_0", "rotation": False},  # llama.cpp's rotation off (LLAMA_ATTN_ROT_DISABLE)
 ]
 EMBEDDED_CONFIGS = [
     {"name": "baseline"},
@@ -54,7 +55,7 @@ EMBEDDED_CONFIGS = [
 #: (about 540 prompt and 16 new tokens); at their own bytes per token q8_0 gets 2,304 cells (four), q4_0 4,352
 #: (seven), k8v4 3,072 (five): whole multiples of 256, as llama.cpp rounds its pool.  On llama-server with 4 clients.
 LOAD = {"kv_budget_mib": 28.125, "concurrency": [4], "requests": 8, "output_tokens": 16}
-LOAD_CELLS = {"baseline": 1_280, "8-bit": 2_304, "4-bit": 4_352, "k8v4": 3_072}
+LOAD_CELLS = {"baseline": 1_280, "8-bit": 2_304, "4-bit": 4_352, "k8v4": 3_072, "4-bit-norot": 4_352}
 
 
 def spec_toml(name: str, kind: str, configs: list[dict] | None, num_items: int = ITEMS, **rest: object) -> str:
@@ -111,7 +112,7 @@ def test_every_pair_shows_the_pool_bytes_of_its_own_server_against_the_hand_form
         source = result.extra["kv_bytes_source"]
         assert "llama_kv_cache: size =" in source and ", agree" in source, source
         # llama.cpp's own choice, recorded: it rotates quantized keys and values (src/llama-kv-cache.cpp attn_rot_k/v)
-        rotated = config.get("quant", "none") != "none"
+        rotated = config.get("quant", "none") != "none" and config.get("rotation", True)
         assert f"the engine chose attn_rot_k={int(rotated)}, attn_rot_v={int(rotated)}" in source, source
     assert all(r.score == 1.0 for r in results if r.config_name == "baseline")  # the model does the task here
 
@@ -144,7 +145,7 @@ def test_under_load_llama_server_runs_as_many_slots_as_the_budget_holds(runs):
         assert level["server"]["max_running"] == min(4, launch["slots"]), (name, level["server"], launch)
     base = levels["baseline"]["server"]
     assert base["max_running"] == 2 and base["max_waiting"] >= 1, base
-    for name in ("8-bit", "4-bit", "k8v4"):
+    for name in ("8-bit", "4-bit", "k8v4", "4-bit-norot"):
         assert levels[name]["server"]["max_waiting"] < base["max_waiting"], (name, levels[name]["server"], base)
     assert "what each config buys under load" in runs["stdout"]
 

@@ -157,6 +157,9 @@ class ServingEngine(ABC):
     load_fields: Mapping[str, Any] = field(default_factory=dict)
     #: the program a load phase runs on (None: the server launched for the items, in the load's budget)
     load_server: LoadServer | None = None
+    #: the environment that turns off its rotation of quantized keys and values (a config's ``rotation = false``;
+    #: None: it has no such setting, and a config that sets rotation is refused)
+    rotation_off_env: Mapping[str, str] | None = None
 
     @property
     def title(self) -> str:

@@ -213,6 +213,8 @@ LLAMACPP = LlamaCppEngine(
     # tools/server/server-context.cpp: /health answers 200 once the model is loaded (503 while loading);
     # scripts/install_llamacpp.sh puts llama-server beside the venv's Python
     load_server=LoadServer(program="llama-server", health_path="/health"),
+    # src/llama-kv-cache.cpp: getenv("LLAMA_ATTN_ROT_DISABLE") turns attn_rot_k and attn_rot_v off
+    rotation_off_env={"LLAMA_ATTN_ROT_DISABLE": "1"},
     # tools/server/server-task.cpp params_from_json_cmpl: ignore_eos
     load_fields={"ignore_eos": True},
 )
