@@ -98,9 +98,11 @@ def _server_sequence(config: KVCacheConfig, geometry: CacheGeometry, context_tok
 
 
 def project_config(config: KVCacheConfig, arch: Architecture, context_tokens: int, pool: Pool, *,
-                   server_block: int | None = None) -> ConfigCapacity:
+                   server_block: int | None = None, pool_granule: int = 1) -> ConfigCapacity:
     """One config in ``pool`` at ``context_tokens`` per sequence: in a serving engine's layout when
-    ``server_block`` (its pool's block tokens) is given, else in kvlab's cache's."""
+    ``server_block`` (its pool's block tokens) is given, else in kvlab's cache's.  ``pool_granule``: the engine
+    sizes its whole pool in multiples of these tokens (llama.cpp's 256 cells), so the pool holds the multiples that
+    fit."""
     geometry = arch.geometry
     if server_block is not None:
         if config.removed_fraction or config.keep_tokens or config.threshold is not None or config.decode:
@@ -114,6 +116,9 @@ def project_config(config: KVCacheConfig, arch: Architecture, context_tokens: in
         block_bytes = server_block * sum(round(geometry.layer_bytes_per_token(kv_bits(config.for_layer(i, layers))))
                                          for i in range(layers))
         blocks = pool.bytes // block_bytes
+        if pool_granule > server_block:
+            per_granule = pool_granule // server_block
+            blocks = blocks // per_granule * per_granule
         pool_tokens = blocks * server_block if every_layer_full else None
         usable = blocks * block_bytes
     else:
@@ -130,9 +135,10 @@ def project_config(config: KVCacheConfig, arch: Architecture, context_tokens: in
 
 
 def project(configs: Sequence[KVCacheConfig], arch: Architecture, context_tokens: int, pool: Pool, *,
-            server_block: int | None = None) -> list[ConfigCapacity]:
+            server_block: int | None = None, pool_granule: int = 1) -> list[ConfigCapacity]:
     """:func:`project_config` for each config, in order (none left out: a config that cannot be projected carries
     its problem)."""
     if context_tokens < 1:
         raise ValueError(f"context_tokens must be at least 1, got {context_tokens}")
-    return [project_config(config, arch, context_tokens, pool, server_block=server_block) for config in configs]
+    return [project_config(config, arch, context_tokens, pool, server_block=server_block, pool_granule=pool_granule)
+            for config in configs]

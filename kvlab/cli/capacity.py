@@ -100,7 +100,8 @@ def run_capacity(args: argparse.Namespace) -> int:
     if args.engine == "embedded" and args.block_tokens:
         raise UserError("--block-tokens is a serving engine's: kvlab's own cache (--engine embedded) has no blocks")
     block = None if args.engine == "embedded" else args.block_tokens or serving_engine(args.engine).pool_block_tokens
-    rows = project(_configs(args), arch, context, pool, server_block=block)
+    granule = 1 if args.engine == "embedded" else serving_engine(args.engine).pool_granule_tokens
+    rows = project(_configs(args), arch, context, pool, server_block=block, pool_granule=granule)
     if args.json:
         print(json.dumps(capacity_json(arch.name, context, args.concurrency, pool, rows), indent=2))
         return 0

@@ -59,13 +59,15 @@ def default_context(arch: Architecture) -> int:
     return min(arch.max_context or DEFAULT_CONTEXT_CAP, DEFAULT_CONTEXT_CAP)
 
 
-def server_block(backend_kind: str) -> int | None:
-    """The pool's block tokens of a serving engine's layout; None for kvlab's own cache."""
+def server_layout(backend_kind: str) -> tuple[int | None, int]:
+    """A serving engine's pool layout: its block tokens (None for kvlab's own cache) and the tokens it sizes its
+    whole pool in multiples of."""
     if not BACKENDS[backend_kind].launches_server:
-        return None
+        return None, 1
     from kvlab.engines.servers import serving_engine
 
-    return serving_engine(backend_kind).pool_block_tokens
+    server = serving_engine(backend_kind)
+    return server.pool_block_tokens, server.pool_granule_tokens
 
 
 def capacity_rows(summaries: Sequence[ConfigSummary], backend_kind: str, choice: CapacityChoice
@@ -89,9 +91,9 @@ def _rows(configs: Sequence[tuple[str, KVCacheConfig | None, float | None]], bac
     ratio; ``measured``: whether the table has that column (not for a spec not run yet)."""
     arch = architecture(choice.model)
     pool = Pool.on_gpu(GPUS[choice.gpu].memory_bytes, arch)
-    block = server_block(backend_kind)
+    block, granule = server_layout(backend_kind)
     unread = "a config this kvlab no longer reads"
-    projected = [project([config], arch, choice.context, pool, server_block=block)[0] if config
+    projected = [project([config], arch, choice.context, pool, server_block=block, pool_granule=granule)[0] if config
                  else ConfigCapacity(name, problem=unread) for name, config, _ in configs]
     base = next((p.concurrency for p in projected if p.label == "baseline" and p.concurrency), None)
     rows = []

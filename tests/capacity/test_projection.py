@@ -30,6 +30,20 @@ def test_a_vllm_cpu_pool_is_what_vllm_itself_logged():
     assert (baseline.sequences, fp8.sequences) == (1, 2)
 
 
+def test_a_llamacpp_pool_is_whole_multiples_of_256_cells_that_the_budget_holds():
+    """llama.cpp rounds n_ctx up to 256 cells, so a budget holds the multiples that fit (kvlab launches it so:
+    tests/engines/test_llamacpp_real.py checks these against the pools llama.cpp logged and the slots it ran)."""
+    from kvlab.engines.servers import serving_engine
+
+    llamacpp = serving_engine("llamacpp")
+    budget = Pool(int(28.125 * (1 << 20)), "stated")
+    cells = {quant: project([KVCacheConfig(quant=quant)], SMOLLM2, 528, budget,
+                            server_block=llamacpp.pool_block_tokens, pool_granule=llamacpp.pool_granule_tokens)[0]
+             for quant in ("none", "q8_0", "q4_0")}
+    assert {q: c.pool_tokens for q, c in cells.items()} == {"none": 1_280, "q8_0": 2_304, "q4_0": 4_352}
+    assert {q: c.sequences for q, c in cells.items()} == {"none": 2, "q8_0": 4, "q4_0": 8}
+
+
 def test_a_full_attention_sequence_is_the_hand_formula():
     """Llama 3.1 8B: 32 layers x 2 x 8 KV heads x 128 x 2 B = 128 KiB a token; 128K tokens = 16 GiB, fp8 half."""
     arch = ARCHITECTURES["llama-3.1-8b"]

@@ -18,6 +18,8 @@ import pytest
 import tomli_w
 
 from kvlab.analysis.agreement import engine_agreement
+from kvlab.capacity.architectures import architecture
+from kvlab.capacity.projection import Pool, project_config
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.formats import FORMATS
 from kvlab.core.geometry import CacheGeometry
@@ -143,6 +145,13 @@ def test_under_load_llama_server_runs_as_many_slots_as_the_budget_holds(runs):
         assert launch["command"][0].endswith("llama-server") and "-kvu" in launch["command"], launch
         assert launch["slots"] == LOAD_CELLS[name] // launch["longest_request_tokens"], launch
         assert level["server"]["max_running"] == min(4, launch["slots"]), (name, level["server"], launch)
+        # kvlab capacity's arithmetic gives the same pool and slots: the budget, llama.cpp's 256-cell granule
+        config = KVCacheConfig(**{k: v for k, v in next(c for c in LLAMACPP_CONFIGS if c["name"] == name).items()
+                                  if k != "name"})
+        projected = project_config(config, architecture("smollm2-135m"), launch["longest_request_tokens"],
+                                   Pool(round(LOAD["kv_budget_mib"] * (1 << 20)), "the load's budget"),
+                                   server_block=LLAMACPP.pool_block_tokens, pool_granule=LLAMACPP.pool_granule_tokens)
+        assert (projected.pool_tokens, projected.sequences) == (LOAD_CELLS[name], launch["slots"]), (name, projected)
     base = levels["baseline"]["server"]
     assert base["max_running"] == 2 and base["max_waiting"] >= 1, base
     for name in ("8-bit", "4-bit", "k8v4", "4-bit-norot"):

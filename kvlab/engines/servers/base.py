@@ -152,6 +152,9 @@ class ServingEngine(ABC):
     #: tokens per block of its pool on a GPU: a sequence takes whole blocks in every layer (a capacity projection
     #: rounds so, :mod:`kvlab.capacity.projection`)
     pool_block_tokens: int = 1
+    #: the engine sizes its whole pool in multiples of these tokens (llama.cpp rounds n_ctx to 256 cells): a
+    #: budget holds the multiples that fit (:func:`kvlab.capacity.projection.project_config`'s ``pool_granule``)
+    pool_granule_tokens: int = 1
     #: request fields of a load phase's completions (vllm bench serve --ignore-eos: every request generates the
     #: tokens asked, so that configs are compared on the same work)
     load_fields: Mapping[str, Any] = field(default_factory=dict)

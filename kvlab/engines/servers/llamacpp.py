@@ -141,7 +141,8 @@ N_CTX_PAD = 256
 
 def budget_cells(budget_bytes: int, bytes_per_token: float) -> int:
     """The pool's cells that ``budget_bytes`` hold at ``bytes_per_token``: whole multiples of :data:`N_CTX_PAD`, which
-    llama.cpp would otherwise round up past the budget."""
+    llama.cpp would otherwise round up past the budget (the capacity projection rounds so too:
+    ``pool_granule_tokens``)."""
     return int(budget_bytes // bytes_per_token) // N_CTX_PAD * N_CTX_PAD
 
 
@@ -215,6 +216,7 @@ LLAMACPP = LlamaCppEngine(
     load_server=LoadServer(program="llama-server", health_path="/health"),
     # src/llama-kv-cache.cpp: getenv("LLAMA_ATTN_ROT_DISABLE") turns attn_rot_k and attn_rot_v off
     rotation_off_env={"LLAMA_ATTN_ROT_DISABLE": "1"},
+    pool_granule_tokens=N_CTX_PAD,
     # tools/server/server-task.cpp params_from_json_cmpl: ignore_eos
     load_fields={"ignore_eos": True},
 )
