@@ -8,7 +8,11 @@ in the same KV budget (``--kv-cache-memory-bytes``), and on it, side by side in 
 It prints each client's output tokens/s, requests/s, TTFT (mean, p99) and TPOT (mean), the ratio kvlab / vLLM of
 each, and per client the ratio fp8 / baseline: the throughput compression buys, read by both.
 
+With ``--again`` kvlab's level runs a second time after vLLM's client on the same server, so that an order effect
+(the first load on a freshly started server) shows as the gap between kvlab's two readings.
+
 Usage: python benchmarks/load_bench.py [--clients 4] [--requests 16] [--output-tokens 32] [--budget-mib 30.9375]
+                                      [--again]
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--budget-mib", type=float, default=30.9375)
+    parser.add_argument("--again", action="store_true", help="kvlab's level again after vLLM's client")
     args = parser.parse_args()
     parsed = parse_spec(spec(args))
     assert parsed.load is not None
@@ -81,6 +86,12 @@ def main() -> None:
             (kvlab_level,) = engine.measure_load(config, items, parsed.load, parsed.seed)
             assert engine.server_root is not None  # the server just measured, still up
             theirs = vllm_client(engine.server_python, engine.server_root, engine.served_name, input_len, args)
+            if args.again:  # the same server (still up for this config), after vLLM's client
+                (again,) = engine.measure_load(config, items, parsed.load, parsed.seed)
+                print(f"{config.label}: kvlab's level after vLLM's: {again.output_throughput:.2f} out tok/s "
+                      f"(first {kvlab_level.output_throughput:.2f}), TTFT mean {again.latency('ttft', 'mean'):.0f} ms, "
+                      f"TPOT mean {again.latency('tpot', 'mean'):.1f} ms, at most {again.server.max_running} running, "
+                      f"{again.server.preemptions} preempted")
             rows[config.label] = {
                 "kvlab": {"out tok/s": kvlab_level.output_throughput, "req/s": kvlab_level.request_throughput,
                           "TTFT mean ms": kvlab_level.latency("ttft", "mean"),
