@@ -50,7 +50,7 @@ def model_choices(experiment_model: str) -> list[str]:
     try:
         architecture(experiment_model)
         own = [experiment_model]
-    except (ConfigError, OSError, ValueError):
+    except (ConfigError, OSError, ValueError, ImportError):  # ImportError: transformers half-imported by another thread
         own = []
     return list(dict.fromkeys([*own, *ARCHITECTURES]))
 

@@ -344,6 +344,21 @@ def test_the_form_projects_what_each_config_of_the_spec_would_fit_before_it_runs
     assert all(on_l4[name] < on_h100[name] for name in on_h100), (on_l4, on_h100)
 
 
+def test_a_projection_that_fails_says_so_in_one_line_and_leaves_the_form(store, monkeypatch):
+    """What fails in the capacity preview stays in it: the cost, the preview and Launch are still there."""
+    import pages.capacity_preview
+
+    def half_imported(name: str):
+        raise ImportError("cannot import name 'AutoConfig' from 'transformers'")
+
+    monkeypatch.setattr(pages.capacity_preview, "architecture", half_imported)
+    at = open_page(NEW)
+    assert_clean(at)
+    assert any("No projection now: cannot import name" in w.value for w in at.warning)
+    assert {m.label for m in at.metric} >= {"Evaluations", "Estimated duration"}
+    assert at.button(key="launch") is not None
+
+
 def test_the_capacity_section_projects_every_config_and_its_link_keeps_the_deployment(filled):
     """The Capacity section: every config of the experiment projected on the linked GPU, model and context, labelled
     as a projection, its CSV said to be one; the share link reproduces the choice."""
