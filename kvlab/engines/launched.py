@@ -108,6 +108,18 @@ class LaunchedServerEngine(Engine):
         refuse_on_host(self.name, self._install, list(configs))
         for config in configs:
             self._command(config, 1)
+        if self.spec.load is not None and serving_engine(self.name).load_server is not None:
+            self._load_program()
+
+    def _load_program(self) -> str:
+        """The engine's load server beside the install's Python (:class:`ConfigError` when it is not there)."""
+        server = serving_engine(self.name)
+        assert server.load_server is not None
+        program = Path(self._installed.python).parent / server.load_server.program
+        if not os.access(program, os.X_OK):
+            raise ConfigError(f"load: {server.title}'s load phase runs on {server.load_server.program}, which is not "
+                              f"in {program.parent}: {server.install_hint.format(venv=program.parent.parent)}")
+        return str(program)
 
     @cached_property
     def _install(self) -> Install:
@@ -337,7 +349,7 @@ class LaunchedServerEngine(Engine):
                                 "give a larger budget")
         self._stop()
         port = free_port()
-        program = str(Path(self._installed.python).parent / server.load_server.program)
+        program = self._load_program()
         kv_dtypes = (server.kv_dtypes[config.quant], server.kv_dtypes[config.value_format])
         command = [program, "--host", "127.0.0.1", "--port", str(port),
                    *server.load_args(self._served_model, kv_dtypes, self._installed, self.served_name,

@@ -20,11 +20,13 @@ import tomli_w
 from kvlab.analysis.agreement import engine_agreement
 from kvlab.capacity.architectures import architecture
 from kvlab.capacity.projection import Pool, project_config
-from kvlab.core.experiment_spec import ServerOptions
+from kvlab.core.errors import ConfigError
+from kvlab.core.experiment_spec import ServerOptions, parse_spec
 from kvlab.core.formats import FORMATS
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE
+from kvlab.engines.launched import LaunchedServerEngine
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.server_flags import Installed, server_command, server_env
 from kvlab.engines.server_logs import startup_failure
@@ -301,3 +303,21 @@ def _gone(process) -> bool:
         return process.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_a_load_phase_without_llama_server_is_refused_before_anything_starts(llamacpp_python, tmp_path):
+    """An install whose venv has llama-cpp-python but no llama-server (built before kvlab built it) is refused at the
+    configs' check, in one line that says how to build it: nothing is launched."""
+
+    python = tmp_path / "bin" / "python"  # the same interpreter, in a folder without llama-server beside it
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\nexec "{llamacpp_python}" "$@"\n')
+    python.chmod(0o755)
+    spec = parse_spec({"name": "no-llama-server", "model": "smollm2-135m", "load": LOAD,
+                       "backend": {"kind": "llamacpp", "server": {"python": str(python)}},
+                       "tasks": [{"name": "passkey", "context_lengths": [512], "num_items": 1}],
+                       "configs": [{"name": "baseline"}]})
+    engine = LaunchedServerEngine(spec, tokenizer=None, tokenizer_note="")
+    with pytest.raises(ConfigError, match="load phase runs on llama-server, which is not in .*install_llamacpp.sh"):
+        engine.check_configs(spec.all_configs())
+    assert engine.launches == []
