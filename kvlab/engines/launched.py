@@ -190,6 +190,10 @@ class LaunchedServerEngine(Engine):
         refuses a longer one request by request (llama.cpp: its pool's ``n_ctx`` cells).  Generated tasks were
         refused by the spec already, where their lengths are known; a file's prompts are known here."""
         refuse_perplexity(items)
+        load = self.spec.load
+        if load is not None and serving_engine(self.name).load_server is not None and items:
+            for config in self.spec.all_configs():  # each config's pool holds one request of the load, or refused
+                self._load_layout(config, items, load)
         limit = self.spec.backend.server.max_model_len
         if limit is None:
             return
@@ -335,18 +339,8 @@ class LaunchedServerEngine(Engine):
         pool of the cells the budget holds at the config's bytes per token, shared by as many slots as sequences of
         the workload's longest request (prompt and output tokens) fit in it."""
         server = serving_engine(self.name)
-        assert server.load_server is not None and load.kv_budget_bytes is not None  # the spec's check_load
-        per_token = self._pool_bytes_per_token(config)
-        if per_token is None:
-            raise ConfigError(f"a load phase on {server.title} needs the model's geometry to size its pool")
-        cells = server.with_budget(self.spec.backend.server, load.kv_budget_bytes, per_token)[0].max_model_len or 0
-        longest = max(len(self._tokenizer(item.context + item.question)["input_ids"]) for item in items) \
-            + load.output_tokens
-        slots = cells // longest
-        if slots < 1:
-            raise EngineFailure(f"{config.label}: load.kv_budget_mib holds {cells:,} tokens of {server.title}'s pool, "
-                                f"fewer than the workload's longest request ({longest:,} tokens with its output): "
-                                "give a larger budget")
+        assert server.load_server is not None
+        cells, longest, slots = self._load_layout(config, items, load)
         self._stop()
         port = free_port()
         program = self._load_program()
@@ -383,6 +377,23 @@ class LaunchedServerEngine(Engine):
                               "engine_chose": dict(pool.chosen) if pool else {},
                               "slots": slots, "longest_request_tokens": longest})
         return self._inner
+
+    def _load_layout(self, config: KVCacheConfig, items: Sequence[TaskItem], load: LoadSpec) -> tuple[int, int, int]:
+        """The load server's pool cells for ``config`` in the load's budget, the workload's longest request (prompt
+        and output tokens) and the slots of that length the cells hold (:class:`ConfigError` for none)."""
+        server = serving_engine(self.name)
+        assert load.kv_budget_bytes is not None  # the spec's check_load
+        per_token = self._pool_bytes_per_token(config)
+        if per_token is None:
+            raise ConfigError(f"load: a load phase on {server.title} needs the model's geometry to size its pool")
+        cells = server.with_budget(self.spec.backend.server, load.kv_budget_bytes, per_token)[0].max_model_len or 0
+        longest = max(len(self._tokenizer(item.context + item.question)["input_ids"]) for item in items) \
+            + load.output_tokens
+        if cells // longest < 1:
+            raise ConfigError(f"load.kv_budget_mib holds {cells:,} tokens of {server.title}'s pool for config "
+                              f"'{config.label}', fewer than the workload's longest request ({longest:,} tokens with "
+                              "its output): give a larger budget")
+        return cells, longest, cells // longest
 
     def _crash_report(self, error: EngineFailure) -> str:
         server = self._server

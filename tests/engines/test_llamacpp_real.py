@@ -321,3 +321,15 @@ def test_a_load_phase_without_llama_server_is_refused_before_anything_starts(lla
     with pytest.raises(ConfigError, match="load phase runs on llama-server, which is not in .*install_llamacpp.sh"):
         engine.check_configs(spec.all_configs())
     assert engine.launches == []
+
+
+def test_a_budget_that_holds_no_request_of_the_load_is_refused_before_any_server_starts(llamacpp_python, tmp_path):
+    """1 MiB holds no 528-token request at any K/V pair: `kvlab run` exits 2 with one line naming the budget, the config
+    and the request's length, at the items' check (as every item refusal), before any server is launched."""
+    (tmp_path / "tiny.toml").write_text(spec_toml("tiny-budget", "llamacpp", LLAMACPP_CONFIGS[:2], num_items=1,
+                                                  load=LOAD | {"kv_budget_mib": 1.0}))
+    ran = kvlab_cli("run", "tiny.toml", db=tmp_path / "kvlab.sqlite", cwd=tmp_path)
+    assert ran.returncode == 2, ran.stderr[-2000:]
+    assert "load.kv_budget_mib holds 0 tokens of llama.cpp's pool for config 'baseline'" in ran.stderr, ran.stderr
+    assert "Traceback" not in ran.stderr and "did not start" not in ran.stderr, ran.stderr
+    assert ran.stderr.strip().splitlines()[-1].endswith("give a larger budget"), ran.stderr
