@@ -306,9 +306,6 @@ class ExperimentSpec(BaseModel):
         backend = BACKENDS[self.backend.kind]
         if backend.no_load:
             raise FieldProblem("load", backend.no_load)
-        if self.tune is not None:
-            raise FieldProblem("load", "kvlab tune does not run a load phase: measure the configs it recommends "
-                                       "with `kvlab run` and a [load] table")
         server = self.backend.server
         if backend.launches_server:
             if load.kv_budget_mib is None:

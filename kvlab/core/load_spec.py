@@ -2,6 +2,9 @@
 budget, and the task's own prompts are sent to it under load (closed loop: N clients each sending its next request
 when its last one ends; open loop: Poisson arrivals at a rate), after its items are scored.
 
+In ``kvlab tune`` a candidate's server is measured under the load once it runs on all the items (the last rung),
+and the baseline's once it does: a load phase per candidate would cost more than its items on the first rungs.
+
 The field's definitions (those ``vllm bench serve`` prints: request and output token throughput, TTFT, TPOT, ITL,
 end-to-end latency) are :mod:`kvlab.load.metrics`'s; the load itself is :mod:`kvlab.load.client`'s.
 """
@@ -71,7 +74,8 @@ class LoadSpec(BaseModel):
 
     target: LoadTarget | None = Field(
         default=None, description="A throughput or latency target at one closed-loop level ([load.target]): the "
-                                  "sweet spot is then the most compressed acceptable config whose server holds it.")
+                                  "sweet spot is then the most compressed acceptable config whose server holds it. "
+                                  "In kvlab tune it is a constraint: a candidate whose server misses it stops.")
 
     @field_validator("concurrency", "request_rates")
     @classmethod

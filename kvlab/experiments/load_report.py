@@ -132,27 +132,27 @@ def halves_front(points: Sequence[HalvesPoint]) -> list[str]:
     return [p.config for p in sorted(front, key=lambda p: p.mean_kl or 0.0)]
 
 
+def target_problem(levels: Sequence[LevelResult], target: LoadTarget) -> str | None:
+    """Why a config's server missed ``target`` at its levels (None: it held it)."""
+    level = next((r for r in levels if r.mode == "closed" and r.level == target.clients), None)
+    if level is None:
+        return f"not measured at {target.clients} clients"
+    missed = []
+    if target.min_output_tokens_per_s is not None and level.output_throughput < target.min_output_tokens_per_s:
+        missed.append(f"{level.output_throughput:.1f} output tokens/s")
+    p99 = level.latency("ttft", "p99")
+    if target.max_p99_ttft_ms is not None and (p99 is None or p99 > target.max_p99_ttft_ms):
+        missed.append(f"p99 TTFT {p99:,.0f} ms" if p99 is not None else "no TTFT")
+    if level.errors:
+        missed.append(f"{level.errors} failed requests")
+    return ", ".join(missed) or None
+
+
 def target_verdicts(summaries: Sequence[ConfigSummary], records: Sequence[LoadLevelRecord], target: LoadTarget
                     ) -> dict[str, str | None]:
-    """Per config, why its server missed ``target`` (None: it held it; "no such level" where it did not run it)."""
+    """Per config, why its server missed ``target`` (:func:`target_problem`; None: it held it)."""
     by_config = levels_by_config(records)
-    verdicts: dict[str, str | None] = {}
-    for summary in summaries:
-        level = next((r for r in by_config.get(summary.config_name, [])
-                      if r.mode == "closed" and r.level == target.clients), None)
-        if level is None:
-            verdicts[summary.config_name] = f"not measured at {target.clients} clients"
-            continue
-        missed = []
-        if target.min_output_tokens_per_s is not None and level.output_throughput < target.min_output_tokens_per_s:
-            missed.append(f"{level.output_throughput:.1f} output tokens/s")
-        p99 = level.latency("ttft", "p99")
-        if target.max_p99_ttft_ms is not None and (p99 is None or p99 > target.max_p99_ttft_ms):
-            missed.append(f"p99 TTFT {p99:,.0f} ms" if p99 is not None else "no TTFT")
-        if level.errors:
-            missed.append(f"{level.errors} failed requests")
-        verdicts[summary.config_name] = ", ".join(missed) or None
-    return verdicts
+    return {s.config_name: target_problem(by_config.get(s.config_name, []), target) for s in summaries}
 
 
 def sweet_spot_under_target(summaries: Sequence[ConfigSummary], baseline_name: str,

@@ -270,6 +270,7 @@ class Worker:
         items = build_items(spec, engine.tokenizer, self.item_limit)
         # A tune's trial runs only its first ``item_limit`` items (the rest, if it is promoted).
         limits = {t.id: min(len(items), t.item_limit or len(items)) for t in trials}
+        every_item = len(items)
         items = items[:max(limits.values())]
         engine.check_items(items)
         position = {(item.item_id, item.task): i for i, item in enumerate(items)}
@@ -293,7 +294,7 @@ class Worker:
         def finish(group: list[KVCacheConfig]) -> None:
             for config in group:
                 trial_id = by_label[config.label]
-                if spec.load is not None and trial_id not in heartbeat.gone:
+                if spec.load is not None and limits[trial_id] == every_item and trial_id not in heartbeat.gone:
                     self._measure_load(spec, engine, config, items[:limits[trial_id]], trial_id, heartbeat)
                     if self._stopping():
                         return  # the caller releases the trial; its stored levels are kept and skipped on resume
@@ -308,7 +309,8 @@ class Worker:
     def _measure_load(self, spec: ExperimentSpec, engine: Engine, config: KVCacheConfig, items: list[TaskItem],
                       trial_id: int, heartbeat: _Heartbeat) -> None:
         """The trial's server under the spec's ``[load]`` levels it has not stored yet, each stored as it ends
-        (the experiment page shows it at once); a cancel or a stop ends it after the level in progress."""
+        (the experiment page shows it at once); a cancel or a stop ends it after the level in progress.  A tune's
+        trial comes here once it runs on every item (its last rung, :mod:`kvlab.core.load_spec`)."""
         assert spec.load is not None
         stored = self.store.load_levels(self.store.get_trial(trial_id).experiment_id, trial_id)
         done = {(level.mode, level.level) for level in stored}

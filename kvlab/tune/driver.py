@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import optuna
 
 from kvlab.analysis.decision import PairedScores
-from kvlab.analysis.summary import decide, summarize
+from kvlab.analysis.summary import ConfigSummary, Decision, decide, summarize
 from kvlab.analysis.verdict import judge_tasks
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec
@@ -32,6 +32,7 @@ from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import ItemResult
 from kvlab.core.tune_spec import TuneSpec, backend_space, rungs
 from kvlab.engines.base import EngineFailure
+from kvlab.experiments.load_report import gain_text, levels_by_config, target_lines, target_problem
 from kvlab.store import ExperimentStore, StoreError
 from kvlab.store.records import CandidateRecord, TrialRecord
 from kvlab.store.tunes import study_name
@@ -91,6 +92,7 @@ class Tuner:
         self.order = {(item.item_id, item.task): i for i, item in enumerate(items)}
         self.rungs = rungs(len(items), self.tune.min_items, self.tune.eta)
         self.limits = Limits(spec.max_drop, self.tune.max_ttft_ms, self.tune.max_tpot_ms)
+        self.target = spec.load.target if spec.load is not None else None
         self.study = studies.open_study(store.study_storage_url(), study_name(experiment_id), self.tune, spec.seed)
         self._stop = threading.Event()
 
@@ -217,7 +219,7 @@ class Tuner:
                 latency = self._latency_constraints(statistics.median(ttft) if ttft else None,
                                                     statistics.median(tpot) if tpot else None)
                 studies.tell(self.study, number, statistics.fmean(kv), statistics.fmean(map(_score, rows)),
-                             {"rule": -self.limits.max_drop} | latency)
+                             {"rule": -self.limits.max_drop} | latency | self._load_constraint(None))
                 return
         candidate = {c.trial_id: c for c in self.store.candidates(self.experiment_id)}.get(
             original.id if original else -1)
@@ -314,7 +316,13 @@ class Tuner:
     def _constraints_of(self, e: Evidence) -> dict[str, float]:
         """Feasible (every value <= 0) when the sweet-spot rule accepts it on its items and it keeps the
         latency limits."""
-        return {"rule": e.slack(self.limits.max_drop)} | self._latency_constraints(e.ttft_ms, e.tpot_ms)
+        return ({"rule": e.slack(self.limits.max_drop)} | self._latency_constraints(e.ttft_ms, e.tpot_ms)
+                | self._load_constraint(e.load_problem))
+
+    def _load_constraint(self, problem: str | None) -> dict[str, float]:
+        """With a ``[load.target]``, one value for every trial alike: 1 when its server missed it, else 0 (not
+        measured before the last rung counts as holding it, as an unmeasured latency does)."""
+        return {} if self.target is None else {"load": 1.0 if problem else 0.0}
 
     def _latency_constraints(self, ttft_ms: float | None, tpot_ms: float | None) -> dict[str, float]:
         """One value per latency limit set, for every trial alike (Optuna's GP sampler needs as many
@@ -353,11 +361,15 @@ class Tuner:
         rung = max((i for i, size in enumerate(self.rungs) if size <= limit), default=0)
         base_rows = [baseline[i] for i in range(limit)]
         verdicts = judge_tasks(base_rows + rows, base_rows[0].config_name, self.spec.margins).get(trial.config_name, [])
+        load_problem = None
+        if self.target is not None and rung == len(self.rungs) - 1:  # its server ran the load (the worker's rule)
+            levels = levels_by_config(self.store.load_levels(self.experiment_id, trial.id))
+            load_problem = target_problem(levels.get(trial.config_name, []), self.target)
         return Evidence(trial_id=trial.id, label=trial.config_name, rung=rung, n_items=limit, paired=pairs,
                         kv_bytes=statistics.fmean(kv) if kv else float("inf"),
                         ttft_ms=statistics.median(ttft) if ttft else None,
                         tpot_ms=statistics.median(tpot) if tpot else None,
-                        verdicts=tuple(verdicts), margins=self.spec.margins)
+                        verdicts=tuple(verdicts), margins=self.spec.margins, load_problem=load_problem)
 
     # -- the end ----------------------------------------------------------------------------------------
 
@@ -377,6 +389,8 @@ class Tuner:
                       None)  # the model's depth, where the engine reported its cache layer by layer
         answer = recommendation(self.spec.model, decision, [s for s in summaries if s is not baseline], baseline,
                                 layers)
+        if self.spec.load is not None:
+            answer["load"] = self._load_answer(summaries, trials[0].config_name, decision)
         if len(names) == 1:
             answer["note"] = (f"no candidate reached all {len(self.order)} items: every one stopped early (the tune "
                               "page says why); widen the space, raise max_drop or give more items")
@@ -393,6 +407,17 @@ class Tuner:
         self._fail_open_proposals()
         self.store.finish_tune(self.experiment_id, "done", answer, note)
         return answer
+
+    def _load_answer(self, summaries: list[ConfigSummary], baseline_name: str, decision: Decision
+                     ) -> dict[str, Any]:
+        """What the sweet spot buys under the ``[load]`` (its gain over the baseline), and the target's verdict
+        over the complete candidates (who held it, who missed it: those stopped for it say so on the tune page)."""
+        records = self.store.load_levels(self.experiment_id)
+        spot = decision.sweet_spot
+        gain = gain_text(spot, baseline_name, records) if spot is not None else None
+        return {"gain": gain, "target": self.target.words() if self.target is not None else None,
+                "target_lines": (target_lines(summaries, baseline_name, records, self.target)
+                                 if self.target is not None else [])}
 
     def _fail_open_proposals(self) -> None:
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):

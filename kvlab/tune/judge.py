@@ -10,6 +10,8 @@ Items come in rungs (``min_items``, x ``eta``, ..., all).  After each rung a can
   accuracy difference below ``-max_drop``, its mean KL above ``max_kl``): more items cannot make it
   acceptable;
 * **stops, over a latency limit**, when its median TTFT / TPOT exceeds ``max_ttft_ms`` / ``max_tpot_ms``;
+* **stops, short of the load target**, on the last rung, when its server missed the ``[load.target]`` (its
+  throughput or p99 TTFT at the target's clients, measured once it ran every item);
 * **stops, dominated**, when it holds at least as many bytes as a candidate already shown
   non-inferior on every item: it cannot be the sweet spot (the most compressed non-inferior config);
 * **is complete** on the last rung;
@@ -49,6 +51,8 @@ class Evidence:
     # the sweet-spot rule on these items, task by task (uncorrected); () judges by the pooled accuracy
     verdicts: tuple[TaskVerdict, ...] = ()
     margins: Margins | None = None
+    # why its server missed the [load.target] (measured on the last rung only); None: held it, or not measured
+    load_problem: str | None = None
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -121,9 +125,10 @@ def latency_problem(evidence: Evidence, limits: Limits) -> str | None:
 
 
 def confirmed(evidence: Evidence, last_rung: int, limits: Limits) -> bool:
-    """Shown non-inferior on every item and within the latency limits: a sweet-spot candidate."""
+    """Shown non-inferior on every item, within the latency limits and holding the load target: a sweet-spot
+    candidate."""
     return (evidence.rung == last_rung and evidence.non_inferior(limits.max_drop)
-            and latency_problem(evidence, limits) is None)
+            and latency_problem(evidence, limits) is None and evidence.load_problem is None)
 
 
 def judge(waiting: list[Evidence], reached: dict[int, list[Evidence]], best: Evidence | None, last_rung: int,
@@ -141,6 +146,9 @@ def judge(waiting: list[Evidence], reached: dict[int, list[Evidence]], best: Evi
             verdicts[evidence.trial_id] = Verdict("stopped", f"clearly inferior after {evidence.n_items} items: {why}")
         elif problem := latency_problem(evidence, limits):
             verdicts[evidence.trial_id] = Verdict("stopped", f"{problem} after {evidence.n_items} items")
+        elif evidence.load_problem:
+            verdicts[evidence.trial_id] = Verdict("stopped", f"its server missed the load target "
+                                                             f"({evidence.load_problem})")
         elif best is not None and best.trial_id != evidence.trial_id and evidence.kv_bytes >= best.kv_bytes:
             verdicts[evidence.trial_id] = Verdict("stopped", (
                 f"dominated: no smaller than {best.label} ({best.kv_bytes / MIB:.2f} MiB), already acceptable "

@@ -15,6 +15,7 @@ import tomli_w
 
 from kvlab.analysis.summary import ConfigSummary, Decision
 from kvlab.core.axes import given_leaves
+from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig, SkipLayers
 from kvlab.engines.servers import SERVERS, serving_engine
 from kvlab.experiments.report import MIB
@@ -91,6 +92,11 @@ def _skipped(skip: SkipLayers, num_layers: int | None) -> str:
     return " ".join([*map(str, listed), *([last] if last else [])])
 
 
+def _kvlab_stores(config: KVCacheConfig) -> bool:
+    """Whether kvlab's own cache (``kvlab serve``) stores the config's keys and values."""
+    return FORMATS[config.quant].kvlab_stores and FORMATS[config.value_format].kvlab_stores
+
+
 def config_toml(config: KVCacheConfig) -> str:
     """The config as a ``[[configs]]`` entry of a spec."""
     fields = config.model_dump(mode="json", exclude_defaults=True, exclude_none=True)
@@ -121,17 +127,25 @@ def recommendation(model: str, decision: Decision, summaries: list[ConfigSummary
         "verdicts": [v.reason for v in spot.task_verdicts],
         "ttft_ms": spot.ttft_s * 1000 if spot.ttft_s is not None else None,
         "tpot_ms": spot.tpot_s * 1000 if spot.tpot_s is not None else None,
-        "kvlab_serve": serve_command(model, config),
+        "kvlab_serve": serve_command(model, config) if _kvlab_stores(config) else None,
         "engines": {kind: engine_flag(kind, config, num_layers) for kind in SERVERS},
         "toml": config_toml(config),
     }
     return answer
 
 
+def under_load_lines(answer: dict[str, Any]) -> list[str]:
+    """What the answer's sweet spot buys under the spec's ``[load]`` and the load target's verdict (none without
+    a ``[load]`` table)."""
+    load = answer.get("load") or {}
+    return [*([f"under load: {load['gain']}"] if load.get("gain") else []), *load.get("target_lines", [])]
+
+
 def describe(answer: dict[str, Any]) -> list[str]:
     """The recommendation as the lines ``kvlab tune`` prints."""
+    under_load = under_load_lines(answer)
     if answer.get("config") is None:
-        return [f"no config passes the rule: {answer.get('note') or 'none of the candidates passed it'}"]
+        return [f"no config passes the rule: {answer.get('note') or 'none of the candidates passed it'}", *under_load]
     low, high = answer["diff_ci"]
     lines = [
         f"recommended: {answer['label']}: {answer['kv_bytes'] / MIB:.2f} MiB KV per item measured "
@@ -149,7 +163,9 @@ def describe(answer: dict[str, Any]) -> list[str]:
                if answer.get(key) is not None]
     if latency:
         lines.append("latency (median): " + ", ".join(latency))
-    lines.append(f"deploy: {answer['kvlab_serve']}")
+    lines += under_load
+    if answer.get("kvlab_serve"):  # None for an engine's own format, which kvlab's cache does not store
+        lines.append(f"deploy: {answer['kvlab_serve']}")
     for kind, engine in answer["engines"].items():  # the engines known when the tune ended
         lines.append(f"{engine_title(kind)}: {engine['statement']}")
     lines.append("as a spec entry:\n" + answer["toml"].rstrip())

@@ -201,9 +201,13 @@ def test_the_same_items_on_two_engines_in_one_table(runs):
 
 
 def test_a_tune_on_llamacpp_searches_its_kv_types_and_ends_in_llama_servers_flags(llamacpp_python, tmp_path):
-    """At loose margins (4 items cannot certify a tight one): the search, its notes and the flags it ends in."""
+    """At loose margins (4 items cannot certify a tight one): the search, its notes and the flags it ends in; with a
+    small load and a target every server holds (the test asserts counts, not speed), each candidate's server that
+    ran every item and the baseline's were measured under it, and the answer says what the sweet spot buys."""
     spec = tmp_path / "tune.toml"
-    spec.write_text(spec_toml("llamacpp-tune", "llamacpp", None, num_items=4, max_drop=0.5, max_kl=0.5,
+    load = {"kv_budget_mib": LOAD["kv_budget_mib"], "concurrency": [2], "requests": 2, "output_tokens": 4,
+            "target": {"clients": 2, "min_output_tokens_per_s": 0.001}}
+    spec.write_text(spec_toml("llamacpp-tune", "llamacpp", None, num_items=4, max_drop=0.5, max_kl=0.5, load=load,
                               tune={"quant": ["q8_0", "int8"], "value_quant": ["q4_0"], "min_items": 4,
                                     "candidates_per_round": 2, "max_trials": 2}))
     tuned = kvlab_cli("tune", str(spec), "--json", str(tmp_path / "tune.json"), db=tmp_path / "kvlab.sqlite",
@@ -216,6 +220,16 @@ def test_a_tune_on_llamacpp_searches_its_kv_types_and_ends_in_llama_servers_flag
     value = config.get("value_quant") or "q8_0"
     flag = f"--cache-type-k q8_0 --cache-type-v {value} -fa on"
     assert answer["engines"]["llamacpp"]["flag"] == flag and flag in tuned.stdout
+    with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
+        (experiment,) = store.list_experiments()
+        complete = {c.trial_id for c in store.candidates(experiment.id) if c.state == "complete"}
+        names = {t.id: t.config_name for t in store.trials(experiment.id) if t.id in complete}
+        levels = {level.config_name: level.result for level in store.load_levels(experiment.id)}
+    assert set(names.values()) <= set(levels) and answer["label"] in levels
+    assert all((result["completed"], result["errors"]) == (2, 0) for result in levels.values()), levels
+    assert answer["load"]["target_lines"][0] == (
+        f"holding the load target (at least 0.001 output tokens/s at 2 clients): the sweet spot is {answer['label']}")
+    assert f"under load: {answer['label']}: " in tuned.stdout
 
 
 def test_a_taken_port_fails_the_run_in_one_line_with_its_root_cause(llamacpp_python, tmp_path):
