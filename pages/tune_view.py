@@ -22,7 +22,7 @@ from kvlab.experiments.report import MIB
 from kvlab.store import ExperimentRecord, ExperimentStore, StoreError
 from kvlab.store.records import TuneRecord
 from kvlab.tune import importance, progress
-from kvlab.tune.recommend import engine_title, serve_command, under_load_lines
+from kvlab.tune.recommend import engine_title, serve_command, serving_lines
 from pages.common import chart
 
 LIVE_EVERY_S = 2.0
@@ -192,12 +192,12 @@ def _recommendation(state: TuneState) -> None:
         if best.trial_id in state.configs:
             command(serve_command(state.model, KVCacheConfig(**state.configs[best.trial_id])))
         return
-    under_load = under_load_lines(answer)
+    serving = serving_lines(answer)
     if answer.get("config") is None:
         st.warning("No config shown non-inferior: "
                    + views.md(answer.get("note") or "none of the candidates passed the rule"))
-        if under_load:
-            st.text("\n".join(under_load))
+        if serving:
+            st.text("\n".join(serving))
         return
     low, high = answer["diff_ci"]
     latency = ", ".join(f"{name} {answer[key]:.0f} ms" for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
@@ -206,8 +206,8 @@ def _recommendation(state: TuneState) -> None:
                f"(measured, {answer['compression_ratio']:.2f}x smaller than the 16-bit baseline), accuracy "
                f"{answer['accuracy']:.3f} vs {answer['baseline_accuracy']:.3f}, difference {answer['diff']:+.3f} "
                f"[{low:+.3f}, {high:+.3f}] on {answer['n_items']} items" + (f"; {latency} (median)" if latency else ""))
-    if under_load:
-        st.text("\n".join(under_load))
+    if serving:
+        st.text("\n".join(serving))
     if answer.get("kvlab_serve"):  # None for an engine's own format, which kvlab's cache does not store
         st.markdown("**Deploy with kvlab serve**")
         command(answer["kvlab_serve"])

@@ -16,6 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
+from kvlab.analysis.noise_floor import floor_lines, noise_floor
 from kvlab.analysis.summary import breakdown, length_group, question_rank
 from kvlab.capacity.gpus import GPUS
 from kvlab.core.backends import BACKENDS
@@ -537,6 +538,11 @@ if section == "Tradeoff":
           "tradeoff", f"{stem}-tradeoff" + ("" if metric == "accuracy" else f"-{slug(metric)}"), caveat)
     st.dataframe(views.summary_rows(summaries, sweet.config_name if sweet else None,
                                     views.first_errors(shown_results(view)[0])), hide_index=True)
+    shown_rows, shown_baseline = shown_results(view)
+    if (floor := noise_floor(shown_rows, shown_baseline)) is not None:
+        head, *rest = floor_lines(floor, summaries, shown_baseline, view.margins)
+        st.info(views.md(head[0].upper() + head[1:]) + "".join(f"\n- {views.md(line)}" for line in rest),
+                icon=":material/graphic_eq:")
     if notes := budget_notes(summaries):
         st.warning("Freeing less memory than the budget suggests (measured prompt cache):\n\n"
                    + "\n".join(f"- {views.md(note)}" for note in notes), icon=":material/memory:")

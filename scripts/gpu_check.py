@@ -11,7 +11,8 @@ sglang installed in this interpreter: start its server with an fp8_e4m3 KV cache
 completion with the openai client, make one fidelity reference through the engine's own scoring
 requests (one request pair: a continuation sampled at temperature 1, then scored as given tokens;
 vLLM's prompt_logprobs, SGLang's native /generate), stop it; with --sweep, ``kvlab run`` a tiny vLLM spec
-(baseline vs fp8_e4m3, passkey, 2 items at 1024 tokens); then the embedded engine's batched decode
+(baseline vs fp8_e4m3, or with --all-dtypes every vLLM cache dtype the GPU runs: TurboQuant, NVFP4 ...; passkey,
+2 items at 1024 tokens); then the embedded engine's batched decode
 on CUDA (--embedded-model, default smollm2-135m): one decode step for a batch of K configs against K
 single steps, K = 1, 2, 4, 8, 16, at 2048 tokens.  Server logs and the sweep's files go to
 --out (a new temporary directory by default).  Exit status: 1 if any stage failed, else 0.
@@ -205,7 +206,8 @@ def check_server(report: Report, kind: str, args: argparse.Namespace, nvml: Any,
 
 
 def sweep_spec(args: argparse.Namespace) -> dict[str, Any]:
-    """The tiny spec: vLLM, baseline vs fp8_e4m3, one passkey task of 2 items at 1024 tokens."""
+    """The tiny spec: vLLM, baseline vs fp8_e4m3 (or every dtype it runs here), one passkey task of 2 items at
+    1024 tokens."""
     server: dict[str, Any] = {"python": sys.executable, "memory_fraction": args.memory_fraction}
     if args.max_model_len is not None:
         server["max_model_len"] = args.max_model_len
@@ -214,8 +216,18 @@ def sweep_spec(args: argparse.Namespace) -> dict[str, Any]:
         "backend": {"kind": "vllm", "server": server},
         "tasks": [{"name": "passkey", "context_lengths": [1024], "depths": [0.5], "num_items": 2,
                    "max_new_tokens": 16}],
-        "configs": [{"name": "baseline"}, {"name": "fp8_e4m3", "quant": "fp8_e4m3"}],
+        "configs": [{"name": "baseline"}, *({"name": quant, "quant": quant} for quant in sweep_dtypes(args))],
     }
+
+
+def sweep_dtypes(args: argparse.Namespace) -> list[str]:
+    """fp8_e4m3; with ``--all-dtypes`` every vLLM cache dtype this interpreter's vLLM runs on this GPU, as kvlab
+    reads it from the install's sources (``kvlab engines``: TurboQuant, NVFP4, per-token-head ...)."""
+    if not args.all_dtypes:
+        return ["fp8_e4m3"]
+    from kvlab.engines.host import offer
+
+    return [quant for quant in offer("vllm", sys.executable).runs if quant != "none"]
 
 
 def check_sweep(report: Report, args: argparse.Namespace, out_dir: Path) -> None:
@@ -273,6 +285,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="local model directory (or hub id, with internet) to serve")
     parser.add_argument("--sweep", action="store_true", help="also `kvlab run` a tiny vLLM spec")
+    parser.add_argument("--all-dtypes", action="store_true",
+                        help="the sweep runs every vLLM cache dtype this GPU runs (kvlab engines), not fp8_e4m3 alone")
     parser.add_argument("--out", type=Path, help="directory for server logs and sweep files (default: a temp dir)")
     parser.add_argument("--memory-fraction", type=float, default=0.5,
                         help="--gpu-memory-utilization / --mem-fraction-static (default 0.5)")

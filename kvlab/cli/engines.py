@@ -27,6 +27,7 @@ def engines_report() -> list[str]:
     """The report's lines: the host, then one block per backend (formats it runs, and each it cannot with why)."""
     from kvlab.core.formats import KVLAB_QUANT_NAMES
     from kvlab.engines.host import offer
+    from kvlab.engines.servers import serving_engine
 
     lines = [host_line()]
     for name, backend in BACKENDS.items():
@@ -43,6 +44,8 @@ def engines_report() -> list[str]:
             where = install.missing or f"{install.label} in {install.python}"
             lines.append(f"{name:14} {backend.title}: {where}")
             if not install.missing:
+                if menu := serving_engine(name).menu_line(install):
+                    lines.append(f"{'':14}   {menu}")
                 lines.append(f"{'':14}   runs quant = {', '.join(found.runs) or 'nothing here'}")
                 lines += [f"{'':14}   cannot run quant = {quant}: {why}" for quant, why in found.refused.items()]
     return lines

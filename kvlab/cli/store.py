@@ -168,8 +168,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(experiments) == 2:
         _pairwise(results, *experiments)
     _engines(results, experiments)
+    _floors(store, results, experiments)
     _baselines_against_each_other(results, *experiments)
     return 0
+
+
+def _floors(store: Any, results: dict[int, list[ItemResult]], experiments: list[Any]) -> None:
+    """Each server experiment's noise floor (:mod:`kvlab.analysis.noise_floor`): the KL below which its engine
+    cannot tell a config from its own baseline (its first trial)."""
+    from kvlab.analysis.noise_floor import noise_floor
+
+    for experiment in experiments:
+        trials = store.trials(experiment.id)
+        floor = noise_floor(results[experiment.id], trials[0].config_name) if trials else None
+        if floor is not None:
+            print(f"experiment {experiment.id} ({shown(experiment.backend_kind)}): {floor.words()}")
 
 
 def _engines(results: dict[int, list[ItemResult]], experiments: list[Any]) -> None:

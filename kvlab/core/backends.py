@@ -65,6 +65,12 @@ class Backend:
 #   "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16", "fp4_e2m1"]) -- no plain "fp8", so
 #   kvlab always names the variant.
 _FP8_SERVER_DTYPES = {"none": "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+#   Each engine's dtypes of its own scheme (format kind "engine"), named as the engine names them.
+_VLLM_DTYPES = _FP8_SERVER_DTYPES | {name: name for name in (
+    "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+    "turboquant_3bit_nc", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
+    "nvfp4", "nvfp4_4over6")}
+_SGLANG_DTYPES = _FP8_SERVER_DTYPES | {name: name for name in ("mxfp8", "nvfp4", "fp4_mx_block16", "fp4_e2m1")}
 # llama.cpp: common/arg.cpp kv_cache_types (--cache-type-k / --cache-type-v): f32, f16, bf16, q8_0, q4_0, q4_1,
 #   iq4_nl, q5_0, q5_1; f16 is its default.  kvlab names its block formats as llama.cpp does (kind "ggml").
 _LLAMACPP_DTYPES = {"none": "f16"} | {name: name for name in ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")}
@@ -83,11 +89,11 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("vllm", "vLLM", "kvlab.engines.launched",
             "kvlab starts a vLLM server per KV dtype (--kv-cache-dtype) and reads its pool",
             kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server"),
-            kv_dtypes=_FP8_SERVER_DTYPES),
+            kv_dtypes=_VLLM_DTYPES),
     Backend("sglang", "SGLang", "kvlab.engines.launched",
             "kvlab starts an SGLang server per KV dtype (--kv-cache-dtype) and reads its pool",
             kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server"),
-            kv_dtypes=_FP8_SERVER_DTYPES),
+            kv_dtypes=_SGLANG_DTYPES),
     Backend("llamacpp", "llama.cpp", "kvlab.engines.launched",
             "kvlab starts a llama.cpp server (llama-cpp-python's) per K and V cache type on the model's GGUF file "
             "and reads its pool; a load phase runs on llama.cpp's own llama-server", kv_choice="server_dtypes",

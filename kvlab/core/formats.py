@@ -11,12 +11,14 @@ Pure data: nothing here imports torch or another kvlab package (the bottom layer
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-FormatKind = Literal["none", "int", "fp8", "ggml"]
+FormatKind = Literal["none", "int", "fp8", "ggml", "engine"]
 #: The kinds kvlab's own cache stores (:mod:`kvlab.compress`): the embedded engine and ``kvlab serve``.  A
-#: ``ggml`` format is llama.cpp's own block format, stored by a llama.cpp server only.
+#: ``ggml`` format is llama.cpp's own block format, stored by a llama.cpp server only; an ``engine`` format is a
+#: vLLM or SGLang cache dtype of its own scheme (rotated, per-token-head, fp4), stored by that server only.
 KVLAB_KINDS: tuple[FormatKind, ...] = ("none", "int", "fp8")
 
 #: Tokens (int keys, fp8 blocks) or channels (int values) sharing one scale; KVCacheConfig.group_size.
@@ -98,11 +100,17 @@ class QuantFormat:
     #: a ggml format's block: (values, bytes) -- the values of one row's run and the bytes that store them with
     #: their scale (and minimum): ggml/src/ggml-common.h's block_q8_0 and the others
     block: tuple[int, int] | None = None
+    #: an engine format's code bits per value as its engine documents them (keys' and values' mean; scales
+    #: excluded): an estimate, which its server's pool line replaces wherever it runs
+    nominal_bits: float | None = None
 
     @property
     def bits_per_value(self) -> float:
-        """Stored bits per element, scales included where they sit inside the block (ggml's: q8_0 is 8.5)."""
-        return self.block[1] * 8 / self.block[0] if self.block else self.bits
+        """Stored bits per element, scales included where they sit inside the block (ggml's: q8_0 is 8.5); an
+        engine format's nominal bits."""
+        if self.block:
+            return self.block[1] * 8 / self.block[0]
+        return self.nominal_bits if self.nominal_bits is not None else self.bits
 
     @property
     def kvlab_stores(self) -> bool:
@@ -129,6 +137,37 @@ _FP8_GROUPS = "one float32 scale per head and block of group_size tokens (absolu
 # token's head_dim x KV heads values in one layer.
 _GGML_GROUPS = "llama.cpp's own: blocks of 32 consecutive values of a token's K or V row"
 _GGML_HOW = "llama.cpp's {}: per block of 32 values {}"
+_ENGINE_GROUPS = "the engine's own scheme (its scales and layout; bytes from its pool line where it runs)"
+
+
+def _engine(name: str, bits: float, how: str) -> QuantFormat:
+    """A serving engine's own cache dtype (kind ``engine``): ``bits``, its documented code bits per value."""
+    return QuantFormat(name, "engine", math.floor(bits), "engine", how, _ENGINE_GROUPS, nominal_bits=bits)
+
+
+# vLLM 0.32 vllm/config/cache.py CacheDType (19 values: auto, float16 and bfloat16 are kvlab's "none", fp8 its
+# fp8_e4m3) and SGLang's server_args.py kv_cache_dtype choices.  Bits: vllm/model_executor/layers/quantization/
+# turboquant/config.py TQ_PRESETS (key_quant_bits, value_quant_bits), the others' names and docs.  Which attention
+# backend stores each is read from the installed engine (kvlab.engines.servers.vllm_menu).
+_ENGINE_FORMATS = (
+    _engine("fp8_inc", 8, "vLLM's fp8 through Intel Neural Compressor (Intel Gaudi)"),
+    _engine("fp8_ds_mla", 8, "vLLM's fp8 MLA cache of DeepSeek's layout (sparse MLA models)"),
+    _engine("nvfp4_ds_mla", 4, "vLLM's NVFP4 MLA cache of DeepSeek's layout (sparse MLA models)"),
+    _engine("turboquant_k8v4", 6, "vLLM's TurboQuant: fp8 keys, 4-bit values"),
+    _engine("turboquant_4bit_nc", 4, "vLLM's TurboQuant: Hadamard-rotated 4-bit Lloyd-Max keys, 4-bit values, norm "
+                                     "correction"),
+    _engine("turboquant_k3v4_nc", 3.5, "vLLM's TurboQuant: rotated 3-bit keys, 4-bit values, norm correction"),
+    _engine("turboquant_3bit_nc", 3, "vLLM's TurboQuant: rotated 3-bit keys and values, norm correction"),
+    _engine("ultraquant_4bit", 4, "vLLM's UltraQuant 4-bit cache"),
+    _engine("int4_per_token_head", 4, "vLLM's 4-bit integers, one scale per token and head"),
+    _engine("int8_per_token_head", 8, "vLLM's 8-bit integers, one scale per token and head"),
+    _engine("fp8_per_token_head", 8, "vLLM's fp8, one scale per token and head"),
+    _engine("nvfp4", 4, "NVIDIA's fp4 (e2m1) with an fp8 scale per 16 values (vLLM, SGLang)"),
+    _engine("nvfp4_4over6", 4, "vLLM's NVFP4 choosing max/6 or max/4 scales per 16 values"),
+    _engine("mxfp8", 8, "SGLang's OCP MX fp8: an 8-bit power-of-two scale per 32 values"),
+    _engine("fp4_mx_block16", 4, "SGLang's MX fp4 with a scale per 16 values"),
+    _engine("fp4_e2m1", 4, "SGLang's fp4 (e2m1)"),
+)
 
 FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     QuantFormat("none", "none", 16, "bfloat16", "no quantization: 16-bit K and V", "-",
@@ -156,6 +195,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     QuantFormat("iq4_nl", "ggml", 4, "ggml",
                 _GGML_HOW.format("iq4_nl", "a float16 scale, 4-bit codes of 16 non-uniform levels"),
                 _GGML_GROUPS, block=(32, 18)),
+    *_ENGINE_FORMATS,
 )}
 
 def format_settings(*names: str) -> tuple[Setting, ...]:

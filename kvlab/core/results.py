@@ -204,6 +204,10 @@ TEACHER_CONTINUATION = "the reference continuation"
 #: y_i the baseline sampled at temperature 1, an unbiased estimate of position i's KL (it can be negative);
 #: :mod:`kvlab.engines.server_fidelity`.
 TEACHER_BASELINE_SAMPLE = "the baseline's sampled continuation (estimated KL)"
+#: The keys of a baseline's ``extra`` on a server that holds the engine's noise floor on its item (a
+#: :class:`Fidelity` of the baseline against itself scored afresh, :mod:`kvlab.analysis.noise_floor`), or why not.
+NOISE_FLOOR_KEY = "noise_floor"
+NOISE_FLOOR_NOTE_KEY = "noise_floor_note"
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,7 @@ class Install:
     distribution: str | None = None
     version: str | None = None
     missing: str | None = None
+    package_dir: str | None = None  # the package's folder, whose sources say what the engine can run
 
     @property
     def cpu_build(self) -> bool:
@@ -148,16 +149,18 @@ def default_python(kind: str) -> str:
 _PROBE = """
 import importlib.util, importlib.metadata as m, json, sys
 package, names = sys.argv[1], sys.argv[2:]
-if importlib.util.find_spec(package) is None:
+spec = importlib.util.find_spec(package)
+if spec is None:
     sys.exit(3)
+where = list(spec.submodule_search_locations or [None])[0]
 for name in names:
     try:
-        print(json.dumps([name, m.version(name)]))
+        print(json.dumps([name, m.version(name), where]))
         break
     except m.PackageNotFoundError:
         pass
 else:
-    print(json.dumps([names[-1], None]))
+    print(json.dumps([names[-1], None, where]))
 """
 
 
@@ -181,8 +184,8 @@ def _probe_install(kind: str, python: str, _pythonpath: str) -> Install:
     if answer.returncode != 0:
         return Install(kind, python, missing=f"{kind} is not installed for {python!r}: {install_hint}, or set "
                                              f"backend.server.python to an interpreter that has {kind}")
-    distribution, version = json.loads(answer.stdout.strip().splitlines()[-1])
-    return Install(kind, python, distribution, version)
+    distribution, version, package_dir = json.loads(answer.stdout.strip().splitlines()[-1])
+    return Install(kind, python, distribution, version, package_dir=package_dir)
 
 
 @dataclass(frozen=True)

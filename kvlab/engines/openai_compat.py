@@ -31,7 +31,7 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import BackendSpec, ExperimentSpec
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
-from kvlab.core.results import MEASURED_SERVED, ItemResult, KVMeasurement
+from kvlab.core.results import MEASURED_SERVED, NOISE_FLOOR_KEY, NOISE_FLOOR_NOTE_KEY, ItemResult, KVMeasurement
 from kvlab.engines.base import Engine, EngineFailure, TelemetrySource
 from kvlab.engines.endpoint_rules import choose_model, error_message, server_root
 from kvlab.engines.prometheus import KVLAB_SERVE, ServerMetricsSource
@@ -383,7 +383,7 @@ class OpenAICompatEngine(Engine):
             return {"fidelity_note": why}
         try:
             if config.is_baseline:
-                return {"fidelity_reference": self.reference(item).to_dict()} if self.makes_references else {}
+                return self._reference_and_floor(item) if self.makes_references else {}
             reference = self.reference(item) if self.makes_references else self.references.get(item.item_id)
             if reference is None:
                 return {"fidelity_note": "no reference from the baseline's server for this item"}
@@ -397,6 +397,22 @@ class OpenAICompatEngine(Engine):
             return {"fidelity_note": redact(f"{NOT_MEASURED} ({_message(error)})")}
         except openai.APIError as error:
             raise EndpointError(self._explain(error)) from None
+
+    def _reference_and_floor(self, item: TaskItem) -> dict[str, Any]:
+        """The baseline's reference of ``item`` (``fidelity_reference``) and the engine's noise floor on it
+        (``noise_floor``: the baseline against itself, :meth:`ServerScorer.noise_floor`; ``noise_floor_note``
+        where this server cannot score afresh)."""
+        reference = self.reference(item)
+        found: dict[str, Any] = {"fidelity_reference": reference.to_dict()}
+        if not reference.tokens:
+            return found
+        try:
+            found[NOISE_FLOOR_KEY] = self.scorer.noise_floor(reference).to_dict()
+        except ScoringUnsupported as error:
+            found[NOISE_FLOOR_NOTE_KEY] = f"noise floor not measured ({error})"
+        except (openai.BadRequestError, openai.UnprocessableEntityError) as error:
+            found[NOISE_FLOOR_NOTE_KEY] = redact(f"noise floor not measured ({_message(error)})")
+        return found
 
     def _measure(self, prompt_tokens: int, output_tokens: int, reported: Any
                  ) -> tuple[KVMeasurement, float, float]:

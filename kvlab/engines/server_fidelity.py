@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import threading
+import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -201,18 +202,33 @@ class ServerScorer:
         return Reference(tuple(prompt_ids), tuple(tokens), (), (), seed,
                          tuple(split) if isinstance(split, list) and len(split) == 2 else None)
 
-    def score(self, reference: Reference, config: KVCacheConfig) -> tuple[list[float], list[int]]:
-        """Each continuation token's log-probability and each position's top-1 token under ``config``."""
+    def score(self, reference: Reference, config: KVCacheConfig, afresh: bool = False
+              ) -> tuple[list[float], list[int]]:
+        """Each continuation token's log-probability and each position's top-1 token under ``config``;
+        ``afresh``: with a new ``cache_salt`` (vLLM's field), so that the server reuses no cached prefix and
+        prefills the prompt and the continuation in one pass (:meth:`noise_floor`)."""
         if not reference.tokens:
             return [], []
         if self.api is not None:
+            if afresh:
+                raise ScoringUnsupported(f"its {self.api.path} scoring has no field that skips the prefix cache")
             answer = self._post(self.api.score_body(reference.prompt_ids, reference.tokens))
             return self.api.scored(answer, reference.prompt_ids, reference.tokens)
+        salt = {"cache_salt": f"kvlab-floor-{uuid.uuid4().hex}"} if afresh else {}
         response = self.client.completions.create(
             model=self.model_id(), prompt=list(reference.prompt_ids + reference.tokens), max_tokens=1,
-            temperature=0.0, extra_body=(self.config_fields(None, config, reference) or {}) | {"prompt_logprobs": 1})
+            temperature=0.0,
+            extra_body=(self.config_fields(None, config, reference) or {}) | {"prompt_logprobs": 1} | salt)
         return continuation_scores(_field(response.choices[0], "prompt_logprobs"), len(reference.prompt_ids),
                                    reference.tokens)
+
+    def noise_floor(self, reference: Reference) -> Fidelity:
+        """The baseline against itself on this server: the reference's log-probabilities (scored right after its
+        sample, its prompt cached) against the same tokens scored afresh (prompt and continuation prefilled in one
+        pass).  The same estimator as every config's, so its mean over items is the engine's own noise floor
+        under another batch shape and prefix reuse (``docs/concepts/measurement.md``)."""
+        logprobs, top1 = self.score(reference, BASELINE, afresh=True)
+        return fidelity(reference, logprobs, top1)
 
     def _post(self, body: dict[str, Any]) -> Any:
         """``body`` to the engine's own route, from the server's root; its parsed JSON answer."""

@@ -26,7 +26,9 @@ def check_config(kind: str, config: KVCacheConfig) -> None:
     server = serving_engine(kind)
     engine = server.title
     label = config.label
-    supported = ", ".join(server.kv_dtypes)
+    own = [quant for quant in server.kv_dtypes if FORMATS[quant].kind == "engine"]
+    supported = ", ".join(q for q in server.kv_dtypes if q not in own) + (
+        f" and {len(own)} of its own (`kvlab engines`)" if own else "")
     if config.rotation is not None and server.rotation_off_env is None:
         raise ConfigError(f"config '{label}': rotation = {str(config.rotation).lower()} cannot run on {engine}: it has "
                           f"no rotation setting kvlab knows; run it with backend kind {ROTATING_KINDS}")

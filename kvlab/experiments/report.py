@@ -6,6 +6,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from kvlab.analysis.noise_floor import floor_lines, floor_notes, noise_floor
 from kvlab.analysis.summary import (
     ConfigSummary,
     Decision,
@@ -173,6 +174,9 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
         parts += ["", f"baseline accuracy {base.accuracy:.2f} on {base.n_scored} items"
                   + ("  (low: the model can hardly do this task uncompressed)" if base.accuracy < 0.5 else "")]
     parts.append(decision_text(decision))
+    if (floor := noise_floor(results, baseline_name)) is not None:
+        parts += ["", *floor_lines(floor, summaries, baseline_name, margins)]
+    parts += floor_notes(results, baseline_name)  # "noise floor not measured (why)", where some items have none
     if load:
         parts += ["", *load_section(summaries, baseline_name, decision, load, target)]
     if notes := budget_notes(summaries):

@@ -15,6 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from kvlab.analysis.noise_floor import noise_floor
 from kvlab.analysis.summary import ConfigSummary, Decision, decide, summarize
 from kvlab.core.experiment_spec import ExperimentSpec, spec_to_dict
 from kvlab.core.items import TaskItem
@@ -62,6 +63,7 @@ class ExperimentRun:
             "configs": [c.model_dump(mode="json") | {"label": c.label} for c in self.configs],
             "summary": [s.to_dict() for s in self.summaries()],
             "sweet_spot": self.decision().to_dict(),
+            "noise_floor": floor.to_dict() if (floor := noise_floor(self.results, self.baseline_name)) else None,
             "results": [r.to_dict() for r in self.results],
             "load": [asdict(level) for level in self.load],
         }

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import optuna
 
 from kvlab.analysis.decision import PairedScores
+from kvlab.analysis.noise_floor import floor_lines, noise_floor
 from kvlab.analysis.summary import ConfigSummary, Decision, decide, summarize
 from kvlab.analysis.verdict import judge_tasks
 from kvlab.core.errors import ConfigError
@@ -391,6 +392,9 @@ class Tuner:
                                 layers)
         if self.spec.load is not None:
             answer["load"] = self._load_answer(summaries, trials[0].config_name, decision)
+        if (floor := noise_floor(results, trials[0].config_name)) is not None:
+            answer["noise_floor"] = floor.to_dict() | {
+                "lines": floor_lines(floor, summaries, trials[0].config_name, self.spec.margins)}
         if len(names) == 1:
             answer["note"] = (f"no candidate reached all {len(self.order)} items: every one stopped early (the tune "
                               "page says why); widen the space, raise max_drop or give more items")

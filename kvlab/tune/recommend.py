@@ -134,18 +134,19 @@ def recommendation(model: str, decision: Decision, summaries: list[ConfigSummary
     return answer
 
 
-def under_load_lines(answer: dict[str, Any]) -> list[str]:
-    """What the answer's sweet spot buys under the spec's ``[load]`` and the load target's verdict (none without
-    a ``[load]`` table)."""
+def serving_lines(answer: dict[str, Any]) -> list[str]:
+    """The engine's noise floor beside the answer's fidelity (a server's), what the sweet spot buys under the
+    spec's ``[load]`` and the load target's verdict (none of them where the tune had none)."""
     load = answer.get("load") or {}
-    return [*([f"under load: {load['gain']}"] if load.get("gain") else []), *load.get("target_lines", [])]
+    return [*(answer.get("noise_floor") or {}).get("lines", []),
+            *([f"under load: {load['gain']}"] if load.get("gain") else []), *load.get("target_lines", [])]
 
 
 def describe(answer: dict[str, Any]) -> list[str]:
     """The recommendation as the lines ``kvlab tune`` prints."""
-    under_load = under_load_lines(answer)
+    serving = serving_lines(answer)
     if answer.get("config") is None:
-        return [f"no config passes the rule: {answer.get('note') or 'none of the candidates passed it'}", *under_load]
+        return [f"no config passes the rule: {answer.get('note') or 'none of the candidates passed it'}", *serving]
     low, high = answer["diff_ci"]
     lines = [
         f"recommended: {answer['label']}: {answer['kv_bytes'] / MIB:.2f} MiB KV per item measured "
@@ -163,7 +164,7 @@ def describe(answer: dict[str, Any]) -> list[str]:
                if answer.get(key) is not None]
     if latency:
         lines.append("latency (median): " + ", ".join(latency))
-    lines += under_load
+    lines += serving
     if answer.get("kvlab_serve"):  # None for an engine's own format, which kvlab's cache does not store
         lines.append(f"deploy: {answer['kvlab_serve']}")
     for kind, engine in answer["engines"].items():  # the engines known when the tune ended

