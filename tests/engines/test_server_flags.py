@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions
+from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.engines.server_flags import Installed, check_config, health_path, server_command, server_env
 
@@ -16,9 +17,13 @@ BASELINE = KVCacheConfig(name="baseline")
 
 
 def test_engine_kv_dtypes_map_kvlab_names_to_engine_values():
-    expected = {"none": "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
-    assert BACKENDS["vllm"].kv_dtypes == expected
-    assert BACKENDS["sglang"].kv_dtypes == expected
+    common = {"none": "auto", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+    for kind, own in (("vllm", {"turboquant_k8v4", "int8_per_token_head", "nvfp4", "fp8_inc"}),
+                      ("sglang", {"mxfp8", "nvfp4", "fp4_e2m1"})):
+        dtypes = BACKENDS[kind].kv_dtypes
+        assert dtypes.items() >= common.items() and own <= set(dtypes)
+        # an engine's own dtype is named as the engine names it
+        assert all(dtypes[name] == name for name in dtypes if FORMATS[name].kind == "engine")
 
 
 def test_vllm_argv_defaults():
