@@ -370,6 +370,8 @@ class Decision:
     items_needed: int | None = None
     margins: Margins = Margins()
     rests_on: int | None = None  # the items the sweet spot was judged on (None without one)
+    #: which task kept the sweet spot from being more compressed (:func:`bound_by`; "" where none did)
+    bound: str = ""
 
     @property
     def decided_by(self) -> str:
@@ -399,7 +401,7 @@ class Decision:
                 "max_kl": self.margins.max_kl, "min_agreement": self.margins.min_agreement,
                 "decided_by": {v.task: v.criterion for v in spot.task_verdicts} if spot else {},
                 "note": self.note, "items_needed": self.items_needed, "rests_on_items": self.rests_on,
-                "few_items": self.few_items}
+                "few_items": self.few_items, "bound_by": self.bound}
 
 
 def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", untested: int = 0) -> Decision:
@@ -422,7 +424,7 @@ def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", 
     if holding:
         spot = max(holding, key=lambda s: s.compression_ratio)
         return Decision(spot, max_drop, rule, "", needed, margins=margins,
-                        rests_on=spot.n_scored or spot.fidelity_items)
+                        rests_on=spot.n_scored or spot.fidelity_items, bound=bound_by(compared, spot))
     if not compared:
         return Decision(None, max_drop, rule, "no config was compared with the baseline on the same items",
                         margins=margins)
@@ -440,6 +442,26 @@ def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", 
         note += (f"; at the baseline's accuracy ({baseline.accuracy:.2f}) a config exactly as accurate, with "
                  f"independent errors, would need about {needed} items to be shown so")
     return Decision(None, max_drop, rule, note, needed, margins=margins)
+
+
+def bound_by(compared: Sequence[ConfigSummary], spot: ConfigSummary) -> str:
+    """Which task kept the sweet spot from being more compressed, in words: per task, the more compressed configs
+    it refused, and the tasks that accepted some of them (retrieval often hides what a long answer shows):
+    ``bound by recall: it refused int2, int4; passkey accepted int4``.  "" where no more compressed config was
+    refused by a task (they failed as a whole, or there is none)."""
+    smaller = [s for s in compared if _ok(s.compression_ratio) and s.compression_ratio > spot.compression_ratio]
+    refused: dict[str, list[str]] = {}
+    accepted: dict[str, list[str]] = {}
+    for summary in sorted(smaller, key=lambda s: s.compression_ratio):
+        for verdict in summary.task_verdicts:
+            if verdict.accepted is not None:
+                (accepted if verdict.accepted else refused).setdefault(verdict.task, []).append(summary.config_name)
+    if not refused:
+        return ""
+    text = "; ".join(f"{task} refused {', '.join(names)}" for task, names in refused.items())
+    if passed := "; ".join(f"{task} accepted {', '.join(names)}" for task, names in accepted.items()):
+        text += f" (while {passed})"
+    return f"bound by {', '.join(refused)}: {text}"
 
 
 def _ok(value: float | None) -> bool:

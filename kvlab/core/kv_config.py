@@ -482,6 +482,10 @@ class GridAxes(BaseModel):
         "int8 values: K4V8).")
     skip_layers: list[SkipLayers] = Field(default=[], description="16-bit layer patterns each quantizing config is "
                                           "also run with.")
+    rotation: list[bool] = Field(
+        default=[], description="Rotation settings each quantizing config is also run with on a server that rotates "
+        "(llama.cpp: false turns its Hadamard rotation of quantized keys and values off). Empty: the engine's "
+        "default alone.")
 
     @field_validator("quant", "value_quant", "evict", "heads", mode="before")
     @classmethod
@@ -504,6 +508,10 @@ class GridAxes(BaseModel):
         check_heads_grid(self.evict, self.heads, self.budget_kind)
         check_format_grid(self.quant, self.value_quant, self.skip_layers)
         check_query_aware_grid(self.evict, self.query_aware)
+        if len(set(self.rotation)) != len(self.rotation):
+            raise ValueError("rotation lists a setting twice: give each once")
+        if self.rotation and all(f == "none" for f in (*self.quant, *self.value_quant)):
+            raise ValueError("rotation applies to quantized keys or values: add a format to quant or value_quant")
         return self
 
     def config_space(self, budgets: tuple[float, ...], settings: dict[str, tuple[Any, ...]], *,
@@ -512,7 +520,8 @@ class GridAxes(BaseModel):
         return ConfigSpace(quant=tuple(self.quant), evict=tuple(self.evict), budget=self.budget_kind, budgets=budgets,
                            budget_step=budget_step, settings=settings, query_aware=self.query_aware,
                            with_baseline=with_baseline, decode=decode_options(self.decode), heads=tuple(self.heads),
-                           value_quant=tuple(self.value_quant), skip_layers=space_tables(self.skip_layers))
+                           value_quant=tuple(self.value_quant), skip_layers=space_tables(self.skip_layers),
+                           rotation=tuple(self.rotation))
 
 
 class SweepGrid(GridAxes):

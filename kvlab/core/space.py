@@ -42,6 +42,8 @@ VALUE_PARAM = "value_quant"
 #: The Optuna parameter of a proposal's 16-bit layers (:func:`choice_key` of the pattern), asked only
 #: of a point that quantizes.
 SKIP_PARAM = "skip_layers"
+#: The Optuna parameter of a proposal's rotation setting (its choice_key: the engine's default, true or false).
+ROTATION_PARAM = "rotation"
 SAME_FORMAT = "same"
 
 Point = dict[str, Any]
@@ -51,6 +53,11 @@ def choice_key(table: Point | None) -> str:
     """A nested table (a decode policy, a 16-bit layer pattern) as an Optuna categorical value: ``"none"``
     or its fields as sorted JSON."""
     return "none" if table is None else json.dumps(table, sort_keys=True)
+
+
+def rotation_key(rotation: bool | None) -> str:
+    """A rotation setting as an Optuna categorical value: ``"none"`` (the engine's default), ``"true"``, ``"false"``."""
+    return "none" if rotation is None else str(rotation).lower()
 
 
 def canonical_name(value: Any) -> Any:
@@ -108,6 +115,8 @@ class ConfigSpace:
     value_quant: tuple[str, ...] = ()
     #: 16-bit layer patterns (``KVCacheConfig.skip_layers`` dicts) each point that quantizes is also tried with.
     skip_layers: tuple[Point, ...] = ()
+    #: Rotation settings (``KVCacheConfig.rotation``) each point that quantizes is also tried with.
+    rotation: tuple[bool, ...] = ()
 
     def varied(self, quant: str, value: str | None = None) -> list[str]:
         """The settings the space varies for keys in ``quant`` and values in ``value`` (None: the same):
@@ -118,13 +127,16 @@ class ConfigSpace:
         return (None, *(v for v in self.value_quant if v != quant))
 
     def _skips(self, quant: str, value: str | None) -> tuple[Point | None, ...]:
-        quantizes = quant != "none" or (value or quant) != "none"
-        return (None, *self.skip_layers) if quantizes else (None,)
+        return (None, *self.skip_layers) if _quantizes(quant, value) else (None,)
+
+    def _rotations(self, quant: str, value: str | None) -> tuple[bool | None, ...]:
+        return (None, *self.rotation) if _quantizes(quant, value) else (None,)
 
     def size(self) -> int:
         """How many configs :meth:`points` lists, counted without listing them."""
         formats = sum(math.prod(len(self.settings[name]) for name in self.varied(quant, value))
-                      * len(self._skips(quant, value)) for quant in self.quant for value in self._values(quant))
+                      * len(self._skips(quant, value)) * len(self._rotations(quant, value))
+                      for quant in self.quant for value in self._values(quant))
         evictions = ("none" in self.evict) + sum(len(self.budgets) * len(self._variants(method))
                                                   for method in self.evict if method != "none")
         baseline_left_out = not self.with_baseline and "none" in self.quant and "none" in self.evict
@@ -167,6 +179,8 @@ class ConfigSpace:
             params[f"{VALUE_PARAM}:{quant}"] = SAME_FORMAT
         if len(self._skips(quant, None)) > 1:
             params[SKIP_PARAM] = choice_key(None)
+        if len(self._rotations(quant, None)) > 1:
+            params[ROTATION_PARAM] = rotation_key(None)
         if method != "none":
             heads = self._heads(method)
             if len(heads) > 1:
@@ -194,6 +208,10 @@ class ConfigSpace:
         skips = {choice_key(p): p for p in self._skips(quant, value)}
         if len(skips) > 1 and (skip := skips[trial.suggest_categorical(SKIP_PARAM, list(skips))]) is not None:
             point["skip_layers"] = dict(skip)
+        rotations = {rotation_key(r): r for r in self._rotations(quant, value)}
+        if len(rotations) > 1 and (
+                rotation := rotations[trial.suggest_categorical(ROTATION_PARAM, list(rotations))]) is not None:
+            point["rotation"] = rotation
         method = trial.suggest_categorical("evict", self.evict)
         if method != "none":
             offered = self._heads(method)
@@ -224,8 +242,9 @@ class ConfigSpace:
             names = self.varied(quant, value)
             head: Point = ({"quant": quant} if quant != "none" else {}) | (
                 {"value_quant": value} if value is not None else {})
-            for skip in self._skips(quant, value):
-                tail: Point = {"skip_layers": dict(skip)} if skip is not None else {}
+            for skip, rotation in itertools.product(self._skips(quant, value), self._rotations(quant, value)):
+                tail: Point = ({"skip_layers": dict(skip)} if skip is not None else {}) | (
+                    {"rotation": rotation} if rotation is not None else {})
                 points += [head | dict(zip(names, values, strict=True)) | tail
                            for values in itertools.product(*(self.settings[name] for name in names))]
         return points
@@ -241,3 +260,8 @@ class ConfigSpace:
         if self.budget_step is None:
             return trial.suggest_categorical(BUDGET_PARAM, self.budgets)
         return round(trial.suggest_float(BUDGET_PARAM, self.budgets[0], self.budgets[-1], step=self.budget_step), 6)
+
+
+def _quantizes(quant: str, value: str | None) -> bool:
+    """Whether keys in ``quant`` and values in ``value`` (None: the same) quantize anything."""
+    return quant != "none" or (value or quant) != "none"

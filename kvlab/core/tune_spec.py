@@ -171,6 +171,9 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
         runs = set(backend.kv_dtypes)
         values = [v for v in tune.value_quant if v in runs] if backend.separate_kv else []
     notes = []
+    rotation = tune.rotation if backend.rotates else []
+    if tune.rotation and not backend.rotates:
+        notes.append(f"{backend_kind} has no rotation setting: rotation = {tune.rotation} left out of the search")
     formats = [q for q in tune.quant if q in runs]
     if dropped := [q for q in tune.quant if q not in formats]:
         notes.append(f"{backend_kind} has no KV cache like {', '.join(dropped)}: left out of the search")
@@ -181,7 +184,8 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
         if not formats:
             raise ValueError(f"nothing left to tune on {backend_kind}: put one of {', '.join(sorted(runs))} in "
                              "[tune] quant")
-        return (tune.model_copy(update={"quant": formats, "value_quant": values}), notes) if notes else (tune, [])
+        return ((tune.model_copy(update={"quant": formats, "value_quant": values, "rotation": rotation}), notes)
+                if notes else (tune, []))
     methods = [m for m in tune.evict if m != "none"]
     if methods:
         notes.append(f"{backend_kind} evicts no tokens: {', '.join(methods)} left out of the search")
@@ -190,7 +194,7 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
                          f"{', '.join(backend.kv_dtypes)}; "
                          "put one of them in [tune] quant")
     # The engine's own KV dtype has neither kvlab's block size nor its residual window: one value each.
-    narrowed = tune.model_copy(update={"quant": formats, "value_quant": values, "evict": ["none"],
+    narrowed = tune.model_copy(update={"quant": formats, "value_quant": values, "evict": ["none"], "rotation": rotation,
                                        "group_sizes": [DEFAULT_GROUP_SIZE],
                                        "residual_lengths": [DEFAULT_RESIDUAL_LENGTH], "query_aware": False})
     return narrowed, notes

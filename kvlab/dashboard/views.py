@@ -355,6 +355,8 @@ def decision_text(decision: Decision) -> str:
         head += " (pooled over tasks: a summary)."
     if spot.mean_kl is not None:
         head += f" Fidelity: {md(fidelity_text(spot))}."
+    if decision.bound:
+        head += f" {md(decision.bound[0].upper() + decision.bound[1:])}."
     return f"{head}\n\n{rule}"
 
 

@@ -145,7 +145,8 @@ def decision_text(decision: Decision) -> str:
     head = (f"sweet spot: {spot.config_name} at {spot.compression_ratio:.2f}x (decided by {spot.decided_by})"
             if spot is not None else f"sweet spot: none ({decision.note})")
     few = f"\nfew items: the sweet spot {decision.few_items_note()}" if decision.few_items else ""
-    return f"{head}{few}\nrule: {decision.rule}"
+    bound = f"\n{decision.bound}" if decision.bound else ""
+    return f"{head}{bound}{few}\nrule: {decision.rule}"
 
 
 def budget_notes(summaries: Sequence[ConfigSummary]) -> list[str]:

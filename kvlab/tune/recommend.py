@@ -123,7 +123,7 @@ def recommendation(model: str, decision: Decision, summaries: list[ConfigSummary
         "diff": spot.diff_estimate, "diff_ci": [spot.diff_ci_low, spot.diff_ci_high],
         "p_adjusted": spot.p_adjusted, "n_items": spot.n_items,
         "mean_kl": spot.mean_kl, "kl_ci": [spot.kl_ci_low, spot.kl_ci_high], "agreement": spot.agreement,
-        "decided_by": {v.task: v.criterion for v in spot.task_verdicts},
+        "decided_by": {v.task: v.criterion for v in spot.task_verdicts}, "bound_by": decision.bound,
         "verdicts": [v.reason for v in spot.task_verdicts],
         "ttft_ms": spot.ttft_s * 1000 if spot.ttft_s is not None else None,
         "tpot_ms": spot.tpot_s * 1000 if spot.tpot_s is not None else None,
@@ -160,6 +160,8 @@ def describe(answer: dict[str, Any]) -> list[str]:
                      f"agreement {answer['agreement']:.1%} with the baseline")
     if answer.get("decided_by"):
         lines.append("decided by " + ", ".join(f"{task}: {how}" for task, how in answer["decided_by"].items()))
+    if answer.get("bound_by"):
+        lines.append(answer["bound_by"])
     latency = [f"{name} {answer[key]:.0f} ms" for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
                if answer.get(key) is not None]
     if latency:

@@ -15,6 +15,7 @@ from kvlab.analysis.summary import decide, summarize
 from kvlab.analysis.verdict import ACCURACY, FIDELITY, NEITHER, judge_tasks
 from kvlab.core.margins import RULE, Margins
 from kvlab.core.results import Fidelity, ItemResult
+from kvlab.experiments.report import decision_text
 
 BASELINE_BYTES = 1000
 
@@ -82,6 +83,10 @@ def test_the_sweet_spot_is_the_config_every_task_accepts():
     assert summaries["cheap"].pooled_non_inferior is True  # the more compressed one passes pooled...
     decision = decide(list(summaries.values()))
     assert decision.sweet_spot.config_name == "safe"  # ...but only the other is acceptable on every task
+    # and the decision says which task bound it: B refused the more compressed one that A accepted
+    assert decision.bound == "bound by B: B refused cheap (while A accepted cheap)"
+    assert decision.to_dict()["bound_by"] == decision.bound
+    assert "\nbound by B: B refused cheap (while A accepted cheap)\n" in decision_text(decision)
 
 
 # -- (b) the fidelity margin at its boundary, Holm across two configs ---------------------------------

@@ -21,6 +21,7 @@ from kvlab.core.space import (
     BUDGET_PARAM,
     DECODE_PARAM,
     HEADS_PARAM,
+    ROTATION_PARAM,
     SKIP_PARAM,
     VALUE_PARAM,
     ConfigSpace,
@@ -37,6 +38,7 @@ SWEEPS = [
     {"evict": ["snapkv", "tova"], "ratios": [0.5]},
     {"quant": ["int2", "fp8_e5m2"], "evict": ["none"], "group_size": 32, "residual_length": 0},
     {"quant": ["none", "fp8_e4m3"], "evict": ["none", "streaming_llm"], "query_aware": True},
+    {"quant": ["none", "q4_0", "q4_1", "iq4_nl", "q8_0"], "rotation": [False]},  # llama.cpp's rotation on and off
 ]
 TUNES = [
     {},
@@ -47,6 +49,7 @@ TUNES = [
     {"quant": ["none", "int8"], "evict": ["none", "snapkv"], "budget_range": [0.5, 0.5]},
     {"quant": ["none", "fp8_e5m2", "int4"], "group_sizes": [128, 32], "residual_lengths": [16, 0],
      "evict": ["none", "streaming_llm", "cur"], "budget": "keep_fraction"},
+    {"quant": ["q4_0", "q8_0"], "value_quant": ["q4_0"], "rotation": [True, False]},
 ]
 
 
@@ -68,7 +71,8 @@ def random_tune(rng: random.Random) -> TuneSpec:
                     budget_range=(low, rng.choice([low, 0.75, 0.875])), budget_step=rng.choice([0.125, 0.25]),
                     query_aware=rng.random() < 0.3 and bool(methods) and not any(m.replays_context for m in methods),
                     heads=heads, value_quant=value_quant,
-                    skip_layers=[{"first": 1, "last": 2}] if quantizes and rng.random() < 0.3 else [])
+                    skip_layers=[{"first": 1, "last": 2}] if quantizes and rng.random() < 0.3 else [],
+                    rotation=rng.sample([True, False], rng.randint(1, 2)) if quantizes and rng.random() < 0.3 else [])
 
 
 def spec_spaces() -> list[ConfigSpace]:
@@ -144,8 +148,9 @@ def test_suggestions_and_the_initial_design_are_points(space):
         assert config in points and not config.is_baseline
         # the study's parameter names (the conditional ones answered plainly: the format or the method alone)
         assert set(params) <= {"quant", "evict", BUDGET_PARAM, *space.settings, HEADS_PARAM, DECODE_PARAM, SKIP_PARAM,
-                               *(f"{VALUE_PARAM}:{quant}" for quant in space.quant)}
+                               ROTATION_PARAM, *(f"{VALUE_PARAM}:{quant}" for quant in space.quant)}
         assert config.value_quant is None and config.skip_layers is None and config.decode is None
+        assert config.rotation is None  # the engine's default first
         assert config.heads == "uniform" or "uniform" not in space.heads
 
 
@@ -187,6 +192,22 @@ def test_canonical_names_in_one_place():
     assert canonical_name("H2O") == "observed_attention" and canonical_name(3) == 3
     assert SweepGrid(quant=["FP8"], evict=["h2o"]).quant == TuneSpec(quant=["FP8"], evict=["h2o"]).quant
     assert TuneSpec(evict=["H2O"]).evict == ["observed_attention"]
+
+
+def test_rotation_is_an_axis_of_the_servers_that_rotate_and_of_no_other():
+    grid = SweepGrid(quant=["none", "q4_0", "q8_0"], rotation=[False])
+    assert [c.label for c in grid.expand()] == ["baseline", "q4_0", "q4_0/norot", "q8_0", "q8_0/norot"]
+    with pytest.raises(ValueError, match="rotation applies to quantized keys or values"):
+        SweepGrid(quant=["none"], evict=["snapkv"], rotation=[False])
+    with pytest.raises(ValueError, match="rotation lists a setting twice"):
+        SweepGrid(quant=["q4_0"], rotation=[False, False])
+    tune = TuneSpec(quant=["q4_0", "int4"], rotation=[False])
+    on_llamacpp, notes = backend_space(tune, "llamacpp")
+    assert on_llamacpp.rotation == [False] and on_llamacpp.space().size() == 2 and notes == [
+        "llamacpp has no KV cache like int4: left out of the search"]
+    on_embedded, notes = backend_space(tune, "embedded")
+    assert on_embedded.rotation == [] and notes[0] == (
+        "embedded has no rotation setting: rotation = [False] left out of the search")
 
 
 def test_a_launched_server_tunes_only_its_dtypes_at_the_default_settings():

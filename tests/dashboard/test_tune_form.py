@@ -84,8 +84,8 @@ def test_the_example_tune_loads_in_tune_mode_with_its_documented_grid(store):
     at.button(key="load_example").click().run()
     assert_clean(at)
     assert at.segmented_control(key="f:mode").value == "Tune"
-    # examples/tune.toml's own comment: 129 configs, 5,200 item evaluations with the baseline
-    assert metrics(at)["Full grid (configs)"] == "129" and metrics(at)["Full grid (item evaluations)"] == "5,200"
+    # examples/tune.toml's own comment: 129 configs, 6,760 item evaluations with the baseline (52 items)
+    assert metrics(at)["Full grid (configs)"] == "129" and metrics(at)["Full grid (item evaluations)"] == "6,760"
     at.segmented_control(key="f:mode").set_value("Sweep").run()
     assert_clean(at)
     assert "Fix the fields marked above" in texts(at.error)  # a sweep needs configs: the tune's space is not one
