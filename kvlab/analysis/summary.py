@@ -447,7 +447,7 @@ def decide(summaries: Sequence[ConfigSummary], baseline_name: str = "baseline", 
 def bound_by(compared: Sequence[ConfigSummary], spot: ConfigSummary) -> str:
     """Which task kept the sweet spot from being more compressed, in words: per task, the more compressed configs
     it refused, and the tasks that accepted some of them (retrieval often hides what a long answer shows):
-    ``bound by recall: it refused int2, int4; passkey accepted int4``.  "" where no more compressed config was
+    ``bound by recall: it refused int2, int4 (while passkey accepted int4)``.  "" where no more compressed config was
     refused by a task (they failed as a whole, or there is none)."""
     smaller = [s for s in compared if _ok(s.compression_ratio) and s.compression_ratio > spot.compression_ratio]
     refused: dict[str, list[str]] = {}
@@ -458,7 +458,10 @@ def bound_by(compared: Sequence[ConfigSummary], spot: ConfigSummary) -> str:
                 (accepted if verdict.accepted else refused).setdefault(verdict.task, []).append(summary.config_name)
     if not refused:
         return ""
-    text = "; ".join(f"{task} refused {', '.join(names)}" for task, names in refused.items())
+    if len(refused) == 1:
+        text = f"it refused {', '.join(next(iter(refused.values())))}"
+    else:
+        text = "; ".join(f"{task} refused {', '.join(names)}" for task, names in refused.items())
     if passed := "; ".join(f"{task} accepted {', '.join(names)}" for task, names in accepted.items()):
         text += f" (while {passed})"
     return f"bound by {', '.join(refused)}: {text}"

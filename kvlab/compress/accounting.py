@@ -77,9 +77,12 @@ def key_group(config: KVCacheConfig, head_dim: int) -> int:
 
 def check_fits(config: KVCacheConfig, geometry: CacheGeometry) -> str | None:
     """Why ``config`` cannot be stored in ``geometry``'s layers by kvlab's cache, or None if it can."""
-    if config.rotation is not None:
-        return (f"rotation = {str(config.rotation).lower()}: kvlab's engine stores its formats unrotated; the "
-                f"rotation is a serving engine's setting: run it with backend kind {ROTATING_KINDS}")
+    if config.rotation is False:
+        return (f"rotation = false: kvlab's engine stores its formats unrotated unless rotation = true; false turns "
+                f"a serving engine's own rotation off: run it with backend kind {ROTATING_KINDS}")
+    if config.rotation and geometry.head_dim & (geometry.head_dim - 1):
+        return (f"rotation = true: kvlab's Hadamard rotation needs a head dimension that is a power of two; this "
+                f"model's is {geometry.head_dim}")
     for name in (config.quant, config.value_format):
         if not FORMATS[name].kvlab_stores:
             owners = [backend for backend in BACKENDS.values() if name in backend.kv_dtypes]

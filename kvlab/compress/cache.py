@@ -74,8 +74,10 @@ class CompressedLayer(_FullAttentionLayer):
         if keys.shape[-2] == 0:
             return
         cfg = self.config
-        self.key_blocks.append(quantize(keys, cfg.quant, cfg.key_axis, key_group(cfg, self.head_dim)))
-        self.value_blocks.append(quantize(values, cfg.value_format, "token", value_group(cfg, self.head_dim)))
+        rotate = bool(cfg.rotation)
+        self.key_blocks.append(quantize(keys, cfg.quant, cfg.key_axis, key_group(cfg, self.head_dim), rotate))
+        self.value_blocks.append(quantize(values, cfg.value_format, "token", value_group(cfg, self.head_dim),
+                                          rotate))
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
                cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,9 @@ needs them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cache
 from typing import Literal
 
 import torch
@@ -52,6 +54,7 @@ class QuantizedBlock:
     group: int
     tokens: int
     head_dim: int
+    rotated: bool = False  # the codes hold H x (a Hadamard transform of each head's vector): undone on dequantize
 
     @property
     def nbytes(self) -> int:
@@ -59,7 +62,25 @@ class QuantizedBlock:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def quantize(x: torch.Tensor, fmt: str, axis: Axis, group: int) -> QuantizedBlock:
+def hadamard(head_dim: int, device: torch.device) -> torch.Tensor:
+    """The orthonormal Hadamard matrix of ``head_dim`` (a power of two; Sylvester's construction, divided by
+    sqrt(head_dim)): symmetric and its own inverse, so ``x @ H @ H == x``.  The rotation llama.cpp applies to
+    quantized K and V (``attn_rot_k``/``attn_rot_v``) and vLLM's TurboQuant to its keys: it spreads an outlier
+    channel over all of them before the values are grouped and quantized."""
+    return _hadamard(head_dim, str(device))
+
+
+@cache
+def _hadamard(head_dim: int, device: str) -> torch.Tensor:
+    if head_dim < 1 or head_dim & (head_dim - 1):
+        raise ValueError(f"a Hadamard rotation needs a head dimension that is a power of two, not {head_dim}")
+    matrix = torch.ones(1, 1)
+    while matrix.shape[0] < head_dim:
+        matrix = torch.cat([torch.cat([matrix, matrix], 1), torch.cat([matrix, -matrix], 1)], 0)
+    return (matrix / math.sqrt(head_dim)).to(device)
+
+
+def quantize(x: torch.Tensor, fmt: str, axis: Axis, group: int, rotate: bool = False) -> QuantizedBlock:
     """Quantize ``x`` ``[B, H, T, D]``.
 
     Integer formats are asymmetric min-max per group: ``axis="channel"`` groups ``group``
@@ -67,17 +88,21 @@ def quantize(x: torch.Tensor, fmt: str, axis: Axis, group: int) -> QuantizedBloc
     ``axis="token"`` groups ``group`` consecutive channels of one token (KIVI values).
     fp8 scales each head and run of ``group`` tokens by its absolute maximum.  ``"none"`` holds
     ``x`` at 16-bit (the unquantized half of a config whose keys and values differ: K8V16).
+    ``rotate``: each head's vector is rotated (:func:`hadamard`) before it is grouped and quantized; the bytes are
+    the same (the rotation is a fixed matrix, not stored).
     """
     batch, heads, tokens, head_dim = x.shape
     if fmt == "none":
         return QuantizedBlock(x.to(torch.float16), x.new_empty(0), None, fmt, axis, group, tokens, head_dim)
     xf = x.float()
+    if rotate:
+        xf = xf @ hadamard(head_dim, xf.device)
     if fmt in FP8_DTYPES:
         fmax = FP8_MAX[fmt]
         grouped = xf.reshape(batch, heads, tokens // group, group, head_dim)
         scale = (grouped.abs().amax(dim=(3, 4), keepdim=True) / fmax).clamp(min=1e-12)
         codes = (grouped / scale).clamp(-fmax, fmax).to(FP8_DTYPES[fmt]).reshape(batch, heads, tokens, head_dim)
-        return QuantizedBlock(codes, scale, None, fmt, axis, group, tokens, head_dim)
+        return QuantizedBlock(codes, scale, None, fmt, axis, group, tokens, head_dim, rotate)
     bits = INT_BITS[fmt]
     levels = (1 << bits) - 1
     if axis == "channel":
@@ -89,17 +114,25 @@ def quantize(x: torch.Tensor, fmt: str, axis: Axis, group: int) -> QuantizedBloc
     scale = ((hi - lo) / levels).clamp(min=1e-8)
     codes = ((grouped - lo) / scale).round().clamp(0, levels).to(torch.uint8)
     packed = pack_codes(codes.reshape(batch, heads, tokens, head_dim), bits)
-    return QuantizedBlock(packed, scale.half(), lo.half(), fmt, axis, group, tokens, head_dim)
+    return QuantizedBlock(packed, scale.half(), lo.half(), fmt, axis, group, tokens, head_dim, rotate)
 
 
 def dequantize(block: QuantizedBlock, dtype: torch.dtype) -> torch.Tensor:
-    """Rebuild ``[B, H, T, D]`` floats from a block."""
+    """Rebuild ``[B, H, T, D]`` floats from a block (a rotated one rotated back)."""
     if block.fmt == "none":
         return block.codes.to(dtype)
+    values = _dequantized(block)
+    if block.rotated:
+        values = values @ hadamard(block.head_dim, values.device)
+    return values.to(dtype)
+
+
+def _dequantized(block: QuantizedBlock) -> torch.Tensor:
+    """The block's float32 values, as quantized (still rotated where it was)."""
     if block.fmt in FP8_DTYPES:
         batch, heads, tokens, head_dim = block.codes.shape
         grouped = block.codes.float().reshape(batch, heads, tokens // block.group, block.group, head_dim)
-        return (grouped * block.scale).reshape(batch, heads, tokens, head_dim).to(dtype)
+        return (grouped * block.scale).reshape(batch, heads, tokens, head_dim)
     codes = unpack_codes(block.codes, INT_BITS[block.fmt]).float()
     batch, heads, tokens, head_dim = codes.shape
     if block.axis == "channel":
@@ -108,4 +141,4 @@ def dequantize(block: QuantizedBlock, dtype: torch.dtype) -> torch.Tensor:
         grouped = codes.reshape(batch, heads, tokens, head_dim // block.group, block.group)
     assert block.zero is not None  # an int format: quantize() gives it its zero points
     values = grouped * block.scale.float() + block.zero.float()
-    return values.reshape(batch, heads, tokens, head_dim).to(dtype)
+    return values.reshape(batch, heads, tokens, head_dim)

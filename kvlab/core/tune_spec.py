@@ -171,9 +171,15 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
         runs = set(backend.kv_dtypes)
         values = [v for v in tune.value_quant if v in runs] if backend.separate_kv else []
     notes = []
-    rotation = tune.rotation if backend.rotates else []
-    if tune.rotation and not backend.rotates:
-        notes.append(f"{backend_kind} has no rotation setting: rotation = {tune.rotation} left out of the search")
+    if backend.kv_choice == "all":  # kvlab's own cache: unrotated unless rotation = true
+        rotation = [r for r in tune.rotation if r]
+        if False in tune.rotation:
+            notes.append(f"{backend_kind} stores its formats unrotated unless rotation = true: rotation = false "
+                         "left out of the search")
+    else:
+        rotation = tune.rotation if backend.rotates else []
+        if tune.rotation and not backend.rotates:
+            notes.append(f"{backend_kind} has no rotation setting: rotation = {tune.rotation} left out of the search")
     formats = [q for q in tune.quant if q in runs]
     if dropped := [q for q in tune.quant if q not in formats]:
         notes.append(f"{backend_kind} has no KV cache like {', '.join(dropped)}: left out of the search")

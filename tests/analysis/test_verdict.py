@@ -84,9 +84,9 @@ def test_the_sweet_spot_is_the_config_every_task_accepts():
     decision = decide(list(summaries.values()))
     assert decision.sweet_spot.config_name == "safe"  # ...but only the other is acceptable on every task
     # and the decision says which task bound it: B refused the more compressed one that A accepted
-    assert decision.bound == "bound by B: B refused cheap (while A accepted cheap)"
+    assert decision.bound == "bound by B: it refused cheap (while A accepted cheap)"
     assert decision.to_dict()["bound_by"] == decision.bound
-    assert "\nbound by B: B refused cheap (while A accepted cheap)\n" in decision_text(decision)
+    assert "\nbound by B: it refused cheap (while A accepted cheap)\n" in decision_text(decision)
 
 
 # -- (b) the fidelity margin at its boundary, Holm across two configs ---------------------------------

@@ -28,6 +28,9 @@ EXPECTED = {
     # codes 2 x 3*512*64 / 2 = 98,304; groups: K 3*(512/64)*64 = 1,536, V 3*512*1 = 1,536 -> 3,072 x 4 = 12,288;
     # tail 2 x 3*88*64 x 2 = 67,584.  Layer 178,176; x 30
     "int4/g64/r64": (KVCacheConfig(quant="int4", group_size=64, residual_length=64), 5_345_280),
+    # the same rotated (a Hadamard transform of each head's vector before it is quantized): the matrix is fixed,
+    # nothing more is stored
+    "int4/g64/r64/rot": (KVCacheConfig(quant="int4", group_size=64, residual_length=64, rotation=True), 5_345_280),
     # g32 r0: tail 600 % 32 = 24, 576 quantized.  codes 2 x 3*576*64 = 221,184;
     # groups K 3*18*64 = 3,456, V 3*576*2 = 3,456 -> 6,912 x 4 = 27,648; tail 2 x 3*24*64 x 2 = 18,432.
     # Layer 267,264; x 30

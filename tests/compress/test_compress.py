@@ -13,7 +13,7 @@ from kvlab.compress.accounting import (
     split_tokens,
 )
 from kvlab.compress.cache import CompressedLayer, build_compressed_cache
-from kvlab.compress.quantization import dequantize, pack_codes, quantize, unpack_codes
+from kvlab.compress.quantization import dequantize, hadamard, pack_codes, quantize, unpack_codes
 from kvlab.core.formats import KVLAB_QUANT_NAMES
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
@@ -44,12 +44,36 @@ def test_int_codes_really_packed():
     assert quantize(x, "int2", "token", 32).codes.numel() == x.numel() // 4
 
 
-@pytest.mark.parametrize("quant, group, residual, axis", [  # the formats kvlab's cache stores
-    (q, g, r, a)
-    for q, g, r, a in itertools.product(KVLAB_QUANT_NAMES, (32, 64, 128), (0, 16, 64), ("channel", "token"))
+def test_the_hadamard_rotation_is_orthonormal_and_its_own_inverse():
+    matrix = hadamard(64, torch.device("cpu"))
+    assert torch.allclose(matrix @ matrix, torch.eye(64), atol=1e-6) and torch.equal(matrix, matrix.T)
+    assert set((matrix * 8).round().unique().tolist()) == {-1.0, 1.0}
+    with pytest.raises(ValueError, match="a power of two, not 80"):
+        hadamard(80, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int2"])  # fp8 keeps relative precision: nothing to spread
+def test_a_rotated_block_stores_the_same_bytes_and_spreads_an_outlier_channel(fmt):
+    """Keys with one outlier channel (20x the others), grouped per token in blocks of 32 channels as llama.cpp's
+    q4_0 groups them: the outlier sets its block's scale and the others lose their bits; rotated, every channel
+    carries a share of it, and the round trip is closer."""
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    x[..., 5] *= 20
+    plain, rotated = quantize(x, fmt, "token", 32), quantize(x, fmt, "token", 32, rotate=True)
+    assert rotated.rotated and not plain.rotated and rotated.nbytes == plain.nbytes
+    error = {name: (dequantize(block, torch.float32) - x).pow(2).mean().item()
+             for name, block in (("plain", plain), ("rotated", rotated))}
+    assert error["rotated"] < error["plain"], error
+
+
+@pytest.mark.parametrize("quant, group, residual, axis, rotation", [  # the formats kvlab's cache stores
+    (q, g, r, a, rot)
+    for q, g, r, a, rot in itertools.product(KVLAB_QUANT_NAMES, (32, 64, 128), (0, 16, 64), ("channel", "token"),
+                                             (None, True))
+    if not (rot and q == "none")  # nothing to rotate
 ])
-def test_physical_bytes_equal_analytic_before_and_after_decode(quant, group, residual, axis):
-    config = KVCacheConfig(quant=quant, group_size=group, residual_length=residual, key_axis=axis)
+def test_physical_bytes_equal_analytic_before_and_after_decode(quant, group, residual, axis, rotation):
+    config = KVCacheConfig(quant=quant, group_size=group, residual_length=residual, key_axis=axis, rotation=rotation)
     keys, values = torch.randn(1, 3, 301, 64), torch.randn(1, 3, 301, 64)
     layer = CompressedLayer(config, keys, values)
     assert layer.physical_bytes == analytic_layer_bytes(config, 3, 64, 301)

@@ -207,7 +207,12 @@ def test_rotation_is_an_axis_of_the_servers_that_rotate_and_of_no_other():
         "llamacpp has no KV cache like int4: left out of the search"]
     on_embedded, notes = backend_space(tune, "embedded")
     assert on_embedded.rotation == [] and notes[0] == (
-        "embedded has no rotation setting: rotation = [False] left out of the search")
+        "embedded stores its formats unrotated unless rotation = true: rotation = false left out of the search")
+    on_vllm, notes = backend_space(TuneSpec(quant=["fp8_e4m3"], rotation=[True]), "vllm")
+    assert on_vllm.rotation == [] and notes == [
+        "vllm has no rotation setting: rotation = [True] left out of the search"]
+    rotated = backend_space(TuneSpec(quant=["int4"], rotation=[True]), "embedded")[0]  # kvlab's own rotation
+    assert [c.label for c in configs(rotated.space().points())] == ["int4/g64/r64", "int4/g64/r64/rot"]
 
 
 def test_a_launched_server_tunes_only_its_dtypes_at_the_default_settings():

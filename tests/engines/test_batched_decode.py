@@ -18,7 +18,8 @@ from kvlab.tasks import generate_items
 
 pytestmark = pytest.mark.model
 
-#: A mixed group: baseline, three quantizations, eviction at two ratios, quantization plus eviction.
+#: A mixed group: baseline, three quantizations, eviction at two ratios, quantization plus eviction, a rotated
+#: quantization.
 GROUP = [
     KVCacheConfig(name="baseline"),
     KVCacheConfig(quant="int8"),
@@ -27,6 +28,8 @@ GROUP = [
     KVCacheConfig(evict="streaming_llm", ratio=0.5),
     KVCacheConfig(evict="snapkv", ratio=0.875),
     KVCacheConfig(quant="int4", evict="snapkv", ratio=0.5),
+    # rotated 4-bit blocks of 32 per token (llama.cpp's layout, kvlab's Hadamard rotation)
+    KVCacheConfig(quant="int4", group_size=32, residual_length=0, key_axis="token", rotation=True),
 ]
 
 

@@ -214,7 +214,8 @@ def test_rotation_off_is_llamacpps_environment_switch_and_refused_where_no_engin
                                                        "LLAMA_ATTN_ROT_DISABLE=1 in its environment")
     with pytest.raises(ConfigError, match="rotation = false cannot run on vLLM.*backend kind 'llamacpp'"):
         check_config("vllm", KVCacheConfig(quant="fp8_e4m3", rotation=False))
-    problem = check_fits(KVCacheConfig(quant="int4", rotation=True), SMOLLM2)
-    assert problem and "unrotated" in problem and "'llamacpp'" in problem
+    problem = check_fits(KVCacheConfig(quant="int4", rotation=False), SMOLLM2)
+    assert problem and "unrotated unless rotation = true" in problem and "'llamacpp'" in problem
+    assert check_fits(KVCacheConfig(quant="int4", rotation=True), SMOLLM2) is None  # kvlab's own rotation
     with pytest.raises(ValueError, match="rotation applies to quantized keys or values"):
         KVCacheConfig(rotation=False)
