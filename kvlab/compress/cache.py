@@ -60,6 +60,9 @@ class CompressedLayer(_FullAttentionLayer):
         """Hold ``keys``/``values``: all but the residual tail quantized into codes."""
         self.key_blocks: list[QuantizedBlock] = []
         self.value_blocks: list[QuantizedBlock] = []
+        # the blocks' floats at the compute dtype, rebuilt as blocks are added (not stored: physical_bytes counts
+        # the codes); a decode step then reads them instead of dequantizing the whole prefix again
+        self._floats: tuple[torch.Tensor, torch.Tensor] | None = None
         quantized, _ = split_tokens(self.config, keys.shape[-2])
         self._append_blocks(keys[:, :, :quantized], values[:, :, :quantized])
         self.key_tail = keys[:, :, quantized:].to(STORAGE_DTYPE)
@@ -75,9 +78,13 @@ class CompressedLayer(_FullAttentionLayer):
             return
         cfg = self.config
         rotate = bool(cfg.rotation)
-        self.key_blocks.append(quantize(keys, cfg.quant, cfg.key_axis, key_group(cfg, self.head_dim), rotate))
-        self.value_blocks.append(quantize(values, cfg.value_format, "token", value_group(cfg, self.head_dim),
-                                          rotate))
+        key_block = quantize(keys, cfg.quant, cfg.key_axis, key_group(cfg, self.head_dim), rotate)
+        value_block = quantize(values, cfg.value_format, "token", value_group(cfg, self.head_dim), rotate)
+        self.key_blocks.append(key_block)
+        self.value_blocks.append(value_block)
+        new = (dequantize(key_block, self.compute_dtype), dequantize(value_block, self.compute_dtype))
+        self._floats = new if self._floats is None else (torch.cat([self._floats[0], new[0]], dim=-2),
+                                                         torch.cat([self._floats[1], new[1]], dim=-2))
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
                cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,10 +120,10 @@ class CompressedLayer(_FullAttentionLayer):
 
     def materialize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values attention sees, at the compute dtype."""
-        keys = [dequantize(b, self.compute_dtype) for b in self.key_blocks] + [self.key_tail.to(self.compute_dtype)]
-        values = [dequantize(b, self.compute_dtype) for b in self.value_blocks] + \
-            [self.value_tail.to(self.compute_dtype)]
-        return torch.cat(keys, dim=-2), torch.cat(values, dim=-2)
+        keys, values = self.key_tail.to(self.compute_dtype), self.value_tail.to(self.compute_dtype)
+        if self._floats is None:
+            return keys, values
+        return torch.cat([self._floats[0], keys], dim=-2), torch.cat([self._floats[1], values], dim=-2)
 
     def get_seq_length(self) -> int:
         return sum(b.tokens for b in self.key_blocks) + self.key_tail.shape[-2]

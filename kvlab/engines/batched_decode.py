@@ -404,11 +404,13 @@ def _finish(outcomes: list[MemberOutcome], traces: list[_Trace], ref: _Reference
 def member_bytes(geometry: CacheGeometry, tokens: int, fed_tokens: int, vocab_size: int,
                  compute_bytes: int) -> int:
     """What one more member may add to a batch at most: its cache kept whole at 16-bit (the baseline;
-    compressed members hold less), one layer's keys and values rebuilt at the compute dtype (twice:
-    dequantized blocks and their concatenation), and its float32 logits for ``fed_tokens`` tokens
-    (twice: the cross-entropy's float copy)."""
+    compressed members hold less), its quantized blocks' floats kept at the compute dtype for the item's decode
+    (every layer: :class:`kvlab.compress.cache.CompressedLayer`), one layer's keys and values rebuilt at the
+    compute dtype (twice: the blocks' floats and the tail, and their concatenation), and its float32 logits for
+    ``fed_tokens`` tokens (twice: the cross-entropy's float copy)."""
     full_layer = 2 * geometry.num_kv_heads * geometry.head_dim * tokens * compute_bytes
-    return geometry.baseline_bytes(tokens) + 2 * full_layer + 2 * fed_tokens * vocab_size * 4
+    floats = geometry.baseline_bytes(tokens) * compute_bytes // 2  # the baseline's bytes are 16-bit
+    return geometry.baseline_bytes(tokens) + floats + 2 * full_layer + 2 * fed_tokens * vocab_size * 4
 
 
 def available_bytes(device: torch.device) -> int:
