@@ -172,7 +172,7 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
         values = [v for v in tune.value_quant if v in runs] if backend.separate_kv else []
     notes = []
     if backend.kv_choice == "all":  # kvlab's own cache: unrotated unless rotation = true
-        rotation = [r for r in tune.rotation if r]
+        rotation: list[bool] = [r for r in tune.rotation if r]
         if False in tune.rotation:
             notes.append(f"{backend_kind} stores its formats unrotated unless rotation = true: rotation = false "
                          "left out of the search")
