@@ -34,6 +34,13 @@ def _parser(leaf: Leaf) -> Callable[[str], Any]:
     return parse
 
 
+def _boolean(text: str) -> bool:
+    """``true`` or ``false`` (a TOML spec's spelling), as an option's value."""
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"give true or false, got {text!r}")
+    return text.lower() == "true"
+
+
 def add_kv_options(group: argparse._ArgumentGroup) -> None:
     """One option per leaf of the axes table that ``kvlab serve`` takes (:data:`kvlab.core.axes.LEAVES`)."""
     for leaf in LEAVES:
@@ -44,6 +51,8 @@ def add_kv_options(group: argparse._ArgumentGroup) -> None:
         if leaf.kind == "choice":
             group.add_argument(flag, dest=leaf.flag, choices=list(leaf.choices), type=type(leaf.choices[0]),
                                help=leaf.help + default)
+        elif leaf.kind == "bool":
+            group.add_argument(flag, dest=leaf.flag, type=_boolean, metavar="true|false", help=leaf.help)
         elif leaf.kind == "ints":
             group.add_argument(flag, dest=leaf.flag, type=_parser(leaf), nargs="+", metavar="INDEX", help=leaf.help)
         else:

@@ -87,8 +87,9 @@ AXES: tuple[Axis, ...] = (
     Axis("skip_layers", "16-bit layers", "layers whose cache stays 16-bit under the quantization (vLLM's "
          "--kv-cache-dtype-skip-layers)", applies="given", sweep="skip_layers", tune="skip_layers",
          column_prefix="skipped_", flag_prefix="skip_", grid_title="16-bit layer patterns"),
-    Axis("rotation", "rotation", "a serving engine's rotation of quantized keys and values (llama.cpp's "
-         "attn_rot): false turns it off; blank: the engine's default", column=False, option=False),
+    Axis("rotation", "rotation", "a Hadamard rotation of quantized keys and values: true rotates kvlab's own "
+         "formats, false turns a serving engine's off (llama.cpp's attn_rot); blank: the engine's default",
+         applies="given", column=False),
     Axis("evict", "evict", "the eviction method; the budgets each accepts: `kvlab methods`", sweep="evict",
          tune="evict", grid_title="Eviction methods"),
     *(Axis(b.name, b.title, b.help, applies="evicts", sweep="ratios" if b.name == "ratio" else None,

@@ -34,8 +34,8 @@ def serve_command(model: str, config: KVCacheConfig) -> str:
     for leaf, value in given_leaves(config):
         assert leaf.flag is not None
         values = value if isinstance(value, tuple) else (value,)
-        argv += [_flag(leaf.flag), *(_number(v) if isinstance(v, float | int) and not isinstance(v, bool) else str(v)
-                                     for v in values)]
+        argv += [_flag(leaf.flag), *(str(v).lower() if isinstance(v, bool) else _number(v)
+                                     if isinstance(v, float | int) else str(v) for v in values)]
     return shlex.join(argv)
 
 

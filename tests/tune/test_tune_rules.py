@@ -5,11 +5,14 @@ Every expected value is worked out by hand in the comments, not with kvlab's hel
 
 from __future__ import annotations
 
+import shlex
 import tomllib
 
 import pytest
 
 from kvlab.analysis.decision import PairedScores
+from kvlab.cli.main import build_parser
+from kvlab.cli.serve import kv_config_from_args
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.kv_config import KVCacheConfig
@@ -163,6 +166,13 @@ def test_serve_command_and_engine_flags():
     assert "--kv-cache-dtype fp8_e5m2" in evicting["statement"]
     entry = tomllib.loads(config_toml(snap))["configs"][0]
     assert KVCacheConfig(**{k: v for k, v in entry.items() if k != "name"}) == snap
+    # kvlab's own rotation is a kvlab serve option, so that a rotated answer deploys rotated
+    rotated = KVCacheConfig(quant="int4", rotation=True)
+    command = serve_command("m", rotated)
+    assert command.endswith("--rotation true")
+    assert kv_config_from_args(build_parser().parse_args(shlex.split(command)[1:])) == rotated
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--rotation", "yes"])
 
 
 def test_early_stopped_candidates_count_in_holms_family():
