@@ -17,8 +17,8 @@ from typing import Any
 import streamlit as st
 
 from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.units import MIB
 from kvlab.dashboard import tune_charts, views
-from kvlab.experiments.report import MIB
 from kvlab.store import ExperimentRecord, ExperimentStore, StoreError
 from kvlab.store.records import TuneRecord
 from kvlab.tune import importance, progress

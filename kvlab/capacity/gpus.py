@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab.core.errors import ConfigError
-
-MIB = 1 << 20
-GIB = 1 << 30
+from kvlab.core.units import MIB
 
 
 @dataclass(frozen=True)

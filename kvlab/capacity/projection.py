@@ -25,6 +25,7 @@ from kvlab.capacity.architectures import Architecture
 from kvlab.compress.accounting import analytic_kv_bytes, kv_bits
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.units import GIB
 
 #: Bytes per weight of each weight dtype a projection offers (int4: the codes alone, its scales left out).
 WEIGHT_BYTES: dict[str, float] = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int4": 0.5}
@@ -33,7 +34,6 @@ DEFAULT_UTILIZATION = 0.9
 #: What a projection keeps back for activations, CUDA graphs and the CUDA context (vLLM measures its own at
 #: start-up; an 8B model at the default batch takes 1-3 GiB).
 DEFAULT_OVERHEAD_GIB = 2.0
-GIB = 1 << 30
 
 
 @dataclass(frozen=True)

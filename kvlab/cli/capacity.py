@@ -76,8 +76,9 @@ def _configs(args: argparse.Namespace) -> list[KVCacheConfig]:
 
 
 def _pool(args: argparse.Namespace, arch) -> Pool:
-    from kvlab.capacity.gpus import GIB, gpu
+    from kvlab.capacity.gpus import gpu
     from kvlab.capacity.projection import Pool
+    from kvlab.core.units import GIB
 
     if args.pool_gib is not None:
         return Pool(int(args.pool_gib * GIB), f"given: {args.pool_gib:g} GiB")
@@ -119,7 +120,7 @@ def capacity_json(model: str, context: int, concurrency: int, pool: Pool, rows: 
 
 def capacity_lines(title: str, context: int, concurrency: int, pool: Pool, rows: list[ConfigCapacity]) -> list[str]:
     """The projection as a table, its pool and its layouts said above it."""
-    from kvlab.capacity.gpus import GIB
+    from kvlab.core.units import GIB
 
     lines = [f"PROJECTION (computed, not measured): {title}, {context:,} tokens per sequence, "
              f"{concurrency} at once", f"KV pool {pool.bytes / GIB:,.2f} GiB ({pool.how})",

@@ -89,7 +89,7 @@ AXES: tuple[Axis, ...] = (
          column_prefix="skipped_", flag_prefix="skip_", grid_title="16-bit layer patterns"),
     Axis("rotation", "rotation", "a Hadamard rotation of quantized keys and values: true rotates kvlab's own "
          "formats, false turns a serving engine's off (llama.cpp's attn_rot); blank: the engine's default",
-         applies="given", column=False),
+         applies="given", sweep="rotation", tune="rotation", grid_title="Rotation settings (also)"),
     Axis("evict", "evict", "the eviction method; the budgets each accepts: `kvlab methods`", sweep="evict",
          tune="evict", grid_title="Eviction methods"),
     *(Axis(b.name, b.title, b.help, applies="evicts", sweep="ratios" if b.name == "ratio" else None,

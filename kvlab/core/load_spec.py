@@ -15,10 +15,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kvlab.core.units import MIB
+
 #: At most this many levels of each kind, and requests per level: a load phase runs per config.
 MAX_LEVELS = 12
 MAX_REQUESTS = 10_000
-MIB = 1 << 20
 
 
 class LoadTarget(BaseModel):

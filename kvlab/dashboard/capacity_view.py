@@ -14,11 +14,12 @@ from typing import Any
 from kvlab.analysis.summary import ConfigSummary, stored_config
 from kvlab.capacity.architectures import ARCHITECTURES, Architecture
 from kvlab.capacity.architectures import architecture as find_architecture
-from kvlab.capacity.gpus import GIB, GPUS
+from kvlab.capacity.gpus import GPUS
 from kvlab.capacity.projection import ConfigCapacity, Pool, project
 from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.units import GIB
 
 DEFAULT_GPU = "h100-80gb"
 DEFAULT_CONCURRENCY = 8

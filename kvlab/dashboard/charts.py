@@ -22,7 +22,8 @@ from kvlab.core.kv_config import BASELINE
 from kvlab.core.margins import Margins
 from kvlab.core.results import CacheLayout, ItemResult
 from kvlab.core.tasks import TASKS
-from kvlab.dashboard.views import MIB, Y_METRICS, CompareRow, fidelity_text
+from kvlab.core.units import MIB
+from kvlab.dashboard.views import Y_METRICS, CompareRow, fidelity_text
 from kvlab.experiments.load_report import HalvesPoint
 from kvlab.experiments.nodes import node_of
 from kvlab.load.metrics import LevelResult

@@ -105,6 +105,8 @@ def grid_widgets(table: str) -> tuple[GridWidget, ...]:
             inner, _ = shape(get_args(annotation)[0])
             if get_origin(inner) is Literal:
                 kind, options = "multiselect", get_args(inner)
+            elif inner is bool:  # settings each config is also run with (rotation)
+                kind, options = "multiselect", (True, False)
             elif isinstance(inner, type) and issubclass(inner, BaseModel):
                 kind = "carried"
             else:

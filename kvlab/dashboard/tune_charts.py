@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvlab.core.units import MIB
 from kvlab.dashboard.charts import MARKERS, plotly_text
-from kvlab.experiments.report import MIB
 from kvlab.tune.importance import Importance, Metric, Sample, categorical, varying
 from kvlab.tune.progress import UNFINISHED, Point
 

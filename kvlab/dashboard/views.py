@@ -21,6 +21,7 @@ from kvlab.analysis.summary import ConfigSummary, Decision, stored_config
 from kvlab.core.formats import FORMATS
 from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
+from kvlab.core.units import MIB
 from kvlab.dashboard import page_table
 from kvlab.experiments.eta import Eta, Timeline, timeline
 from kvlab.experiments.nodes import node_of
@@ -28,7 +29,6 @@ from kvlab.store.records import ExperimentRecord, TrialRecord
 from kvlab.tune.progress import Budgets
 
 #: Memory is in MiB (2^20 bytes) on every page, export and CLI table: :func:`fmt_mib`.
-MIB = 1024 * 1024
 
 #: The accuracy margin (the spec's ``max_drop``) wherever a page asks for it (/new, the experiment page): a
 #: fraction of the items, as the spec stores it, ``--max-drop`` takes it and accuracy is shown (0-1), so that

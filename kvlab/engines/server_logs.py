@@ -13,8 +13,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-GIB = 1 << 30
-
 
 @dataclass(frozen=True)
 class KVPool:

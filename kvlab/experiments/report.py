@@ -19,9 +19,8 @@ from kvlab.analysis.summary import (
 )
 from kvlab.core.load_spec import LoadTarget
 from kvlab.core.results import TEACHER_BASELINE_SAMPLE, GenerationKV, ItemResult
+from kvlab.core.units import MIB
 from kvlab.store.records import LoadLevelRecord
-
-MIB = 1024 * 1024
 
 
 def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:

@@ -4,9 +4,10 @@ once) projected for a real 8B and 70B model -- every figure computed here by :mo
 from __future__ import annotations
 
 from kvlab.capacity.architectures import ARCHITECTURES
-from kvlab.capacity.gpus import GIB, GPUS
+from kvlab.capacity.gpus import GPUS
 from kvlab.capacity.projection import Pool, project
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
+from kvlab.core.units import GIB
 from kvlab.reference import cell
 
 #: The blog's deployment: 128K tokens per sequence, 8 at once, on H100s.

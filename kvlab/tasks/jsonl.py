@@ -34,6 +34,7 @@ import regex
 from kvlab.core.errors import ConfigError, HostLacksError
 from kvlab.core.items import TaskItem
 from kvlab.core.tasks import DEFAULT_ANSWER_SCORER, JsonlParams, TaskSpec, check_answer_scorer, task_new_tokens
+from kvlab.core.units import MIB
 from kvlab.tasks.haystack import Tokenizer, count_tokens
 from kvlab.tasks.scoring import choice_letter, compile_answer_regex, normalize, parse_number
 
@@ -44,7 +45,6 @@ REQUIRED_KEYS = ("context", "question", "answer")
 DEFAULT_MAX_NEW_TOKENS = task_new_tokens("jsonl")
 MAX_ID_CHARS = 256
 MAX_INT_DIGITS = 64  # JSON integers longer than this are refused (Python refuses > 4300 with a traceback)
-MIB = 1 << 20
 
 #: Environment variables that raise or lower the limits, and their defaults.
 FILE_MB_VAR, DEFAULT_FILE_MB = "KVLAB_MAX_JSONL_MB", 64.0

@@ -32,7 +32,7 @@ from typing import cast
 from kvlab.analysis.decision import PairedScores
 from kvlab.analysis.verdict import TaskVerdict
 from kvlab.core.margins import Margins
-from kvlab.experiments.report import MIB
+from kvlab.core.units import MIB
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.margins import DEFAULT_MAX_DROP
 from kvlab.core.results import ItemResult
 from kvlab.core.tune_spec import TuneSpec, backend_space, grid_points, rungs
-from kvlab.experiments.report import MIB
+from kvlab.core.units import MIB
 from kvlab.store.records import CandidateRecord, ExperimentRecord, TrialRecord, TuneRecord, baseline_trial
 
 #: A candidate's state as shown: the store's (active | stopped | complete), or this one for a candidate

@@ -17,8 +17,8 @@ from kvlab.analysis.summary import ConfigSummary, Decision
 from kvlab.core.axes import given_leaves
 from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig, SkipLayers
+from kvlab.core.units import MIB
 from kvlab.engines.servers import SERVERS, serving_engine
-from kvlab.experiments.report import MIB
 
 
 def engine_title(kind: str) -> str:

@@ -8,13 +8,14 @@ import json
 import pytest
 
 from kvlab.capacity.architectures import ARCHITECTURES, Architecture, architecture
-from kvlab.capacity.gpus import GIB, GPUS
+from kvlab.capacity.gpus import GPUS
 from kvlab.capacity.projection import Pool, project
 from kvlab.cli.main import main
 from kvlab.compress.accounting import analytic_kv_bytes
 from kvlab.core.errors import ConfigError
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
+from kvlab.core.units import GIB
 
 FP8 = KVCacheConfig(quant="fp8_e4m3")
 SMOLLM2 = Architecture("smollm2", "SmolLM2-135M", 134.5e6, CacheGeometry(30, 3, 64), 8192, "its config.json")

@@ -9,9 +9,10 @@ import pytest
 
 from kvlab.analysis.summary import breakdown, summarize
 from kvlab.core.margins import Margins
+from kvlab.core.units import MIB
 from kvlab.dashboard import charts
 from kvlab.dashboard.chart_export import browser_path, figure_html, figure_image, redact, report_html
-from kvlab.dashboard.views import MIB, compare_rows
+from kvlab.dashboard.views import compare_rows
 from kvlab.paths import STATIC_DIR
 from kvlab.store import TelemetrySample
 from tests.dashboard_data import PROFILE, item_result

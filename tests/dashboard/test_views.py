@@ -17,6 +17,7 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.margins import DEFAULT_MAX_DROP, DEFAULT_MAX_KL, Margins
 from kvlab.core.tasks import VariableTrackingParams
+from kvlab.core.units import MIB
 from kvlab.dashboard import estimate, spec_form, views
 from kvlab.dashboard.spec_form import (
     assign_errors,
@@ -108,7 +109,7 @@ def test_durations_count_from_the_queue():
 
 def test_one_unit_for_memory_and_for_the_margin():
     """Memory in MiB and the accuracy margin as a fraction (as accuracy is) wherever the pages write them."""
-    assert views.fmt_mib(3 * views.MIB) == "3.000 MiB" and views.fmt_mib(None) == "-"
+    assert views.fmt_mib(3 * MIB) == "3.000 MiB" and views.fmt_mib(None) == "-"
     assert views.fmt_margin(0.05) == "0.05" and views.MARGIN_FORMAT % DEFAULT_MAX_DROP == "0.050"
     assert views.MARGIN_MIN <= DEFAULT_MAX_DROP <= views.MARGIN_MAX < 1  # a fraction, never points
     assert "0-1" in views.MARGIN_LABEL and "points" not in views.MARGIN_LABEL

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import pytest
 
+from kvlab.core.units import MIB
 from kvlab.dashboard import page_table
-from kvlab.experiments.report import MIB
 from kvlab.store import Store
 from tests.e2e.browsing import downloaded, wait_idle
 from tests.e2e.dashboard_server import CHROMIUM, start_dashboard

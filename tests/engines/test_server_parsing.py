@@ -20,12 +20,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from kvlab.core.units import GIB
 from kvlab.engines.prometheus import (
     ServerMetricsSource,
     parse_metrics,
     server_kv_snapshot,
 )
-from kvlab.engines.server_logs import GIB, KVPool, startup_failure
+from kvlab.engines.server_logs import KVPool, startup_failure
 from kvlab.engines.servers import SERVERS
 
 VLLM_LOG = """\

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from kvlab.core.tune_spec import TuneSpec
-from kvlab.experiments.report import MIB
+from kvlab.core.units import MIB
 from kvlab.store.records import CandidateRecord, TrialRecord
 from kvlab.tune import progress
 from kvlab.tune.progress import Point

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvlab.core.errors import ConfigError
+from kvlab.core.units import MIB
 from kvlab.engines.server_logs import KVPool, StartupFault, last_match, line_of
 from kvlab.engines.servers.base import FormLabels, LoadServer, MetricNames, ServingEngine
 
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 # ggml/include/ggml.h enum ggml_type: llama-cpp-python's type_k / type_v take these numbers.
 GGML_TYPES: Mapping[str, int] = {"f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20,
                                  "bf16": 30}
-MIB = 1 << 20
 # src/llama-kv-cache.cpp llama_kv_cache::llama_kv_cache: LLAMA_LOG_INFO("%s: size = %7.2f MiB (%6u cells, %3d layers,
 # %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB\n", __func__, ...) -- logged once the pool is allocated
 # (llama-cpp-python prints llama.cpp's log on stderr with verbose = true).

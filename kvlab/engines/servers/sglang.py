@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvlab.core.errors import ConfigError
-from kvlab.engines.server_logs import GIB, KVPool, last_match, line_of
+from kvlab.core.units import GIB
+from kvlab.engines.server_logs import KVPool, last_match, line_of
 from kvlab.engines.servers.base import (
     FormLabels,
     MetricNames,

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from kvlab.core.experiment_spec import DEFAULT_CPU_KV_CACHE_GIB
 from kvlab.core.formats import FORMATS
-from kvlab.engines.server_logs import GIB, KVPool, StartupFault, last_match, line_of
+from kvlab.core.units import GIB
+from kvlab.engines.server_logs import KVPool, StartupFault, last_match, line_of
 from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine, llamacpp_formats_note
 from kvlab.engines.servers.vllm_menu import CPU_BACKEND, read_menu
 
