@@ -11,6 +11,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.analysis.agreement import different_items, engine_agreement, engines_table
+from kvlab.analysis.noise_floor import noise_floor
 from kvlab.dashboard import charts, page_table, views
 from kvlab.store import ExperimentNotFoundError
 from pages.common import chart, empty_state, experiment_label, get_store, results_of, share_box, summaries_of
@@ -91,6 +92,10 @@ elif section == views.COMPARE_SECTIONS[2]:
                    "the embedded engine's")
     else:
         st.info("The chosen experiments share no item (the same prompt and answer) without an error.")
+    floors = [f"#{i} ({records[i].backend_kind}): {floor.words()}" for i in chosen
+              if (floor := noise_floor(*results_of(records[i]))) is not None]
+    if floors:  # the KL below which each server cannot tell a config from its own baseline
+        st.markdown("\n".join(f"- {views.md(line)}" for line in floors))
 elif rows := views.compare_rows(summaries, [k for k in trial_keys if k not in hidden]):
     chart(charts.parallel_figure(rows), "parallel", "kvlab-parameters")
     st.dataframe([{"experiment": r.experiment_id, "config": r.config_name, "KV bits": r.quant_bits,

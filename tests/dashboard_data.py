@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvlab.core.experiment_spec import parse_spec
-from kvlab.core.results import CacheLayout, Fidelity, ItemResult
+from kvlab.core.results import NOISE_FLOOR_KEY, TEACHER_BASELINE_SAMPLE, CacheLayout, Fidelity, ItemResult
 from kvlab.load.metrics import LevelResult, ServerReading
 from kvlab.store import Store, TelemetrySample
 
@@ -34,9 +34,16 @@ def fidelity_of(config: str, item: int) -> Fidelity | None:
     return Fidelity(kl=kl, agree=tuple(at is None or t < at for t in range(FIDELITY_TOKENS)))
 
 
-def item_result(config: str, item: int, length: int, depth: float, fidelity: bool = False) -> ItemResult:
+def floor_of(item: int) -> Fidelity:
+    """The baseline's server against itself on an item (the engine's noise floor, as a server stores it)."""
+    return Fidelity(kl=tuple(0.001 * ((item + t) % 5) for t in range(FIDELITY_TOKENS)),
+                    agree=(True,) * FIDELITY_TOKENS, teacher=TEACHER_BASELINE_SAMPLE)
+
+
+def item_result(config: str, item: int, length: int, depth: float, fidelity: bool = False,
+                floor: bool = False) -> ItemResult:
     """One passkey item under ``config``; ``fidelity``: with its :func:`fidelity_of` in ``extra``, as
-    the embedded engine stores it."""
+    the embedded engine stores it; ``floor``: the baseline's with the engine's noise floor (:func:`floor_of`)."""
     fraction, wrong = PROFILE[config]
     baseline_bytes = 2 * 30 * 3 * 64 * length * 2
     correct = item % 4 >= wrong
@@ -53,7 +60,8 @@ def item_result(config: str, item: int, length: int, depth: float, fidelity: boo
         generated=" 12345." if correct else " 99999.", answer="12345", output_tokens=4, ttft_s=0.1 * length / 256,
         tpot_s=0.05, prefill_s=0.09 * length / 256, compress_s=0.005, decode_s=0.15, peak_memory_bytes=None,
         score=1.0 if correct else 0.0, extra={"cache_layout": _layout(baseline_bytes * fraction, length - 20, config)}
-        | ({} if measured is None else {"fidelity": measured.to_dict()}))
+        | ({} if measured is None else {"fidelity": measured.to_dict()})
+        | ({NOISE_FLOOR_KEY: floor_of(item).to_dict()} if floor and config == "baseline" else {}))
 
 
 def _layout(physical: float, context: int, config: str) -> dict:
@@ -83,12 +91,13 @@ def load_level(config: str, clients: int) -> LevelResult:
 
 
 def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True, fidelity: bool = False,
-             load: bool = False) -> int:
+             load: bool = False, floor: bool = False) -> int:
     """An experiment of 4 configs x 8 passkey items (2 lengths x 2 depths x 2), with telemetry and
     events; ``finish=False`` leaves it running with half of the items done.  Without ``fidelity`` its
     results are those of a backend that does not measure it (accuracy decides); with it, every
     config but the baseline carries its fidelity to the baseline (then fidelity decides).  ``load``: each
-    config's server also under a load phase (:func:`load_level`), as a [load] table stores it."""
+    config's server also under a load phase (:func:`load_level`), as a [load] table stores it; ``floor``: the
+    baseline's items carry the engine's noise floor, as a server experiment's do."""
     spec = parse_spec(SPEC | {"name": name})
     experiment_id = store.create_experiment(spec, {"versions": {"kvlab": "test"}, "git_commit": "abc123",
                                                    "hardware": {"cpu_count": 2}})
@@ -99,7 +108,7 @@ def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True, f
         for index, (length, depth) in enumerate((n, d) for n in (256, 512) for d in (0.1, 0.9) for _ in range(2)):
             if not finish and index >= 4:
                 break
-            store.add_item_result(trial.id, item_result(trial.config_name, index, length, depth, fidelity))
+            store.add_item_result(trial.id, item_result(trial.config_name, index, length, depth, fidelity, floor))
         for step, phase in enumerate(("load", "prefill", "compress", "decode")):
             samples.append(TelemetrySample(experiment_id=experiment_id, worker_id="test-host:w0",
                                            ts=1000.0 + 4 * trial.position + step, phase=phase, source="cpu",

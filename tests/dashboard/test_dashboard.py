@@ -649,6 +649,21 @@ def test_compare_page_pairs_two_engines_runs_config_by_config(filled):
     assert "Pick two or more experiments" in texts(at.info)
 
 
+def test_the_engines_noise_floor_shows_beside_the_fidelity_on_both_pages(store):
+    """A server experiment's baseline carries the engine's noise floor: the Tradeoff section states it (and the
+    configs inside it), and the compare page's Engines section lists each experiment's."""
+    one, two = populate(store, fidelity=True, floor=True), populate(store, "second", fidelity=True, floor=True)
+    at = open_page(VIEW, id=str(one), tab="Tradeoff")
+    assert_clean(at)
+    (floor,) = [str(e.value) for e in at.info if str(e.value).startswith("Engine noise floor")]  # as Markdown
+    assert "over 8 items" in floor
+    at = open_page(COMPARE, ids=[str(one), str(two)], tab="Engines")
+    assert_clean(at)
+    lines = [line for line in texts(at.markdown).splitlines() if "engine noise floor" in line]
+    shown = [line.replace("\\", "").split(":", 1)[0] for line in lines]  # Markdown escapes dropped
+    assert shown == [f"- #{one} (embedded)", f"- #{two} (embedded)"]
+
+
 def test_new_experiment_form_survives_a_visit_elsewhere(store):
     at = open_page(NEW)
     at.text_input(key="f:name").set_value("keep-me").run()
