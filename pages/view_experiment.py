@@ -89,21 +89,31 @@ def cancel_box(experiment: ExperimentRecord) -> None:
     if experiment.is_terminal:
         st.session_state.pop("pending_cancel", None)
         return
+    # Each answer acts in its button's callback, which Streamlit runs before whichever rerun takes the click: a
+    # click read in the script body was lost once in a full test-suite run (the experiment stayed running), when
+    # the live panel's timed rerun took the click's place.
     if st.session_state.get("pending_cancel") != experiment.id:
-        if st.button("Cancel", icon=":material/cancel:", key="ask-cancel",
-                     help="Stop its queued and running trials; you are asked again first"):
-            st.session_state["pending_cancel"] = experiment.id
-            st.rerun()
+        st.button("Cancel", icon=":material/cancel:", key="ask-cancel", on_click=_ask_cancel, args=(experiment.id,),
+                  help="Stop its queued and running trials; you are asked again first")
         return
     st.warning(f"Cancel experiment #{experiment.id}? {CANCEL_CONSEQUENCE}")
     yes_col, no_col, _ = st.columns([1, 1, 4])
-    if yes_col.button("Yes, cancel", type="primary", key="confirm-cancel"):
-        st.session_state["experiment_flash"] = [cancel_experiment(store, experiment.id)]
-        del st.session_state["pending_cancel"]
-        st.rerun()
-    if no_col.button("No", key="dismiss-cancel"):
-        del st.session_state["pending_cancel"]
-        st.rerun()
+    yes_col.button("Yes, cancel", type="primary", key="confirm-cancel", on_click=_confirm_cancel,
+                   args=(experiment.id,))
+    no_col.button("No", key="dismiss-cancel", on_click=_dismiss_cancel)
+
+
+def _ask_cancel(experiment_id: int) -> None:
+    st.session_state["pending_cancel"] = experiment_id
+
+
+def _confirm_cancel(experiment_id: int) -> None:
+    st.session_state["experiment_flash"] = [cancel_experiment(store, experiment_id)]
+    st.session_state.pop("pending_cancel", None)
+
+
+def _dismiss_cancel() -> None:
+    st.session_state.pop("pending_cancel", None)
 
 
 cancel_box(experiment)
