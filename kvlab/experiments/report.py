@@ -145,7 +145,7 @@ def decision_text(decision: Decision) -> str:
             if spot is not None else f"sweet spot: none ({decision.note})")
     few = f"\nfew items: the sweet spot {decision.few_items_note()}" if decision.few_items else ""
     bound = f"\n{decision.bound}" if decision.bound else ""
-    return f"{head}{bound}{few}\nrule: {decision.rule}"
+    return f"{head}{few}{bound}\nrule: {decision.rule}"
 
 
 def budget_notes(summaries: Sequence[ConfigSummary]) -> list[str]:
