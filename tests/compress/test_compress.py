@@ -121,6 +121,10 @@ def test_group_must_divide_head_dim_and_skipped_layers_must_exist():
     assert check_fits(KVCacheConfig(quant="int4", group_size=128), geometry(64)) is None  # capped at the head dim
     assert "does not divide head_dim 80" in check_fits(KVCacheConfig(quant="int4", group_size=32), geometry(80))
     assert check_fits(KVCacheConfig(quant="fp8_e4m3", group_size=32), geometry(80)) is None
+    # kvlab's Hadamard rotation needs a power-of-two head dimension: refused in one line, not a traceback later
+    assert "needs a head dimension that is a power of two; this model's is 80" in check_fits(
+        KVCacheConfig(quant="fp8_e4m3", rotation=True), geometry(80))
+    assert check_fits(KVCacheConfig(quant="int4", rotation=True), geometry(64)) is None
     # values in an integer format are grouped along the head dimension, whatever the keys' format
     assert "does not divide" in check_fits(KVCacheConfig(quant="fp8_e4m3", value_quant="int4", group_size=32),
                                            geometry(80))
