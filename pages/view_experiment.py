@@ -16,7 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
-from kvlab.analysis.noise_floor import floor_lines, noise_floor
+from kvlab.analysis.noise_floor import floor_lines, noise_floor, under_load_lines
 from kvlab.analysis.summary import breakdown, length_group, question_rank
 from kvlab.capacity.gpus import GPUS
 from kvlab.core.backends import BACKENDS
@@ -551,6 +551,7 @@ if section == "Tradeoff":
     shown_rows, shown_baseline = shown_results(view)
     if (floor := noise_floor(shown_rows, shown_baseline)) is not None:
         head, *rest = floor_lines(floor, summaries, shown_baseline, view.margins)
+        rest += under_load_lines(store.load_levels(experiment.id), shown_baseline)
         st.info(views.md(head[0].upper() + head[1:]) + "".join(f"\n- {views.md(line)}" for line in rest),
                 icon=":material/graphic_eq:")
     if notes := budget_notes(summaries):

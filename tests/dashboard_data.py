@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.results import NOISE_FLOOR_KEY, TEACHER_BASELINE_SAMPLE, CacheLayout, Fidelity, ItemResult
 from kvlab.load.metrics import LevelResult, ServerReading
@@ -97,7 +99,8 @@ def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True, f
     results are those of a backend that does not measure it (accuracy decides); with it, every
     config but the baseline carries its fidelity to the baseline (then fidelity decides).  ``load``: each
     config's server also under a load phase (:func:`load_level`), as a [load] table stores it; ``floor``: the
-    baseline's items carry the engine's noise floor, as a server experiment's do."""
+    baseline's items carry the engine's noise floor, as a server experiment's do (with ``load``, its level of the
+    most clients too: the floor scored under that load, twice the quiet one)."""
     spec = parse_spec(SPEC | {"name": name})
     experiment_id = store.create_experiment(spec, {"versions": {"kvlab": "test"}, "git_commit": "abc123",
                                                    "hardware": {"cpu_count": 2}})
@@ -117,6 +120,10 @@ def populate(store: Store, name: str = "synthetic-sweep", finish: bool = True, f
         if load:
             for clients in LOAD_CLIENTS:
                 level = load_level(trial.config_name, clients)
+                if floor and trial.config_name == "baseline" and clients == max(LOAD_CLIENTS):
+                    level = replace(level, noise_floor=[
+                        Fidelity(tuple(2 * kl for kl in floor_of(item).kl), floor_of(item).agree,
+                                 TEACHER_BASELINE_SAMPLE).to_dict() for item in range(8)])
                 store.add_load_level(trial.id, "closed", float(clients), level.to_dict())
         if finish:
             store.finish_trial(trial.id, "done", worker_id="test-host:w0")

@@ -12,6 +12,11 @@ continuation in one pass).  The floor is the mean over items with its 95% t inte
 (:mod:`kvlab.analysis.fidelity`).  The embedded engine computes the same forward every time: it has no floor to
 measure (its fidelity is exact).
 
+Under a ``[load]`` the baseline's server measures it once more, at the closed level of the most clients: the same
+references scored afresh while that many clients keep the server busy (continuous batching puts the scoring in a
+batch with their decodes; :meth:`kvlab.engines.openai_compat.OpenAICompatEngine.measure_load`).  It is stored with
+that level (:class:`kvlab.load.metrics.LevelResult`) and shown beside the quiet floor.
+
 Pure: the results in, the floor and its lines out.
 """
 
@@ -23,13 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 from kvlab.analysis.fidelity import FidelitySummary
 from kvlab.core.results import NOISE_FLOOR_KEY, NOISE_FLOOR_NOTE_KEY, Fidelity, ItemResult
+from kvlab.load.metrics import LevelResult
 
 if TYPE_CHECKING:  # kvlab compare reads the floor without the spec's models (pydantic)
     from kvlab.analysis.summary import ConfigSummary
     from kvlab.core.margins import Margins
+    from kvlab.store.records import LoadLevelRecord
 
 #: What the floor compares, in the words a report shows.
 HOW = "the baseline's server scoring its own sample with its prompt cached vs prefilled afresh"
+HOW_UNDER_LOAD = "scored afresh while {clients:g} clients kept the server busy"
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class NoiseFloor:
     """The engine's noise floor of one experiment: the baseline against itself over its items."""
 
     summary: FidelitySummary
+    how: str = HOW
 
     @property
     def mean_kl(self) -> float:
@@ -49,12 +58,12 @@ class NoiseFloor:
     def to_dict(self) -> dict[str, Any]:
         low, high = self.interval
         return {"items": self.summary.items, "tokens": self.summary.tokens, "mean_kl": self.mean_kl,
-                "kl_ci": [low, high], "how": HOW}
+                "kl_ci": [low, high], "how": self.how}
 
     def words(self) -> str:
         low, high = self.interval
         return (f"engine noise floor: mean KL {self.mean_kl:.4f} [{low:.4f}, {high:.4f}] nats per token over "
-                f"{self.summary.items} items ({HOW})")
+                f"{self.summary.items} items ({self.how})")
 
     def holds(self, summary: ConfigSummary) -> bool:
         """Whether the config's KL interval lies inside the floor's: it cannot be told from the engine's noise."""
@@ -89,3 +98,21 @@ def floor_lines(floor: NoiseFloor, summaries: Sequence[ConfigSummary], baseline_
                      f"{floor.mean_kl:.4f} [{low:.4f}, {high:.4f}]): at that margin a config cannot be told from "
                      "the engine's own noise; raise it above the floor or use a batch-invariant engine")
     return lines
+
+
+def floor_under_load(records: Sequence[LoadLevelRecord], baseline_name: str) -> NoiseFloor | None:
+    """The floor the baseline's server measured beside its load (None where it measured none)."""
+    for record in records:
+        level = LevelResult.from_dict(record.result)
+        if record.config_name == baseline_name and level.noise_floor:
+            floors = [Fidelity.from_dict(found) for found in level.noise_floor]
+            return NoiseFloor(FidelitySummary.of(floors), HOW_UNDER_LOAD.format(clients=level.level))
+    return None
+
+
+def under_load_lines(records: Sequence[LoadLevelRecord], baseline_name: str) -> list[str]:
+    """The floor under load in the words of :meth:`NoiseFloor.words`, or why the baseline's levels measured none."""
+    if (floor := floor_under_load(records, baseline_name)) is not None:
+        return [f"under load, {floor.words()}"]
+    return sorted({note for record in records if record.config_name == baseline_name
+                   and (note := LevelResult.from_dict(record.result).noise_floor_note)})

@@ -176,13 +176,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _floors(store: Any, results: dict[int, list[ItemResult]], experiments: list[Any]) -> None:
     """Each server experiment's noise floor (:mod:`kvlab.analysis.noise_floor`): the KL below which its engine
     cannot tell a config from its own baseline (its first trial)."""
-    from kvlab.analysis.noise_floor import noise_floor
+    from kvlab.analysis.noise_floor import noise_floor, under_load_lines
 
     for experiment in experiments:
         trials = store.trials(experiment.id)
         floor = noise_floor(results[experiment.id], trials[0].config_name) if trials else None
         if floor is not None:
             print(f"experiment {experiment.id} ({shown(experiment.backend_kind)}): {floor.words()}")
+            for line in under_load_lines(store.load_levels(experiment.id, trials[0].id), trials[0].config_name):
+                print(f"  {line}")
 
 
 def _engines(results: dict[int, list[ItemResult]], experiments: list[Any]) -> None:

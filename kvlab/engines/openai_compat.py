@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import openai
@@ -208,11 +208,50 @@ class OpenAICompatEngine(Engine):
                         "items, or backend.server.prefix_cache = false)", load.requests, len(set(prompts)))
         key = (self.endpoint.api_key or "").strip()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        for mode, level in load.levels():
+        levels = load.levels()
+        floor_at = _floor_level(levels) if config.is_baseline else None
+        for mode, level in levels:
             if (mode, level) in done:
                 continue
-            yield run_level(self.endpoint.base_url, self.model_id, prompts, mode, level, load.requests,
-                            load.output_tokens, fields=fields, headers=headers, seed=seed, watch=watch)
+            result = run_level(self.endpoint.base_url, self.model_id, prompts, mode, level, load.requests,
+                               load.output_tokens, fields=fields, headers=headers, seed=seed, watch=watch)
+            if (mode, level) == floor_at:
+                result = replace(result, **self._floor_under_load(items, prompts, int(level), load.output_tokens,
+                                                                  fields, headers))
+            elif floor_at is None and config.is_baseline and (mode, level) == levels[0]:
+                result = replace(result, noise_floor_note=f"{FLOOR_UNDER_LOAD_UNMEASURED} (it is measured beside a "
+                                 "closed level's clients; this load has open levels only)")
+            yield result
+
+    def _floor_under_load(self, items: Sequence[TaskItem], prompts: Sequence[str], clients: int, output_tokens: int,
+                          fields: Mapping[str, Any] | None, headers: Mapping[str, str]) -> dict[str, Any]:
+        """The engine's noise floor with other requests in flight: each item's baseline reference scored afresh
+        (:meth:`ServerScorer.noise_floor`) while ``clients`` clients keep this server busy with the load's prompts
+        (:func:`kvlab.load.client.run_beside`; after the level, whose figures it would otherwise disturb).  The
+        fields of :class:`~kvlab.load.metrics.LevelResult` it fills: ``noise_floor`` (each item's fidelity) or
+        ``noise_floor_note`` (why not)."""
+        from kvlab.load.client import run_beside
+
+        references = [ref for item in items if (ref := self.references.get(item.item_id)) is not None and ref.tokens]
+        if not references:
+            return {"noise_floor_note": f"{FLOOR_UNDER_LOAD_UNMEASURED} (no reference of the baseline's on these "
+                                        "items)"}
+        if (why := self.scorer.why_not()) is not None:
+            return {"noise_floor_note": redact(f"{FLOOR_UNDER_LOAD_UNMEASURED}: the load's server answers no "
+                                               f"scoring request {why.removeprefix(NOT_MEASURED).strip()}")}
+        assert self.model_id is not None
+        try:
+            floors, served = run_beside(self.endpoint.base_url, self.model_id, prompts, clients, output_tokens,
+                                        lambda: [self.scorer.noise_floor(ref).to_dict() for ref in references],
+                                        fields=fields, headers=headers)
+        except ScoringUnsupported as error:
+            return {"noise_floor_note": f"{FLOOR_UNDER_LOAD_UNMEASURED} ({error})"}
+        except openai.APIError as error:
+            return {"noise_floor_note": redact(f"{FLOOR_UNDER_LOAD_UNMEASURED} ({_message(error)})")}
+        if not served:
+            return {"noise_floor_note": f"{FLOOR_UNDER_LOAD_UNMEASURED} (no load request completed beside the "
+                                        "scoring: the server refused them; the level's errors say why)"}
+        return {"noise_floor": floors}
 
     # -- the endpoint ----------------------------------------------------------------------------
 
@@ -452,6 +491,16 @@ def refuse_perplexity(items: Sequence[TaskItem]) -> None:
 
 def _seconds(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else math.nan
+
+
+#: How a load level's note begins where the engine's noise floor under load is not measured beside it.
+FLOOR_UNDER_LOAD_UNMEASURED = "noise floor under load not measured"
+
+
+def _floor_level(levels: Sequence[tuple[str, float]]) -> tuple[str, float] | None:
+    """The level the noise floor under load is measured beside: the closed level of the most clients (None for a
+    load of open levels only)."""
+    return max((pair for pair in levels if pair[0] == "closed"), key=lambda pair: pair[1], default=None)
 
 
 def _message(error: openai.APIError) -> str:

@@ -6,7 +6,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from kvlab.analysis.noise_floor import floor_lines, floor_notes, noise_floor
+from kvlab.analysis.noise_floor import floor_lines, floor_notes, noise_floor, under_load_lines
 from kvlab.analysis.summary import (
     ConfigSummary,
     Decision,
@@ -177,6 +177,7 @@ def render(summaries: Sequence[ConfigSummary], results: Sequence[ItemResult], ba
     if (floor := noise_floor(results, baseline_name)) is not None:
         parts += ["", *floor_lines(floor, summaries, baseline_name, margins)]
     parts += floor_notes(results, baseline_name)  # "noise floor not measured (why)", where some items have none
+    parts += under_load_lines(load, baseline_name)
     if load:
         parts += ["", *load_section(summaries, baseline_name, decision, load, target)]
     if notes := budget_notes(summaries):

@@ -15,7 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from kvlab.analysis.noise_floor import noise_floor
+from kvlab.analysis.noise_floor import floor_under_load, noise_floor
 from kvlab.analysis.summary import ConfigSummary, Decision, decide, summarize
 from kvlab.core.experiment_spec import ExperimentSpec, spec_to_dict
 from kvlab.core.items import TaskItem
@@ -64,6 +64,8 @@ class ExperimentRun:
             "summary": [s.to_dict() for s in self.summaries()],
             "sweet_spot": self.decision().to_dict(),
             "noise_floor": floor.to_dict() if (floor := noise_floor(self.results, self.baseline_name)) else None,
+            "noise_floor_under_load": floor.to_dict() if (floor := floor_under_load(self.load, self.baseline_name))
+            else None,
             "results": [r.to_dict() for r in self.results],
             "load": [asdict(level) for level in self.load],
         }

@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from itertools import count
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -24,6 +24,8 @@ from kvlab.load.metrics import LevelResult, RequestRecord, ServerReading, level_
 
 #: Seconds a request may wait for its next byte: a queue on a 2-core host is long, a dead server is not forever.
 READ_TIMEOUT_S = 900.0
+
+T = TypeVar("T")
 
 
 async def _send(client: httpx.AsyncClient, url: str, body: Mapping[str, Any]) -> RequestRecord:
@@ -93,6 +95,19 @@ async def _open(send: Callable[[int], Coroutine[Any, Any, RequestRecord]], rate:
     return list(await asyncio.gather(*tasks))
 
 
+def _body(model: str, output_tokens: int, fields: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A load request's fields but its prompt: streamed, greedy, its usage asked for, the engine's own fields."""
+    return {"model": model, "max_tokens": output_tokens, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}, **(fields or {})}
+
+
+def _client(clients: int, headers: Mapping[str, str] | None) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    timeout = httpx.Timeout(30.0, read=READ_TIMEOUT_S)
+    # trust_env=False: a proxy setting of this host must not reroute a load meant for this server
+    return httpx.AsyncClient(limits=limits, timeout=timeout, headers=dict(headers or {}), trust_env=False)
+
+
 def run_level(base_url: str, model: str, prompts: Sequence[str], mode: str, level: float, requests: int,
               output_tokens: int, *, fields: Mapping[str, Any] | None = None, headers: Mapping[str, str] | None = None,
               seed: int = 0, watch: Callable[[], Callable[[], ServerReading]] | None = None) -> LevelResult:
@@ -103,16 +118,11 @@ def run_level(base_url: str, model: str, prompts: Sequence[str], mode: str, leve
     if not prompts:
         raise ValueError("a load level needs at least one prompt")
     url = base_url.rstrip("/") + "/completions"
-    body = {"model": model, "max_tokens": output_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, **(fields or {})}
+    body = _body(model, output_tokens, fields)
     clients = int(level) if mode == "closed" else requests
 
     async def drive() -> tuple[list[RequestRecord], float]:
-        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-        timeout = httpx.Timeout(30.0, read=READ_TIMEOUT_S)
-        # trust_env=False: a proxy setting of this host must not reroute a load meant for this server
-        async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=dict(headers or {}),
-                                     trust_env=False) as client:
+        async with _client(clients, headers) as client:
 
             def send(index: int) -> Coroutine[Any, Any, RequestRecord]:
                 return _send(client, url, body | {"prompt": prompts[index % len(prompts)]})
@@ -128,3 +138,43 @@ def run_level(base_url: str, model: str, prompts: Sequence[str], mode: str, leve
     finally:
         reading = stop() if stop is not None else ServerReading()
     return level_result(mode, level, records, duration, reading)
+
+
+def run_beside(base_url: str, model: str, prompts: Sequence[str], clients: int, output_tokens: int,
+               work: Callable[[], T], *, fields: Mapping[str, Any] | None = None,
+               headers: Mapping[str, str] | None = None) -> tuple[T, int]:
+    """``work`` (blocking: run in a thread) while ``clients`` clients keep the server busy as a closed level's do,
+    each sending the next of the prompts as soon as its last ended, until ``work`` returns; what it returned and how
+    many load requests completed meanwhile (a client whose request failed stops).  The load's figures are not kept:
+    a level measured with other requests beside it would charge their cost to the config, so
+    :meth:`kvlab.engines.openai_compat.OpenAICompatEngine.measure_load` runs this after the level, for the engine's
+    noise floor under load."""
+    if not prompts:
+        raise ValueError("a load needs at least one prompt")
+    url = base_url.rstrip("/") + "/completions"
+    body = _body(model, output_tokens, fields)
+    numbers = count()
+
+    async def drive() -> tuple[T, int]:
+        async with _client(clients, headers) as client:
+            job = asyncio.ensure_future(asyncio.to_thread(work))
+            completed = 0
+
+            async def keep_busy() -> None:
+                nonlocal completed
+                while not job.done():
+                    index = next(numbers)
+                    record = await _send(client, url, body | {"prompt": prompts[index % len(prompts)]})
+                    if record.error is not None:
+                        return  # a refusing server is not hammered: this client stops
+                    completed += 1
+
+            loops = [asyncio.create_task(keep_busy()) for _ in range(clients)]
+            try:
+                return await job, completed
+            finally:  # the requests still in flight are cut: the server drops them
+                for loop in loops:
+                    loop.cancel()
+                await asyncio.gather(*loops, return_exceptions=True)
+
+    return asyncio.run(drive())

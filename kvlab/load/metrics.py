@@ -81,6 +81,11 @@ class LevelResult:
     latency_ms: dict[str, dict[str, float] | None]  # ttft / tpot / itl / e2el -> mean and percentiles
     server: ServerReading
     pool_tokens: int | None = None  # the tokens the server's KV pool holds (as it stated them at launch)
+    #: The baseline's closed level of the most clients: each item's :class:`~kvlab.core.results.Fidelity` (as a
+    #: dict) of the baseline against itself scored while as many clients kept its server busy
+    #: (:mod:`kvlab.analysis.noise_floor`), or why not (``noise_floor_note``).
+    noise_floor: list[dict[str, Any]] | None = None
+    noise_floor_note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import optuna
 
 from kvlab.analysis.decision import PairedScores
-from kvlab.analysis.noise_floor import floor_lines, noise_floor
+from kvlab.analysis.noise_floor import floor_lines, floor_under_load, noise_floor, under_load_lines
 from kvlab.analysis.summary import ConfigSummary, Decision, decide, summarize
 from kvlab.analysis.verdict import judge_tasks
 from kvlab.core.errors import ConfigError
@@ -393,8 +393,11 @@ class Tuner:
         if self.spec.load is not None:
             answer["load"] = self._load_answer(summaries, trials[0].config_name, decision)
         if (floor := noise_floor(results, trials[0].config_name)) is not None:
+            loaded = self.store.load_levels(self.experiment_id, trials[0].id) if self.spec.load is not None else []
             answer["noise_floor"] = floor.to_dict() | {
-                "lines": floor_lines(floor, summaries, trials[0].config_name, self.spec.margins)}
+                "lines": floor_lines(floor, summaries, trials[0].config_name, self.spec.margins)
+                + under_load_lines(loaded, trials[0].config_name),
+                "under_load": under.to_dict() if (under := floor_under_load(loaded, trials[0].config_name)) else None}
         if len(names) == 1:
             answer["note"] = (f"no candidate reached all {len(self.order)} items: every one stopped early (the tune "
                               "page says why); widen the space, raise max_drop or give more items")

@@ -5,17 +5,20 @@ tests/engines/test_llamacpp_real.py's)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
 
 from kvlab.analysis.fidelity import FidelitySummary
-from kvlab.analysis.noise_floor import HOW, floor_lines, noise_floor
+from kvlab.analysis.noise_floor import HOW, floor_lines, floor_under_load, noise_floor, under_load_lines
 from kvlab.analysis.summary import summarize
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.margins import Margins
 from kvlab.core.results import NOISE_FLOOR_KEY, NOISE_FLOOR_NOTE_KEY, TEACHER_BASELINE_SAMPLE, Fidelity, ItemResult
 from kvlab.experiments.report import render
+from kvlab.load.metrics import LevelResult, ServerReading
+from kvlab.store.records import LoadLevelRecord
 
 ITEMS = 6
 #: Per item, the baseline against itself: small log-ratios of both signs around 0.003 nats per token.
@@ -91,3 +94,38 @@ def test_the_report_shows_the_floor_and_why_some_items_have_none():
     (line,) = [line for line in text.splitlines() if line.startswith("engine noise floor:")]
     assert f"over {ITEMS - 1} items" in line
     assert "\nnoise floor not measured (its /generate scoring has no field that skips the prefix cache)\n" in text
+
+
+#: The baseline's items scored afresh with 4 clients busy beside them: twice the quiet floor.
+UNDER_LOAD = [(0.008, 0.004), (0.002, 0.006), (0.006, 0.010), (0.012, 0.000), (0.004, 0.004), (0.010, 0.006)]
+
+
+def level_record(name: str, level: float, **floor) -> LoadLevelRecord:
+    served = LevelResult(mode="closed", level=level, requests=8, completed=8, errors=0, first_error=None,
+                         duration_s=2.0, request_throughput=4.0, output_throughput=64.0,
+                         total_token_throughput=400.0, prompt_tokens=672, output_tokens=128, latency_ms={},
+                         server=ServerReading(), **floor)
+    # through JSON, as the store keeps it
+    return LoadLevelRecord(trial_id=1, config_name=name, mode="closed", level=level,
+                           result=json.loads(json.dumps(served.to_dict())))
+
+
+def test_the_floor_under_load_is_the_baseline_scored_with_clients_busy_beside_it():
+    """The baseline's level of the most clients carries each item's floor scored under that load; the report, the
+    run's JSON (:func:`floor_under_load`) and every page read it from the stored level."""
+    floors = [Fidelity(kl=kl, agree=(True, True), teacher=TEACHER_BASELINE_SAMPLE).to_dict() for kl in UNDER_LOAD]
+    records = [level_record("baseline", 1), level_record("baseline", 4, noise_floor=floors),
+               level_record("q8_0", 4)]
+    floor = floor_under_load(records, "baseline")
+    assert floor is not None and floor.summary.items == ITEMS and floor.mean_kl == pytest.approx(0.006)
+    assert floor.to_dict()["how"] == "scored afresh while 4 clients kept the server busy"
+    rows = results()
+    summaries = summarize(rows, "baseline", Margins(max_drop=0.5, max_kl=0.05))
+    text = render(summaries, rows, "baseline", load=records)
+    low, high = floor.interval
+    assert (f"\nunder load, engine noise floor: mean KL 0.0060 [{low:.4f}, {high:.4f}] nats per token over {ITEMS} "
+            "items (scored afresh while 4 clients kept the server busy)\n") in text
+    # a server that could not score beside its load says why, once
+    why = "noise floor under load not measured (it returns no token ids (return_token_ids))"
+    assert under_load_lines([level_record("baseline", 4, noise_floor_note=why)], "baseline") == [why]
+    assert floor_under_load([level_record("baseline", 4, noise_floor_note=why)], "baseline") is None

@@ -651,12 +651,15 @@ def test_compare_page_pairs_two_engines_runs_config_by_config(filled):
 
 def test_the_engines_noise_floor_shows_beside_the_fidelity_on_both_pages(store):
     """A server experiment's baseline carries the engine's noise floor: the Tradeoff section states it (and the
-    configs inside it), and the compare page's Engines section lists each experiment's."""
-    one, two = populate(store, fidelity=True, floor=True), populate(store, "second", fidelity=True, floor=True)
+    configs inside it, and the floor under its load), and the compare page's Engines section lists each
+    experiment's."""
+    one, two = populate(store, fidelity=True, floor=True, load=True), populate(store, "second", fidelity=True,
+                                                                               floor=True)
     at = open_page(VIEW, id=str(one), tab="Tradeoff")
     assert_clean(at)
     (floor,) = [str(e.value) for e in at.info if str(e.value).startswith("Engine noise floor")]  # as Markdown
     assert "over 8 items" in floor
+    assert "- under load, engine noise floor" in floor and "while 4 clients kept the server busy" in floor
     at = open_page(COMPARE, ids=[str(one), str(two)], tab="Engines")
     assert_clean(at)
     lines = [line for line in texts(at.markdown).splitlines() if "engine noise floor" in line]

@@ -6,9 +6,10 @@ import pytest
 
 from kvlab.core.load_spec import LoadSpec
 from kvlab.engines.load_monitor import watch_server
-from kvlab.load.client import run_level
+from kvlab.load.client import run_beside, run_level
 from kvlab.load.metrics import LevelResult, RequestRecord, ServerReading, level_result
 from tests.load.fake_scheduler import Scheduler, scheduler_server
+from tests.waiting import SAFETY_S
 
 
 def _level(root: str, clients: int, requests: int, prompts=("a b c", "d e")) -> LevelResult:
@@ -73,3 +74,18 @@ def test_a_load_table_needs_a_level_and_orders_them():
         LoadSpec(kv_budget_mib=32, concurrency=[])
     with pytest.raises(ValueError, match="each level once"):
         LoadSpec(kv_budget_mib=32, concurrency=[2, 2])
+
+
+def test_work_beside_a_load_runs_while_its_clients_keep_the_server_busy():
+    """The noise floor under load is scored while as many clients as the level's keep the server busy: the work
+    starts with the load running and ends it (the work here waits until a client sent its second request)."""
+    scheduler = Scheduler(4, clients=2, gate="none")
+
+    def work() -> str:
+        with scheduler.lock:
+            assert scheduler.lock.wait_for(lambda: scheduler.arrived >= 3, timeout=SAFETY_S)
+        return "scored"
+
+    with scheduler_server(scheduler) as root:
+        value, completed = run_beside(f"{root}/v1", "m", ["a b c"], 2, 5, work)
+    assert value == "scored" and completed >= 1  # three arrivals from two clients: one finished a request first
