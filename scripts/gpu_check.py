@@ -118,7 +118,8 @@ def check_server(report: Report, kind: str, args: argparse.Namespace, nvml: Any,
     from kvlab.engines.launched import read_pool
     from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
     from kvlab.engines.prometheus import parse_metrics, server_kv_snapshot
-    from kvlab.engines.server_flags import Installed, health_path, server_command, server_env
+    from kvlab.engines.server_flags import health_path, server_command, server_env
+    from kvlab.engines.servers.installs import Installed
 
     port = free_port()
     root = f"http://127.0.0.1:{port}"

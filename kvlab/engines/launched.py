@@ -33,14 +33,15 @@ from kvlab.core.model_registry import KNOWN_MODELS, ModelNotAvailableError
 from kvlab.core.results import ItemResult
 from kvlab.engines.base import Engine, EngineFailure, TelemetryReading, TelemetrySource
 from kvlab.engines.endpoint_rules import server_root
-from kvlab.engines.host import Install, default_python, probe_install, refuse_on_host
+from kvlab.engines.host import default_python, probe_install, refuse_on_host
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.engines.openai_compat import LaunchedKV, OpenAICompatEngine, refuse_perplexity
 from kvlab.engines.prometheus import ServerMetricsSource
 from kvlab.engines.server_fidelity import Reference, estimator
-from kvlab.engines.server_flags import Installed, check_config, health_path, server_command, server_env
+from kvlab.engines.server_flags import check_config, health_path, server_command, server_env
 from kvlab.engines.server_logs import KVPool, startup_failure
 from kvlab.engines.servers import serving_engine
+from kvlab.engines.servers.installs import Install, Installed
 from kvlab.models.resolve import resolve_gguf, resolve_model
 from kvlab.paths import server_log_dir
 from kvlab.secrets import Endpoint

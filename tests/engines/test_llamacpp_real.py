@@ -29,9 +29,10 @@ from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import NOISE_FLOOR_KEY, TEACHER_BASELINE_OUTPUT, TEACHER_BASELINE_SAMPLE, Fidelity
 from kvlab.engines.launched import LaunchedServerEngine
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
-from kvlab.engines.server_flags import Installed, server_command, server_env
+from kvlab.engines.server_flags import server_command, server_env
 from kvlab.engines.server_logs import startup_failure
 from kvlab.engines.servers import serving_engine
+from kvlab.engines.servers.installs import Installed
 from kvlab.store import Store
 from tests.serving import installed_engine_python, kvlab_cli
 from tests.waiting import SAFETY_S
@@ -190,6 +191,9 @@ def test_every_report_shows_the_engines_noise_floor_measured_on_the_baselines_it
     assert floor is not None and floor.summary.items == ITEMS
     (line,) = [line for line in runs["stdout"].splitlines() if line.startswith("engine noise floor: mean KL")]
     assert f"over {ITEMS} items" in line, line
+    # under load the server is llama.cpp's own llama-server, which scores no prompt: said in one line, not dropped
+    assert ("noise floor under load not measured: the load's server answers no scoring request (it returns no "
+            "token ids (return_token_ids))") in runs["stdout"].splitlines()
 
 
 def test_the_same_items_on_two_engines_in_one_table(runs):

@@ -10,7 +10,8 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig
-from kvlab.engines.server_flags import Installed, check_config, health_path, server_command, server_env
+from kvlab.engines.server_flags import check_config, health_path, server_command, server_env
+from kvlab.engines.servers.installs import Installed
 
 FP8 = KVCacheConfig(name="fp8", quant="fp8_e4m3")
 BASELINE = KVCacheConfig(name="baseline")

@@ -10,8 +10,8 @@ import pytest
 
 from kvlab.core.backends import BACKENDS
 from kvlab.core.formats import FORMATS
-from kvlab.engines.host import HostCPU, Install
 from kvlab.engines.servers import serving_engine
+from kvlab.engines.servers.installs import HostCPU, Install
 from kvlab.engines.servers.vllm_menu import read_menu
 
 CACHE_PY = '''

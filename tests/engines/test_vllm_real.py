@@ -22,7 +22,7 @@ import pytest
 import tomli_w
 
 from kvlab.analysis.agreement import engine_agreement
-from kvlab.analysis.noise_floor import noise_floor
+from kvlab.analysis.noise_floor import floor_under_load, noise_floor
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.geometry import CacheGeometry
 from kvlab.core.kv_config import KVCacheConfig
@@ -30,7 +30,9 @@ from kvlab.core.results import NOISE_FLOOR_KEY, TEACHER_BASELINE_OUTPUT, TEACHER
 from kvlab.doctor import diagnose
 from kvlab.engines.host import offer
 from kvlab.engines.managed_server import ManagedServer, free_port
-from kvlab.engines.server_flags import Installed, server_command, server_env
+from kvlab.engines.server_flags import server_command, server_env
+from kvlab.engines.servers.installs import Installed
+from kvlab.load.metrics import LevelResult
 from kvlab.models import resolve_model
 from kvlab.store import Store
 from tests.host_limits import could_not_run
@@ -198,6 +200,19 @@ def test_the_baseline_server_measures_its_own_noise_floor(runs):
     assert all(math.isfinite(kl) for kl in floor.summary.item_mean_kl)
     (line,) = [line for line in runs["stdout"].splitlines() if line.startswith("engine noise floor: mean KL")]
     assert f"over {len(baseline)} items" in line, line
+
+
+def test_the_baseline_server_measures_its_noise_floor_again_with_the_loads_clients_beside_it(runs):
+    """Beside its level of 4 clients, the baseline's vLLM scores its samples afresh once more while 4 clients keep
+    it busy (continuous batching: the scoring shares batches with their decodes); stored with that level, printed
+    under the quiet floor."""
+    (level,) = [LevelResult.from_dict(record.result) for record in runs["load"] if record.config_name == "baseline"]
+    assert level.noise_floor is not None, level.noise_floor_note
+    floor = floor_under_load(runs["load"], "baseline")
+    assert floor is not None and floor.summary.items == len(level.noise_floor) == 4
+    assert all(math.isfinite(kl) for kl in floor.summary.item_mean_kl)
+    (line,) = [line for line in runs["stdout"].splitlines() if line.startswith("under load, engine noise floor:")]
+    assert "over 4 items (scored afresh while 4 clients kept the server busy)" in line, line
 
 
 def test_the_server_metrics_reach_the_telemetry(runs):

@@ -11,7 +11,8 @@ from kvlab.cli.main import main
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions, parse_spec
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
-from kvlab.engines.server_flags import Installed, server_command
+from kvlab.engines.server_flags import server_command
+from kvlab.engines.servers.installs import Installed
 from kvlab.store import Store
 from tests.load.fake_scheduler import Scheduler, scheduler_server
 

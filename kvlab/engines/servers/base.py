@@ -20,9 +20,8 @@ from kvlab.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
-    from kvlab.engines.host import HostCPU, Install
-    from kvlab.engines.server_flags import Installed
     from kvlab.engines.server_logs import KVPool, StartupFault
+    from kvlab.engines.servers.installs import HostCPU, Install, Installed
 
 
 @dataclass(frozen=True)

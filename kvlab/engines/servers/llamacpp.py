@@ -36,8 +36,7 @@ from kvlab.engines.servers.base import FormLabels, LoadServer, MetricNames, Serv
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
-    from kvlab.engines.host import HostCPU, Install
-    from kvlab.engines.server_flags import Installed
+    from kvlab.engines.servers.installs import HostCPU, Install, Installed
 
 # ggml/include/ggml.h enum ggml_type: llama-cpp-python's type_k / type_v take these numbers.
 GGML_TYPES: Mapping[str, int] = {"f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20,

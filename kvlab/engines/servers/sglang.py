@@ -25,7 +25,7 @@ from kvlab.engines.servers.base import (
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
-    from kvlab.engines.server_flags import Installed
+    from kvlab.engines.servers.installs import Installed
 
 # python/sglang/srt/mem_cache/memory_pool.py, GB = 1024 * 1024 * 1024 (so "GB" is GiB):
 # MHATokenToKVPool.__init__: f"KV Cache is allocated. #tokens: {size}, K size: {k_size / GB:.2f} GB,

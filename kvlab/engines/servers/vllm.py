@@ -20,8 +20,7 @@ from kvlab.engines.servers.vllm_menu import CPU_BACKEND, read_menu
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
-    from kvlab.engines.host import HostCPU, Install
-    from kvlab.engines.server_flags import Installed
+    from kvlab.engines.servers.installs import HostCPU, Install, Installed
 
 #: vLLM's names of caches kvlab names otherwise: the model's own dtype (quant "none") and fp8 (= fp8_e4m3)
 _SAME = ("auto", "float16", "bfloat16", "fp8")
@@ -165,7 +164,7 @@ class VLLMEngine(ServingEngine):
                         f"{where}")
             if FORMATS[quant].kind == "fp8" and not cpu.has_any(FP8_CPU_FLAGS):
                 return (f"{install.label} stores fp8 only on an x86 CPU with AVX-512 or AMX, and this one "
-                        f"({cpu.shown_flags}) has neither; run it on a GPU or an AVX-512/AMX CPU "
+                        f"({cpu.shown(self.cpu_flags)}) has neither; run it on a GPU or an AVX-512/AMX CPU "
                         "(quant = 'none' runs here)")
             return None
         if not gpus:
