@@ -238,7 +238,7 @@ def pick_experiment(store: ExperimentStore, candidates: Sequence[ExperimentRecor
     labels = {e.id: f"#{e.id} {e.name}" for e in candidates}  # no status: the live panels show the current one
     if wanted is not None and wanted not in labels:
         labels = {wanted: f"#{wanted}"} | labels
-    experiment_id = st.selectbox(what.capitalize(), list(labels), format_func=labels.get,
+    experiment_id = st.selectbox(what.capitalize(), list(labels), format_func=labels.__getitem__,
                                  index=list(labels).index(wanted) if wanted in labels else 0, key=key)
     if st.query_params.get("id") != str(experiment_id):
         st.query_params["id"] = str(experiment_id)

@@ -96,8 +96,8 @@ elif section == views.COMPARE_SECTIONS[2]:
               if (floor := noise_floor(*results_of(records[i]))) is not None]
     if floors:  # the KL below which each server cannot tell a config from its own baseline
         st.markdown("\n".join(f"- {views.md(line)}" for line in floors))
-elif rows := views.compare_rows(summaries, [k for k in trial_keys if k not in hidden]):
-    chart(charts.parallel_figure(rows), "parallel", "kvlab-parameters")
+elif parameters := views.compare_rows(summaries, [k for k in trial_keys if k not in hidden]):
+    chart(charts.parallel_figure(parameters), "parallel", "kvlab-parameters")
     st.dataframe([{"experiment": r.experiment_id, "config": r.config_name, "KV bits": r.quant_bits,
                    "evicted (fraction)": round(r.removed_fraction, 3), "ratio (x)": round(r.ratio, 2),
-                   "accuracy": round(r.accuracy, 3)} for r in rows], hide_index=True)
+                   "accuracy": round(r.accuracy, 3)} for r in parameters], hide_index=True)

@@ -85,7 +85,7 @@ st.dataframe(
 st.caption(f"Page {page}: {len(experiments)} experiments" + ("; more on the next page." if has_next else "."))
 
 labels = {e.id: experiment_label(e) for e in experiments}
-chosen = st.multiselect("Select experiments to act on", list(labels), format_func=labels.get, key="selected")
+chosen = st.multiselect("Select experiments to act on", list(labels), format_func=labels.__getitem__, key="selected")
 open_col, compare_col, *action_cols = st.columns(5)
 if open_col.button("Open", disabled=len(chosen) != 1, icon=":material/open_in_new:"):
     opened = next(e for e in experiments if e.id == chosen[0])

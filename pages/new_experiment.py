@@ -8,6 +8,7 @@ placed next to the widget they are about (``kvlab.dashboard.spec_form.assign_err
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -346,7 +347,7 @@ for index in range(st.session_state["form_n_tasks"]):
             slot(t + "max_new_tokens")
         # the task's own parameters, a widget each from its parameter model
         form_param_inputs(param_widgets(TASKS[task_name].params), P, t, slot,
-                          lambda key, widget, index=index: jsonl_field(index, key, widget))
+                          partial(jsonl_field, index))
         slot(f"tasks.{index}")
         if st.session_state["form_n_tasks"] > 1:
             st.button("Remove this task", key=f"remove-task-{index}", on_click=remove_task, args=(index,))

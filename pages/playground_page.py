@@ -105,7 +105,7 @@ model = model_col.selectbox("Model", list(KNOWN_MODELS), index=list(KNOWN_MODELS
 engine = engine_col.radio("Run on", ENGINES, index=ENGINES.index(view.engine), horizontal=True,
                           format_func={"embedded": "kvlab serve (every config, token maps)",
                                        "endpoint": "an OpenAI-compatible endpoint (vLLM, SGLang...)"}.get)
-endpoint: dict[str, str] = {}
+endpoint: dict[str, Any] = {}
 inputs: dict[str, Any]
 if engine == "endpoint":
     url_col, id_col = st.columns(2)
@@ -182,9 +182,9 @@ if len(rows) > MAX_CONFIGS:
     st.error(f"{len(rows)} configs: the playground compares at most {MAX_CONFIGS} at once", icon=":material/error:")
     st.stop()
 configs = []
-for number, row in enumerate(rows, start=1):
+for number, edited_row in enumerate(rows, start=1):
     try:
-        configs.append(config_text(row))
+        configs.append(config_text(edited_row))
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(map(str, first["loc"]))

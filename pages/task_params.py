@@ -31,8 +31,8 @@ def param_input(widget: ParamWidget, key: str, value: Any = _FROM_STATE) -> Any:
     if widget.kind == "bool":
         return st.checkbox(widget.label, key=key, help=widget.help, **given)
     if widget.kind == "choice":
-        index = {} if not given else {"index": widget.choices.index(given["value"])}
-        return st.selectbox(widget.label, widget.choices, key=key, help=widget.help, **index,
+        return st.selectbox(widget.label, widget.choices, key=key, help=widget.help,
+                            index=widget.choices.index(given["value"]) if given else 0,  # 0: Streamlit's default
                             format_func=lambda option: "(default)" if option == UNSET_CHOICE else str(option))
     help_text = f"Comma-separated. {widget.help}" if widget.kind == "numbers" else widget.help
     return st.text_input(widget.label, key=key, help=help_text, **given)

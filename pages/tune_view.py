@@ -185,8 +185,8 @@ def _recommendation(state: TuneState) -> None:
         what = (f"Current best so far (the tune is {state.tune.state})" if ending is None else
                 f"Partial (the tune was {state.tune.state}: not its answer): the best of the candidates judged on "
                 "every item before it ended")
-        st.info(f"{what}: **{views.md(best.label)}**, "
-                f"{best.kv_bytes / MIB:.3f} MiB KV per item, accuracy {best.accuracy:.3f}, difference "
+        kv = "unmeasured" if best.kv_bytes is None else f"{best.kv_bytes / MIB:.3f} MiB"
+        st.info(f"{what}: **{views.md(best.label)}**, {kv} KV per item, accuracy {best.accuracy:.3f}, difference "
                 f"{progress.interval_text(best)} on {best.judged_items} items. The final choice also corrects for "
                 "the number of candidates (Holm).")
         if best.trial_id in state.configs:

@@ -480,7 +480,7 @@ live_panel(experiment.id, live_key(experiment, section in ANALYSED), detailed=se
            follow_items=section in ANALYSED)
 
 spec_margin = Margins.of(experiment.spec).max_drop
-state = view_state(section, sections[0], spec_margin)
+state = view_state(section or sections[0], sections[0], spec_margin)  # required=True: never None
 address_bar(state.params())  # the share link's parameters, written before any section can stop the page
 view = view_of(experiment, state.hide, spec_margin if state.margin is None else state.margin)
 axis = state.x or views.X_AXES[0]

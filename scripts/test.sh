@@ -22,7 +22,7 @@ if [ "$fast" = 1 ]; then
   # The type checker runs beside the unit tests (a cold check takes about a minute on 2 cores, a warm
   # one seconds); its verdict is read once they end.
   mypy_log="${TMPDIR:-/tmp}/kvlab-test-mypy.log"
-  step "the type checker (mypy on kvlab/, beside the tests; its output in $mypy_log)"
+  step "the type checker (mypy on kvlab/, pages/ and app.py, beside the tests; its output in $mypy_log)"
   mypy --no-error-summary >"$mypy_log" 2>&1 &
   mypy_pid=$!
   trap 'kill "$mypy_pid" 2>/dev/null || true' EXIT
@@ -42,7 +42,7 @@ fi
 
 # Everything below is required: a test that would skip for want of it fails instead (KVLAB_STRICT_TESTS).
 export KVLAB_STRICT_TESTS=1
-step "the type checker (mypy on kvlab/, configured in pyproject.toml)"
+step "the type checker (mypy on kvlab/, pages/ and app.py, configured in pyproject.toml)"
 mypy --no-error-summary
 pull_log="${TMPDIR:-/tmp}/kvlab-test-pull.log"
 step "the second model (gemma3-270m; its progress in $pull_log)"
