@@ -1,10 +1,10 @@
 """kvlab's modules and packages import each other without a cycle, and the bottom layer imports none of them.
 
-Read with ast.  For cycles of modules, imports inside functions do not run at import time and are not
-counted; everything at module level is, inside ``try``/``if`` too, and under ``if TYPE_CHECKING:``: such an
-import does not run, but a module that needs another's types to be read depends on it all the same (two modules
-that type each other belong together, or their types belong in a third).  Cycles of packages count every import, lazy ones too.  A package is a subpackage
-of kvlab (``kvlab.store``) or a top-level module (``kvlab.paths``).
+Read with ast. For cycles of modules, imports inside functions do not run at import time and are not counted;
+everything at module level is, inside ``try``/``if`` too, and under ``if TYPE_CHECKING:``: such an import does
+not run, but a module that needs another's types to be read depends on it all the same (two modules that type
+each other belong together, or their types belong in a third). Cycles of packages count every import, lazy
+ones too. A package is a subpackage of kvlab (``kvlab.store``) or a top-level module (``kvlab.paths``).
 The bottom layer, :mod:`kvlab.core` (the spec and result types and the registries they are built
 from), is held to more: no import of another kvlab package anywhere in it, lazy ones included, and
 no third-party package beyond pydantic and tomli_w, so that validating a spec is instant and free of

@@ -170,6 +170,12 @@ def choose_model(requested: str | None, served: list[str]) -> ModelChoice:
 # -- error bodies ----------------------------------------------------------------------------------
 
 
+def api_error_text(error: Any, limit: int | None = None) -> str:
+    """An ``openai.APIError``'s server message on one line (a server's own may hold line breaks), its first
+    ``limit`` characters where given."""
+    return " ".join((error_message(error.body) or error.message).split())[:limit]
+
+
 def error_message(body: Any) -> str | None:
     """The message of an error body: OpenAI ``{"error": {"message": ...}}``, vLLM ``{"message": ...}``,
     FastAPI ``{"detail": ...}``; None when ``body`` is not one of them."""

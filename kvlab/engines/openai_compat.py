@@ -33,7 +33,7 @@ from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.results import MEASURED_SERVED, NOISE_FLOOR_KEY, NOISE_FLOOR_NOTE_KEY, ItemResult, KVMeasurement
 from kvlab.engines.base import Engine, EngineFailure, TelemetrySource
-from kvlab.engines.endpoint_rules import choose_model, error_message, server_root
+from kvlab.engines.endpoint_rules import api_error_text, choose_model, server_root
 from kvlab.engines.prometheus import KVLAB_SERVE, ServerMetricsSource
 from kvlab.engines.server_fidelity import (
     NOT_MEASURED,
@@ -247,7 +247,7 @@ class OpenAICompatEngine(Engine):
         except ScoringUnsupported as error:
             return {"noise_floor_note": f"{FLOOR_UNDER_LOAD_UNMEASURED} ({error})"}
         except openai.APIError as error:
-            return {"noise_floor_note": redact(f"{FLOOR_UNDER_LOAD_UNMEASURED} ({_message(error)})")}
+            return {"noise_floor_note": redact(f"{FLOOR_UNDER_LOAD_UNMEASURED} ({api_error_text(error)})")}
         if not served:
             return {"noise_floor_note": f"{FLOOR_UNDER_LOAD_UNMEASURED} (no load request completed beside the "
                                         "scoring: the server refused them; the level's errors say why)"}
@@ -289,14 +289,14 @@ class OpenAICompatEngine(Engine):
             unsent = ("; the user:password that was in the base URL is not sent (kvlab authenticates with the key "
                       "only)" if self.endpoint.dropped_credentials else "")
             return (f"{where} refused the API key ({self.endpoint.key_source}, {self.endpoint.masked_key}): "
-                    f"{_message(error)}{unsent}; {hint}")
+                    f"{api_error_text(error)}{unsent}; {hint}")
         if isinstance(error, openai.NotFoundError):
-            return f"{where}: not found ({_message(error)}); check the base URL and the model id; {hint}"
+            return f"{where}: not found ({api_error_text(error)}); check the base URL and the model id; {hint}"
         if isinstance(error, openai.APITimeoutError):
             return f"{where} did not answer within {self.backend.request_timeout_s:g} s; {hint}"
         if isinstance(error, openai.APIConnectionError):
             return f"{where} cannot be reached ({error.__cause__ or error}); is the server running? {hint}"
-        return f"{where}: {type(error).__name__}: {_message(error)}; {hint}"
+        return f"{where}: {type(error).__name__}: {api_error_text(error)}; {hint}"
 
     def _complete(self, item: TaskItem, config: KVCacheConfig) -> ItemResult:
         self.probe()
@@ -334,10 +334,10 @@ class OpenAICompatEngine(Engine):
                 usage = chunk.usage or usage
                 reported = (chunk.model_extra or {}).get("kv_cache") or reported
         except (openai.BadRequestError, openai.UnprocessableEntityError) as error:
-            return self._failed(item, config, redact(f"{type(error).__name__}: {_message(error)}"))
+            return self._failed(item, config, redact(f"{type(error).__name__}: {api_error_text(error)}"))
         except openai.APIError as error:
             if _error_event(error):  # the server refused this request inside its streamed 200 (vLLM's shape)
-                return self._failed(item, config, redact(f"the server refused it mid-answer: {_message(error)}"))
+                return self._failed(item, config, redact(f"the server refused it mid-answer: {api_error_text(error)}"))
             if stream is not None and isinstance(error, openai.APIConnectionError):  # the answer had begun
                 raise EndpointError(redact(f"{self.endpoint.base_url} broke off a streamed answer "
                                            f"({error.__cause__ or error}); is the server still running?")) from None
@@ -433,7 +433,7 @@ class OpenAICompatEngine(Engine):
         except ScoringUnsupported as error:
             return {"fidelity_note": f"{NOT_MEASURED} ({error})"}
         except (openai.BadRequestError, openai.UnprocessableEntityError) as error:
-            return {"fidelity_note": redact(f"{NOT_MEASURED} ({_message(error)})")}
+            return {"fidelity_note": redact(f"{NOT_MEASURED} ({api_error_text(error)})")}
         except openai.APIError as error:
             raise EndpointError(self._explain(error)) from None
 
@@ -450,7 +450,7 @@ class OpenAICompatEngine(Engine):
         except ScoringUnsupported as error:
             found[NOISE_FLOOR_NOTE_KEY] = f"noise floor not measured ({error})"
         except (openai.BadRequestError, openai.UnprocessableEntityError) as error:
-            found[NOISE_FLOOR_NOTE_KEY] = redact(f"noise floor not measured ({_message(error)})")
+            found[NOISE_FLOOR_NOTE_KEY] = redact(f"noise floor not measured ({api_error_text(error)})")
         return found
 
     def _measure(self, prompt_tokens: int, output_tokens: int, reported: Any
@@ -501,11 +501,6 @@ def _floor_level(levels: Sequence[tuple[str, float]]) -> tuple[str, float] | Non
     """The level the noise floor under load is measured beside: the closed level of the most clients (None for a
     load of open levels only)."""
     return max((pair for pair in levels if pair[0] == "closed"), key=lambda pair: pair[1], default=None)
-
-
-def _message(error: openai.APIError) -> str:
-    """The server's message, on one line (a server's own may hold line breaks)."""
-    return " ".join((error_message(error.body) or error.message).split())
 
 
 def _error_event(error: openai.APIError) -> bool:

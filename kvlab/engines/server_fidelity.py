@@ -40,7 +40,7 @@ import openai
 from kvlab.core.items import TaskItem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig
 from kvlab.core.results import TEACHER_BASELINE_SAMPLE, Fidelity
-from kvlab.engines.endpoint_rules import error_message, server_root
+from kvlab.engines.endpoint_rules import api_error_text, server_root
 from kvlab.engines.servers.base import ScoringAPI, ScoringUnsupported
 
 #: Why a server's fidelity cannot be measured, in the words a result shows.
@@ -174,7 +174,7 @@ class ServerScorer:
             return f"{NOT_MEASURED} ({error})"
         except (openai.BadRequestError, openai.UnprocessableEntityError, openai.NotFoundError) as error:
             asked = self.api.path if self.api is not None else "prompt_logprobs"
-            return f"{NOT_MEASURED} (it refused a {asked} request: {_message(error)})"
+            return f"{NOT_MEASURED} (it refused a {asked} request: {api_error_text(error, 200)})"
         return None if reference.tokens else f"{NOT_MEASURED} (its sample held no token)"
 
     def reference(self, item: TaskItem, config: KVCacheConfig, seed: int) -> Reference:
@@ -234,7 +234,3 @@ class ServerScorer:
         """``body`` to the engine's own route, from the server's root; its parsed JSON answer."""
         assert self.api is not None
         return self.client.post(server_root(str(self.client.base_url)) + self.api.path, cast_to=object, body=body)
-
-
-def _message(error: openai.APIError) -> str:
-    return " ".join((error_message(error.body) or error.message).split())[:200]  # one line
