@@ -9,14 +9,17 @@ each idle and beside a competitor (``stress --cpu N``, N the cores available; on
 per core where stress is not installed), with torch's idle OpenMP threads
   spin     spinning before they sleep: the OpenMP runtimes' defaults (libgomp GOMP_SPINCOUNT=300000,
            libiomp KMP_BLOCKTIME=200), what kvlab ran with before kvlab/threads.py;
-  passive  sleeping at once: kvlab's default now (``OMP_WAIT_POLICY=PASSIVE``);
-  bounded  spinning briefly (libgomp GOMP_SPINCOUNT=10000, about 0.1 ms; libiomp KMP_BLOCKTIME=0).
+  passive  sleeping at once (``OMP_WAIT_POLICY=PASSIVE``): kvlab's default until 2026-12-07, and still that of
+           the processes it starts beside its own (the dashboard's workers, the playground's server);
+  bounded  spinning briefly (libgomp GOMP_SPINCOUNT=10000, about 0.1 ms; libiomp KMP_BLOCKTIME=0);
+  auto     kvlab's default (no variable set: :func:`kvlab.threads.share_cores` chooses bounded where no other
+           thread is ready to run as the process starts, else passive; the competitor starts first).
 Prints the wall and CPU seconds of each figure with the 1-minute load average before and after it,
 then loaded / idle side by side.  Goal: loaded / idle <= 2 (wall) with passive threads.  A machine
 that does other work meanwhile adds to both figures: read them with the load printed beside them.
 
 Usage: flock /tmp/kvlab-bench.lock python benchmarks/contention.py [--items 4] [--length 1024]
-       [--requests 4] [--modes run worker serve] [--policies spin passive bounded]
+       [--requests 4] [--modes run worker serve] [--policies spin passive bounded auto]
 """
 
 from __future__ import annotations
@@ -40,12 +43,13 @@ from kvlab.engines.managed_server import ManagedServer, free_port
 from kvlab.experiments.provenance import environment
 from kvlab.spec_files import load_spec
 from kvlab.store import Store
-from kvlab.threads import WAIT_POLICY_VARS, available_cores
+from kvlab.threads import CHOSEN_BY_KVLAB, WAIT_POLICY_VARS, available_cores
 
 GOAL = 2.0
 POLICIES: dict[str, dict[str, str]] = {"spin": {"GOMP_SPINCOUNT": "300000", "KMP_BLOCKTIME": "200"},
                                        "passive": {"OMP_WAIT_POLICY": "PASSIVE"},  # what kvlab sets by itself
-                                       "bounded": {"GOMP_SPINCOUNT": "10000", "KMP_BLOCKTIME": "0"}}
+                                       "bounded": {"GOMP_SPINCOUNT": "10000", "KMP_BLOCKTIME": "0"},
+                                       "auto": {}}  # kvlab chooses
 MODES = ("run", "worker", "serve")
 KVLAB = [sys.executable, "-m", "kvlab.cli"]
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -154,7 +158,7 @@ def main() -> int:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--policies", nargs="+", choices=list(POLICIES), default=list(POLICIES))
     args = parser.parse_args()
-    base = {name: value for name, value in os.environ.items() if name not in WAIT_POLICY_VARS}
+    base = {name: value for name, value in os.environ.items() if name not in (*WAIT_POLICY_VARS, CHOSEN_BY_KVLAB)}
     print(f"{available_cores()} cores; {args.items} passkey items x 3 configs at {args.length} tokens; "
           f"serve: {args.requests} requests; load average at start {load():.2f}", flush=True)
     figures: dict[tuple[str, str, str], tuple[float, float]] = {}

@@ -1,18 +1,17 @@
 """The playground's warm engine: a `kvlab serve` on this machine, started on first use (or attached to), so
 that a Run answers in seconds and the dashboard process never imports torch.
 
-One per dashboard process (the page keeps it in ``st.cache_resource``).  ``KVLAB_PLAYGROUND_URL`` attaches
-to a server already running (its root, e.g. ``http://127.0.0.1:8000``, the key from ``KVLAB_API_KEY``);
-otherwise the first Run starts ``kvlab serve`` for the model on a free port of 127.0.0.1, its log in
-``kvlab-playground-serve.log``.  Its OpenMP threads sleep as soon as they are idle, as every ``kvlab``
-process's (:func:`kvlab.threads.share_cores`), and its runs compress and decode on one thread (the engine's
-``decode_threads``: waking a sleeping thread for each small kernel cost more than it gave).  A spinning wait
-(libgomp's, 50,000 spins) saved a second of a warm Run on an idle machine, or beside two niced busy loops
-(2.35 s against 3.41 s); beside the dashboard's own worker running an experiment (niced, as the launcher starts
-it) the same Run took 37 s spinning against 5.9 s, and 12-16 s against 4-7 s beside other busy processes; with
-the worker's session niced too (:mod:`kvlab.cpu_priority`), 10,000 spins still made a new item's Run 7.7 s
-against 5.8 s beside it (docs/decisions.md).  Every fault reaches the page as one
-:class:`PlaygroundError` line.
+One per dashboard process (the page keeps it in ``st.cache_resource``). ``KVLAB_PLAYGROUND_URL`` attaches to a
+server already running (its root, e.g. ``http://127.0.0.1:8000``, the key from ``KVLAB_API_KEY``); otherwise the
+first Run starts ``kvlab serve`` for the model on a free port of 127.0.0.1, its log in
+``kvlab-playground-serve.log``. Its OpenMP threads sleep as soon as they are idle, as those of every process kvlab
+starts beside its own others (:func:`kvlab.threads.beside_others`), and its runs compress and decode on one thread
+(the engine's ``decode_threads``: waking a sleeping thread for each small kernel cost more than it gave). A spinning
+wait (libgomp's, 50,000 spins) saved a second of a warm Run on an idle machine, or beside two niced busy loops (2.35
+s against 3.41 s); beside the dashboard's own worker running an experiment (niced, as the launcher starts it) the
+same Run took 37 s spinning against 5.9 s, and 12-16 s against 4-7 s beside other busy processes; with the worker's
+session niced too (:mod:`kvlab.cpu_priority`), 10,000 spins still made a new item's Run 7.7 s against 5.8 s beside
+it (docs/decisions.md). Every fault reaches the page as one :class:`PlaygroundError` line.
 
 A Run streams (``"stream": true``): the server's progress events as it goes, then its answer.  The page runs it
 in a thread of its own (:class:`BackgroundRun`), so that it stays responsive while the Run is in flight: it shows
@@ -34,6 +33,7 @@ from kvlab.dashboard.process_exit import stop_at_exit
 from kvlab.engines.managed_server import ManagedServer, ServerStartError, free_port
 from kvlab.paths import log_dir
 from kvlab.secrets import DEFAULT_KEY_VAR, PLAYGROUND_URL_VAR, key_for
+from kvlab.threads import beside_others
 
 #: Seconds a Run's stream may stay silent before the page gives up on the server (it sends its progress every
 #: quarter of a second, queued or running: :data:`kvlab.serve.app.PROGRESS_EVERY_S`).
@@ -74,7 +74,7 @@ class WarmEngine:
             self._root = f"http://127.0.0.1:{port}"
             self._server = ManagedServer(
                 [sys.executable, "-m", "kvlab.cli", "serve", "--model", self.model, "--port", str(port)],
-                f"{self._root}/health", log_dir() / "kvlab-playground-serve.log",
+                f"{self._root}/health", log_dir() / "kvlab-playground-serve.log", env=beside_others(),
                 startup_timeout_s=STARTUP_TIMEOUT_S).start()
             stop_at_exit(self._server.stop)  # it runs in its own session: the dashboard's exit must end it
             try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvlab.cpu_priority import BACKGROUND_NICENESS, set_session_niceness
 from kvlab.paths import log_dir
-from kvlab.threads import share_of_cores
+from kvlab.threads import beside_others, share_of_cores
 
 MAX_LOCAL_WORKERS = 64  # what `kvlab run --background --workers` and `kvlab rerun --workers` accept
 
@@ -53,7 +53,9 @@ def start_tune_driver(args: Sequence[str]) -> BackgroundTune:
 
 def start_detached(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
     """Start a kvlab process in its own session (a closed terminal or Ctrl-C does not reach it), at
-    :data:`BACKGROUND_NICENESS`, writing to ``log`` (its folder made if missing), and reap it when it ends.
+    :data:`BACKGROUND_NICENESS`, its threads sleeping when idle (:func:`kvlab.threads.beside_others`: it runs
+    beside the dashboard or other workers), writing to ``log`` (its folder made if missing), and reap it when it
+    ends.
 
     A thread of this process waits for it: the dashboard's server lives on, and a child nobody waits
     for stays a zombie under it (and whoever waits for it to disappear waits forever).  When this
@@ -64,7 +66,7 @@ def start_detached(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
     command = [nice, "-n", str(BACKGROUND_NICENESS), *args] if nice else list(args)
     with open(log, "ab") as handle:  # the child keeps its own copy
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
+                                   start_new_session=True, env=os.environ | beside_others())
     set_session_niceness(process.pid, BACKGROUND_NICENESS)  # Popen returns after the exec: its session exists
     threading.Thread(target=process.wait, name=f"kvlab-{process.pid}-reaper", daemon=True).start()
     return process
