@@ -241,16 +241,16 @@ class OpenAICompatEngine(Engine):
                                                f"scoring request {why.removeprefix(NOT_MEASURED).strip()}")}
         assert self.model_id is not None
         try:
-            floors, served = run_beside(self.endpoint.base_url, self.model_id, prompts, clients, output_tokens,
+            floors, served, refused = run_beside(self.endpoint.base_url, self.model_id, prompts, clients, output_tokens,
                                         lambda: [self.scorer.noise_floor(ref).to_dict() for ref in references],
                                         fields=fields, headers=headers)
         except ScoringUnsupported as error:
             return {"noise_floor_note": f"{FLOOR_UNDER_LOAD_UNMEASURED} ({error})"}
         except openai.APIError as error:
             return {"noise_floor_note": redact(f"{FLOOR_UNDER_LOAD_UNMEASURED} ({api_error_text(error)})")}
-        if not served:
-            return {"noise_floor_note": f"{FLOOR_UNDER_LOAD_UNMEASURED} (no load request completed beside the "
-                                        "scoring: the server refused them; the level's errors say why)"}
+        if refused and not served:
+            return {"noise_floor_note": f"{FLOOR_UNDER_LOAD_UNMEASURED} (the server refused the load's requests beside "
+                                        "the scoring; the level's errors say why)"}
         return {"noise_floor": floors}
 
     # -- the endpoint ----------------------------------------------------------------------------

@@ -142,10 +142,11 @@ def run_level(base_url: str, model: str, prompts: Sequence[str], mode: str, leve
 
 def run_beside(base_url: str, model: str, prompts: Sequence[str], clients: int, output_tokens: int,
                work: Callable[[], T], *, fields: Mapping[str, Any] | None = None,
-               headers: Mapping[str, str] | None = None) -> tuple[T, int]:
+               headers: Mapping[str, str] | None = None) -> tuple[T, int, int]:
     """``work`` (blocking: run in a thread) while ``clients`` clients keep the server busy as a closed level's do,
     each sending the next of the prompts as soon as its last ended, until ``work`` returns; what it returned and how
-    many load requests completed meanwhile (a client whose request failed stops).  The load's figures are not kept:
+    many load requests completed and failed meanwhile (a client whose request failed stops; those in flight at the
+    end are neither).  The load's figures are not kept:
     a level measured with other requests beside it would charge their cost to the config, so
     :meth:`kvlab.engines.openai_compat.OpenAICompatEngine.measure_load` runs this after the level, for the engine's
     noise floor under load."""
@@ -155,23 +156,24 @@ def run_beside(base_url: str, model: str, prompts: Sequence[str], clients: int, 
     body = _body(model, output_tokens, fields)
     numbers = count()
 
-    async def drive() -> tuple[T, int]:
+    async def drive() -> tuple[T, int, int]:
         async with _client(clients, headers) as client:
             job = asyncio.ensure_future(asyncio.to_thread(work))
-            completed = 0
+            completed = failed = 0
 
             async def keep_busy() -> None:
-                nonlocal completed
+                nonlocal completed, failed
                 while not job.done():
                     index = next(numbers)
                     record = await _send(client, url, body | {"prompt": prompts[index % len(prompts)]})
                     if record.error is not None:
+                        failed += 1
                         return  # a refusing server is not hammered: this client stops
                     completed += 1
 
             loops = [asyncio.create_task(keep_busy()) for _ in range(clients)]
             try:
-                return await job, completed
+                return await job, completed, failed
             finally:  # the requests still in flight are cut: the server drops them
                 for loop in loops:
                     loop.cancel()
