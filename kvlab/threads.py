@@ -32,6 +32,7 @@ before ``import torch``: every entry point of a process that imports torch calls
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 
@@ -51,8 +52,6 @@ def others_ready(reads: int = 3, gap_s: float = 0.01) -> int | None:
     """The fewest threads but this one ready to run over ``reads`` reads of the kernel's count (``/proc/loadavg``'s
     fourth field, runnable/total): a competitor that keeps a core busy is in every read, a passing one is not.
     None where the kernel does not say (not Linux)."""
-    import time
-
     path = os.environ.get(LOADAVG_VAR) or LOADAVG
     fewest: int | None = None
     for read in range(reads):
