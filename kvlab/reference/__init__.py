@@ -14,7 +14,7 @@ import itertools
 import re
 
 #: Sphinx roles of docstrings (``:class:`~kvlab.core.X` ``) and their target's last name.
-_ROLE = re.compile(r":[a-z]+:`~?(?:[\w.]+\.)?([\w]+)`")
+_ROLE = re.compile(r":[a-z]+:`~?\.?(?:[\w.]+\.)?(\w+)`")
 
 
 class MissingText(ValueError):

@@ -44,9 +44,15 @@ def _capacity() -> str:
     return capacity_page()
 
 
+def _layout() -> str:
+    from kvlab.reference.layout import layout_page
+
+    return layout_page()
+
+
 #: Each generated page and what makes it.
 PAGES: dict[str, Callable[[], str]] = {"cli.md": _cli, "spec.md": _spec, "registries.md": _registries,
-                                        "http-api.md": _http, "capacity.md": _capacity}
+                                        "http-api.md": _http, "capacity.md": _capacity, "layout.md": _layout}
 
 
 def stale_pages(directory: Path = REFERENCE_DIR) -> list[str]:

@@ -69,3 +69,20 @@ def test_a_command_without_help_fails():
     parser._subparsers._group_actions[0].add_parser("bare")  # type: ignore[union-attr]
     with pytest.raises(MissingText, match="kvlab bare"):
         cli_page(parser)
+
+
+def test_a_module_without_a_docstring_fails_the_layout_page(tmp_path):
+    from kvlab.reference.layout import layout_page
+
+    for path, text in {"kvlab/core/said.py": '"""A module that says what it is."""\n',
+                       "kvlab/core/unsaid.py": "X = 1\n", "pages/page.py": '"""A page."""\n',
+                       "app.py": '"""The app."""\n'}.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    with pytest.raises(MissingText) as raised:
+        layout_page(tmp_path)
+    assert raised.value.missing == ["kvlab/core/unsaid.py"]
+    (tmp_path / "kvlab/core/unsaid.py").write_text('"""Now it says."""\nX = 1\n')
+    page = layout_page(tmp_path)
+    assert "## `kvlab/core/`" in page and "| `unsaid.py` | Now it says. |" in page
+    assert "| `pages/page.py` | A page. |" in page
