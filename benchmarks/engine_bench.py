@@ -10,9 +10,14 @@ Prints, measured side by side in one run on the same model and items (the machin
   (c) physical / analytic KV bytes for every config;
   (d) per config of examples/quick.toml: its TTFT in the sweep / its TTFT run alone (target <= 1.1:
       a sweep must not charge a config for other configs' scorers, nor for the batch);
-  (e) one decode step for a batch of K configs / K single steps, K = 1, 2, 4, 8, 16.
+  (e) one decode step for a batch of K configs / K single steps, K = 1, 2, 4, 8, 16;
+  (f) examples/quick.toml's batched sweep per item beside its floor: the model's own forwards for the same work on
+      a fresh copy of the model (no kvlab attention, no compression, no scorer): one prefill of the item's prompt,
+      then as many decode steps as the sweep's longest answer, one row per config in one batch; per phase (kvlab's
+      prefill is the one it charged, the rest is everything after it: compression, decoding, fidelity); target
+      <= 1.5x the floor.
 
-Usage: python benchmarks/engine_bench.py [--items 1] [--lengths 1024 2048] [--sections a b c d e]
+Usage: python benchmarks/engine_bench.py [--items 1] [--lengths 1024 2048] [--sections a b c d e f]
 (run it under `flock /tmp/kvlab-bench.lock`: benchmarks must not overlap)
 """
 
@@ -164,6 +169,38 @@ def bench_decode_steps(engine: EmbeddedEngine, lengths: list[int]) -> None:
                   f"{timing.members} single steps {timing.singles_s * 1000:6.0f} ms -> {timing.ratio:.3f}")
 
 
+def bench_floor(engine: EmbeddedEngine, items, model_name: str) -> None:
+    """(f): kvlab's batched sweep of quick.toml per item beside the same prefill and decode steps as plain forwards."""
+    configs = quick_configs()
+    fresh = load_model(model_name).model  # kvlab installs its attention on the engine's copy
+    print(f"(f) examples/quick.toml's {len(configs)} configs, kvlab's batched sweep / its floor (the model's own "
+          "prefill, then one batched decode step per token of the longest answer, a row per config), seconds:")
+    for item in items:
+        started = time.perf_counter()
+        results = list(engine.evaluate(item, configs))
+        wall = time.perf_counter() - started
+        prefill = max(r.prefill_s for r in results)  # the shared prefill, charged once
+        steps = max(r.output_tokens for r in results)
+        prompt = engine.tokenizer(item.context)["input_ids"] + engine.tokenizer(
+            item.question, add_special_tokens=False)["input_ids"]
+        with torch.inference_mode():
+            started = time.perf_counter()
+            out = fresh(torch.tensor([prompt]), use_cache=True)
+            floor_prefill = time.perf_counter() - started
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(len(configs))
+            token = out.logits[:, -1:].argmax(-1).repeat(len(configs), 1)
+            started = time.perf_counter()
+            for _ in range(steps - 1):  # the first token came with the prefill
+                token = fresh(token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            floor_decode = time.perf_counter() - started
+        floor = floor_prefill + floor_decode
+        print(f"    {item.context_length:5} tokens: kvlab {wall:6.2f} (prefill {prefill:5.2f}, the rest "
+              f"{wall - prefill:6.2f}) / floor {floor:6.2f} (prefill {floor_prefill:5.2f}, {steps - 1} decode steps "
+              f"{floor_decode:5.2f}) -> {wall / floor:.2f}x (prefill {prefill / floor_prefill:.2f}x, the rest "
+              f"{(wall - prefill) / floor_decode:.2f}x)")
+
+
 def load() -> str:
     return "load average " + " ".join(f"{value:.2f}" for value in os.getloadavg()) + f" on {os.cpu_count()} CPUs"
 
@@ -173,7 +210,7 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=1, help="passkey items per length")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048], help="context lengths (tokens)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each timed sweep; the least counts")
-    parser.add_argument("--sections", nargs="+", default=list("abcde"), choices=list("abcde"))
+    parser.add_argument("--sections", nargs="+", default=list("abcdef"), choices=list("abcdef"))
     parser.add_argument("--model", default=DEFAULT_MODEL)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -195,6 +232,8 @@ def main() -> None:
         bench_ttft_attribution(engine, items)
     if "e" in args.sections:
         bench_decode_steps(engine, args.lengths)
+    if "f" in args.sections:
+        bench_floor(engine, items, args.model)
     print(f"done; {load()}")
 
 
