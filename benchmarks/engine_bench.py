@@ -14,8 +14,8 @@ Prints, measured side by side in one run on the same model and items (the machin
   (f) examples/quick.toml's batched sweep per item beside its floor: the model's own forwards for the same work on
       a fresh copy of the model (no kvlab attention, no compression, no scorer): one prefill of the item's prompt,
       then as many decode steps as the sweep's longest answer, one row per config in one batch; per phase (kvlab's
-      prefill is the one it charged, the rest is everything after it: compression, decoding, fidelity); target
-      <= 1.5x the floor.
+      prefill is the shared context's, the rest everything after it: compression, the question, decoding,
+      fidelity); target <= 1.5x the floor.
 
 Usage: python benchmarks/engine_bench.py [--items 1] [--lengths 1024 2048] [--sections a b c d e f]
 (run it under `flock /tmp/kvlab-bench.lock`: benchmarks must not overlap)
@@ -173,6 +173,9 @@ def bench_floor(engine: EmbeddedEngine, items, model_name: str) -> None:
     """(f): kvlab's batched sweep of quick.toml per item beside the same prefill and decode steps as plain forwards."""
     configs = quick_configs()
     fresh = load_model(model_name).model  # kvlab installs its attention on the engine's copy
+    with torch.inference_mode():  # warm, as the engine is: its first forward pays for one-time set-up
+        warm = fresh(torch.tensor([engine.tokenizer(items[0].context)["input_ids"][:256]]), use_cache=True)
+        fresh(warm.logits[:, -1:].argmax(-1), past_key_values=warm.past_key_values, use_cache=True)
     print(f"(f) examples/quick.toml's {len(configs)} configs, kvlab's batched sweep / its floor (the model's own "
           "prefill, then one batched decode step per token of the longest answer, a row per config), seconds:")
     for item in items:
