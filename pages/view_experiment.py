@@ -64,6 +64,8 @@ HIDE_NOTE = ("Hiding is display only: the sweet spot and every verdict are decid
              "across all of them, whatever is hidden.")
 
 store = get_store()
+if (confirmed := st.session_state.pop("cancel_confirmed", None)) is not None:  # by _confirm_cancel, before the page
+    st.session_state["experiment_flash"] = [cancel_experiment(store, confirmed)]  # reads it (here, a fault is one line)
 recent = store.list_experiments(limit=200)
 if not recent:
     empty_state("No experiments yet: create one (or launch the tiny example) and it shows up here.",
@@ -89,9 +91,10 @@ def cancel_box(experiment: ExperimentRecord) -> None:
     if experiment.is_terminal:
         st.session_state.pop("pending_cancel", None)
         return
-    # Each answer acts in its button's callback, which Streamlit runs before whichever rerun takes the click: a
+    # Each answer is kept by its button's callback, which Streamlit runs before whichever rerun takes the click: a
     # click read in the script body was lost once in a full test-suite run (the experiment stayed running), when
-    # the live panel's timed rerun took the click's place.
+    # the live panel's timed rerun took the click's place.  The store is asked at the top of that rerun, where the
+    # page's guard turns a fault into one line (a callback's would reach the page as a traceback).
     if st.session_state.get("pending_cancel") != experiment.id:
         st.button("Cancel", icon=":material/cancel:", key="ask-cancel", on_click=_ask_cancel, args=(experiment.id,),
                   help="Stop its queued and running trials; you are asked again first")
@@ -108,7 +111,7 @@ def _ask_cancel(experiment_id: int) -> None:
 
 
 def _confirm_cancel(experiment_id: int) -> None:
-    st.session_state["experiment_flash"] = [cancel_experiment(store, experiment_id)]
+    st.session_state["cancel_confirmed"] = experiment_id
     st.session_state.pop("pending_cancel", None)
 
 

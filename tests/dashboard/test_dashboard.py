@@ -794,3 +794,22 @@ def test_a_running_experiment_is_cancelled_from_its_page_after_asking(filled):
     assert_clean(at)
     assert re.search(rf"Experiment {running_id}\\: \d+ trial\\\(s\\\) cancelled", texts(at.success))
     assert store.get_experiment(running_id).status == "cancelled"
+
+
+def test_a_store_fault_on_cancel_is_one_line_not_a_traceback(filled, monkeypatch):
+    """The confirmation is kept by the button's callback and acted on at the top of the next run, inside the
+    page's guard: a store that fails there (here, an unexpected error) is one line pointing at the log."""
+    from kvlab.store import Store
+
+    _, _, running_id = filled
+
+    def broken(self, experiment_id):
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(Store, "cancel_experiment", broken)
+    at = open_page(VIEW, id=str(running_id))
+    next(b for b in at.button if b.label == "Cancel").click().run()
+    next(b for b in at.button if b.label == "Yes, cancel").click().run()
+    assert not at.exception, texts(at.exception)
+    (line,) = [text for text in texts(at.error).splitlines() if "Something went wrong" in text]
+    assert "RuntimeError: the database went away" in line and "The details are in" in line
