@@ -18,6 +18,7 @@ from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.engines.servers import SERVERS, serving_engine
 from kvlab.engines.servers.installs import Installed
+from kvlab.threads import beside_others
 
 
 def check_config(kind: str, config: KVCacheConfig) -> None:
@@ -128,12 +129,14 @@ def server_command(
 def server_env(kind: str, installed: Installed, local_model: bool, config: KVCacheConfig | None = None
                ) -> dict[str, str]:
     """The environment a launched server gets beside this process's: no usage reports (this host may
-    reach no network), the engine's own (:meth:`~kvlab.engines.servers.base.ServingEngine.launch_env`),
-    for a model kvlab resolved to a local directory no hub (``HF_HUB_OFFLINE``, so nothing waits on an
-    unreachable one), and for ``config`` with ``rotation = false`` the engine's switch that turns it off."""
+    reach no network), its OpenMP threads asleep when idle as they were before kvlab chose a policy per process
+    (:func:`kvlab.threads.beside_others`: the policy kvlab chose for itself is not the engine's), the engine's own
+    (:meth:`~kvlab.engines.servers.base.ServingEngine.launch_env`), for a model kvlab resolved to a local directory
+    no hub (``HF_HUB_OFFLINE``, so nothing waits on an unreachable one), and for ``config`` with
+    ``rotation = false`` the engine's switch that turns it off."""
     server = serving_engine(kind)
     rotation_off = dict(server.rotation_off_env or {}) if config is not None and config.rotation is False else {}
-    return ({"DO_NOT_TRACK": "1"} | ({"HF_HUB_OFFLINE": "1"} if local_model else {})
+    return ({"DO_NOT_TRACK": "1"} | beside_others() | ({"HF_HUB_OFFLINE": "1"} if local_model else {})
             | server.launch_env(installed) | rotation_off)
 
 

@@ -12,6 +12,7 @@ from kvlab.core.formats import FORMATS
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.engines.server_flags import check_config, health_path, server_command, server_env
 from kvlab.engines.servers.installs import Installed
+from kvlab.threads import CHOSEN_BY_KVLAB, SLEEP_AT_ONCE, WAIT_POLICY_VARS
 
 FP8 = KVCacheConfig(name="fp8", quant="fp8_e4m3")
 BASELINE = KVCacheConfig(name="baseline")
@@ -78,11 +79,18 @@ def test_sglang_refuses_the_vllm_only_options():
         server_command("sglang", "/m", FP8, ServerOptions(enforce_eager=True), 8000, "m")
 
 
-def test_the_cpu_build_runs_unpinned_threads_and_a_local_model_offline():
-    quiet = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+def test_the_cpu_build_runs_unpinned_threads_and_a_local_model_offline(monkeypatch):
+    for name in (*WAIT_POLICY_VARS, CHOSEN_BY_KVLAB):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(CHOSEN_BY_KVLAB, "1")  # kvlab chose a spin for itself: a server still sleeps when idle
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    quiet = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"} | SLEEP_AT_ONCE | {CHOSEN_BY_KVLAB: ""}
     assert server_env("vllm", CPU_BUILD, local_model=True) == quiet | {
         "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "2"}
     assert server_env("vllm", Installed("python"), local_model=False) == quiet
+    assert server_env("sglang", Installed("python"), local_model=False) == {
+        "DO_NOT_TRACK": "1"} | SLEEP_AT_ONCE | {CHOSEN_BY_KVLAB: ""}
+    monkeypatch.delenv(CHOSEN_BY_KVLAB)  # the user's own policy: the server inherits it, nothing added
     assert server_env("sglang", Installed("python"), local_model=False) == {"DO_NOT_TRACK": "1"}
 
 
