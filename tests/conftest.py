@@ -99,15 +99,34 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.server)
 
 
+#: The key under which a report carries the checks its test found this host could not run: under pytest-xdist
+#: (scripts/test.sh runs two workers) each worker records its own, and only reports reach the run's summary.
+COULD_NOT_RUN_KEY = "kvlab_could_not_run"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    from tests.host_limits import COULD_NOT_RUN
+
     outcome = yield
     report = outcome.get_result()
+    if COULD_NOT_RUN:
+        report.user_properties.append((COULD_NOT_RUN_KEY, dict(COULD_NOT_RUN)))
     if STRICT and report.skipped and not hasattr(report, "wasxfail"):
         reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
         if not any(word in reason for word in ALLOWED_SKIP):
             report.outcome = "failed"
             report.longrepr = (f"skipped under scripts/test.sh, which installs what this test needs: {reason}")
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Gather the checks a worker's tests could not run (in the controller of an xdist run; a no-op otherwise)."""
+    from tests.host_limits import COULD_NOT_RUN
+
+    for key, checks in report.user_properties:
+        if key == COULD_NOT_RUN_KEY:
+            for check, why in checks.items():
+                COULD_NOT_RUN.setdefault(check, why)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -145,7 +145,9 @@ def test_launch_starts_kvlab_tune_and_opens_its_page(store, tmp_path, monkeypatc
     assert store.tune(experiment.id) is not None and experiment.spec["tune"]["quant"] == ["int4"]
     store.cancel_experiment(experiment.id)
     driving = ["--drive", str(experiment.id)]
-    tuning = [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[-2:] == driving]
+    # this test's log directory tells its tune from another test's driving the same id in another store
+    tuning = [p for p in psutil.process_iter(["cmdline", "environ"]) if (p.info["cmdline"] or [])[-2:] == driving
+              and (p.info["environ"] or {}).get("KVLAB_LOG_DIR") == str(tmp_path / "logs")]
     assert len(tuning) == 1
     gone, alive = psutil.wait_procs(tuning, timeout=SAFETY_S)
     for process in alive:  # a tune that did not notice the cancellation fails the test, and is stopped
