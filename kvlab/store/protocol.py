@@ -576,11 +576,12 @@ class Tunes(Protocol):
 
         A tune that has already ended keeps its ending (nothing changes): the store's cancel
         (:meth:`~Experiments.cancel_experiment`) ends it first, and its driver's own "cancelled" when it notices
-        must not overwrite when and why it ended.  Otherwise the tune ends and is logged; ``"cancelled"`` also
-        cancels the experiment's queued and running trials.  Then, if none of its trials is queued or running,
-        the experiment ends as after its last trial (failed if any failed, else cancelled if any was, else done);
-        if some still are, a ``"done"`` tune leaves it to end with its last trial, and any other ends it at once
-        as cancelled (``"cancelled"``) or failed.
+        must not overwrite when and why it ended.  Otherwise the tune ends and is logged.  A ``"done"`` tune
+        leaves the experiment to end as after its last trial (failed if any failed, else cancelled if any was,
+        else done; at once if none is queued or running).  A ``"cancelled"`` or ``"failed"`` one cancels the
+        experiment's queued and running trials (no worker runs a trial of a search that has ended) and ends the
+        experiment so at once, even one whose trials had all finished, unless it had already failed or been
+        cancelled.
 
         Args:
             experiment_id: The tune's experiment.

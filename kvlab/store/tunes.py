@@ -217,10 +217,11 @@ class TuneQueries:
 
     def finish_tune(self, experiment_id: int, state: str, recommendation: dict[str, Any] | None,
                     note: str | None) -> None:
-        """End the search; the experiment ends with it once its trials have (cancelled with the tune).
-        A tune that has already ended keeps its ending: the store's cancel (the page's Cancel, ``kvlab
-        cancel``) ends it first, and its driver's own "cancelled" when it notices must not overwrite when
-        and why it ended."""
+        """End the search; the experiment ends with it once its trials have.  A tune that ends cancelled or
+        failed takes its queued and running trials with it (no worker runs a trial of a search that has
+        ended) and ends the experiment so, even when every trial had finished.  A tune that has already ended
+        keeps its ending: the store's cancel (the page's Cancel, ``kvlab cancel``) ends it first, and its
+        driver's own "cancelled" when it notices must not overwrite when and why it ended."""
         now = datetime.now(UTC)
         with self._session(write=True) as session:
             experiment = self._lock_experiment(session, experiment_id)
@@ -230,15 +231,18 @@ class TuneQueries:
             if row.state != "running":
                 return
             row.state, row.recommendation, row.note, row.finished_at = state, recommendation, note, now
-            if state == "cancelled":
+            if state != "done":
                 session.execute(update(TrialRow).where(TrialRow.experiment_id == experiment_id,
                                                        TrialRow.status.in_(("queued", "running")))
                                 .values(status="cancelled", finished_at=now))
             add_event(session, experiment_id, f"tune {state}" + (f": {note}" if note else ""),
                       level="error" if state == "failed" else "info")
             session.flush()
-            roll_up(session, experiment, now)
-            if experiment.status not in TERMINAL_STATUSES and state != "done":
+            if state == "done":
+                roll_up(session, experiment, now)
+            # ended otherwise: so ends the experiment, even one whose trials had all finished, unless it had
+            # already failed or been cancelled
+            elif experiment.status not in ("failed", "cancelled"):
                 experiment.status, experiment.finished_at = ("cancelled" if state == "cancelled" else "failed"), now
                 experiment.error = note if state == "failed" else None
 

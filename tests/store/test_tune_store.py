@@ -136,3 +136,22 @@ def test_a_tune_is_not_rerun_as_a_sweep_and_exports_its_verdicts(store):
     document = experiment_document(store, experiment_id)
     assert document["tune"]["state"] == "running"
     assert [c["reason"] for c in document["tune"]["candidates"]] == ["clearly inferior after 2 items"]
+
+
+@pytest.mark.parametrize("finished_first", [False, True])
+def test_a_failed_tune_takes_its_queued_trials_and_the_experiment_with_it(store, finished_first):
+    """A driver that could not go on fails its tune: no worker may claim the round it had queued, and the
+    experiment says failed with the reason -- also when every trial had finished before the failure."""
+    experiment_id = store.create_experiment(SPEC, ENV, item_limit=2)
+    store.start_tune(experiment_id, grid_points=2, grid_item_evals=12, driver_id="host-1-aaaaaa")
+    store.add_candidates(experiment_id, [(KVCacheConfig(quant="int8"), 0)], item_limit=2)
+    if finished_first:
+        for trial in store.claim_trials("w", 10, experiment_id):
+            assert store.finish_trial(trial.id, "done", worker_id="w")
+    store.finish_tune(experiment_id, "failed", None, "the driver could not start Ray")
+    assert store.claim_trials("w", 10, experiment_id) == []
+    expected = {"done"} if finished_first else {"cancelled"}
+    assert {trial.status for trial in store.trials(experiment_id)} == expected
+    experiment = store.get_experiment(experiment_id)
+    assert (experiment.status, experiment.error) == ("failed", "the driver could not start Ray")
+    assert store.tune(experiment_id).state == "failed"
