@@ -9,7 +9,7 @@ import streamlit as st
 from kvlab.capacity.gpus import GPUS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec
-from kvlab.dashboard import capacity_view, views
+from kvlab.dashboard import capacity_view, formatting
 from kvlab.dashboard.capacity_view import architecture
 
 
@@ -31,7 +31,7 @@ def capacity_preview(spec: ExperimentSpec) -> None:
         try:
             arch = architecture(model)
         except (ImportError, ConfigError, OSError, ValueError) as error:
-            st.warning(f"No projection now: {views.md(str(error))}", icon=":material/warning:")
+            st.warning(f"No projection now: {formatting.md(str(error))}", icon=":material/warning:")
             return
         context = int(context_col.number_input("Tokens per sequence", 1, capacity_view.MAX_CONTEXT, step=1024,
                                                key="form-cap-context", value=capacity_view.default_context(arch)))
@@ -39,7 +39,7 @@ def capacity_preview(spec: ExperimentSpec) -> None:
                                                value=capacity_view.DEFAULT_CONCURRENCY))
         choice = capacity_view.CapacityChoice(model, gpu, context, clients)
         pool, rows = capacity_view.planned_rows(spec.all_configs(), spec.backend.kind, choice)
-        st.caption(views.md(capacity_view.pool_text(pool, arch.title, choice)))
+        st.caption(formatting.md(capacity_view.pool_text(pool, arch.title, choice)))
         st.dataframe(rows, hide_index=True, key="form-capacity-table")
         st.caption("After the run, the experiment page's Capacity section sets this beside the compression it "
                    "measured; a [load] table measures throughput under load on a serving engine.")

@@ -21,7 +21,7 @@ from kvlab.analysis.summary import ConfigSummary, Decision, decide, summarize
 from kvlab.core.errors import ConfigError
 from kvlab.core.margins import Margins
 from kvlab.core.results import ItemResult
-from kvlab.dashboard import views
+from kvlab.dashboard import formatting
 from kvlab.dashboard.chart_export import (
     IMAGE_FORMATS,
     ExportError,
@@ -145,7 +145,7 @@ def decision_of(experiment: ExperimentRecord) -> Decision | None:
 
 def viewer_zone() -> tuple[tzinfo, str]:
     """The viewer's time zone as their browser reports it (``st.context.timezone``), else UTC; and its name."""
-    return views.viewer_zone(st.context.timezone)
+    return formatting.viewer_zone(st.context.timezone)
 
 
 def slug(text: str) -> str:
@@ -185,10 +185,10 @@ def share_box(params: Mapping[str, str | int | Sequence[str | int] | None]) -> N
     """The link to this view (page and its state), in the sidebar, to select and copy.  Inline code,
     not ``st.code``: its syntax highlighter is a 1.5 MB script that every new tab would evaluate (~0.5 s
     of a page's load on 2 CPU cores, docs/decisions.md)."""
-    url = views.share_url(st.context.url, params)
+    url = formatting.share_url(st.context.url, params)
     with st.sidebar, st.container(key="share-link"):
         st.caption("Share this view (copy the link):")
-        st.markdown(views.code_span(url))
+        st.markdown(formatting.code_span(url))
 
 
 def address_bar(params: Mapping[str, str | int | Sequence[str | int] | None]) -> None:
@@ -196,7 +196,7 @@ def address_bar(params: Mapping[str, str | int | Sequence[str | int] | None]) ->
     writer.  For a page whose widgets do not bind themselves to the URL (``bind="query-params"``): Streamlit
     drops a bound widget's parameter from the address bar in every run that does not draw the widget, so a
     section that hides the chart's axes lost ``y`` there while the share link kept it."""
-    wanted = views.query_values(params)
+    wanted = formatting.query_values(params)
     if {key: st.query_params.get_all(key) for key in st.query_params} != wanted:
         st.query_params.from_dict(wanted)
 
@@ -231,9 +231,9 @@ def pick_experiment(store: ExperimentStore, candidates: Sequence[ExperimentRecor
     """The experiment the URL's ``id`` names (else the newest of ``candidates``), with a selector to
     switch that keeps ``id`` in the URL; a link to a missing one says so and stops the page."""
     raw = st.query_params.get("id")
-    wanted = views.parse_int(raw)
+    wanted = formatting.parse_int(raw)
     if wanted is None and raw is not None:
-        st.warning(f"The link's id {views.md(repr(raw[:40]))} is not an experiment id (a whole number from 1): "
+        st.warning(f"The link's id {formatting.md(repr(raw[:40]))} is not an experiment id (a whole number from 1): "
                    f"showing the newest {what} instead.")
     labels = {e.id: f"#{e.id} {e.name}" for e in candidates}  # no status: the live panels show the current one
     if wanted is not None and wanted not in labels:

@@ -15,8 +15,8 @@ import logging
 import streamlit as st
 
 from kvlab.core.urls import hide_credentials
+from kvlab.dashboard.formatting import md
 from kvlab.dashboard.page_keys import TYPED_HELP, key_caption, page_key
-from kvlab.dashboard.views import md
 from kvlab.doctor import LABELS, Check, DoctorReport, diagnose
 from kvlab.secrets import BASE_URL_VAR, DEFAULT_KEY_VAR, MODEL_ID_VAR, read_setting
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from kvlab.core.errors import ConfigError
-from kvlab.dashboard import page_table, views
+from kvlab.dashboard import experiment_status, experiments_list, page_table
 from kvlab.dashboard.launch import rerun_from_page
 from kvlab.store import STATUSES, StoreError
 from pages.common import (
@@ -37,14 +37,14 @@ search_col, status_col, tag_col, sort_col, page_col = st.columns([3, 1.2, 1.2, 1
 search = search_col.text_input("Search", key="q", bind="query-params", placeholder="name, notes or model")
 status = status_col.selectbox("Status", ["all", *STATUSES], key="status", bind="query-params")
 tag = tag_col.text_input("Tag", key="tag", bind="query-params")
-sort = sort_col.selectbox("Sort by", list(views.SORTS), key="sort", bind="query-params")
+sort = sort_col.selectbox("Sort by", list(experiments_list.SORTS), key="sort", bind="query-params")
 page = int(page_col.number_input("Page", min_value=1, step=1, key="page", bind="query-params"))
 
 experiments = store.list_experiments(status=None if status == "all" else status, search=search.strip() or None,
-                                     tag=tag.strip() or None, limit=views.PAGE_SIZE + 1,
-                                     offset=(page - 1) * views.PAGE_SIZE, order=views.SORTS[sort])
-has_next = len(experiments) > views.PAGE_SIZE
-experiments = experiments[:views.PAGE_SIZE]
+                                     tag=tag.strip() or None, limit=experiments_list.PAGE_SIZE + 1,
+                                     offset=(page - 1) * experiments_list.PAGE_SIZE, order=experiments_list.SORTS[sort])
+has_next = len(experiments) > experiments_list.PAGE_SIZE
+experiments = experiments[:experiments_list.PAGE_SIZE]
 share_box({"q": search, "status": None if status == "all" else status, "tag": tag,
            "sort": None if sort == "newest" else sort, "page": None if page == 1 else page})
 
@@ -59,10 +59,11 @@ if not experiments:
 
 zone = viewer_zone()
 tunes = {e.id: read_state(store, e, tune).budgets for e in experiments  # counted as the tune page counts them
-         if views.kind(e) == "tune" and (tune := store.tune(e.id)) is not None}
+         if experiment_status.kind(e) == "tune" and (tune := store.tune(e.id)) is not None}
 st.dataframe(
-    views.experiment_rows(experiments, {e.id: d for e in experiments if (d := decision_of(e)) is not None}, zone,
-                          tunes=tunes),
+    experiments_list.experiment_rows(experiments,
+                                     {e.id: d for e in experiments if (d := decision_of(e)) is not None}, zone,
+                                     tunes=tunes),
     hide_index=True, key="experiments_table", placeholder="-",  # a missing figure: "-", not Streamlit's "None"
     column_config={
         "id": st.column_config.LinkColumn("id", width="small", display_text=r"id=(\d+)$",
@@ -73,11 +74,11 @@ st.dataframe(
             help="A sweep: its items done; a tune: as its page's bar, its trials done of the most it runs "
                  "(max_trials), else its time budget spent, else its item evaluations'"),
         "best ratio held (x)": st.column_config.NumberColumn("best ratio held (x)", format="%.2fx",
-                                                             help=views.BEST_RATIO_HELP),
+                                                             help=experiments_list.BEST_RATIO_HELP),
         "its mean KL (nats)": st.column_config.NumberColumn(
             "its mean KL (nats)", format="%.3g",
             help="The sweet spot's mean KL(baseline || config) per token, where fidelity was measured"),
-        views.started_column(zone[1]): st.column_config.TextColumn(
+        experiments_list.started_column(zone[1]): st.column_config.TextColumn(
             help=f"When its first trial was claimed, in your browser's time zone ({zone[1]})"),
         "duration": st.column_config.TextColumn(help="From its creation to its end: the queue and the model's "
                                                      "load included"),
@@ -89,7 +90,7 @@ chosen = st.multiselect("Select experiments to act on", list(labels), format_fun
 open_col, compare_col, *action_cols = st.columns(5)
 if open_col.button("Open", disabled=len(chosen) != 1, icon=":material/open_in_new:"):
     opened = next(e for e in experiments if e.id == chosen[0])
-    st.switch_page((page_table.TUNE if views.kind(opened) == "tune" else page_table.EXPERIMENT).script,
+    st.switch_page((page_table.TUNE if experiment_status.kind(opened) == "tune" else page_table.EXPERIMENT).script,
                    query_params={"id": str(opened.id)})
 if compare_col.button("Compare", disabled=len(chosen) < 2, icon=":material/compare_arrows:"):
     st.switch_page(page_table.COMPARE.script, query_params={"ids": [str(i) for i in chosen]})

@@ -20,7 +20,7 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, dump_spec, parse_spec, spec_text
 from kvlab.core.methods import BUDGETS
 from kvlab.core.tasks import DEFAULT_NUM_ITEMS, TASKS
-from kvlab.dashboard import estimate, executor_form, page_table, views
+from kvlab.dashboard import estimate, executor_form, formatting, page_table
 from kvlab.dashboard.launch import Refused, launch_sweep
 from kvlab.dashboard.spec_form import (
     MODES,
@@ -129,7 +129,7 @@ def launch(spec: ExperimentSpec, workers: int, warnings: list[str],
     try:
         experiment_id = launch_sweep(spec, warnings, executor, workers)
     except Refused as refused:  # nothing stored: the spec cannot run (a file outside the data directory...)
-        st.error(views.md(str(refused)), icon=":material/error:")
+        st.error(formatting.md(str(refused)), icon=":material/error:")
         return
     st.switch_page(page_table.EXPERIMENT.script, query_params={"id": str(experiment_id)})
 
@@ -302,8 +302,8 @@ with tags_col:
     slot("tags")
 margin_col, kl_col, agreement_col = st.columns(3)  # the sweet-spot rule's margins, a sweep's and a tune's
 with margin_col:
-    st.number_input(views.MARGIN_LABEL, min_value=views.MARGIN_MIN, max_value=views.MARGIN_MAX,
-                    step=views.MARGIN_STEP, format=views.MARGIN_FORMAT, key=P + "max_drop",
+    st.number_input(formatting.MARGIN_LABEL, min_value=formatting.MARGIN_MIN, max_value=formatting.MARGIN_MAX,
+                    step=formatting.MARGIN_STEP, format=formatting.MARGIN_FORMAT, key=P + "max_drop",
                     help="Accuracy a config may lose against the baseline, as a fraction of the items like the "
                     "accuracy itself (0.05: 5 items in 100). On a task where fidelity decides, its accuracy must not "
                     "be shown to drop by more than this; elsewhere a paired test (Holm-corrected across configs) "
@@ -408,7 +408,7 @@ else:
     trials_col.metric("Trials (configs)", len(configs))
     items_col.metric("Items per config", items)
     evals_col.metric("Evaluations", len(configs) * items)
-    time_col.metric("Estimated duration", views.fmt_duration(seconds))
+    time_col.metric("Estimated duration", formatting.fmt_duration(seconds))
     st.caption(f"Configs: {', '.join(c.label for c in configs)}. Estimate from {rates.source}.")
     capacity_preview(spec)
     executor = executor_choice()

@@ -21,7 +21,7 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.model_registry import KNOWN_MODELS
 from kvlab.core.tasks import TASKS, generated_tasks
 from kvlab.core.urls import strip_credentials
-from kvlab.dashboard import page_table, views
+from kvlab.dashboard import formatting, page_table
 from kvlab.dashboard.endpoint_playground import run_on_endpoint
 from kvlab.dashboard.page_keys import TYPED_HELP, key_caption
 from kvlab.dashboard.playground import (
@@ -91,7 +91,7 @@ st.caption("One item under a few KV-cache configs, answered in seconds by a warm
 view, problems = PlaygroundView.from_params(st.query_params.to_dict() | {
     "config": st.query_params.get_all("config")} if "config" in st.query_params else st.query_params.to_dict())
 for problem in problems:
-    st.warning(f"The link's {views.md(problem)}", icon=":material/link_off:")
+    st.warning(f"The link's {formatting.md(problem)}", icon=":material/link_off:")
 if view.source == "text" and not any(name in st.query_params for name in OWN_TEXT_FIELDS):
     view = replace(view, **st.session_state.get(OWN_TEXT_KEY, {}))  # a text too long for the link: the tab keeps it
 # a link's item, prefilled while the page draws (a file's row is read once the widgets have it, not twice)
@@ -155,10 +155,10 @@ elif source == "file":
         try:
             shown = PlaygroundView(source="file", **inputs).item()
         except ConfigError as error:
-            st.error(views.md(str(error)), icon=":material/error:")
+            st.error(formatting.md(str(error)), icon=":material/error:")
         else:
-            st.caption(f"Question: {views.md(shown['question'].strip()[:300])} · expected: "
-                       f"{views.md(shown['answer'][:100])} · context: {len(shown['context']):,} characters")
+            st.caption(f"Question: {formatting.md(shown['question'].strip()[:300])} · expected: "
+                       f"{formatting.md(shown['answer'][:100])} · context: {len(shown['context']):,} characters")
 else:
     inputs = {"context": st.text_area("Context (compressed)", value=view.context, height=180)}
     question_col, answer_col, tokens_col = st.columns([3, 2, 1])
@@ -189,7 +189,7 @@ for number, edited_row in enumerate(rows, start=1):
         first = error.errors()[0]
         where = ".".join(map(str, first["loc"]))
         st.error(f"Config row {number}{': ' + where if where else ''}: "
-                 f"{views.md(first['msg'].removeprefix('Value error, '))}", icon=":material/error:")
+                 f"{formatting.md(first['msg'].removeprefix('Value error, '))}", icon=":material/error:")
         st.stop()
 
 view = PlaygroundView(model=model, engine=engine, source=source, config=tuple(configs), **endpoint, **inputs)
@@ -198,7 +198,7 @@ st.query_params.from_dict(link)
 share_box(link)
 if left_out:
     st.session_state[OWN_TEXT_KEY] = {name: getattr(view, name) for name in OWN_TEXT_FIELDS}
-    st.sidebar.caption(views.md(left_out))
+    st.sidebar.caption(formatting.md(left_out))
 else:
     st.session_state.pop(OWN_TEXT_KEY, None)
 
@@ -241,7 +241,7 @@ def in_flight(model: str) -> None:
     if job is None or job.cancelled or job.wait(POLL_S):
         st.rerun()
     text, share = progress_text(job.progress, model)
-    st.progress(share, text=views.md(text))
+    st.progress(share, text=formatting.md(text))
     st.button("Cancel", icon=":material/stop:", key="cancel", on_click=job.cancel,
               help="Stops the Run: kvlab serve stops within one layer of the model (an endpoint finishes the "
                    "request it has, unread)")
@@ -263,7 +263,7 @@ if save_col.button("Save as experiment", icon=":material/save:", key="save", dis
     try:
         st.session_state["playground_spec"] = spec_for(view)
     except ValueError as error:
-        st.error(views.md(str(error)), icon=":material/error:")
+        st.error(formatting.md(str(error)), icon=":material/error:")
     else:
         st.switch_page(page_table.NEW.script)
 
@@ -278,7 +278,7 @@ if problem == "cancelled":
     st.info("The Run was cancelled.", icon=":material/stop:")
     st.stop()
 if problem is not None or answer is None:
-    st.error(views.md(problem or "the Run gave no answer"), icon=":material/error:")
+    st.error(formatting.md(problem or "the Run gave no answer"), icon=":material/error:")
     st.stop()
 if key != json.dumps(view.params(), sort_keys=True):
     st.caption("These answers are from an earlier Run (the input, the configs, the model or the engine changed "
@@ -286,14 +286,14 @@ if key != json.dumps(view.params(), sort_keys=True):
 item = answer["item"]
 st.dataframe(result_rows(answer), hide_index=True, key="playground-results")
 if view.source == "text" and (hint := empty_answer_hint(answer, view.max_new_tokens)):
-    st.info(views.md(hint), icon=":material/help:")
+    st.info(formatting.md(hint), icon=":material/help:")
 outlines = answer_spans(item)
 if answer["results"][0]["kept_positions"] is None:  # an endpoint's answer
     only = answer["results"][0]
-    st.markdown(f"**{views.md(only['config'])}**"
+    st.markdown(f"**{formatting.md(only['config'])}**"
                 + ("" if only["score"] is None else (" (right)" if only["score"] >= 1 else " (wrong)"))
-                + f": {views.md(only['generated'].strip()[:200])}")
-    st.caption(f"KV cache: {views.md(only['kv_source'])}. Token maps need the embedded engine: run on kvlab "
+                + f": {formatting.md(only['generated'].strip()[:200])}")
+    st.caption(f"KV cache: {formatting.md(only['kv_source'])}. Token maps need the embedded engine: run on kvlab "
                "serve to see which tokens each config kept.")
     st.stop()
 layers = len(answer["results"][0]["kept_positions"]["layers"])
@@ -305,6 +305,6 @@ if item.get("answer") and not outlines:
     st.caption("The expected answer does not occur in the context as written: nothing is outlined.")
 for index, result in enumerate(answer["results"]):
     verdict = "" if result["score"] is None else (" (right)" if result["score"] >= 1 else " (wrong)")
-    st.markdown(f"**{views.md(result['config'])}**{verdict}: {views.md(result['generated'].strip()[:200])}")
+    st.markdown(f"**{formatting.md(result['config'])}**{verdict}: {formatting.md(result['generated'].strip()[:200])}")
     st.html(token_map_html(item["context"], answer["context_offsets"], kept_share(result, chosen), outlines, index),
             unsafe_allow_javascript=True)

@@ -15,7 +15,7 @@ import streamlit as st
 
 from kvlab.core.experiment_spec import ExperimentSpec, dump_spec
 from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS
-from kvlab.dashboard import estimate, views
+from kvlab.dashboard import estimate, formatting
 from kvlab.dashboard.launch import Refused, launch_tune
 from kvlab.dashboard.spec_form import TUNE_LABELS
 from kvlab.store import ExperimentStore
@@ -71,7 +71,7 @@ def preview(spec: ExperimentSpec) -> None:
                f"It stops proposing after {planned.budget}.")
     for note in planned.notes:
         st.caption(note)
-    st.caption(f"Its recommendation: the {views.md(spec.margins.rule('its'))}.")
+    st.caption(f"Its recommendation: the {formatting.md(spec.margins.rule('its'))}.")
 
 
 def launch_row(spec: ExperimentSpec, store: ExperimentStore, open_tune: Callable[[int], None]) -> None:
@@ -91,6 +91,6 @@ def launch(spec: ExperimentSpec, store: ExperimentStore, open_tune: Callable[[in
     try:
         experiment_id = launch_tune(spec, st.session_state.get("form_warnings", []), store)
     except Refused as refused:
-        st.error(views.md(str(refused)), icon=":material/error:")
+        st.error(formatting.md(str(refused)), icon=":material/error:")
         return
     open_tune(experiment_id)

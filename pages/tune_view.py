@@ -18,7 +18,7 @@ import streamlit as st
 
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.units import MIB
-from kvlab.dashboard import tune_charts, views
+from kvlab.dashboard import formatting, tune_charts
 from kvlab.store import ExperimentRecord, ExperimentStore, StoreError
 from kvlab.store.records import TuneRecord
 from kvlab.tune import importance, progress
@@ -115,7 +115,7 @@ def _header(state: TuneState) -> None:
     grid_col.metric("Full grid", f"{grid:,}", help=f"{state.tune.grid_points} configs and the baseline on every item")
     st.progress(budgets.fraction, text=progress_text(budgets, state.tune.state == "running"))
     if state.tune.note:
-        st.caption(views.md(state.tune.note))
+        st.caption(formatting.md(state.tune.note))
 
 
 def _trials_help(budgets: progress.Budgets, tally: Mapping[str, int]) -> str:
@@ -137,7 +137,7 @@ def progress_text(budgets: progress.Budgets, running: bool) -> str:
         parts.append(f"{budgets.active} active")
     if budgets.unfinished:
         parts.append(f"{budgets.unfinished} unfinished")
-    time_spent = views.fmt_duration(budgets.elapsed_s)
+    time_spent = formatting.fmt_duration(budgets.elapsed_s)
     parts.append(f"{time_spent} of {budgets.max_minutes:g} min (max_minutes)" if budgets.max_minutes is not None
                  else f"{time_spent} so far" if running else f"ran {time_spent}")
     if budgets.max_item_evals is not None:
@@ -154,8 +154,8 @@ def eta_text(budgets: progress.Budgets) -> str:
     if estimate is None:
         return ("time left: not known yet (no trial has ended; the estimate is this tune's own pace, trials left × "
                 "time per trial ended)")
-    left = views.fmt_duration(estimate.seconds)
-    pace = views.fmt_duration(budgets.pace_s)
+    left = formatting.fmt_duration(estimate.seconds)
+    pace = formatting.fmt_duration(budgets.pace_s)
     if estimate.basis == "trials":
         assert budgets.most is not None
         trials_left = budgets.most - budgets.done
@@ -174,19 +174,19 @@ def _recommendation(state: TuneState) -> None:
         ending = progress.ending_text(state.tune.state, state.budgets)
         if ending is not None:  # ended without an answer: say what finished and what did not, first
             st.warning(f"No recommendation: the tune {ending}."
-                       + (f" {views.md(state.tune.note)}." if state.tune.note and state.tune.note != state.tune.state
-                          else ""))
+                       + (f" {formatting.md(state.tune.note)}."
+                          if state.tune.note and state.tune.note != state.tune.state else ""))
         if best is None:
             if ending is None:
                 st.info("No candidate is complete and non-inferior yet: the current best appears here as soon as "
                         "one is judged on every item." if state.tune.state == "running" else
-                        f"The tune is {state.tune.state}: {views.md(state.tune.note or 'no recommendation')}.")
+                        f"The tune is {state.tune.state}: {formatting.md(state.tune.note or 'no recommendation')}.")
             return
         what = (f"Current best so far (the tune is {state.tune.state})" if ending is None else
                 f"Partial (the tune was {state.tune.state}: not its answer): the best of the candidates judged on "
                 "every item before it ended")
         kv = "unmeasured" if best.kv_bytes is None else f"{best.kv_bytes / MIB:.3f} MiB"
-        st.info(f"{what}: **{views.md(best.label)}**, {kv} KV per item, accuracy {best.accuracy:.3f}, difference "
+        st.info(f"{what}: **{formatting.md(best.label)}**, {kv} KV per item, accuracy {best.accuracy:.3f}, difference "
                 f"{progress.interval_text(best)} on {best.judged_items} items. The final choice also corrects for "
                 "the number of candidates (Holm).")
         if best.trial_id in state.configs:
@@ -195,14 +195,14 @@ def _recommendation(state: TuneState) -> None:
     serving = serving_lines(answer)
     if answer.get("config") is None:
         st.warning("No config shown non-inferior: "
-                   + views.md(answer.get("note") or "none of the candidates passed the rule"))
+                   + formatting.md(answer.get("note") or "none of the candidates passed the rule"))
         if serving:
             st.text("\n".join(serving))
         return
     low, high = answer["diff_ci"]
     latency = ", ".join(f"{name} {answer[key]:.0f} ms" for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
                         if answer.get(key) is not None)
-    st.success(f"Recommended: **{views.md(answer['label'])}**: {answer['kv_bytes'] / MIB:.3f} MiB KV per item "
+    st.success(f"Recommended: **{formatting.md(answer['label'])}**: {answer['kv_bytes'] / MIB:.3f} MiB KV per item "
                f"(measured, {answer['compression_ratio']:.2f}x smaller than the 16-bit baseline), accuracy "
                f"{answer['accuracy']:.3f} vs {answer['baseline_accuracy']:.3f}, difference {answer['diff']:+.3f} "
                f"[{low:+.3f}, {high:+.3f}] on {answer['n_items']} items" + (f"; {latency} (median)" if latency else ""))
@@ -231,14 +231,14 @@ def _parameters(store: ExperimentStore, state: TuneState, metric: importance.Met
         proposals = importance.read_proposals(store.study_storage_url(), state.tune.study_name)
     except (importance.StudyUnavailable, ValueError) as error:
         st.info(f"Parameter importance and the slice plot read the tune's Optuna study, which cannot be read: "
-                f"{views.md(str(error))}.", icon=":material/info:")
+                f"{formatting.md(str(error))}.", icon=":material/info:")
         return
     found = importance.samples(state.shown, proposals, metric, state.baseline[0])
     st.caption(f"Metric: **{metric.label}**, {metric.meaning}; each candidate at its latest verdict (one stopped "
                "early on its first items only). Change it with **Metric** above.")
     result = importance.importance(found, metric)
     if result.why_not is not None:
-        st.info(f"Parameter importance: not computed: {views.md(result.why_not)}.", icon=":material/info:")
+        st.info(f"Parameter importance: not computed: {formatting.md(result.why_not)}.", icon=":material/info:")
     else:
         chart(tune_charts.importance_figure(result, metric), "tune-importance", f"{stem}-importance")
         st.caption(f"Optuna's PED-ANOVA importance ({'higher' if metric.higher_is_better else 'lower'} is better): "
@@ -246,9 +246,9 @@ def _parameters(store: ExperimentStore, state: TuneState, metric: importance.Met
                    f"{result.candidates} candidates than among all of them. Optuna's default evaluator (fANOVA) "
                    "needs scikit-learn, which kvlab does not install; PED-ANOVA also handles the parameters asked "
                    "of some candidates only (a budget, of an eviction method)."
-                   + "".join(f" Optuna: {views.md(note)}" for note in result.notes))
+                   + "".join(f" Optuna: {formatting.md(note)}" for note in result.notes))
     if not found:
-        st.info(f"Slice plot: no candidate has a {views.md(metric.label)} yet.", icon=":material/info:")
+        st.info(f"Slice plot: no candidate has a {formatting.md(metric.label)} yet.", icon=":material/info:")
     elif not importance.varying(found):
         st.info(f"Slice plot: no parameter varies among the {len(found)} candidate{'s' if len(found) != 1 else ''} "
                 "with this metric so far.", icon=":material/info:")
@@ -286,15 +286,15 @@ def flash() -> None:
     """The outcome of a Cancel, once, after the page redraws."""
     kind, message = st.session_state.pop("tune-flash", (None, None))
     if kind == "success":
-        st.success(views.md(message), icon=":material/check_circle:")
+        st.success(formatting.md(message), icon=":material/check_circle:")
     elif kind == "warning":
-        st.warning(views.md(message))
+        st.warning(formatting.md(message))
 
 
 def command(text: str) -> None:
     """A command as inline code: selectable and copyable, without ``st.code``'s 1.5 MB highlighter
     (0.6 s of browser time per tab, measured for the share box)."""
-    st.markdown(views.code_span(text))
+    st.markdown(formatting.code_span(text))
 
 
 def _candidates_table(visible: Sequence[progress.Point], stem: str) -> None:
@@ -305,7 +305,7 @@ def _candidates_table(visible: Sequence[progress.Point], stem: str) -> None:
         return
     st.caption("In the order the tune proposed them. **reason**: why a candidate stopped early, or where it stands; "
                "**rung/items**: its round and the items it was judged on.")
-    shown = [{key: views.md(value) if isinstance(value, str) else value for key, value in row.items()}
+    shown = [{key: formatting.md(value) if isinstance(value, str) else value for key, value in row.items()}
              for row in rows]  # st.table renders its cells as Markdown: labels and reasons are the store's text
     st.table(shown, hide_index=True, border="horizontal")  # a table, not a grid: the reasons wrap and read whole
     st.download_button("Candidates (CSV)", data=progress.rows_csv(rows), file_name=f"{stem}-candidates.csv",

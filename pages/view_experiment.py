@@ -25,7 +25,15 @@ from kvlab.core.limits import MAX_NOTES_CHARS
 from kvlab.core.load_spec import stored_load_target
 from kvlab.core.margins import Margins
 from kvlab.core.tasks import TASKS
-from kvlab.dashboard import capacity_view, charts, estimate, page_table, views
+from kvlab.dashboard import (
+    capacity_view,
+    charts,
+    estimate,
+    experiment_status,
+    experiment_view,
+    formatting,
+    page_table,
+)
 from kvlab.dashboard.capacity_view import architecture
 from kvlab.dashboard.chart_export import report_html, with_caveat
 from kvlab.experiments import eta, load_report, worker_logs
@@ -75,15 +83,16 @@ if not recent:
 experiment = pick_experiment(store, recent, "experiment", key="experiment_pick")
 
 zone, zone_name = viewer_zone()
-st.title(views.md(experiment.name))
-st.caption(f"#{experiment.id} · {views.kind(experiment)} · {experiment.status} · model {views.md(experiment.model)} "
+st.title(formatting.md(experiment.name))
+st.caption(f"#{experiment.id} · {experiment_status.kind(experiment)} · {experiment.status} · "
+           f"model {formatting.md(experiment.model)} "
            f"({experiment.backend_kind}) · seed {experiment.seed} · created "
-           f"{views.fmt_time(experiment.created_at, zone)} ({zone_name})"
-           + (f" · tags: {views.md(', '.join(experiment.tags))}" if experiment.tags else ""))
+           f"{formatting.fmt_time(experiment.created_at, zone)} ({zone_name})"
+           + (f" · tags: {formatting.md(', '.join(experiment.tags))}" if experiment.tags else ""))
 if experiment.error:
-    st.error(views.md(experiment.error))
+    st.error(formatting.md(experiment.error))
 for flash_kind, flash_text in st.session_state.pop("experiment_flash", []):
-    (st.success if flash_kind == "ok" else st.error)(views.md(flash_text))
+    (st.success if flash_kind == "ok" else st.error)(formatting.md(flash_text))
 
 
 def cancel_box(experiment: ExperimentRecord) -> None:
@@ -130,7 +139,7 @@ def notes_panel(experiment: ExperimentRecord) -> None:
     the limit are refused with what the limit is, nothing saved and the text left in the box to shorten (the box
     has no ``max_chars``: the browser would drop a longer paste without a word)."""
     if experiment.notes:
-        st.markdown(f"**Notes:** {views.md(experiment.notes)}")
+        st.markdown(f"**Notes:** {formatting.md(experiment.notes)}")
     for message in st.session_state.pop("notes_flash", []):
         st.success(message, icon=":material/check:")
     # Popovers, not expanders, here and for the settings and definitions: the browser draws a popover's body
@@ -152,7 +161,7 @@ def notes_panel(experiment: ExperimentRecord) -> None:
     try:
         stored = store.set_notes(experiment.id, text)
     except StoreError as error:
-        st.error(f"Not saved: {views.md(str(error))}", icon=":material/error:")
+        st.error(f"Not saved: {formatting.md(str(error))}", icon=":material/error:")
         return
     st.session_state.pop(f"notes-{experiment.id}", None)  # the box shows what was stored
     st.session_state["notes_flash"] = ["Notes saved" + ("; a secret in them was masked." if stored != text else ".")]
@@ -199,10 +208,11 @@ def _live_panel(experiment_id: int, shown: tuple[Any, ...], detailed: bool, foll
     ended = current.trials_done + current.trials_failed + current.trials_cancelled
     now = datetime.now(UTC)
     trials = store.trials(current.id)
-    left = "" if current.is_terminal else " · " + views.eta_text(time_left(current, trials, now))
-    st.progress(views.progress(current) or 0.0, text=views.md(
+    left = "" if current.is_terminal else " · " + experiment_view.eta_text(time_left(current, trials, now))
+    st.progress(experiment_status.progress(current) or 0.0, text=formatting.md(
         f"{current.status}: {current.items_done}/{current.items_total or '?'} items, {ended}/{current.trials_total} "
-        f"trials ended · {views.fmt_duration(views.experiment_duration(current, now))} since it was queued{left}"))
+        f"trials ended · {formatting.fmt_duration(experiment_status.experiment_duration(current, now))} "
+        f"since it was queued{left}"))
     if detailed:
         _progress_details(current, trials, now)
 
@@ -230,10 +240,10 @@ def planned_per_config(experiment_id: int, db: str | None) -> int | None:
 
 def _progress_details(current: ExperimentRecord, trials: Sequence[TrialRecord], now: datetime) -> None:
     with st.expander("Trials", expanded=not current.is_terminal):
-        st.dataframe(views.trial_rows(trials), hide_index=True, column_config={
+        st.dataframe(experiment_view.trial_rows(trials), hide_index=True, column_config={
             "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent")})
     samples = store.telemetry(current.id, limit=TELEMETRY_LIMIT)
-    st.caption("Time: " + views.timeline_text(eta.timeline(current, samples, now)) + ".")
+    st.caption("Time: " + experiment_view.timeline_text(eta.timeline(current, samples, now)) + ".")
     if current.is_terminal:  # the samples no longer change: build their charts once
         figures = telemetry_figures(current.id, (current.status, current.finished_at), db_url())
     else:
@@ -257,12 +267,12 @@ def log_tail(current: ExperimentRecord, trials: Sequence[TrialRecord]) -> None:
     tail = worker_logs.worker_log_tail(workers, current.created_at.timestamp())
     with st.expander(f"Worker log (last {worker_logs.TAIL_LINES} lines)", expanded=not current.is_terminal):
         if tail.lines:
-            st.caption("From " + ", ".join(views.code_span(str(path)) for path in tail.files)
+            st.caption("From " + ", ".join(formatting.code_span(str(path)) for path in tail.files)
                        + (" (follows the run)." if not current.is_terminal else "."))
             st.text("\n".join(tail.lines))
         elif workers:
-            st.caption(f"No log of its workers ({views.md(', '.join(sorted(workers)))}) in "
-                       f"{views.code_span(str(log_dir()))}: workers on another host, on Ray or `kvlab run` in a "
+            st.caption(f"No log of its workers ({formatting.md(', '.join(sorted(workers)))}) in "
+                       f"{formatting.code_span(str(log_dir()))}: workers on another host, on Ray or `kvlab run` in a "
                        "terminal log where they run.")
         else:
             st.caption("No worker has claimed a trial yet.")
@@ -367,9 +377,10 @@ def kept_margin(default: float) -> float:
     except ValueError:
         value = math.nan
     value = value / 100 if value > 1 else value
-    if not views.MARGIN_MIN <= value <= views.MARGIN_MAX:
-        st.warning(f"The link's margin {views.md(repr(raw[:40]))} is not a fraction from {views.MARGIN_MIN:g} to "
-                   f"{views.MARGIN_MAX:g}: left at the spec's, {views.fmt_margin(default)}.")
+    if not formatting.MARGIN_MIN <= value <= formatting.MARGIN_MAX:
+        st.warning(f"The link's margin {formatting.md(repr(raw[:40]))} is not a fraction from "
+                   f"{formatting.MARGIN_MIN:g} to "
+                   f"{formatting.MARGIN_MAX:g}: left at the spec's, {formatting.fmt_margin(default)}.")
         return default
     return value
 
@@ -411,7 +422,7 @@ def capacity_choice(section: str) -> capacity_view.CapacityChoice:
     return capacity_view.CapacityChoice(model, gpu, context, clients)
 
 
-def view_state(section: str, default_section: str, spec_margin: float) -> views.ExperimentViewState:
+def view_state(section: str, default_section: str, spec_margin: float) -> experiment_view.ExperimentViewState:
     """The viewer's choices, each from its widget where this section draws it (else as it was kept):
     the one state that the analysis, the charts, the share link and the address bar all come from."""
     names = list(dict.fromkeys(r.config_name for r in results))
@@ -425,22 +436,23 @@ def view_state(section: str, default_section: str, spec_margin: float) -> views.
             st.caption(HIDE_NOTE)
             seed("margin", margin)
             margin = st.number_input(
-                views.MARGIN_LABEL, min_value=views.MARGIN_MIN, max_value=views.MARGIN_MAX, step=views.MARGIN_STEP,
-                format=views.MARGIN_FORMAT, key="margin", persist_state="page",
+                formatting.MARGIN_LABEL, min_value=formatting.MARGIN_MIN, max_value=formatting.MARGIN_MAX,
+                step=formatting.MARGIN_STEP,
+                format=formatting.MARGIN_FORMAT, key="margin", persist_state="page",
                 help="How much accuracy a config may lose against the baseline, as a fraction of the items like "
                      "the accuracy itself (the spec's max_drop: 0.05 is 5 items in 100). Where "
                      "fidelity is measured and a fidelity margin is set (the spec's max_kl, min_agreement), a "
                      "config whose fidelity is certified is acceptable unless its accuracy is shown to drop by "
                      "more than this; elsewhere a paired test on the same items must show it non-inferior within "
                      "it. Task by task, Holm-corrected across configs.")
-    axis, metric = kept("x", views.X_AXES), kept("y", list(views.Y_METRICS))
+    axis, metric = kept("x", formatting.X_AXES), kept("y", list(formatting.Y_METRICS))
     if section == "Tradeoff":
         x_col, y_col = st.columns(2)
-        seed("x", axis or views.X_AXES[0])
-        axis = x_col.radio("x axis", views.X_AXES, key="x", horizontal=True, persist_state="page",
+        seed("x", axis or formatting.X_AXES[0])
+        axis = x_col.radio("x axis", formatting.X_AXES, key="x", horizontal=True, persist_state="page",
                            help="bytes: physical KV cache in MiB; ratio: baseline bytes / physical bytes")
-        seed("y", metric or next(iter(views.Y_METRICS)))
-        metric = y_col.radio("y axis", list(views.Y_METRICS), key="y", horizontal=True, persist_state="page",
+        seed("y", metric or next(iter(formatting.Y_METRICS)))
+        metric = y_col.radio("y axis", list(formatting.Y_METRICS), key="y", horizontal=True, persist_state="page",
                              help="accuracy: fraction correct (pooled over tasks); KL: mean KL(baseline || config) "
                                   "per token in nats, teacher-forced on the baseline's output (lower is better); "
                                   "agreement: mean over items of each item's share of tokens with the baseline's "
@@ -457,37 +469,38 @@ def view_state(section: str, default_section: str, spec_margin: float) -> views.
         seed("layout", layout if layout in layouts else layouts[0], layouts)
         layout = st.selectbox("Config", layouts, key="layout", persist_state="page")
     item = kept("item")
-    items = views.fidelity_items(shown) if section == "Failed items" or item is not None else []  # reads every result
+    # reads every result
+    items = experiment_view.fidelity_items(shown) if section == "Failed items" or item is not None else []
     if section == "Failed items" and items:
         seed("item", item if item in items else items[0], items)
         item = st.selectbox("Item: KL along its tokens", items, key="item", persist_state="page",
                             help="Any item on which fidelity to the baseline was measured, not only failed ones.")
     cap = capacity_choice(section)
-    return views.ExperimentViewState(
+    return experiment_view.ExperimentViewState(
         experiment.id, tab=None if section == default_section else section,
         cap_model=None if cap.model == cap_models[0] else cap.model,
         gpu=None if cap.gpu == capacity_view.DEFAULT_GPU else cap.gpu,
         context=None if cap.context == capacity_view.default_context(architecture(cap.model)) else cap.context,
         clients=None if cap.concurrency == capacity_view.DEFAULT_CONCURRENCY else cap.concurrency,
-        x=None if axis in (None, views.X_AXES[0]) else axis,
-        y=None if metric in (None, next(iter(views.Y_METRICS))) else metric, hide=tuple(hidden),
+        x=None if axis in (None, formatting.X_AXES[0]) else axis,
+        y=None if metric in (None, next(iter(formatting.Y_METRICS))) else metric, hide=tuple(hidden),
         margin=None if margin == spec_margin else margin, needle=None if needle in (None, *needles[:1]) else needle,
         layout=None if layout in (None, *layouts[:1]) else layout, item=None if item in (None, *items[:1]) else item)
 
 
-sections = views.experiment_sections(experiment.is_terminal)
+sections = experiment_view.experiment_sections(experiment.is_terminal)
 follow_default_section(sections)
 section = st.segmented_control("Section", sections, required=True, key="tab", label_visibility="collapsed",
                                on_change=_section_picked)
-live_panel(experiment.id, live_key(experiment, section in ANALYSED), detailed=section == views.LIVE_SECTION,
+live_panel(experiment.id, live_key(experiment, section in ANALYSED), detailed=section == experiment_view.LIVE_SECTION,
            follow_items=section in ANALYSED)
 
 spec_margin = Margins.of(experiment.spec).max_drop
 state = view_state(section or sections[0], sections[0], spec_margin)  # required=True: never None
 address_bar(state.params())  # the share link's parameters, written before any section can stop the page
 view = view_of(experiment, state.hide, spec_margin if state.margin is None else state.margin)
-axis = state.x or views.X_AXES[0]
-metric = state.y or next(iter(views.Y_METRICS))
+axis = state.x or formatting.X_AXES[0]
+metric = state.y or next(iter(formatting.Y_METRICS))
 stem = slug(f"{experiment.id}-{experiment.name}")
 
 def load_section(experiment: ExperimentRecord, view: View, stem: str) -> None:
@@ -497,7 +510,7 @@ def load_section(experiment: ExperimentRecord, view: View, stem: str) -> None:
     if not records:
         why = BACKENDS[experiment.backend_kind].no_load if experiment.backend_kind in BACKENDS else None
         if why:
-            st.info(views.md(f"No load phase on this backend: {why}."))
+            st.info(formatting.md(f"No load phase on this backend: {why}."))
         elif experiment.spec.get("load") and not experiment.is_terminal:
             st.info("The load phase runs on each config's server after its items: its levels appear here as each "
                     "config ends.", icon=":material/hourglass_top:")
@@ -520,15 +533,16 @@ def load_section(experiment: ExperimentRecord, view: View, stem: str) -> None:
                                    f"{experiment.name}: what each config costs vs what it buys"),
               "halves", f"{stem}-both-halves")
         if unmeasured := [p.config for p in points if p.mean_kl is None]:
-            st.caption(views.md(f"Not on the chart (no mean KL measured): {', '.join(unmeasured)}."))
+            st.caption(formatting.md(f"Not on the chart (no mean KL measured): {', '.join(unmeasured)}."))
     rows = load_report.both_halves_rows(summaries, records)
     st.dataframe(rows, hide_index=True, key="load-table")
     gains = [text for s in summaries if (text := load_report.gain_text(s, baseline, records))]
     if gains:
-        st.markdown("\n".join(f"- {views.md(text)}" for text in gains))
+        st.markdown("\n".join(f"- {formatting.md(text)}" for text in gains))
     if (target := stored_load_target(experiment.spec)) is not None:
         head, *missed = load_report.target_lines(summaries, baseline, records, target)
-        st.info(views.md(head[0].upper() + head[1:]) + "".join(f"\n- {views.md(line.strip())}" for line in missed),
+        st.info(formatting.md(head[0].upper() + head[1:])
+                + "".join(f"\n- {formatting.md(line.strip())}" for line in missed),
                 icon=":material/speed:")
     st.download_button("Both halves (CSV)", data=lambda: capacity_view.rows_csv(rows, None), mime="text/csv",
                        file_name=f"{stem}-load.csv", on_click="ignore", icon=":material/download:")
@@ -541,26 +555,26 @@ if section == "Tradeoff":
         st.info(f"Still {experiment.status}: these are the results so far ({experiment.items_done} of "
                 f"{experiment.items_total or '?'} items); the chart, the table and the verdict follow as items land, "
                 "and may change.", icon=":material/hourglass_top:")
-    (st.success if sweet is not None and not decision.few_items else st.info)(views.decision_text(decision))
+    (st.success if sweet is not None and not decision.few_items else st.info)(experiment_view.decision_text(decision))
     caveat = f"Few items: this sweet spot {decision.few_items_note()}." if decision.few_items else None
     if caveat:
-        st.warning(views.md(caveat), icon=":material/warning:")
+        st.warning(formatting.md(caveat), icon=":material/warning:")
     if sweet is not None and sweet.config_name in state.hide:
-        st.caption(f"The sweet spot ({views.md(sweet.config_name)}) is hidden from the chart and the table below.")
-    chart(figure("tradeoff", view, axis, f"{experiment.name}: memory vs {views.Y_METRICS[metric]}", metric),
+        st.caption(f"The sweet spot ({formatting.md(sweet.config_name)}) is hidden from the chart and the table below.")
+    chart(figure("tradeoff", view, axis, f"{experiment.name}: memory vs {formatting.Y_METRICS[metric]}", metric),
           "tradeoff", f"{stem}-tradeoff" + ("" if metric == "accuracy" else f"-{slug(metric)}"), caveat)
-    st.dataframe(views.summary_rows(summaries, sweet.config_name if sweet else None,
-                                    views.first_errors(shown_results(view)[0])), hide_index=True)
+    st.dataframe(experiment_view.summary_rows(summaries, sweet.config_name if sweet else None,
+                                    experiment_view.first_errors(shown_results(view)[0])), hide_index=True)
     shown_rows, shown_baseline = shown_results(view)
     if (floor := noise_floor(shown_rows, shown_baseline)) is not None:
         head, *rest = floor_lines(floor, summaries, shown_baseline, view.margins)
         rest += under_load_lines(store.load_levels(experiment.id), shown_baseline)
-        st.info(views.md(head[0].upper() + head[1:]) + "".join(f"\n- {views.md(line)}" for line in rest),
+        st.info(formatting.md(head[0].upper() + head[1:]) + "".join(f"\n- {formatting.md(line)}" for line in rest),
                 icon=":material/graphic_eq:")
     if notes := budget_notes(summaries):
         st.warning("Freeing less memory than the budget suggests (measured prompt cache):\n\n"
-                   + "\n".join(f"- {views.md(note)}" for note in notes), icon=":material/memory:")
-    verdicts = views.verdict_rows(summaries)
+                   + "\n".join(f"- {formatting.md(note)}" for note in notes), icon=":material/memory:")
+    verdicts = experiment_view.verdict_rows(summaries)
     if verdicts:
         st.subheader("Verdict per task")
         st.caption("A config is acceptable only when every task that can judge it accepts it; each task is judged "
@@ -600,7 +614,7 @@ elif section == "Capacity":
                                           state.context or capacity_view.default_context(architecture(model)),
                                           state.clients or capacity_view.DEFAULT_CONCURRENCY)
     pool, _, rows = capacity_view.capacity_rows(summaries, experiment.backend_kind, choice)
-    st.caption(views.md(capacity_view.pool_text(pool, architecture(choice.model).title, choice)))
+    st.caption(formatting.md(capacity_view.pool_text(pool, architecture(choice.model).title, choice)))
     if experiment.backend_kind == "openai_compat":
         st.info("This endpoint chose its own KV cache: the configs below are projected as kvlab's cache lays them "
                 "out, not as the server stores them.")
@@ -652,18 +666,18 @@ elif section == "Needles":
         st.info(f"No needle heatmap: this experiment has no retrieval items ({needle_tasks}) with needle depths.")
 elif section == "Failed items":
     shown = shown_results(view)[0]
-    failed = views.failed_rows(shown)
+    failed = experiment_view.failed_rows(shown)
     if failed:
         st.caption("Items scored below 1 or that raised, with what the model generated.")
         st.dataframe(failed, hide_index=True)
     else:
         st.success("Every scored item was answered correctly.")
-    items = views.fidelity_items(shown)
+    items = experiment_view.fidelity_items(shown)
     if items:
         item = state.item or items[0]
         st.subheader("One item, token by token")
         chart(figure("item", view, item), "item-chart", f"{stem}-kl-{slug(item)}")
-        st.dataframe(views.item_rows(shown, item), hide_index=True, key="item-table")
+        st.dataframe(experiment_view.item_rows(shown, item), hide_index=True, key="item-table")
 elif section == "Spec & environment":
     st.code(dump_spec(parse_spec(experiment.spec, stored=True)), language="toml")
     st.json({"git_commit": experiment.git_commit, "versions": experiment.versions, "hardware": experiment.hardware},
@@ -680,7 +694,7 @@ def _report(experiment: ExperimentRecord, view: View) -> str:
     if any(s.mean_kl is not None for s in summaries):
         figures |= {f"Memory vs {words}": charts.tradeoff_figure(summaries, "bytes", baseline, f"Memory vs {words}",
                                                                  metric, decided)
-                    for metric, words in views.Y_METRICS.items() if metric != "accuracy"}
+                    for metric, words in formatting.Y_METRICS.items() if metric != "accuracy"}
     figures = {title: with_caveat(fig, caveat) for title, fig in figures.items()}  # the tradeoffs, as exported
     figures |= {"Latency": charts.latency_figure(summaries),
                 "Accuracy by context length": charts.breakdown_figure(
@@ -691,18 +705,18 @@ def _report(experiment: ExperimentRecord, view: View) -> str:
     best = decided.sweet_spot
     meta = {"experiment": experiment.id, "status": experiment.status, "model": experiment.model,
             "backend": experiment.backend_kind, "seed": experiment.seed,
-            "created": f"{views.fmt_time(experiment.created_at)} (UTC)",
-            "sweet spot": (f"{views.sweet_spot_label(best)}, decided by {decided.decided_by}" if best
+            "created": f"{formatting.fmt_time(experiment.created_at)} (UTC)",
+            "sweet spot": (f"{experiment_view.sweet_spot_label(best)}, decided by {decided.decided_by}" if best
                            else f"none ({decided.note})") + (f"; {decided.few_items_note()}" if decided.few_items
                                                              else ""),
             "sweet spot rule": f"the {decided.rule}",
-            "accuracy margin (max_drop)": views.fmt_margin(decided.max_drop),
+            "accuracy margin (max_drop)": formatting.fmt_margin(decided.max_drop),
             "notes": redact(experiment.notes) or "-"}
     return report_html(f"kvlab: {experiment.name}", meta,
-                       {"Summary": views.summary_rows(summaries, best.config_name if best else None,
-                                                      views.first_errors(results)),
-                        "Verdict per task": views.verdict_rows(summaries),
-                        "Failed items": views.failed_rows(results, limit=100)},
+                       {"Summary": experiment_view.summary_rows(summaries, best.config_name if best else None,
+                                                      experiment_view.first_errors(results)),
+                        "Verdict per task": experiment_view.verdict_rows(summaries),
+                        "Failed items": experiment_view.failed_rows(results, limit=100)},
                        figures, dump_spec(parse_spec(experiment.spec, stored=True)),
                        {"git_commit": experiment.git_commit, "versions": experiment.versions,
                         "hardware": experiment.hardware})

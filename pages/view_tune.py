@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvlab.dashboard import page_table, views
+from kvlab.dashboard import formatting, page_table
 from kvlab.dashboard.tune_launch import launched_here
 from kvlab.tune.importance import DEFAULT_METRIC, METRICS
 from pages import tune_view
@@ -14,13 +14,13 @@ from pages.common import empty_state, get_store, guard, pick_experiment, share_b
 
 store = get_store()
 tunes = [e for e in store.list_experiments(limit=200) if e.spec.get("tune") is not None]
-if views.parse_int(st.query_params.get("id")) is None and not tunes:
+if formatting.parse_int(st.query_params.get("id")) is None and not tunes:
     empty_state("No tunes yet: start one on the New experiment page (mode Tune) or with `kvlab tune SPEC.toml`.",
                 page_table.NEW, "New experiment")
     st.stop()
 experiment = pick_experiment(store, tunes, "tune", key="tune_pick")
 if experiment.spec.get("tune") is None:  # what made it is in its spec: a [tune] table, or a list of configs
-    st.error(f"Experiment #{experiment.id} ({views.md(experiment.name)}) is a sweep of fixed configs, not a tune.")
+    st.error(f"Experiment #{experiment.id} ({formatting.md(experiment.name)}) is a sweep of fixed configs, not a tune.")
     st.page_link(page_table.EXPERIMENT.script, label="Open it on the experiment page",
                  query_params={"id": str(experiment.id)}, icon=":material/arrow_forward:")
     st.stop()
@@ -39,15 +39,16 @@ def starting(experiment_id: int) -> None:
 
 tune = store.tune(experiment.id)
 if tune is None:
-    st.title(f"Tune: {views.md(experiment.name)}")
+    st.title(f"Tune: {formatting.md(experiment.name)}")
     starting(experiment.id)
     st.stop()
 
 
 origin = "launched from the dashboard" if launched_here(store, experiment.id) else "launched by `kvlab tune`"
-st.title(f"Tune: {views.md(experiment.name)}")
+st.title(f"Tune: {formatting.md(experiment.name)}")
 st.caption(f"#{experiment.id} · tune {tune.state} · {origin} · model "
-           f"{views.md(experiment.model)} ({experiment.backend_kind}) · {views.margins_label(experiment.spec)} · "
+           f"{formatting.md(experiment.model)} ({experiment.backend_kind}) · "
+           f"{formatting.margins_label(experiment.spec)} · "
            f"started {tune.started_at:%Y-%m-%d %H:%M} UTC")
 st.page_link(page_table.EXPERIMENT.script, label="Its trials, telemetry and results on the experiment page",
              query_params={"id": str(experiment.id)}, icon=":material/monitoring:")

@@ -23,7 +23,8 @@ from kvlab.core.margins import Margins
 from kvlab.core.results import CacheLayout, ItemResult
 from kvlab.core.tasks import TASKS
 from kvlab.core.units import MIB
-from kvlab.dashboard.views import Y_METRICS, CompareRow, fidelity_text
+from kvlab.dashboard.compare_view import CompareRow
+from kvlab.dashboard.formatting import Y_METRICS, fidelity_text
 from kvlab.experiments.load_report import HalvesPoint
 from kvlab.experiments.nodes import node_of
 from kvlab.load.metrics import LevelResult
@@ -68,7 +69,7 @@ def _x(summary: ConfigSummary, axis: str) -> float:
     return summary.physical_kv_bytes / MIB if axis == "bytes" else summary.compression_ratio
 
 
-#: The y metrics of the tradeoff chart (``views.Y_METRICS``): the summary's value and its 95% interval.
+#: The y metrics of the tradeoff chart (``formatting.Y_METRICS``): the summary's value and its 95% interval.
 _Y_FIELDS = {"accuracy": ("accuracy", "ci_low", "ci_high"), "KL": ("mean_kl", "kl_ci_low", "kl_ci_high"),
              "agreement": ("agreement", "agreement_ci_low", "agreement_ci_high")}
 Y_TITLES = {"accuracy": ACCURACY_TITLE, "KL": "mean KL(baseline || config) per token (nats, 95% CI; lower is better)",
@@ -126,7 +127,7 @@ def tradeoff_figure(summaries: Sequence[ConfigSummary], axis: str = "bytes", bas
                     title: str = "Memory vs accuracy", metric: str = "accuracy",
                     decision: Decision | None = None) -> go.Figure:
     """A metric with its 95% interval as error bars against physical KV bytes or compression ratio,
-    the sweet spot annotated with the rule that chose it.  ``metric`` (a key of ``views.Y_METRICS``):
+    the sweet spot annotated with the rule that chose it.  ``metric`` (a key of ``formatting.Y_METRICS``):
     accuracy, with the Pareto front as a line and the baseline's interval as a band; or the fidelity
     to the baseline (mean KL, lower is better; top-1 agreement), with the rule's margin as a line
     where it is set (the baseline, against itself, has no point there).  ``decision``: the one taken on

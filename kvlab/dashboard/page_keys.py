@@ -8,7 +8,7 @@ user's own), and is never kept beyond the browser tab's session (not in the link
 
 from __future__ import annotations
 
-from kvlab.dashboard.views import md
+from kvlab.dashboard.formatting import md
 from kvlab.secrets import KeyChoice, key_for, mask
 
 #: Where a typed key comes from, as the page and the doctor's report say it.

@@ -16,8 +16,8 @@ from kvlab.core.model_registry import DEFAULT_MODEL, KNOWN_MODELS
 from kvlab.core.results import KeptPositions
 from kvlab.core.tasks import FILE_TASK, TASKS, generated_tasks
 from kvlab.core.urls import strip_credentials
+from kvlab.dashboard.formatting import fmt
 from kvlab.dashboard.task_params import ParamWidget, item_param_widgets
-from kvlab.dashboard.views import fmt
 from kvlab.tasks.data_dir import checked_data_file
 from kvlab.tasks.jsonl import DEFAULT_MAX_NEW_TOKENS, read_row
 

@@ -26,9 +26,9 @@ from kvlab.core.kv_config import GridAxes, KVCacheConfig, SweepGrid
 from kvlab.core.margins import Margins
 from kvlab.core.methods import BUDGET_BOUNDS
 from kvlab.core.tune_spec import TuneSpec
+from kvlab.dashboard.formatting import md
 from kvlab.dashboard.page_keys import key_caption
 from kvlab.dashboard.task_params import param_values, params_from_values
-from kvlab.dashboard.views import md
 from kvlab.engines.server_flags import check_config
 from kvlab.experiments.submit import queued_key_problem
 from kvlab.paths import EXAMPLES_DIR

@@ -23,7 +23,7 @@ from kvlab.cli.main import main
 from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.tune_spec import candidate_grid
-from kvlab.dashboard import page_table, views
+from kvlab.dashboard import experiments_list, page_table
 from kvlab.engines.base import Engine
 from kvlab.experiments.worker import Worker
 from kvlab.experiments.worker_settings import WorkerSettings
@@ -164,7 +164,7 @@ def cancelled_sweep(db: Store) -> int:
 
 def test_a_cancelled_sweep_is_labelled_partial_in_the_list_and_in_show(store, capsys):
     sweep_id = cancelled_sweep(store)
-    rows = views.experiment_rows([store.get_experiment(sweep_id)],
+    rows = experiments_list.experiment_rows([store.get_experiment(sweep_id)],
                                  {sweep_id: _decision(store, sweep_id)})
     assert "partial: cancelled" in rows[0]["sweet spot"], rows[0]["sweet spot"]
     assert main(["show", str(sweep_id)]) == 0

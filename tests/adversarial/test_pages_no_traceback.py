@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from kvlab.dashboard import page_table, views
+from kvlab.dashboard import formatting, page_table
 from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.tune_data import populate_tune
@@ -121,9 +121,9 @@ def test_names_with_markup_are_shown_as_text_on_every_page(db):
         shown += "".join(table.value.to_csv() for table in at.table)  # st.table's cells are Markdown too
         assert not _LIVE_MARKUP.search(shown), (page, params, shown)
         if page == TUNE:
-            assert views.md(MARKUP) in list(at.table[0].value["label"])
+            assert formatting.md(MARKUP) in list(at.table[0].value["label"])
         if page == VIEW:
-            assert at.title[0].value == views.md(MARKUP)
-            assert views.md(MARKUP) in texts(at.caption)  # its tags
+            assert at.title[0].value == formatting.md(MARKUP)
+            assert formatting.md(MARKUP) in texts(at.caption)  # its tags
     at = open_page(VIEW, {"id": "2"})
-    assert f"Sweet spot: **{views.md(MARKUP)}**" in texts(at.success)  # the renamed int4 is the sweet spot
+    assert f"Sweet spot: **{formatting.md(MARKUP)}**" in texts(at.success)  # the renamed int4 is the sweet spot

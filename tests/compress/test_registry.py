@@ -18,8 +18,8 @@ from kvlab.core.errors import ConfigError
 from kvlab.core.formats import FORMATS, INT_BITS
 from kvlab.core.kv_config import EVICTION_METHODS, QUANT_DTYPES, KVCacheConfig, SweepGrid
 from kvlab.core.methods import BUDGET_BOUNDS, METHODS, PARAMS, REFUSED
+from kvlab.dashboard.compare_view import QUANT_BITS
 from kvlab.dashboard.spec_form import BUDGET_RANGE, default_form
-from kvlab.dashboard.views import QUANT_BITS
 from kvlab.engines.servers import SERVERS
 from kvlab.spec_files import parse_spec_toml
 

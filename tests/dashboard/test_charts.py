@@ -12,7 +12,7 @@ from kvlab.core.margins import Margins
 from kvlab.core.units import MIB
 from kvlab.dashboard import charts
 from kvlab.dashboard.chart_export import browser_path, figure_html, figure_image, redact, report_html
-from kvlab.dashboard.views import compare_rows
+from kvlab.dashboard.compare_view import compare_rows
 from kvlab.paths import STATIC_DIR
 from kvlab.store import TelemetrySample
 from tests.dashboard_data import PROFILE, item_result

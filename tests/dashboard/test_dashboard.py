@@ -16,7 +16,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from kvlab.core.experiment_spec import parse_spec
-from kvlab.dashboard import page_table, views
+from kvlab.dashboard import experiment_view, page_table
 from kvlab.store import Store
 from tests.dashboard_data import item_result, populate
 from tests.waiting import SAFETY_S
@@ -428,7 +428,8 @@ def test_the_share_link_carries_every_piece_of_the_view_and_reproduces_its_verdi
     assert_clean(at)
     link = share_link(at)
     params = parse_qs(urlsplit(link).query)
-    assert set(params) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece, by its name
+    # every piece, by its name
+    assert set(params) == {f.name for f in fields(experiment_view.ExperimentViewState)}, link
     assert params == {"id": [str(done_id)], "tab": ["Needles"], "x": ["ratio"], "y": ["KL"], "hide": ["snapkv-50"],
                       "margin": ["0.2"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"],
                       "cap_model": ["qwen2.5-7b"], "gpu": ["a100-40gb"], "context": ["8192"], "clients": ["4"]}

@@ -18,7 +18,15 @@ from kvlab.core.experiment_spec import parse_spec
 from kvlab.core.margins import DEFAULT_MAX_DROP, DEFAULT_MAX_KL, Margins
 from kvlab.core.tasks import VariableTrackingParams
 from kvlab.core.units import MIB
-from kvlab.dashboard import estimate, spec_form, views
+from kvlab.dashboard import (
+    compare_view,
+    estimate,
+    experiment_status,
+    experiment_view,
+    experiments_list,
+    formatting,
+    spec_form,
+)
 from kvlab.dashboard.spec_form import (
     assign_errors,
     build_spec,
@@ -44,15 +52,15 @@ def test_no_streamlit_in_kvlab():
 
 
 def test_url_state():
-    assert views.parse_int("12") == 12 and views.parse_int("x") is None and views.parse_int("-3") is None
-    assert views.parse_int(None) is None
-    assert views.parse_ids(["3", "1,2", "3", "junk", "0"]) == [3, 1, 2]
-    assert views.share_url("http://127.0.0.1:8501/experiment", {"id": 3, "hide": ["int2", "a b"], "x": None,
+    assert formatting.parse_int("12") == 12 and formatting.parse_int("x") is None and formatting.parse_int("-3") is None
+    assert formatting.parse_int(None) is None
+    assert compare_view.parse_ids(["3", "1,2", "3", "junk", "0"]) == [3, 1, 2]
+    assert formatting.share_url("http://127.0.0.1:8501/experiment", {"id": 3, "hide": ["int2", "a b"], "x": None,
                                                                  "tab": ""}) == \
         "http://127.0.0.1:8501/experiment?id=3&hide=int2&hide=a+b"
-    assert views.share_url(None, {"ids": [1, 2]}) == "?ids=1&ids=2"
-    assert views.share_url("http://h/new", {}) == "http://h/new"
-    assert views.trial_key(3, "int4") == "3/int4"
+    assert formatting.share_url(None, {"ids": [1, 2]}) == "?ids=1&ids=2"
+    assert formatting.share_url("http://h/new", {}) == "http://h/new"
+    assert compare_view.trial_key(3, "int4") == "3/int4"
 
 
 def test_every_piece_of_the_experiment_view_is_in_its_link():
@@ -61,62 +69,67 @@ def test_every_piece_of_the_experiment_view_is_in_its_link():
     changed = {"tab": "Needles", "x": "ratio", "y": "KL", "hide": ("int2", "a b"), "margin": 20.0,
                "needle": "snapkv-50", "layout": "int4", "item": "passkey-256-0", "cap_model": "gemma-3-27b",
                "gpu": "l4", "context": 4096, "clients": 3}
-    assert set(changed) == {f.name for f in fields(views.ExperimentViewState)} - {"id"}  # a new field: test it
+    # a new field: test it
+    assert set(changed) == {f.name for f in fields(experiment_view.ExperimentViewState)} - {"id"}
     for name, value in changed.items():
-        state = views.ExperimentViewState(7, **{name: value})
-        link = views.share_url("http://h/experiment", state.params())
+        state = experiment_view.ExperimentViewState(7, **{name: value})
+        link = formatting.share_url("http://h/experiment", state.params())
         expected = [(name, str(v)) for v in value] if isinstance(value, tuple) else [(name, "20" if name == "margin"
                                                                                       else str(value))]
         assert parse_qsl(urlsplit(link).query) == [("id", "7"), *expected], name
-    assert views.share_url("http://h/experiment", views.ExperimentViewState(7).params()) == "http://h/experiment?id=7"
-    assert views.ExperimentViewState(7, margin=12.5).params()["margin"] == "12.5"
-    assert set(views.Y_METRICS) == {"accuracy", "KL", "agreement"} and next(iter(views.Y_METRICS)) == "accuracy"
+    assert formatting.share_url("http://h/experiment", experiment_view.ExperimentViewState(7).params()) == \
+        "http://h/experiment?id=7"
+    assert experiment_view.ExperimentViewState(7, margin=12.5).params()["margin"] == "12.5"
+    assert set(formatting.Y_METRICS) == {"accuracy", "KL", "agreement"}
+    assert next(iter(formatting.Y_METRICS)) == "accuracy"
 
 
 def test_store_text_is_literal_in_markdown():
     name = "[click](http://evil.example) ![x](http://evil.example/t.png) :red[big] *b* `code`"
-    escaped = views.md(name)
+    escaped = formatting.md(name)
     assert not re.findall(r"(?<!\\)[\[\]()`*:!]", escaped)  # every markup character escaped
     assert re.sub(r"\\(.)", r"\1", escaped) == name  # and shown as it is
-    assert views.code_span("plain") == "`plain`"
-    assert views.code_span("a`b") == "``a`b``" and views.code_span("`x``") == "``` `x`` ```"
+    assert formatting.code_span("plain") == "`plain`"
+    assert formatting.code_span("a`b") == "``a`b``" and formatting.code_span("`x``") == "``` `x`` ```"
 
 
 def test_the_best_ratio_help_states_the_decision_rule():
     """The decision's own words (Margins.rule) at the default margins, fidelity included, not the old
     accuracy-only rule."""
-    assert views.BEST_RATIO_HELP.startswith(f"The {Margins().rule('its')}.")
-    assert "fidelity to the baseline certified" in views.BEST_RATIO_HELP and "on every task" in views.BEST_RATIO_HELP
-    assert "Holm" in views.BEST_RATIO_HELP and "max_kl and min_agreement" in views.BEST_RATIO_HELP
-    assert "overlap" not in views.BEST_RATIO_HELP and "10 points" not in views.BEST_RATIO_HELP
+    help_text = experiments_list.BEST_RATIO_HELP
+    assert help_text.startswith(f"The {Margins().rule('its')}.")
+    assert "fidelity to the baseline certified" in help_text and "on every task" in help_text
+    assert "Holm" in help_text and "max_kl and min_agreement" in help_text
+    assert "overlap" not in help_text and "10 points" not in help_text
 
 
 def test_the_margins_label_says_each_margin_and_which_are_off():
-    assert views.margins_label({}) == "max_drop 0.05, max_kl 0.05, min_agreement off"  # an older spec: defaults
-    assert views.margins_label({"max_drop": 0.1, "max_kl": 0.0, "min_agreement": 0.9}) == \
+    assert formatting.margins_label({}) == "max_drop 0.05, max_kl 0.05, min_agreement off"  # an older spec: defaults
+    assert formatting.margins_label({"max_drop": 0.1, "max_kl": 0.0, "min_agreement": 0.9}) == \
         "max_drop 0.1, max_kl off, min_agreement 0.9"
 
 
 def test_durations_count_from_the_queue():
-    assert [views.fmt_duration(s) for s in (None, 42, 185, 7620)] == ["-", "42 s", "3 min 05 s", "2 h 07 min"]
+    assert [formatting.fmt_duration(s) for s in (None, 42, 185, 7620)] == ["-", "42 s", "3 min 05 s", "2 h 07 min"]
     created = datetime(2026, 1, 1, tzinfo=UTC)
     record = _record(created_at=created.replace(tzinfo=None), started_at=(created + timedelta(seconds=30))
                      .replace(tzinfo=None), finished_at=None)  # SQLite: naive UTC
-    assert views.experiment_duration(record, now=created + timedelta(seconds=90)) == 90  # the 30 s queued too
+    # the 30 s queued too
+    assert experiment_status.experiment_duration(record, now=created + timedelta(seconds=90)) == 90
     line = eta.timeline(record, [], created + timedelta(seconds=90))
-    assert views.timeline_text(line) == "1 min 30 s since it was queued: queued 30 s, evaluating 1 min 00 s"
+    assert experiment_view.timeline_text(line) == "1 min 30 s since it was queued: queued 30 s, evaluating 1 min 00 s"
 
 
 def test_one_unit_for_memory_and_for_the_margin():
     """Memory in MiB and the accuracy margin as a fraction (as accuracy is) wherever the pages write them."""
-    assert views.fmt_mib(3 * MIB) == "3.000 MiB" and views.fmt_mib(None) == "-"
-    assert views.fmt_margin(0.05) == "0.05" and views.MARGIN_FORMAT % DEFAULT_MAX_DROP == "0.050"
-    assert views.MARGIN_MIN <= DEFAULT_MAX_DROP <= views.MARGIN_MAX < 1  # a fraction, never points
-    assert "0-1" in views.MARGIN_LABEL and "points" not in views.MARGIN_LABEL
+    assert formatting.fmt_mib(3 * MIB) == "3.000 MiB" and formatting.fmt_mib(None) == "-"
+    assert formatting.fmt_margin(0.05) == "0.05" and formatting.MARGIN_FORMAT % DEFAULT_MAX_DROP == "0.050"
+    assert formatting.MARGIN_MIN <= DEFAULT_MAX_DROP <= formatting.MARGIN_MAX < 1  # a fraction, never points
+    assert "0-1" in formatting.MARGIN_LABEL and "points" not in formatting.MARGIN_LABEL
     summaries = summarize(_fidelity_results(), "baseline", Margins(max_drop=0.5))
-    text = views.decision_text(decide(summaries))
+    text = experiment_view.decision_text(decide(summaries))
     assert " MiB)" in text and " MB" not in text
-    assert all(column.endswith("(MiB)") for column in views.summary_rows(summaries)[0] if "KV" in column)
+    assert all(column.endswith("(MiB)") for column in experiment_view.summary_rows(summaries)[0] if "KV" in column)
 
 
 def test_the_pages_write_no_other_unit():
@@ -124,7 +137,8 @@ def test_the_pages_write_no_other_unit():
     points (memory is MiB, the margin a fraction); "zero points" are a quantizer's, not a unit."""
     sources = [ROOT / "pages" / f"{name}.py" for name in ("list_experiments", "view_experiment", "new_experiment",
                                                           "compare_experiments", "common")]
-    sources += [ROOT / "kvlab" / "dashboard" / f"{name}.py" for name in ("views", "charts")]
+    sources += [ROOT / "kvlab" / "dashboard" / f"{name}.py" for name in (
+        "formatting", "experiment_status", "experiment_view", "experiments_list", "compare_view", "charts")]
     other = re.compile(r"\bMB\b|\d\s*points\b|accuracy points|-point margin|\bpp\b")
     for source in sources:
         tree = ast.parse(source.read_text())
@@ -138,11 +152,12 @@ def test_the_pages_write_no_other_unit():
 
 def test_times_are_in_the_viewers_zone_and_say_which():
     moment = datetime(2026, 1, 1, 23, 30)  # naive: the store's UTC
-    assert views.viewer_zone(None)[1] == "UTC" and views.viewer_zone("Not/AZone")[1] == "UTC"
-    tokyo = views.viewer_zone("Asia/Tokyo")
-    assert views.fmt_time(moment, tokyo[0]) == "2026-01-02 08:30" and views.fmt_time(moment) == "2026-01-01 23:30"
-    rows = views.experiment_rows([_record(started_at=moment)], {}, tokyo)
-    assert rows[0][views.started_column("Asia/Tokyo")] == "2026-01-02 08:30"
+    assert formatting.viewer_zone(None)[1] == "UTC" and formatting.viewer_zone("Not/AZone")[1] == "UTC"
+    tokyo = formatting.viewer_zone("Asia/Tokyo")
+    assert formatting.fmt_time(moment, tokyo[0]) == "2026-01-02 08:30"
+    assert formatting.fmt_time(moment) == "2026-01-01 23:30"
+    rows = experiments_list.experiment_rows([_record(started_at=moment)], {}, tokyo)
+    assert rows[0][experiments_list.started_column("Asia/Tokyo")] == "2026-01-02 08:30"
 
 
 def _record(**changes) -> ExperimentRecord:
@@ -160,7 +175,7 @@ def test_experiment_rows_link_their_page_and_show_the_sweet_spots_figures():
     records = [_record(notes="int4 holds\nsecond line"), _record(id=2, items_total=0, items_done=0, trials_done=2),
                _record(id=3, spec=tune, trials_total=6, items_total=50, items_done=48),
                _record(id=4, spec={"tune": {"max_minutes": 30}}, trials_total=3)]
-    rows = views.experiment_rows(records, {1: decision}, now=datetime(2026, 1, 1, 0, 1, 30))
+    rows = experiments_list.experiment_rows(records, {1: decision}, now=datetime(2026, 1, 1, 0, 1, 30))
     assert [r["id"] for r in rows] == ["experiment?id=1", "experiment?id=2", "tune?id=3", "tune?id=4"]
     assert [r["kind"] for r in rows] == ["sweep", "sweep", "tune", "tune"]
     assert rows[0]["progress"] == 0.25 and rows[0]["trials"] == "1/4" and rows[1]["progress"] == 0.5
@@ -174,11 +189,11 @@ def test_experiment_rows_link_their_page_and_show_the_sweet_spots_figures():
     assert rows[3]["trials"] == "2 trials proposed (no max_trials)" and rows[3]["progress"] is None  # a time budget
     budgets = Budgets(done=3, active=1, most=4, max_trials=20, elapsed_s=60, max_minutes=None, item_evals=80,
                       max_item_evals=None)
-    counted = views.experiment_rows(records[2:3], {}, tunes={3: budgets})[0]
+    counted = experiments_list.experiment_rows(records[2:3], {}, tunes={3: budgets})[0]
     assert counted["trials"] == "3 of 4 trials done" and counted["progress"] == 0.75 == budgets.fraction
     timed = replace(budgets, most=None, max_trials=None, max_minutes=4.0)  # a time budget: the tune page's bar
-    assert views.experiment_rows(records[2:3], {}, tunes={3: timed})[0]["progress"] == timed.fraction == 0.25
-    assert views.progress(replace(records[2], status="done")) == 1.0
+    assert experiments_list.experiment_rows(records[2:3], {}, tunes={3: timed})[0]["progress"] == timed.fraction == 0.25
+    assert experiment_status.progress(replace(records[2], status="done")) == 1.0
 
 
 def test_a_verdict_on_fewer_items_than_its_margin_needs_says_so():
@@ -195,15 +210,16 @@ def test_a_verdict_on_fewer_items_than_its_margin_needs_says_so():
 
 
 def test_the_eta_says_it_is_an_estimate_and_its_basis():
-    assert views.eta_text(None).startswith("no estimate")
+    assert experiment_view.eta_text(None).startswith("no estimate")
     left = eta.Eta(12, eta.Pace(5.0, "this run's own pace"))
-    assert views.eta_text(left) == "about 1 min 00 s left for 12 evaluations (an estimate from this run's own pace)"
+    assert experiment_view.eta_text(left) == \
+        "about 1 min 00 s left for 12 evaluations (an estimate from this run's own pace)"
 
 
 def test_summary_and_failed_rows():
     results = [item_result(c, i, 256, 0.5) for c in PROFILE for i in range(4)]
     summaries = summarize(results)
-    rows = views.summary_rows(summaries, sweet_name="int4")
+    rows = experiment_view.summary_rows(summaries, sweet_name="int4")
     assert [r["config"] for r in rows] == ["baseline", "int4  ★ sweet spot", "int2", "snapkv-50"]
     assert rows[1]["ratio (x)"] == "3.70" and rows[0]["TTFT (ms)"] == "100"
     assert rows[0]["p vs baseline (pooled)"] == "-"
@@ -211,8 +227,9 @@ def test_summary_and_failed_rows():
     fidelity_columns = ("mean KL (nats, 95% CI)", "p99 KL (nats)", "top-1 agreement (95% CI)")
     assert {row[c] for row in rows for c in fidelity_columns} == {"-"}
     assert [r["decided by"] for r in rows] == ["-", "passkey: accuracy", "passkey: accuracy", "passkey: accuracy"]
-    assert views.fidelity_items(results) == [] and views.item_rows(results, "passkey-256-0")[1]["mean KL (nats)"] == "-"
-    failed = views.failed_rows(results)
+    assert experiment_view.fidelity_items(results) == []
+    assert experiment_view.item_rows(results, "passkey-256-0")[1]["mean KL (nats)"] == "-"
+    failed = experiment_view.failed_rows(results)
     assert {(r["config"], r["generated"]) for r in failed} == {("int2", " 99999."), ("snapkv-50", " 99999.")}
     assert len(failed) == 3
 
@@ -225,7 +242,7 @@ def _fidelity_results():
 def test_summary_rows_with_fidelity_say_the_decision_and_what_decided_it():
     summaries = summarize(_fidelity_results(), "baseline", Margins(max_drop=0.5))
     by_name = {s.config_name: s for s in summaries}
-    rows = {r["config"]: r for r in views.summary_rows(summaries)}
+    rows = {r["config"]: r for r in experiment_view.summary_rows(summaries)}
     assert rows["baseline"]["mean KL (nats, 95% CI)"] == "-" and rows["baseline"]["decided by"] == "-"
     int4, int2 = by_name["int4"], by_name["int2"]
     assert rows["int4"]["mean KL (nats, 95% CI)"] == f"{int4.mean_kl:.3g} [{int4.kl_ci_low:.3g}, {int4.kl_ci_high:.3g}]"
@@ -236,7 +253,7 @@ def test_summary_rows_with_fidelity_say_the_decision_and_what_decided_it():
     assert rows["int2"]["stopped by (task)"] == "passkey" and rows["int4"]["stopped by (task)"] == "-"
     assert rows["int2"]["decided by"] == "passkey: fidelity"
     assert rows["int4"]["non-inferior (pooled)"] == ("yes" if int4.pooled_non_inferior else "no")
-    verdicts = views.verdict_rows(summaries)
+    verdicts = experiment_view.verdict_rows(summaries)
     assert [(v["config"], v["task"], v["accepted"], v["criterion"]) for v in verdicts] == [
         ("int4", "passkey", "yes", "fidelity"), ("int2", "passkey", "no", "fidelity"),
         ("snapkv-50", "passkey", "no", "fidelity")]
@@ -246,18 +263,19 @@ def test_summary_rows_with_fidelity_say_the_decision_and_what_decided_it():
 def test_the_decision_text_says_the_criterion_and_the_rule_and_escapes_names():
     results = [replace(r, config_name="*int4*") if r.config_name == "int4" else r for r in _fidelity_results()]
     decision = decide(summarize(results, "baseline", Margins(max_drop=0.5)))
-    head, rule = views.decision_text(decision).split("\n\n")
+    head, rule = experiment_view.decision_text(decision).split("\n\n")
     assert head.startswith(r"Sweet spot: **\*int4\*** at 3.70x") and r"decided by passkey\: fidelity" in head
-    assert rule == f"Rule: the {views.md(decision.rule)}." and "fidelity to the baseline certified" in decision.rule
+    assert rule == f"Rule: the {formatting.md(decision.rule)}."
+    assert "fidelity to the baseline certified" in decision.rule
     none = decide(summarize(results, "baseline", Margins(max_drop=0.5, max_kl=0.001)))
-    assert views.decision_text(none).startswith(f"No sweet spot: {views.md(none.note)}.\n\nRule: ")
+    assert experiment_view.decision_text(none).startswith(f"No sweet spot: {formatting.md(none.note)}.\n\nRule: ")
 
 
 def test_item_rows_show_one_items_fidelity_under_every_config():
     results = _fidelity_results()
-    items = views.fidelity_items(results)
+    items = experiment_view.fidelity_items(results)
     assert items == list(dict.fromkeys(r.item_id for r in results))  # every item: every config but the baseline
-    rows = {r["config"]: r for r in views.item_rows(results, items[0])}
+    rows = {r["config"]: r for r in experiment_view.item_rows(results, items[0])}
     int2 = next(r.fidelity for r in results if r.item_id == items[0] and r.config_name == "int2")
     assert rows["baseline"]["mean KL (nats)"] == "-"
     assert rows["int2"]["first divergence (token)"] == str(int2.first_divergence)
@@ -421,18 +439,20 @@ def test_a_missing_accuracy_says_its_item_errors():
     error = "engine: Requested tokens (256) exceed context window of 128\n  (the server's words)"
     results = [replace(r, score=None, error=error) if r.config_name == "int4" else r for r in results]
     summaries = summarize(results, "baseline", Margins())
-    rows = {r["config"]: r for r in views.summary_rows(summaries, None, views.first_errors(results))}
+    errors = experiment_view.first_errors(results)
+    rows = {r["config"]: r for r in experiment_view.summary_rows(summaries, None, errors)}
     assert rows["baseline"]["accuracy (pooled)"] == "1.000"
     assert rows["int4"]["accuracy (pooled)"] == ("- (4 item errors: engine: Requested tokens (256) exceed context "
                                                  "window of 128 (the server's words))")
-    assert {r["config"]: r["accuracy (pooled)"] for r in views.summary_rows(summaries)}["int4"] == "- (4 item errors)"
-    long = views.first_errors([replace(results[-1], error="x" * 500)])["int4"]
-    assert len(long) == views.ERROR_SHOWN + 1 and long.endswith("…")
+    pooled = {r["config"]: r["accuracy (pooled)"] for r in experiment_view.summary_rows(summaries)}
+    assert pooled["int4"] == "- (4 item errors)"
+    long = experiment_view.first_errors([replace(results[-1], error="x" * 500)])["int4"]
+    assert len(long) == experiment_view.ERROR_SHOWN + 1 and long.endswith("…")
 
 
 def test_the_address_bar_and_the_share_link_carry_the_same_values():
-    params = views.ExperimentViewState(3, tab="Latency", y="KL", hide=("a b", "int2"), margin=0.2).params()
-    assert views.query_values(params) == {"id": ["3"], "tab": ["Latency"], "y": ["KL"], "hide": ["a b", "int2"],
+    params = experiment_view.ExperimentViewState(3, tab="Latency", y="KL", hide=("a b", "int2"), margin=0.2).params()
+    assert formatting.query_values(params) == {"id": ["3"], "tab": ["Latency"], "y": ["KL"], "hide": ["a b", "int2"],
                                           "margin": ["0.2"]}
-    assert views.share_url("http://h/experiment", params) == \
+    assert formatting.share_url("http://h/experiment", params) == \
         "http://h/experiment?id=3&tab=Latency&y=KL&hide=a+b&hide=int2&margin=0.2"

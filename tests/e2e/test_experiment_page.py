@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.core.experiment_spec import parse_spec
-from kvlab.dashboard import page_table, views
+from kvlab.dashboard import experiments_list, formatting, page_table
 from kvlab.store import Store
 from tests.dashboard_data import SPEC, item_result, populate
 from tests.e2e.browsing import downloaded, wait_idle
@@ -132,11 +132,11 @@ def _verdict(page) -> str:
 def test_the_margin_reads_alike_on_the_form_and_the_experiment_page(server, browser):
     """The spec's default max_drop (0.05) on /new and an experiment at 0.05: the same label, the same number."""
     new = _open(browser, f"{server.base}/{page_table.NEW.url_path}")
-    on_form = new.get_by_label(views.MARGIN_LABEL, exact=True)
-    expect(on_form).to_have_value(views.MARGIN_FORMAT % 0.05)
+    on_form = new.get_by_label(formatting.MARGIN_LABEL, exact=True)
+    expect(on_form).to_have_value(formatting.MARGIN_FORMAT % 0.05)
     page = _open(browser, _experiment(server, server.two))
     page.get_by_role("button", name="Configs and margin").click()  # a popover: drawn when opened
-    expect(page.get_by_label(views.MARGIN_LABEL, exact=True)).to_have_value(views.MARGIN_FORMAT % 0.05)
+    expect(page.get_by_label(formatting.MARGIN_LABEL, exact=True)).to_have_value(formatting.MARGIN_FORMAT % 0.05)
     assert "MB" not in re.findall(r"\bMB\b", page.get_by_test_id("stMain").inner_text())
     expect(page.get_by_test_id("stMain").get_by_text(re.compile(r"^Sweet spot: .* MiB\), decided by"))).to_be_visible()
     _assert_clean(page)
@@ -185,12 +185,13 @@ def test_the_list_links_each_row_to_its_page_with_kind_progress_and_zone(server,
     assert by_id[server.tune]["kind"] == "tune" and by_id[server.sweep]["kind"] == "sweep"
     assert by_id[server.tune]["trials"] == "2 of 4 trials done"  # int8 and int4 complete; as the tune page counts
     assert by_id[server.sweep]["sweet spot"] == "int4" and float(by_id[server.sweep]["best ratio held (x)"]) == 3.7
-    started = views.started_column(ZONE)
+    started = experiments_list.started_column(ZONE)
     assert started in header
     with Store(server.store_url) as store:
         first_claim = store.get_experiment(server.sweep).started_at
-    assert by_id[server.sweep][started] == views.fmt_time(first_claim, views.viewer_zone(ZONE)[0])
-    assert views.fmt_time(first_claim, views.viewer_zone(ZONE)[0]) != views.fmt_time(first_claim)  # not UTC's
+    assert by_id[server.sweep][started] == formatting.fmt_time(first_claim, formatting.viewer_zone(ZONE)[0])
+    assert (formatting.fmt_time(first_claim, formatting.viewer_zone(ZONE)[0])
+            != formatting.fmt_time(first_claim))  # not UTC's
     # a click on a row's id opens its page in a new tab: the tune's on /tune
     order = [int(re.search(r"id=(\d+)$", row[0])[1]) for row in rows]
     box = page.get_by_test_id("stDataFrame").bounding_box()

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from kvlab.dashboard import page_table, views
+from kvlab.dashboard import experiment_view, formatting, page_table
 from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.e2e.browsing import wait_idle
@@ -84,7 +84,7 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     assert "Sweet spot: int4" in at_the_spec_margin and "decided by passkey: fidelity" in at_the_spec_margin
 
     page.get_by_role("button", name="Configs and margin").click()  # a popover: drawn when opened
-    margin = page.get_by_label(views.MARGIN_LABEL, exact=True)
+    margin = page.get_by_label(formatting.MARGIN_LABEL, exact=True)
     margin.fill("0.2")
     margin.press("Enter")
     wait_idle(page)
@@ -124,7 +124,7 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     expect(share).to_contain_text("needle=int2")
     link = share.inner_text().strip()
     query = parse_qs(urlsplit(link).query)
-    assert set(query) == {f.name for f in fields(views.ExperimentViewState)}, link  # every piece of the state
+    assert set(query) == {f.name for f in fields(experiment_view.ExperimentViewState)}, link  # every piece of the state
     assert query == {"id": ["1"], "tab": ["Needles"], "x": ["ratio"], "y": ["KL"], "hide": ["snapkv-50"],
                      "margin": ["0.2"], "needle": ["int2"], "layout": ["int2"], "item": ["passkey-256-1"],
                      "cap_model": ["qwen2.5-7b"], "gpu": ["a100-40gb"], "context": ["8192"], "clients": ["4"]}, link

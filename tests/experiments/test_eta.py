@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from kvlab.dashboard import views
+from kvlab.dashboard import experiment_view, formatting
 from kvlab.experiments import eta, worker_logs
 from kvlab.store.records import ExperimentRecord, TelemetrySample, TrialRecord
 from tests.waiting import SAFETY_S
@@ -166,7 +166,7 @@ def test_the_eta_moves_with_time_through_the_queue_and_the_model_load():
     def at(record: ExperimentRecord, seconds: float) -> tuple[eta.Eta, str]:
         left = eta.estimate(record, trials, past, created + timedelta(seconds=seconds), per_config=3)
         assert left is not None
-        return left, views.eta_text(left)
+        return left, experiment_view.eta_text(left)
 
     first, text = at(queued, 1.0)
     assert first.stage == "queued" and first.stage_s == 1.0 and text.startswith("queued 1 s (no worker has claimed it")
@@ -176,8 +176,8 @@ def test_the_eta_moves_with_time_through_the_queue_and_the_model_load():
     for seconds in (2.5, 5.0, 8.0, 14.9, 22.0):
         left, text = at(running, seconds)
         assert left.stage == "starting" and left.stage_s == pytest.approx(seconds - 2.5)
-        assert text.startswith(f"starting: loading the model and its first items ({views.fmt_duration(seconds - 2.5)} "
-                               "so far)")
+        assert text.startswith("starting: loading the model and its first items "
+                               f"({formatting.fmt_duration(seconds - 2.5)} so far)")
         seen.append((left.seconds_left, left.overdue_s, text))
     assert [s for s, _, _ in seen] == pytest.approx([6.0, 3.5, 0.5, 0.0, 0.0])  # counts down from the claim
     assert [o for _, o, _ in seen] == pytest.approx([0.0, 0.0, 0.0, 6.4, 13.5])  # then grows past it
