@@ -665,8 +665,9 @@ class _FileIdentity:
         except FileNotFoundError:
             stat = None
         if stat is None or (stat.st_dev, stat.st_ino) != self.inode:
-            raise StoreLost(f"the store {shown} is gone: its file {self.path} was deleted or replaced while this "
-                            "process used it, and nothing it writes there now would be kept")
+            # what happened first, the file's path last: a long path may be cut from a one-line error, not the why
+            raise StoreLost(f"the store {shown} is gone: its file was deleted or replaced while this process used it, "
+                            f"and nothing it writes there now would be kept ({self.path})")
         if self.writable and not all(os.access(path, os.W_OK) for path in (self.path, self._wal()) if path.exists()):
             raise StoreLost(f"the store {shown} can no longer be written: the permissions of {self.path} (or its "
                             "-wal file) changed while this process used it")

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.core.experiment_spec import parse_spec
+from kvlab.errlog import one_line
 from kvlab.store import Store
 from tests.waiting import SAFETY_S, wait_until
 
@@ -101,8 +102,9 @@ def test_a_worker_whose_sqlite_file_is_deleted_stops_with_exit_1_naming_the_stor
         if worker.poll() is None:
             worker.kill()
     assert status == 1
-    assert errors == [f"error: the store sqlite:///{path} is gone: its file {path} was deleted or replaced while "
-                      "this process used it, and nothing it writes there now would be kept"]
+    assert errors == ["error: " + one_line(f"the store sqlite:///{path} is gone: its file was deleted or replaced "
+                                           f"while this process used it, and nothing it writes there now would be kept "
+                                           f"({path})")]
 
 
 def test_a_worker_whose_sqlite_file_turns_read_only_stops_with_exit_1_naming_the_store(tmp_path):
@@ -146,8 +148,9 @@ def test_kvlab_run_whose_sqlite_file_is_deleted_reports_no_results_and_exits_1(t
         if run.poll() is None:
             run.kill()
     assert status == 1
-    assert errors == [f"error: the store sqlite:///{path} is gone: its file {path} was deleted or replaced while "
-                      "this process used it, and nothing it writes there now would be kept"]
+    assert errors == ["error: " + one_line(f"the store sqlite:///{path} is gone: its file was deleted or replaced "
+                                           f"while this process used it, and nothing it writes there now would be kept "
+                                           f"({path})")]
     assert stdout.read_text() == ""  # no table, no "N evaluations": nothing reported as done
 
 
