@@ -55,7 +55,7 @@ QUANTITIES: tuple[Quantity, ...] = (
     # durations: the suite, its fast tier, installs and builds
     Q("the whole suite's time", r"whole suite takes (about [\w ]+?) on \d cpu cores", r"\b([\d,]+ s) of tests\b",
       home=README),
-    Q("the suite's last CI run", r"last CI run ([\d,]+ s) in all", home=README),
+    Q("the test command's time", r"the test command ([\d,]+ s) in all", home=README),
     Q("the suite's count of tests", r"\b(\d{1,3},\d{3}) (?:of them|tests)\b", home=README),
     Q("the fast tier's time", r"--fast`[^.]*?\((\d[\d,]* s) measured",
       r"fast tier(?:'s time)? (?:took|takes|is) (?:about )?(\d[\d,]* s|\w+ minutes)\b",
