@@ -24,9 +24,9 @@ The exact estimator is the embedded engine's per-token KL(baseline || config) on
 (every row of both distributions).  The sampled estimator is what a server's log-probabilities allow
 (kvlab.engines.server_fidelity), computed here in-process by the code ``kvlab serve`` answers with: per item the
 baseline samples a continuation at temperature 1 with the item's seed (``item_seed(spec.seed, item_id)``;
-``EmbeddedEngine.stream`` with ``Sampling(1.0, seed)``, no stop string, ``max_new_tokens`` tokens unless the end
+``StreamingEngine.stream`` with ``Sampling(1.0, seed)``, no stop string, ``max_new_tokens`` tokens unless the end
 token comes first), then the baseline and each config score prompt + continuation teacher-forced
-(``EmbeddedEngine.forced_logprobs``: ``stream`` with a ``PromptScorer``, what ``prompt_logprobs`` reads), the
+(``StreamingEngine.forced_logprobs``: ``stream`` with a ``PromptScorer``, what ``prompt_logprobs`` reads), the
 prompt split into context and question as kvlab serve splits it with ``kv_cache_question_chars``; per token
 ``log p(y) - log q(y)`` and top-1 equality (``server_fidelity.fidelity``).  Its prefix count runs the same
 ``summarize`` on the same results with each config's fidelity replaced by the sampled one.
@@ -89,6 +89,7 @@ from kvlab.experiments.runner import build_items, interleave  # noqa: E402
 
 if TYPE_CHECKING:
     from kvlab.engines.embedded import EmbeddedEngine
+    from kvlab.engines.embedded_streaming import StreamingEngine
 
 MAX_DROP = 0.05
 CRITERIA: dict[str, Margins] = {
@@ -155,11 +156,11 @@ def pick_configs(spec: ExperimentSpec, names: Sequence[str]) -> ExperimentSpec:
     return spec.model_copy(update={"configs": picked, "sweep": None})
 
 
-def load_engine(spec: ExperimentSpec) -> EmbeddedEngine:
-    from kvlab.engines.embedded import EmbeddedEngine
+def load_engine(spec: ExperimentSpec) -> StreamingEngine:
+    from kvlab.engines.embedded_streaming import StreamingEngine
     from kvlab.models import load_model
 
-    return EmbeddedEngine(load_model(spec.model), seed=spec.seed)
+    return StreamingEngine(load_model(spec.model), seed=spec.seed)
 
 
 def run_spec(spec: ExperimentSpec, engine: EmbeddedEngine, limit: int | None, save: Path | None) -> Run:
@@ -192,7 +193,7 @@ class SampledRun:
     wall_s: float
 
 
-def run_sampled(engine: EmbeddedEngine, seed: int, items: Sequence[TaskItem],
+def run_sampled(engine: StreamingEngine, seed: int, items: Sequence[TaskItem],
                 configs: Sequence[KVCacheConfig]) -> SampledRun:
     """Sample each item's continuation under the baseline (``configs[0]``) and score it under every config, as
     ``kvlab serve`` answers the sampled estimator's requests (module docstring)."""

@@ -43,9 +43,10 @@ def smollm():
 
 @pytest.fixture(scope="session")
 def engine(smollm):
-    from kvlab.engines.embedded import EmbeddedEngine
+    """The embedded engine as ``kvlab serve`` builds it: it evaluates items, and streams served requests too."""
+    from kvlab.engines.embedded_streaming import StreamingEngine
 
-    return EmbeddedEngine(smollm, seed=0)
+    return StreamingEngine(smollm, seed=0)
 
 
 @pytest.fixture(scope="session")

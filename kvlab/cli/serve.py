@@ -112,7 +112,7 @@ def _as_flag(problem: str) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = kv_config_from_args(args)  # refused before torch is imported (seconds on a laptop)
-    from kvlab.engines.embedded import EmbeddedEngine
+    from kvlab.engines.embedded_streaming import StreamingEngine
     from kvlab.models import load_model
     from kvlab.secrets import mask, read_setting
     from kvlab.serve import ServedModel, create_app
@@ -130,7 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"warning: listening on {args.host} without an API key (--api-key-env)", file=sys.stderr)
     check_address(args.host, args.port)
     set_torch_threads(args.threads)
-    engine = EmbeddedEngine(load_model(args.model, device=args.device, dtype=args.dtype))
+    engine = StreamingEngine(load_model(args.model, device=args.device, dtype=args.dtype))
     engine.check_configs([config])
     served = ServedModel(engine, args.served_model_name or args.model, config)
     print(f"serving {served.name} on http://{args.host}:{args.port}/v1 with KV cache {config.label}",

@@ -10,14 +10,17 @@ Each config's TTFT is charged as if it ran alone: the prefill without any scorer
 scorer's measured time, its compression and its first step -- never another config's scorer.  A
 batched step is charged to each member as if alone too: the step's shared part (projections, MLP,
 head) at its cost for one member alone, plus the member's own cache and attention time.
+
+The playground's modes and the prefill it keeps are :mod:`kvlab.engines.embedded_session`'s; ``kvlab serve``'s
+requests, one at a time with their tokens streamed, are :mod:`kvlab.engines.embedded_streaming`'s.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from contextlib import closing, nullcontext
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Any, cast
@@ -61,19 +64,14 @@ from kvlab.engines.batched_decode import (
     available_bytes,
     batch_limit,
     decode_batch,
-    finished,
     member_bytes,
-    teacher_forced,
 )
-from kvlab.engines.prompt_scoring import GREEDY, PromptScorer, PromptScores, Sampling
+from kvlab.engines.embedded_session import HeldPrefill, SessionModes
 from kvlab.models import LoadedModel, load_model
 from kvlab.threads import torch_threads
 
-#: Prefix positions turned into logits at once when a served prompt is scored (a ``[tokens, vocab]`` float32 slice).
-HEAD_CHUNK = 256
 
-
-def _layouts(context: list[int], question: list[int]) -> dict[bool, tuple[list[int], list[int]]]:
+def prompt_layouts(context: list[int], question: list[int]) -> dict[bool, tuple[list[int], list[int]]]:
     """``(prefix, suffix)`` by query-awareness: the prefix is prefilled and compressed, the suffix
     fed after.  Query-aware, all but the last question token are in the prefill (never evicted)."""
     return {False: (context, question), True: (context + question[:-1], question[-1:])}
@@ -100,7 +98,7 @@ class _ItemPlan:
 
 
 @dataclass
-class _Compressed:
+class CompressedPrefill:
     """A prefill cache after one config's eviction and quantization, with its measured size
     (``kv.kept_tokens`` is the mean over full-attention layers; ``kv.peak_bytes`` is unknown until
     the answer is decoded: :meth:`measured`)."""
@@ -145,14 +143,6 @@ class _Prefill:
                         CollectedScores({}, {}), self.prefill_s)
 
 
-@dataclass
-class ServedPrefix:
-    """What :meth:`EmbeddedEngine.stream` reports once the prompt is in the (compressed) cache."""
-
-    compressed: _Compressed
-    prefill_s: float
-
-
 def fidelity_group(configs: Sequence[KVCacheConfig], measure: bool) -> tuple[list[KVCacheConfig], set[int]]:
     """The configs in decoding order, and the positions whose results are reported.  When fidelity is
     measured the baseline decodes first, as every other config's reference (added, and not reported,
@@ -175,29 +165,8 @@ class EmbeddedEngine(Engine):
         self.seed = seed
         self.max_batch = max_batch
         self.fidelity = fidelity
-        #: Whether each result's ``extra["kept_positions"]`` says which prompt positions each head kept
-        #: (:class:`KeptPositions`: a token map's data, about 15 KB at 1K tokens, so off in experiments)
-        self.report_positions = False
-        #: Whether an item's query-agnostic configs may read the query-aware prefill's cache up to the context's
-        #: end instead of running a prefill of their own, where they need no prefill scores (the playground: one
-        #: prefill instead of two).  Off in experiments, whose runs stay comparable: the longer prefill rounds the
-        #: context's keys and values a little differently (2.4e-5 at most in float32, measured at 0.5-2K tokens)
-        #: and its time, charged to both layouts, covers the question's tokens too.
-        self.share_prefill = False
-        #: Whether a prefill of the same tokens for the same scorers as the last one reuses it (the playground: a
-        #: user who changes the configs and runs again waits for no prefill).  The engine never modifies a
-        #: prefill's tensors (every config compresses from the one prefill:
-        #: :func:`kvlab.compress.cache.build_compressed_cache`), so the configs give the same answers, kept tokens
-        #: and bytes as from a fresh one (``tests/serve/test_playground_runs.py``); its time is charged as it was
-        #: measured.  One prefill is held (at 1K tokens of SmolLM2-135M, 47 MB of keys and values), dropped
-        #: before another is computed and by any prefill while this is off.
-        self.reuse_prefill = False
-        #: torch threads while compressing and decoding (None: the prefill's).  The playground uses one where OpenMP
-        #: threads sleep when idle (:func:`kvlab.threads.threads_sleep`): a decode step is hundreds of small
-        #: kernels, and waking a sleeping thread for each cost more than it gave.  Decoding a 1K-token passkey's
-        #: five answers on 2 cores: 2.5 s on one thread, 3.1 s on two (idle); 2.5 s and 3.0 s beside a worker.
-        self.decode_threads: int | None = None
-        self._last_prefill: tuple[tuple[Any, ...], _Prefill] | None = None
+        self.modes = SessionModes()  # all off: an experiment's way; the playground's runs switch them on
+        self._held_prefill: HeldPrefill[_Prefill] = HeldPrefill()
         self.model = loaded.model
         self.device = torch.device(loaded.device)
         attention.install(self.model)
@@ -221,6 +190,16 @@ class EmbeddedEngine(Engine):
 
     def close(self) -> None:
         """Nothing to release beyond the model, which the caller owns."""
+
+    @contextmanager
+    def session(self, modes: SessionModes) -> Iterator[None]:
+        """The engine runs in ``modes`` (the playground's) within the block, and with all of them off again after
+        it; the prefill it holds stays held for the next session (:attr:`SessionModes.reuse_prefill`)."""
+        self.modes = modes
+        try:
+            yield
+        finally:
+            self.modes = SessionModes()
 
     def current_kv_bytes(self) -> int | None:
         """Bytes of the cache in use now (the prefill cache while prefilling); safe from another thread."""
@@ -307,7 +286,8 @@ class EmbeddedEngine(Engine):
             prompt_tokens = len(context) + len(continuation)
         else:
             question = self._encode(item.question, special=False)
-            layouts = {aware: (prefix, suffix, None) for aware, (prefix, suffix) in _layouts(context, question).items()}
+            layouts = {aware: (prefix, suffix, None)
+                       for aware, (prefix, suffix) in prompt_layouts(context, question).items()}
             prompt_tokens = len(context) + len(question)
 
         def layout_of(config: KVCacheConfig) -> bool:
@@ -329,9 +309,9 @@ class EmbeddedEngine(Engine):
     @torch.no_grad()
     def prefill_ahead(self, item: TaskItem, configs: Sequence[KVCacheConfig]) -> None:
         """The prefill :meth:`evaluate` starts with for this item and these configs, computed now and kept for it
-        (:attr:`reuse_prefill`, which must be on): the playground prefills the item a page shows before its Run
-        is asked for, so that the Run finds it done."""
-        assert self.reuse_prefill, "a prefill ahead is kept only where reuse_prefill is on"
+        (:attr:`SessionModes.reuse_prefill`, which must be on): the playground prefills the item a page shows
+        before its Run is asked for, so that the Run finds it done."""
+        assert self.modes.reuse_prefill, "a prefill ahead is kept only where reuse_prefill is on"
         plan = self._plan(item, configs)
         if not self._shared_prefills(plan.groups, plan.prefixes()):
             first, group = next(iter(plan.groups.items()))  # the layout evaluate() runs first
@@ -342,10 +322,10 @@ class EmbeddedEngine(Engine):
     @torch.no_grad()
     def _shared_prefills(self, groups: dict[bool, list[KVCacheConfig]], prefixes: dict[bool, list[int]]
                          ) -> dict[bool, _Prefill]:
-        """Both layouts' prefills from one of the query-aware prefix (:attr:`share_prefill`), where the
+        """Both layouts' prefills from one of the query-aware prefix (:attr:`SessionModes.share_prefill`), where the
         query-agnostic configs need no prefill scores and no layer slides (a sliding layer's cache holds its
         window only, so it cannot be cut back to the context); ``{}`` otherwise: each layout prefills its own."""
-        if not (self.share_prefill and set(groups) == {False, True} and not any(self.geometry.sliding_layers)
+        if not (self.modes.share_prefill and set(groups) == {False, True} and not any(self.geometry.sliding_layers)
                 and all(scorer_key(config) is None for config in groups[False])):
             return {}
         self.current_config = None
@@ -449,8 +429,8 @@ class EmbeddedEngine(Engine):
         self.phase, self.current_config, self._live_cache = "idle", None, None
 
     def _questions(self, items: Sequence[TaskItem], questions: list[list[int]], batch: list[KVCacheConfig],
-                   compressed: list[_Compressed], position: int, references: dict[int, Reference],
-                   first: bool) -> list[list[tuple[_Compressed, MemberOutcome]]]:
+                   compressed: list[CompressedPrefill], position: int, references: dict[int, Reference],
+                   first: bool) -> list[list[tuple[CompressedPrefill, MemberOutcome]]]:
         """Each question from its own copy of every config's compressed context, the batch decoding it
         together (``first``: the batch holds the baseline, every later batch's reference)."""
         decoded = []
@@ -470,10 +450,11 @@ class EmbeddedEngine(Engine):
         return decoded
 
     def _conversation(self, items: Sequence[TaskItem], questions: list[list[int]], batch: list[KVCacheConfig],
-                      compressed: list[_Compressed], position: int) -> list[list[tuple[_Compressed, MemberOutcome]]]:
+                      compressed: list[CompressedPrefill], position: int
+                      ) -> list[list[tuple[CompressedPrefill, MemberOutcome]]]:
         """The questions as one conversation per config, each after that config's own previous answer
         (its last token, unless an end token, is fed with the next question)."""
-        decoded: list[list[tuple[_Compressed, MemberOutcome]]] = [[] for _ in items]
+        decoded: list[list[tuple[CompressedPrefill, MemberOutcome]]] = [[] for _ in items]
         for config, held in zip(batch, compressed, strict=True):
             self.current_config, self._live_cache, self.phase = config.label, held.cache, "decode"
             compressor = self._compressor([config], [held.cache])
@@ -489,15 +470,11 @@ class EmbeddedEngine(Engine):
         return decoded
 
     def _prefill(self, prefix: list[int], scorers: set[Any], hidden: bool = False) -> _Prefill:
-        """The prefix's prefill (:meth:`_run_prefill`), the last one again where :attr:`reuse_prefill` allows."""
-        key = (tuple(prefix), frozenset(scorers), hidden)
-        if self.reuse_prefill and self._last_prefill is not None and self._last_prefill[0] == key:
-            return self._last_prefill[1]
-        self._last_prefill = None  # freed before the next one is computed
-        prefill = self._run_prefill(prefix, scorers, hidden)
-        if self.reuse_prefill:
-            self._last_prefill = (key, prefill)
-        return prefill
+        """The prefix's prefill (:meth:`_run_prefill`), the held one again where
+        :attr:`SessionModes.reuse_prefill` allows."""
+        return self._held_prefill.get((tuple(prefix), frozenset(scorers), hidden),
+                                      lambda: self._run_prefill(prefix, scorers, hidden),
+                                      reuse=self.modes.reuse_prefill)
 
     def _run_prefill(self, prefix: list[int], scorers: set[Any], hidden: bool = False) -> _Prefill:
         """Run the prefix once while every eviction scorer in ``scorers`` records its scores (``hidden``: and
@@ -525,7 +502,7 @@ class EmbeddedEngine(Engine):
 
     def _compress(self, config: KVCacheConfig, layer_scores: list[torch.Tensor | None],
                   layer_keys: list[torch.Tensor], layer_values: list[torch.Tensor], prefix_len: int,
-                  evictable: int) -> _Compressed:
+                  evictable: int) -> CompressedPrefill:
         """Evict and quantize the prefill cache for one config (the prefill tensors are left as they are)."""
         self.phase = "compress"
         start = time.perf_counter()
@@ -542,7 +519,7 @@ class EmbeddedEngine(Engine):
         kept_mean = sum(full_layers) / len(full_layers)
         protected = prefix_len - evictable
         layout = CacheLayout(tuple(kept_per_head), tuple(layer.physical_bytes for layer in cache.kv_layers))
-        return _Compressed(cache=cache, compress_s=compress_s, layout=layout, kept=kept, kv=KVMeasurement(
+        return CompressedPrefill(cache=cache, compress_s=compress_s, layout=layout, kept=kept, kv=KVMeasurement(
             context_tokens=prefix_len, kept_tokens=kept_mean,
             kept_fraction=(kept_mean - protected) / evictable if evictable else 1.0,
             baseline_bytes=self.geometry.baseline_bytes(prefix_len), physical_bytes=cache.physical_bytes,
@@ -551,12 +528,12 @@ class EmbeddedEngine(Engine):
 
     def _decode(self, item: TaskItem, configs: list[KVCacheConfig], prefill: _Prefill, prefix: list[int],
                 suffix: list[int], targets: list[int] | None, evictable: int,
-                reference: Reference | int | None = None) -> list[tuple[_Compressed, MemberOutcome]]:
+                reference: Reference | int | None = None) -> list[tuple[CompressedPrefill, MemberOutcome]]:
         """The configs decoded together, each from its own compressed cache (peak memory: the batch's);
         a single config runs alone."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        with torch_threads(self.decode_threads):  # compressing too: many small kernels
+        with torch_threads(self.modes.decode_threads):  # compressing too: many small kernels
             compressed = []
             for config in configs:
                 self.current_config = config.label
@@ -581,7 +558,7 @@ class EmbeddedEngine(Engine):
             compressor.track(cache, config)
         return compressor
 
-    def _result(self, item: TaskItem, config: KVCacheConfig, prefill: _Prefill, compressed: _Compressed,
+    def _result(self, item: TaskItem, config: KVCacheConfig, prefill: _Prefill, compressed: CompressedPrefill,
                 outcome: MemberOutcome, targets: list[int] | None, prompt_tokens: int,
                 charged: bool = True) -> ItemResult:
         """``charged``: the prefill, the scorer and the compression are this item's (not a later question's
@@ -593,7 +570,7 @@ class EmbeddedEngine(Engine):
         if outcome.fidelity is not None:
             kv_fields["extra"] = {**kv_fields["extra"], "fidelity": outcome.fidelity.to_dict()}
         kv_fields["extra"]["cache_layout"] = compressed.layout.to_dict()
-        if self.report_positions:
+        if self.modes.report_positions:
             kv_fields["extra"]["kept_positions"] = self.kept_positions(compressed).to_dict()
         if targets is None:
             kv_fields["extra"]["generation_kv"] = GenerationKV.from_trace(
@@ -612,107 +589,7 @@ class EmbeddedEngine(Engine):
             nll_tokens=len(targets) if targets is not None else None,
         )
 
-    def _generate_ids(self, cache: KVLabCache, logits: torch.Tensor, position: int, max_new_tokens: int,
-                      stop: Sequence[str], pick: Callable[[torch.Tensor], int]) -> Iterator[int]:
-        """Decoding, one token id at a time (the first picked from ``logits``; ``pick``: greedy or a
-        request's seeded sampler, :class:`Sampling`), until an end token, a stop string or
-        ``max_new_tokens``.  The end token itself is yielded too."""
-        generated: list[int] = []
-        while True:
-            next_id = pick(logits)
-            generated.append(next_id)
-            yield next_id
-            if finished(generated, self.stop_ids, max_new_tokens, stop, self.tokenizer.decode):
-                return
-            out = self.model(input_ids=torch.tensor([[next_id]], device=self.device), past_key_values=cache,
-                             position_ids=torch.tensor([[position]], device=self.device))
-            position += 1
-            logits = out.logits[0, -1]
-
-    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The model's logits from its last (normed) hidden states, as its own forward computes them."""
-        logits = cast(torch.nn.Module, self.model.get_output_embeddings())(hidden)
-        cap = getattr(self.model.config, "final_logit_softcapping", None)
-        return torch.tanh(logits / cap) * cap if cap else logits
-
-    # -- one served request ----------------------------------------------------------------------
-
-    @torch.no_grad()
-    def stream(self, context: list[int], question: list[int], config: KVCacheConfig, max_new_tokens: int,
-               stop: Sequence[str] = (), forced: Sequence[int] = (), sampling: Sampling = GREEDY,
-               prompt_logprobs: int | None = None, prompt_scorer: PromptScorer | None = None
-               ) -> Generator[int | ServedPrefix | PromptScores, None, None]:
-        """Serve one request with the same cache layouts as :meth:`evaluate`: the context is
-        compressed before the question is seen, or -- query-aware -- with all but the last question
-        token in the prefill, the question never evicted.  A server that cannot tell context from
-        question passes all but the last prompt token as ``context``.  ``forced``: more prompt tokens
-        after the question, teacher-forced through the cache the config leaves as its own decoding would
-        feed them (:func:`teacher_forced`; its decode policy compresses on the way), before generation.
-        Yields a :class:`ServedPrefix` (the cache right after compression); with ``prompt_logprobs``
-        (top tokens per position, vLLM's field) the prompt's :class:`PromptScores` (or ``prompt_scorer``'s:
-        some of its tokens, their rows too); then the generated token ids (``sampling``: greedy or seeded).
-        The prefix's positions are scored by the prefill itself (before compression); the question's and
-        ``forced``'s through the compressed cache.  Not thread-safe: callers serialize requests."""
-        if not question:
-            raise ConfigError("a served prompt needs at least one token")
-        prefix, suffix = _layouts(context, question)[config.query_aware]
-        if prompt_scorer is None and prompt_logprobs is not None:
-            prompt_scorer = PromptScorer([*context, *question, *forced], prompt_logprobs)
-        key = scorer_key(config)
-        self.current_config = config.label
-        try:
-            hidden = prompt_scorer is not None and prompt_scorer.wants(0, len(prefix))
-            prefill = self._prefill(prefix, {key}, hidden=hidden)
-            if prompt_scorer is not None and prefill.hidden is not None:
-                for start in range(0, prefill.hidden.shape[1], HEAD_CHUNK):
-                    if prompt_scorer.wants(start, HEAD_CHUNK):
-                        prompt_scorer.add(start, self._head(prefill.hidden[0, start:start + HEAD_CHUNK]))
-            compressed = self._compress(config, prefill.scores_for(config), prefill.keys, prefill.values,
-                                        len(prefix), len(context))
-            prefill_s = prefill.prefill_s + prefill.scorer_s(config)
-            del prefill
-            self.phase, self._live_cache = "decode", compressed.cache
-            yield ServedPrefix(compressed=compressed, prefill_s=prefill_s)
-            keep = 0 if prompt_scorer is not None else 1  # every position's logits only when they are scored
-            compressor = self._compressor([config], [compressed.cache])
-            with compressor.attached() if compressor is not None else nullcontext():
-                position = len(prefix)
-                positions = torch.arange(position, position + len(suffix), device=self.device).unsqueeze(0)
-                logits = self.model(input_ids=torch.tensor([suffix], device=self.device),
-                                    past_key_values=compressed.cache, position_ids=positions,
-                                    logits_to_keep=keep).logits[0]
-                if prompt_scorer is not None:
-                    prompt_scorer.add(position, logits)
-                position += len(suffix)
-                if forced:
-                    if compressor is not None:  # from here on a pass of n tokens counts n decode steps
-                        compressor.fork(compressed.cache, compressed.cache)
-                    for done, logits in teacher_forced(self.model, compressed.cache, forced, position, self.device,
-                                                       compressor, keep):
-                        if prompt_scorer is not None:
-                            prompt_scorer.add(position + done, logits)
-                    position += len(forced)
-                if prompt_scorer is not None:
-                    yield prompt_scorer.scores()
-                yield from self._generate_ids(compressed.cache, logits[-1], position, max_new_tokens, stop,
-                                              sampling.picker(self.device))
-        finally:
-            self.phase, self.current_config, self._live_cache = "idle", None, None
-
-    def forced_logprobs(self, context: list[int], question: list[int], forced: list[int],
-                        config: KVCacheConfig) -> torch.Tensor:
-        """``config``'s log-probabilities of each token of ``forced`` (``[len(forced), vocab]``, float32) fed after
-        the prompt as :meth:`stream` feeds it (``kvlab serve``'s ``prompt_logprobs`` read these rows): the exact
-        KL(p_baseline || p_config) at each position of a continuation is the sum over its row."""
-        scorer = PromptScorer([*context, *question, *forced], 0, first=len(context) + len(question), rows=True)
-        with closing(self.stream(context, question, config, 1, forced=forced, prompt_scorer=scorer)) as events:
-            for event in events:
-                if isinstance(event, PromptScores):
-                    assert event.rows is not None  # the scorer keeps them
-                    return event.rows
-        raise RuntimeError("the prompt was not scored")
-
-    def kept_positions(self, compressed: _Compressed) -> KeptPositions:
+    def kept_positions(self, compressed: CompressedPrefill) -> KeptPositions:
         """The prompt positions each KV head of each layer of ``compressed`` holds."""
         return kept_positions(compressed.kept, compressed.kv.context_tokens, self.geometry.layer_windows,
                               self.geometry.num_kv_heads)

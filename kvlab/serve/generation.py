@@ -20,7 +20,7 @@ from torch import nn
 
 from kvlab.core.kv_config import KVCacheConfig
 from kvlab.core.results import MEASURED_SERVED, KeptPositions, KVMeasurement
-from kvlab.engines.embedded import EmbeddedEngine, ServedPrefix
+from kvlab.engines.embedded_streaming import ServedPrefix, StreamingEngine
 from kvlab.engines.prompt_scoring import GREEDY, PromptScores, Sampling
 from kvlab.serve.logprobs import vllm_prompt_logprobs
 from kvlab.serve.metrics import ServerMetrics
@@ -133,7 +133,7 @@ def _max_prompt_chars(tokenizer: Any, max_model_len: int) -> int | None:
 class ServedModel:
     """The embedded engine, its served name and default KV config, and the server's metrics."""
 
-    def __init__(self, engine: EmbeddedEngine, name: str, default_config: KVCacheConfig):
+    def __init__(self, engine: StreamingEngine, name: str, default_config: KVCacheConfig):
         self.engine = engine
         self.name = name
         self.default_config = default_config

@@ -10,7 +10,7 @@ a page can shade the text by what was kept.
 A run is cancellable (it stops at the next attention layer: :class:`Playground`), reports how far it is
 (:class:`RunProgress`, streamed to a caller that asks with ``stream``), and reuses the last run's prefill when
 the next one prefills the same tokens for the same scorers (the engine's
-:attr:`~kvlab.engines.embedded.EmbeddedEngine.reuse_prefill`: a user who changes the configs and runs the same
+:attr:`~kvlab.engines.embedded_session.SessionModes.reuse_prefill`: a user who changes the configs and runs the same
 item again waits for no prefill), or one asked for ahead of its run (``prefill_only``: the dashboard asks for
 the item it shows, so that a new item's Run finds its prefill done or under way).  A prefill ahead never delays
 a run of another item, whichever client asks for either: such a run pre-empts it, queued or under way (its
@@ -41,6 +41,7 @@ from kvlab.core.tasks import (
     generated_tasks,
 )
 from kvlab.engines.embedded import EmbeddedEngine
+from kvlab.engines.embedded_session import SessionModes
 from kvlab.serve.engine_thread import EngineLock
 from kvlab.serve.errors import APIError, shutting_down
 from kvlab.serve.generation import Cancelled, ServedModel, stop_between_layers
@@ -250,11 +251,12 @@ class Playground:
         progress = progress or self.progress_of(prepared)
         progress.started = True
         # one prefill for both layouts, and the last run's again for the same item: answers in seconds
-        engine.report_positions = engine.share_prefill = engine.reuse_prefill = True
-        engine.decode_threads = 1 if threads_sleep() else None
+        modes = SessionModes(report_positions=True, share_prefill=True, reuse_prefill=True,
+                             decode_threads=1 if threads_sleep() else None)
         results = []
         try:
-            with stop_between_layers(engine.modules, lambda: cancelled() or self.served.stopping.is_set()):
+            with (engine.session(modes),
+                  stop_between_layers(engine.modules, lambda: cancelled() or self.served.stopping.is_set())):
                 if prepared.prefill_only:
                     engine.prefill_ahead(prepared.item, prepared.configs)
                     return {"prefilled": {"context_tokens": progress.context_tokens}}
@@ -264,8 +266,6 @@ class Playground:
         except Cancelled:
             return None
         finally:
-            engine.report_positions = engine.share_prefill = engine.reuse_prefill = False
-            engine.decode_threads = None
             engine.phase, engine.current_config = "idle", None
         return _answer(prepared, results)
 

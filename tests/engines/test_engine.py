@@ -112,6 +112,7 @@ def test_one_prefill_serves_both_layouts_where_the_agnostic_configs_need_no_scor
     apart, from one prefill whose time both are charged; the query-aware configs are measured against the
     query-agnostic baseline's run, so no second baseline decodes."""
     from kvlab.engines import embedded
+    from kvlab.engines.embedded_session import SessionModes
 
     item = generate_items(TaskSpec(name="passkey", context_lengths=[512], depths=[0.5], num_items=1),
                           engine.tokenizer, seed=0)[0]
@@ -127,14 +128,11 @@ def test_one_prefill_serves_both_layouts_where_the_agnostic_configs_need_no_scor
     monkeypatch.setattr(embedded, "decode_batch", counted)
     apart = list(engine.evaluate(item, configs))
     assert members == [3, 2]  # the query-aware layout decodes a baseline of its own, not reported
-    engine.share_prefill = True
-    try:
+    with engine.session(SessionModes(share_prefill=True)):
         members.clear()
         shared = list(engine.evaluate(item, configs))
         assert members == [3, 1]
         scored = list(engine.evaluate(item, [KVCacheConfig(evict="snapkv", ratio=0.5), configs[-1]]))
-    finally:
-        engine.share_prefill = False
     assert [r.generated for r in shared] == [r.generated for r in apart]
     for one, other in zip(shared, apart, strict=True):
         assert (one.physical_kv_bytes, one.kept_tokens, one.context_tokens) == (

@@ -156,12 +156,12 @@ def main(kind: str) -> None:
     import uvicorn
 
     from kvlab.core.kv_config import KVCacheConfig
-    from kvlab.engines.embedded import EmbeddedEngine
+    from kvlab.engines.embedded_streaming import StreamingEngine
     from kvlab.models import load_model
     from kvlab.serve import ServedModel, create_app
 
     torch.set_num_threads(1)
-    engine = EmbeddedEngine(load_model(args.model))
+    engine = StreamingEngine(load_model(args.model))
     bits = 16 if args.kv_cache_dtype == "auto" else 8
     per_token = 2 * engine.loaded.num_layers * engine.loaded.num_kv_heads * engine.loaded.head_dim * bits // 8
     pool = POOL_TOKENS * per_token

@@ -44,6 +44,7 @@ def test_a_second_run_of_the_same_item_reuses_the_prefill_and_answers_as_the_uns
     import torch
 
     from kvlab.engines import embedded
+    from kvlab.engines.embedded_session import SessionModes
     from kvlab.serve.playground import PlaygroundRequest
     from kvlab.threads import threads_sleep
 
@@ -72,11 +73,8 @@ def test_a_second_run_of_the_same_item_reuses_the_prefill_and_answers_as_the_uns
     monkeypatch.undo()
     assert len(calls) == 1  # one prefill, shared by both layouts, reused by the second run
     # the path of an experiment: each layout prefilled on its own, nothing shared or kept
-    engine.report_positions = True
-    try:
+    with engine.session(SessionModes(report_positions=True)):
         unshared = {r.config_name: r for r in engine.evaluate(prepared.item, prepared.configs)}
-    finally:
-        engine.report_positions = False
     assert first is not None and again is not None
     for label, result in _by_config(again).items():
         alone = unshared[label]
@@ -85,7 +83,7 @@ def test_a_second_run_of_the_same_item_reuses_the_prefill_and_answers_as_the_uns
         assert result["kept_positions"] == alone.extra["kept_positions"], label
         assert result["physical_bytes"] == alone.physical_kv_bytes, label
     assert {r["config"] for r in again["results"]} >= {"streaming_llm:r0.75", "int4/g64/r64"}
-    assert engine._last_prefill is None  # the experiment's path kept nothing: its prefills dropped the held one
+    assert engine._held_prefill.held is None  # the experiment's path kept nothing: its prefills dropped the held one
     monkeypatch.setattr(engine, "_run_prefill", counted)
     other = playground.run(playground.prepare(PlaygroundRequest(**BODY | {"item": BODY["item"] | {"seed": 4}})))
     monkeypatch.undo()
@@ -120,6 +118,7 @@ def test_a_prefill_asked_ahead_is_the_one_its_run_uses(playground, engine, monke
 
 
 def test_a_cancelled_run_stops_within_a_layer_and_frees_the_engine(playground, engine):
+    from kvlab.engines.embedded_session import SessionModes
     from kvlab.serve.playground import PlaygroundRequest
 
     prepared = playground.prepare(PlaygroundRequest(**BODY | {"item": BODY["item"] | {"seed": 5}}))
@@ -132,8 +131,8 @@ def test_a_cancelled_run_stops_within_a_layer_and_frees_the_engine(playground, e
 
     assert playground.run(prepared, cancelled, progress) is None
     assert seen[-1] == "decode" and "prefill" in seen and progress.answered == []
-    assert engine.phase == "idle" and not engine.report_positions and not engine.share_prefill
-    assert engine.decode_threads is None  # experiments decode on the prefill's threads again
+    assert engine.phase == "idle"
+    assert engine.modes == SessionModes()  # all off: experiments decode on the prefill's threads again
     assert playground.run(prepared) is not None  # the next run answers
 
 
