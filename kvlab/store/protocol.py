@@ -467,6 +467,7 @@ class Tunes(Protocol):
 
         Raises:
             ExperimentNotFoundError: No experiment ``experiment_id``.
+            StoreError: It has a tune already (running or ended); nothing changes.
         """
         ...
 
@@ -543,6 +544,9 @@ class Tunes(Protocol):
             experiment_id: The tune's experiment.
             trial_id: The trial.
             number: Its Optuna trial number; None: none (the baseline).
+
+        Raises:
+            StoreError: The experiment has no trial ``trial_id``.
         """
         ...
 
@@ -557,6 +561,10 @@ class Tunes(Protocol):
 
         Returns:
             The ids of the trials requeued (those that were done; others keep their status).
+
+        Raises:
+            StoreError: A trial does not exist, or is not in a running tune (a sweep's, or one of a tune that has
+                ended: no worker may run it again); nothing changes.
         """
         ...
 
@@ -567,6 +575,10 @@ class Tunes(Protocol):
             trial_id: The candidate's trial; one without a candidate row is left alone.
             **verdict: The fields of :class:`~kvlab.store.records.CandidateRecord` to set, e.g. ``state`` (one of
                 ``CANDIDATE_STATES``), ``reason``, ``judged_items``, ``accuracy``, ``diff``, ``acceptable``.
+
+        Raises:
+            StoreError: A field the record does not have (its keys and ``judged_at`` included), or a state not
+                in ``CANDIDATE_STATES``; nothing is written.
         """
         ...
 
@@ -622,7 +634,8 @@ class Tunes(Protocol):
         missing.
 
         Returns:
-            An Optuna storage URL, password included: for Optuna only, never shown or stored.
+            An Optuna storage URL, password included: for Optuna only, never shown or stored.  On PostgreSQL it is
+            the store's URL with the studies' schema as its search path; its other connection ``options`` kept.
 
         Raises:
             ValueError: The store is an in-memory SQLite database, which a tune cannot use.

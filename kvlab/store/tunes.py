@@ -28,12 +28,16 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import URL, Engine, func, insert, select, text, update
 
 from kvlab.store.errors import ExperimentNotFoundError, StoreError
-from kvlab.store.records import TERMINAL_STATUSES, CandidateRecord, TuneRecord
+from kvlab.store.records import CANDIDATE_STATES, TERMINAL_STATUSES, CandidateRecord, TuneRecord
 from kvlab.store.tables import TrialRow, TuneCandidateRow, TuneRow
 from kvlab.store.transitions import add_event, roll_up
 
 if TYPE_CHECKING:
     from kvlab.core.kv_config import KVCacheConfig
+
+#: What a driver's verdict on a candidate may set (:meth:`TuneQueries.judge_candidate`): the candidate row's
+#: columns but its keys and the time of the verdict, which the store sets.
+_VERDICT_FIELDS = frozenset(TuneCandidateRow.__table__.columns.keys()) - {"trial_id", "experiment_id", "judged_at"}
 
 #: A driver silent for this long is gone: another ``kvlab tune --resume`` may take over.
 DRIVER_STALE_S = 60.0
@@ -86,9 +90,11 @@ def study_storage_url(engine: Engine) -> str:
     schema = optuna_schema(url)
     with engine.begin() as connection:
         connection.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
-    query = dict(url.query)
-    query["options"] = f"-csearch_path={schema}"
-    return url.set(query=query).render_as_string(hide_password=False)
+    # the store's other connection options (a statement timeout, an application name) hold for Optuna too:
+    # only its search path is replaced
+    kept = [part for part in str(url.query.get("options", "")).split() if not part.startswith("-csearch_path=")]
+    return url.update_query_dict({"options": " ".join([*kept, f"-csearch_path={schema}"])}
+                                 ).render_as_string(hide_password=False)
 
 
 class TuneQueries:
@@ -108,6 +114,10 @@ class TuneQueries:
         now = datetime.now(UTC)
         with self._session(write=True) as session:
             self._lock_experiment(session, experiment_id)
+            existing = session.get(TuneRow, experiment_id)
+            if existing is not None:
+                raise StoreError(f"experiment {experiment_id} already has a tune ({existing.state}): "
+                                 f"`kvlab tune --resume {experiment_id}` drives it")
             session.add(TuneRow(experiment_id=experiment_id, study_name=study_name(experiment_id), state="running",
                                 driver_id=driver_id, driver_seen_at=now, grid_points=grid_points,
                                 grid_item_evals=grid_item_evals, started_at=now))
@@ -188,6 +198,9 @@ class TuneQueries:
     def track_trial(self, experiment_id: int, trial_id: int, number: int | None = None) -> None:
         """Give an existing trial (the baseline) a candidate row, so its progress shows with the others."""
         with self._session(write=True) as session:
+            trial = session.get(TrialRow, trial_id)
+            if trial is None or trial.experiment_id != experiment_id:
+                raise StoreError(f"experiment {experiment_id} has no trial {trial_id}")
             if session.get(TuneCandidateRow, trial_id) is None:
                 session.add(TuneCandidateRow(trial_id=trial_id, experiment_id=experiment_id, number=number, rung=0,
                                              state="active", judged_items=0))
@@ -198,6 +211,17 @@ class TuneQueries:
         if not trial_ids:
             return []
         with self._session(write=True) as session:
+            tunes = session.execute(select(TrialRow.id, TuneRow.experiment_id, TuneRow.state)
+                                    .join(TuneRow, TuneRow.experiment_id == TrialRow.experiment_id, isouter=True)
+                                    .where(TrialRow.id.in_(list(trial_ids)))).all()
+            missing = sorted(set(trial_ids) - {trial_id for trial_id, _, _ in tunes})
+            if missing:
+                raise StoreError(f"no trial {', '.join(map(str, missing))}: nothing was promoted")
+            for trial_id, experiment_id, state in tunes:
+                if state != "running":  # a worker would run trials of a search that has ended, or of a sweep
+                    raise StoreError(f"trial {trial_id} is not in a running tune "
+                                     f"({'no tune' if experiment_id is None else f'its tune is {state}'}): "
+                                     "nothing was promoted")
             session.execute(update(TrialRow).where(TrialRow.id.in_(list(trial_ids)))
                             .values(item_limit=item_limit).execution_options(synchronize_session=False))
             requeued = list(session.scalars(
@@ -211,6 +235,12 @@ class TuneQueries:
 
     def judge_candidate(self, trial_id: int, **verdict: Any) -> None:
         """Record the driver's latest verdict on a trial (fields of :class:`CandidateRecord`)."""
+        unknown = sorted(set(verdict) - _VERDICT_FIELDS)
+        if unknown:
+            raise StoreError(f"a candidate's verdict has no field {', '.join(unknown)} "
+                             f"(it has {', '.join(sorted(_VERDICT_FIELDS))})")
+        if "state" in verdict and verdict["state"] not in CANDIDATE_STATES:
+            raise StoreError(f"candidate state {verdict['state']!r}: one of {', '.join(CANDIDATE_STATES)}")
         with self._session(write=True) as session:
             session.execute(update(TuneCandidateRow).where(TuneCandidateRow.trial_id == trial_id)
                             .values(**verdict, judged_at=time.time()))

@@ -134,17 +134,23 @@ class Tuner:
                 if repeats >= MAX_REPEATS:
                     exploring, why_stopped = False, "the sampler keeps proposing configs already tried"
                     self.say(f"no more proposals: {why_stopped}")
-            self._cover_baseline()
-            self.executor.drain(self.experiment_id, self._cancelled)
-            if self._cancelled():
-                continue
-            baseline = self.store.trials(self.experiment_id)[0]
-            if baseline.status == "failed":  # nothing can be judged without it
-                note = f"the baseline failed: {baseline.error}"
-                self._fail_open_proposals()
-                self.store.finish_tune(self.experiment_id, "failed", None, note)
-                raise EngineFailure(note)
-            open_left, decided = self._judge(exploring=exploring, hard_stop=self._budget().exhausted(self.tune))
+            try:
+                self._cover_baseline()
+                self.executor.drain(self.experiment_id, self._cancelled)
+                if self._cancelled():
+                    continue
+                baseline = self.store.trials(self.experiment_id)[0]
+                if baseline.status == "failed":  # nothing can be judged without it
+                    note = f"the baseline failed: {baseline.error}"
+                    self._fail_open_proposals()
+                    self.store.finish_tune(self.experiment_id, "failed", None, note)
+                    raise EngineFailure(note)
+                open_left, decided = self._judge(exploring=exploring,
+                                                 hard_stop=self._budget().exhausted(self.tune))
+            except StoreError:
+                if self._cancelled():  # cancelled between reads: the store refuses to promote its trials
+                    continue
+                raise
             if not exploring and not open_left:
                 break
             stalled = 0 if decided or exploring else stalled + 1

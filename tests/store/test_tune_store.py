@@ -155,3 +155,59 @@ def test_a_failed_tune_takes_its_queued_trials_and_the_experiment_with_it(store,
     experiment = store.get_experiment(experiment_id)
     assert (experiment.status, experiment.error) == ("failed", "the driver could not start Ray")
     assert store.tune(experiment_id).state == "failed"
+
+
+def test_the_tune_queries_refuse_what_would_corrupt_a_tune_and_write_nothing(store):
+    """Each refusal is a StoreError that says why (never a database error), and the rows stay as they were."""
+    sweep_id = store.create_experiment(SPEC, ENV)
+    (sweep_trial,) = store.trials(sweep_id)
+    with pytest.raises(StoreError, match=f"trial {sweep_trial.id} is not in a running tune \\(no tune\\)"):
+        store.extend_trials([sweep_trial.id], 4)
+    experiment_id = store.create_experiment(SPEC, ENV, item_limit=2)
+    store.start_tune(experiment_id, grid_points=2, grid_item_evals=12, driver_id="host-1-aaaaaa")
+    with pytest.raises(StoreError, match=f"already has a tune \\(running\\).*--resume {experiment_id}"):
+        store.start_tune(experiment_id, grid_points=2, grid_item_evals=12, driver_id="host-2-bbbbbb")
+    assert store.tune(experiment_id).driver_id == "host-1-aaaaaa"
+    with pytest.raises(StoreError, match=f"experiment {experiment_id} has no trial {sweep_trial.id}"):
+        store.track_trial(experiment_id, sweep_trial.id)
+    (trial_id,) = store.add_candidates(experiment_id, [(KVCacheConfig(quant="int8"), 0)], item_limit=2)
+    with pytest.raises(StoreError, match="no trial 999999"):
+        store.extend_trials([trial_id, 999999], 4)
+    with pytest.raises(StoreError, match="candidate state 'maybe'"):
+        store.judge_candidate(trial_id, state="maybe")
+    with pytest.raises(StoreError, match="no field judged_at, verdict"):
+        store.judge_candidate(trial_id, verdict="good", judged_at=0.0)
+    (candidate,) = [c for c in store.candidates(experiment_id) if c.trial_id == trial_id]
+    assert (candidate.state, candidate.judged_at, store.get_trial(trial_id).item_limit) == ("active", None, 2)
+    for trial in store.claim_trials("w", 10, experiment_id):
+        store.finish_trial(trial.id, "done", worker_id="w")
+    store.cancel_experiment(experiment_id)
+    # a promotion after the cancel would put a trial of the ended search back in the queue
+    with pytest.raises(StoreError, match=f"trial {trial_id} is not in a running tune \\(its tune is cancelled\\)"):
+        store.extend_trials([trial_id], 4)
+    assert store.claim_trials("w", 10, experiment_id) == []
+
+
+def test_the_study_storage_keeps_the_stores_other_connection_options(pg_admin):
+    """Only the search path changes for Optuna: a statement timeout set in the store's URL holds for its studies."""
+    import uuid
+
+    schema = f"test_{uuid.uuid4().hex[:10]}"
+    with pg_admin.connect() as connection:
+        connection.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    options = f"-cstatement_timeout=4321 -csearch_path={schema} -capplication_name=kvlab-test"
+    url = make_url(PG_URL).update_query_dict({"options": options}).render_as_string(False)
+    try:
+        with Store(url) as store:
+            store.upgrade()
+            study_url = store.study_storage_url()
+        assert make_url(study_url).query["options"].split() == [
+            "-cstatement_timeout=4321", "-capplication_name=kvlab-test", f"-csearch_path={schema}_optuna"]
+        with create_engine(study_url).connect() as connection:
+            shown = [connection.exec_driver_sql(f"SHOW {name}").scalar()
+                     for name in ("statement_timeout", "application_name", "search_path")]
+        assert shown == ["4321ms", "kvlab-test", f"{schema}_optuna"]
+    finally:
+        with pg_admin.connect() as connection:
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema}_optuna CASCADE")
