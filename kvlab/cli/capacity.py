@@ -8,14 +8,15 @@ import json
 from typing import TYPE_CHECKING
 
 from kvlab.cli.options import float_between, positive_float, positive_int
-from kvlab.core.backends import BACKENDS, SERVER_KINDS
+from kvlab.core.backends import BACKENDS, server_kinds
 
 if TYPE_CHECKING:
     from kvlab.capacity.projection import ConfigCapacity, Pool
     from kvlab.core.kv_config import KVCacheConfig
 
-#: The layouts a projection follows: kvlab's cache or a serving engine's pool.
-LAYOUT_ENGINES = ("embedded", *(name for name, backend in BACKENDS.items() if backend.launches_server))
+def layout_engines() -> tuple[str, ...]:
+    """The layouts a projection follows: kvlab's cache or a serving engine's pool."""
+    return ("embedded", *server_kinds())
 
 
 def add_capacity_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -51,7 +52,7 @@ def add_capacity_parser(subparsers: argparse._SubParsersAction) -> None:
     capacity.add_argument("--block-tokens", type=positive_int,
                           help="tokens per block of a serving engine's pool (default: the engine's on a GPU; "
                                "vLLM's CPU build uses 128)")
-    capacity.add_argument("--engine", choices=LAYOUT_ENGINES, default=SERVER_KINDS[0],
+    capacity.add_argument("--engine", choices=layout_engines(), default=server_kinds()[0],
                           help="whose cache layout: kvlab's (embedded: quantization and eviction) or a serving "
                                "engine's pool (default: %(default)s)")
     configs = capacity.add_mutually_exclusive_group()

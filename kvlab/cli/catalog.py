@@ -28,11 +28,11 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     """Every registered format and method, read from the registries (nothing imported heavily)."""
-    from kvlab.core.backends import BACKENDS, SERVER_KINDS
+    from kvlab.core.backends import BACKENDS, server_kinds
     from kvlab.core.formats import FORMATS
     from kvlab.core.methods import BUDGETS, HEAD_BUDGETS, METHODS, PARAMS, REFUSED
 
-    servers = [BACKENDS[kind] for kind in SERVER_KINDS]
+    servers = [BACKENDS[kind] for kind in server_kinds()]
     print("quantization (quant): format, bits, stored as, scale groups, "
           f"{' / '.join(server.title for server in servers)} --kv-cache-dtype")
     for f in FORMATS.values():

@@ -19,7 +19,7 @@ from kvlab.cli.options import (
     positive_int,
 )
 from kvlab.cli.outputs import check_output, write_output
-from kvlab.core.backends import BACKEND_NAMES, BACKENDS
+from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import BackendSpec, ExperimentSpec
 from kvlab.core.limits import FieldProblem
@@ -142,7 +142,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run an experiment spec (TOML) here, store it, print the tradeoff table")
     run.add_argument("spec", help="path to a spec TOML (see examples/)")
     run.add_argument("--json", metavar="OUT", help="write spec, environment, summaries and every item result")
-    run.add_argument("--backend", choices=BACKEND_NAMES,
+    run.add_argument("--backend", choices=tuple(BACKENDS),
                      help="override the spec's backend kind")
     run.add_argument("--limit", type=positive_int, help="run only the first N items (a quick check)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kvlab.core.backends import BACKENDS, ROTATING_KINDS
+from kvlab.core.backends import BACKENDS, rotating_kinds
 from kvlab.core.formats import FORMATS, FP8_MAX, INT_BITS, KVLAB_QUANT_NAMES
 from kvlab.core.geometry import BASELINE_BITS, CacheGeometry
 
@@ -79,7 +79,7 @@ def check_fits(config: KVCacheConfig, geometry: CacheGeometry) -> str | None:
     """Why ``config`` cannot be stored in ``geometry``'s layers by kvlab's cache, or None if it can."""
     if config.rotation is False:
         return (f"rotation = false: kvlab's engine stores its formats unrotated unless rotation = true; false turns "
-                f"a serving engine's own rotation off: run it with backend kind {ROTATING_KINDS}")
+                f"a serving engine's own rotation off: run it with backend kind {rotating_kinds()}")
     if config.rotation and geometry.head_dim & (geometry.head_dim - 1):
         return (f"rotation = true: kvlab's Hadamard rotation needs a head dimension that is a power of two; this "
                 f"model's is {geometry.head_dim}")

@@ -4,8 +4,12 @@ An entry says what kvlab needs to know before it builds the engine: which KV-cac
 client can choose there, whether it launches a server or loads the model in this process,
 which spec fields it reads, what the dashboard calls it.  Validation, the CLI's choices, the
 form, the tune's search space, the Ray executor's resources and the engine factory read from
-here.  Adding a backend is its engine module (with a ``build(spec) -> Engine`` function) plus
-one entry in :data:`BACKENDS`.
+here.  Adding a backend is its engine module (with a ``build(spec) -> Engine`` function, or for a
+server kvlab launches its :class:`~kvlab.engines.servers.base.ServingEngine`) plus one entry: in
+:data:`BACKENDS` here, or, from a package of its own, in the ``kvlab.backends`` entry-point group
+(``name = "module:BACKEND"``, naming its :class:`Backend`; vLLM's platform plugins are found the
+same way).  A plugin's entries are read at the registry's first use, not at import, so that its
+module may import kvlab's own (its ``ServingEngine``'s base class) once kvlab has loaded.
 
 Engines are named, not imported: this module is pure data, so that validating a spec stays
 instant and free of torch.
@@ -13,8 +17,10 @@ instant and free of torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Literal
 
 #: Which KV-cache configs a client can run on the backend: every format and eviction method
@@ -56,6 +62,8 @@ class Backend:
     pool_settings: tuple[str, ...] = ("kv_cache_gib", "memory_fraction")
     #: its server rotates quantized keys and values, and a config's ``rotation = false`` turns that off
     rotates: bool = False
+    #: a server kvlab launches: its :class:`~kvlab.engines.servers.base.ServingEngine`, as ``module:attribute``
+    server: str | None = None
 
 
 # vLLM: vllm/config/cache.py `CacheDType = Literal["auto", ..., "fp8", "fp8_e4m3", "fp8_e5m2", ...]`, the type of
@@ -75,7 +83,7 @@ _SGLANG_DTYPES = _FP8_SERVER_DTYPES | {name: name for name in ("mxfp8", "nvfp4",
 #   iq4_nl, q5_0, q5_1; f16 is its default.  kvlab names its block formats as llama.cpp does (kind "ggml").
 _LLAMACPP_DTYPES = {"none": "f16"} | {name: name for name in ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")}
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (
+_BUILT_IN: dict[str, Backend] = {b.name: b for b in (
     Backend("embedded", "Embedded (PyTorch)", "kvlab.engines.embedded",
             "kvlab's own engine: every format and eviction method, measured bytes, fidelity against the baseline",
             kv_choice="all", loads_model_here=True, fields=("device", "dtype"),
@@ -89,22 +97,80 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("vllm", "vLLM", "kvlab.engines.launched",
             "kvlab starts a vLLM server per KV dtype (--kv-cache-dtype) and reads its pool",
             kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server"),
-            kv_dtypes=_VLLM_DTYPES),
+            kv_dtypes=_VLLM_DTYPES, server="kvlab.engines.servers.vllm:VLLM"),
     Backend("sglang", "SGLang", "kvlab.engines.launched",
             "kvlab starts an SGLang server per KV dtype (--kv-cache-dtype) and reads its pool",
             kv_choice="server_dtypes", launches_server=True, wants_gpu=True, fields=("model_id", "server"),
-            kv_dtypes=_SGLANG_DTYPES),
+            kv_dtypes=_SGLANG_DTYPES, server="kvlab.engines.servers.sglang:SGLANG"),
     Backend("llamacpp", "llama.cpp", "kvlab.engines.launched",
             "kvlab starts a llama.cpp server (llama-cpp-python's) per K and V cache type on the model's GGUF file "
             "and reads its pool; a load phase runs on llama.cpp's own llama-server", kv_choice="server_dtypes",
             launches_server=True, fields=("model_id", "server"),
-            kv_dtypes=_LLAMACPP_DTYPES, separate_kv=True, pool_settings=("max_model_len",), rotates=True),
+            kv_dtypes=_LLAMACPP_DTYPES, separate_kv=True, pool_settings=("max_model_len",), rotates=True,
+            server="kvlab.engines.servers.llamacpp:LLAMACPP"),
 )}
 
-BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
-#: The servers kvlab launches itself.
-SERVER_KINDS: tuple[str, ...] = tuple(name for name, b in BACKENDS.items() if b.launches_server)
-#: Those kinds as a message names them (``'vllm' / 'sglang'``).
-LAUNCHED_KINDS = " / ".join(f"'{kind}'" for kind in SERVER_KINDS)
-#: The backends whose servers have a rotation setting, as a message names them.
-ROTATING_KINDS = " / ".join(f"'{name}'" for name, b in BACKENDS.items() if b.rotates)
+#: The group a package's own backend entries are found in: ``name = "module:attribute"``, naming a :class:`Backend`.
+ENTRY_POINT_GROUP = "kvlab.backends"
+
+
+def _plugged_in() -> Iterator[Backend]:
+    """The backends other packages declare (:data:`ENTRY_POINT_GROUP`).  One that cannot be loaded, is no
+    :class:`Backend` or takes a built-in's name is left out with one line on standard error saying why: a broken
+    plugin must not take kvlab down with it, nor go unnoticed."""
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            backend = point.load()
+        except Exception as error:  # any failure of someone else's import: said and skipped
+            print(f"kvlab: backend plugin '{point.name}' ({point.value}) not loaded: "
+                  f"{type(error).__name__}: {error}", file=sys.stderr)
+            continue
+        why = ("it is no kvlab.core.backends.Backend" if not isinstance(backend, Backend)
+               else f"its name is '{backend.name}', not its entry point's" if backend.name != point.name
+               else "a built-in backend has that name" if backend.name in _BUILT_IN
+               else None)
+        if why:
+            print(f"kvlab: backend plugin '{point.name}' ({point.value}) not loaded: {why}", file=sys.stderr)
+            continue
+        yield backend
+
+
+class _Registry(Mapping[str, Backend]):
+    """The built-in backends, then the plugged-in ones, read at the first lookup."""
+
+    def __init__(self, built_in: Mapping[str, Backend], plugged_in: Callable[[], Iterator[Backend]]):
+        self._built_in, self._plugged_in = built_in, plugged_in
+        self._entries: dict[str, Backend] | None = None
+
+    def _all(self) -> dict[str, Backend]:
+        if self._entries is None:
+            self._entries = dict(self._built_in)
+            self._entries.update((backend.name, backend) for backend in self._plugged_in())
+        return self._entries
+
+    def __getitem__(self, name: str) -> Backend:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+BACKENDS: Mapping[str, Backend] = _Registry(_BUILT_IN, _plugged_in)
+
+
+def server_kinds() -> tuple[str, ...]:
+    """The servers kvlab launches itself."""
+    return tuple(name for name, b in BACKENDS.items() if b.launches_server)
+
+
+def launched_kinds() -> str:
+    """Those kinds as a message names them (``'vllm' / 'sglang'``)."""
+    return " / ".join(f"'{kind}'" for kind in server_kinds())
+
+
+def rotating_kinds() -> str:
+    """The backends whose servers have a rotation setting, as a message names them."""
+    return " / ".join(f"'{name}'" for name, b in BACKENDS.items() if b.rotates)

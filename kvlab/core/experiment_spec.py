@@ -12,9 +12,18 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from kvlab.core.backends import BACKEND_NAMES, BACKENDS
+from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.key_vars import key_var_problem
 from kvlab.core.kv_config import BASELINE, KVCacheConfig, SweepGrid
@@ -37,7 +46,16 @@ from kvlab.core.tasks import TASKS as TASK_REGISTRY
 from kvlab.core.tune_spec import TuneSpec, backend_space
 from kvlab.core.urls import URL_USERINFO, url_credentials
 
-BackendKind = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # the backend registry's names
+
+def _known_backend(kind: str) -> str:
+    if kind not in BACKENDS:
+        raise ValueError(f"backend kind '{kind}': one of {', '.join(BACKENDS)} (`kvlab engines` lists them)")
+    return kind
+
+
+#: A name of the backend registry, checked when a spec is read (not a ``Literal``: a plugin's backends are known
+#: only once the registry is first read)
+BackendKind = Annotated[str, AfterValidator(_known_backend)]
 
 #: A spec is a few KB; anything near this is not a spec (and would be read whole into memory).
 MAX_SPEC_BYTES = 1 << 20
@@ -105,8 +123,9 @@ class BackendSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    kind: BackendKind = Field(default="embedded", description="Where the model runs: the backend registry's "
-                              "names (see the backends table).")
+    kind: BackendKind = Field(default="embedded", description="Where the model runs: a name of the backend "
+                              "registry (see the backends table), or of a backend a package plugs in "
+                              "(`kvlab engines` lists them).")
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="The embedded engine's device; auto: cuda where torch sees a GPU, else cpu.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

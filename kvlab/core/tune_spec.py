@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from kvlab.core.backends import BACKENDS, LAUNCHED_KINDS
+from kvlab.core.backends import BACKENDS, launched_kinds
 from kvlab.core.formats import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_RESIDUAL_LENGTH,
@@ -162,7 +162,7 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
     backend = BACKENDS[backend_kind]
     if backend.kv_choice == "none":
         raise ValueError("an OpenAI-compatible endpoint decides its own KV cache: there is nothing kvlab can tune "
-                         f"through it; tune with backend kind 'embedded' (or {LAUNCHED_KINDS}, which kvlab launches "
+                         f"through it; tune with backend kind 'embedded' (or {launched_kinds()}, which kvlab launches "
                          "with its KV cache types)")
     if backend.kv_choice == "all":
         runs = {name for name, fmt in FORMATS.items() if fmt.kvlab_stores}

@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel
 
 from kvlab.core.axes import AXES, CONFIG_LABELS, LEAVES, NESTED_COLUMNS, Axis, shape
-from kvlab.core.backends import BACKENDS, SERVER_KINDS
+from kvlab.core.backends import BACKENDS, server_kinds
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
 from kvlab.core.kv_config import GridAxes, KVCacheConfig, SweepGrid
@@ -368,7 +368,7 @@ def _table_rows(errors: dict[str, list[str]], table: Sequence[Mapping[str, Any]]
 
 def backend_refusals(spec: ExperimentSpec) -> list[str]:
     """Configs a launched vLLM/SGLang server cannot run, said before launch (the worker would refuse them)."""
-    if spec.backend.kind not in SERVER_KINDS:
+    if spec.backend.kind not in server_kinds():
         return []
     problems = []
     for config in spec.all_configs():

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 
-from kvlab.core.backends import LAUNCHED_KINDS
+from kvlab.core.backends import launched_kinds
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import BackendSpec, ExperimentSpec
 from kvlab.core.items import TaskItem
@@ -151,7 +151,7 @@ class OpenAICompatEngine(Engine):
                     f"{config.label}: the endpoint {self.endpoint.base_url} decides its own KV cache, so kvlab "
                     "cannot apply this config there. Against it run only the baseline config (recorded as the "
                     "server's own cache); to compare configs use `kvlab serve` (applies a config per request) or "
-                    f"backend kind {LAUNCHED_KINDS} (kvlab launches the server with --kv-cache-dtype)")
+                    f"backend kind {launched_kinds()} (kvlab launches the server with --kv-cache-dtype)")
 
     def check_items(self, items: Sequence[TaskItem]) -> None:
         refuse_perplexity(items)

@@ -11,7 +11,7 @@ names what the engine does support: a GPU start-up takes minutes, a wrong flag c
 
 from __future__ import annotations
 
-from kvlab.core.backends import ROTATING_KINDS
+from kvlab.core.backends import rotating_kinds
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.formats import FORMATS
@@ -31,7 +31,7 @@ def check_config(kind: str, config: KVCacheConfig) -> None:
         f" and {len(own)} of its own (`kvlab engines`)" if own else "")
     if config.rotation is not None and server.rotation_off_env is None:
         raise ConfigError(f"config '{label}': rotation = {str(config.rotation).lower()} cannot run on {engine}: it has "
-                          f"no rotation setting kvlab knows; run it with backend kind {ROTATING_KINDS}")
+                          f"no rotation setting kvlab knows; run it with backend kind {rotating_kinds()}")
     if config.evict != "none":
         raise ConfigError(
             f"config '{label}': evict = '{config.evict}' cannot run on {engine}: {server.no_eviction}. "

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import kvlab
-from kvlab.core.backends import BACKENDS, SERVER_KINDS
+from kvlab.core.backends import BACKENDS, server_kinds
 from kvlab.core.formats import FORMATS
 from kvlab.engines.servers import SERVERS, serving_engine
 from kvlab.engines.servers.base import ServingEngine
@@ -19,7 +19,7 @@ ALLOWED = (ROOT / "engines" / "servers", ROOT / "core" / "backends.py")
 
 
 def test_one_module_per_server_backend():
-    assert tuple(SERVERS) == SERVER_KINDS
+    assert tuple(SERVERS) == server_kinds()
     scripts = {Path(arg).stem for server in SERVERS.values() for arg in server.entry() if arg.endswith(".py")}
     # the interface: base (ServingEngine) and installs (the host and install types its rules read)
     modules = {p.stem for p in (ROOT / "engines" / "servers").glob("*.py")} - {"__init__", "base", "installs"} - scripts
@@ -46,7 +46,7 @@ def _spelled_kinds(path: Path) -> list[tuple[int, str]]:
     """(line, kind) of every string constant in ``path`` that is exactly a server kind."""
     tree = ast.parse(path.read_text(), str(path))
     return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in SERVER_KINDS]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in server_kinds()]
 
 
 def test_no_module_outside_the_servers_and_the_registry_names_an_engine():

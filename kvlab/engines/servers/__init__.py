@@ -1,19 +1,51 @@
 """The serving engines kvlab launches, one module each (:mod:`.vllm`, :mod:`.sglang`, :mod:`.llamacpp`) behind
-one interface (:class:`~kvlab.engines.servers.base.ServingEngine`).  Adding one is its module, its entry here and
-its entry in the backend registry (:data:`kvlab.core.backends.BACKENDS`, which holds its title and KV dtype
-names)."""
+one interface (:class:`~kvlab.engines.servers.base.ServingEngine`).  Adding one is its module and its entry in the
+backend registry (:data:`kvlab.core.backends.BACKENDS`, or a package's ``kvlab.backends`` entry point), whose
+``server`` names the module's engine: :data:`SERVERS` is read from the registry, not listed here."""
 
 from __future__ import annotations
 
-from kvlab.core.backends import SERVER_KINDS
+from collections.abc import Iterator, Mapping
+from importlib import import_module
+
+from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
 from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine
-from kvlab.engines.servers.llamacpp import LLAMACPP
-from kvlab.engines.servers.sglang import SGLANG
-from kvlab.engines.servers.vllm import VLLM
 
-SERVERS: dict[str, ServingEngine] = {engine.kind: engine for engine in (VLLM, SGLANG, LLAMACPP)}
-assert tuple(SERVERS) == SERVER_KINDS, "every server backend has its module, and only those"
+
+def _load(kind: str, path: str | None) -> ServingEngine:
+    """The engine a server backend's ``server`` names (``module:attribute``), checked to be that backend's."""
+    module, _, attribute = (path or "").partition(":")
+    if not module or not attribute:
+        raise ConfigError(f"backend '{kind}' launches a server but names no engine (server = 'module:attribute')")
+    engine = getattr(import_module(module), attribute, None)
+    if not isinstance(engine, ServingEngine) or engine.kind != kind:
+        raise ConfigError(f"backend '{kind}': {path} is not its ServingEngine (kind '{kind}')")
+    return engine
+
+
+class _Servers(Mapping[str, ServingEngine]):
+    """The serving engines of the registry's server backends, in its order, each imported at its first lookup."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, ServingEngine] = {}
+
+    def __getitem__(self, kind: str) -> ServingEngine:
+        if kind not in self._loaded:
+            backend = BACKENDS.get(kind)
+            if backend is None or not backend.launches_server:
+                raise KeyError(kind)
+            self._loaded[kind] = _load(kind, backend.server)
+        return self._loaded[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, backend in BACKENDS.items() if backend.launches_server)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+SERVERS: Mapping[str, ServingEngine] = _Servers()
 
 
 def serving_engine(kind: str) -> ServingEngine:
