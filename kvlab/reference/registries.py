@@ -83,6 +83,22 @@ def backends() -> list[str]:
                     rows)]
 
 
+def server_settings() -> list[str]:
+    """Each engine setting of ``[backend.server]`` as each engine kvlab launches takes it: its own flag, or why not
+    (what a spec that sets it is told), from the engines' own declarations."""
+    from kvlab.core.experiment_spec import ServerOptions
+    from kvlab.engines.servers import SERVERS
+
+    engines = list(SERVERS.values())
+    rows = [(f"`{name}`", *(f"`{engine.setting_flags[name]}`" if name in engine.setting_flags
+                            else f"refused: {engine.lacks.get(name, 'no flag')}" for engine in engines))
+            for name in ServerOptions.ENGINE_SETTINGS]
+    return ["## Server settings by engine", "", "The engine settings of `[backend.server]` ([spec reference]"
+            "(spec.md#serveroptions)) and each launched engine's own flag for them; a setting an engine does not "
+            "take is refused when set, with the reason shown.", "",
+            *_table(("setting", *(engine.title for engine in engines)), rows)]
+
+
 def models() -> list[str]:
     rows = [(f"`{m.name}`", m.display_name, m.params, str(m.num_layers), str(m.num_kv_heads), str(m.head_dim),
              f"{m.max_context:,}", f"{m.sliding_window:,}" if m.sliding_window else "-", f"{m.download_mb} MB",
@@ -96,6 +112,6 @@ def registries_page() -> str:
     """The registries page."""
     lines = ["# Registries", "", "Generated from kvlab's registries (`python -m kvlab.reference`): each vocabulary "
              "below is one table in `kvlab/core/` that validation, the CLI, the dashboard and the engines read.", ""]
-    for section in (formats, budgets, methods, head_budgets, tasks, scorers, backends, models):
+    for section in (formats, budgets, methods, head_budgets, tasks, scorers, backends, server_settings, models):
         lines += section()
     return "\n".join(lines).rstrip() + "\n"

@@ -215,6 +215,22 @@ def test_new_experiment_on_vllm_refuses_what_vllm_lacks_before_launch(store):
     assert not [b for b in at.button if b.key == "launch"]
 
 
+@pytest.mark.parametrize("kind", ["vllm", "sglang", "llamacpp"])
+def test_new_experiment_labels_the_server_settings_with_the_engines_own_flags(store, kind):
+    """Each server setting's help is the chosen engine's flag for it; one the engine does not take is disabled."""
+    from kvlab.engines.servers import SERVERS
+
+    at = open_page(NEW)
+    at.selectbox(key="f:backend.kind").set_value(kind).run()
+    assert_clean(at)
+    flags = SERVERS[kind].setting_flags
+    fraction = at.number_input(key="f:backend.server.memory_fraction")
+    assert fraction.disabled == ("memory_fraction" not in flags)
+    assert fraction.help == flags.get("memory_fraction", f"{SERVERS[kind].title} sizes its pool in tokens: the max "
+                                                         "model length")
+    assert at.number_input(key="f:backend.server.max_model_len").help == flags["max_model_len"]
+
+
 def test_new_experiment_examples_and_uploads(store):
     at = open_page(NEW)
     at.selectbox(key="example_pick").set_value("tiny").run()

@@ -75,7 +75,7 @@ def test_vllm_pool_size_and_eagerness_are_the_users_to_choose():
 def test_sglang_refuses_the_vllm_only_options():
     with pytest.raises(ConfigError, match="SGLang sizes its KV pool by a fraction"):
         server_command("sglang", "/m", FP8, ServerOptions(kv_cache_gib=1), 8000, "m")
-    with pytest.raises(ConfigError, match="enforce_eager is a vLLM flag"):
+    with pytest.raises(ConfigError, match="server.enforce_eager = true: SGLang has no such option"):
         server_command("sglang", "/m", FP8, ServerOptions(enforce_eager=True), 8000, "m")
 
 

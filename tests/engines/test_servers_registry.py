@@ -57,3 +57,27 @@ def test_no_module_outside_the_servers_and_the_registry_names_an_engine():
              for line, kind in _spelled_kinds(path)}
     assert not found, f"an engine's kind spelled outside its module: {found}"
     assert _spelled_kinds(ROOT / "engines" / "servers" / "vllm.py")  # the check reads real constants
+
+
+def test_each_engine_declares_its_flag_for_each_setting_it_takes_and_refuses_the_others():
+    """The engine settings are kvlab's; each engine names its own flag for those it takes, and a set one it does
+    not take is refused with its reason -- also after the options went through JSON (set = not the default)."""
+    from kvlab.core.errors import ConfigError
+    from kvlab.core.experiment_spec import ServerOptions
+
+    values = {"memory_fraction": 0.5, "kv_cache_gib": 2.0, "max_model_len": 4096, "prefix_cache": False,
+              "enforce_eager": True}
+    assert set(values) == set(ServerOptions.ENGINE_SETTINGS)
+    assert ServerOptions.model_validate_json(ServerOptions().model_dump_json()).engine_settings_set() == []
+    for kind, server in SERVERS.items():
+        assert set(server.setting_flags) <= set(ServerOptions.ENGINE_SETTINGS), kind
+        assert set(server.lacks) == set(ServerOptions.ENGINE_SETTINGS) - set(server.setting_flags), kind
+        for name, value in values.items():
+            options = ServerOptions.model_validate_json(ServerOptions(**{name: value}).model_dump_json())
+            assert options.engine_settings_set() == [name]
+            if name in server.setting_flags:
+                server.check_options(options)
+            else:
+                with pytest.raises(ConfigError) as refused:
+                    server.check_options(options)
+                assert str(refused.value) == f"server.{name} = {str(value).lower()}: {server.lacks[name]}"

@@ -46,10 +46,9 @@ class LoadServer:
 
 @dataclass(frozen=True)
 class FormLabels:
-    """How the dashboard's form names the engine's own flags for kvlab's server settings."""
+    """How the dashboard's form labels kvlab's server settings for the engine (their flags are its
+    :attr:`ServingEngine.setting_flags`)."""
 
-    memory_flag: str | None  # server.memory_fraction (None: the engine sizes its pool in tokens, max_model_len)
-    context_flag: str  # server.max_model_len
     prefix_cache: str  # the label of server.prefix_cache's checkbox
     python_help: str  # where its interpreter comes from
     pool_help: str | None = None  # server.kv_cache_gib's flag and default, where the engine sizes its pool in bytes
@@ -156,6 +155,11 @@ class ServingEngine(ABC):
     #: the environment that turns off its rotation of quantized keys and values (a config's ``rotation = false``;
     #: None: it has no such setting, and a config that sets rotation is refused)
     rotation_off_env: Mapping[str, str] | None = None
+    #: kvlab's engine settings it takes (``ServerOptions.ENGINE_SETTINGS``) -> its own flag for each, as a user
+    #: would look it up; a setting not here is refused when set (:meth:`check_options`)
+    setting_flags: Mapping[str, str] = field(default_factory=dict)
+    #: a setting it does not take -> why, and what it has instead (the refusal says it)
+    lacks: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def title(self) -> str:
@@ -179,9 +183,13 @@ class ServingEngine(ABC):
         return (f"{quant} is {' and '.join(owners)}'s own KV cache format" if owners
                 else "it has no such KV cache format")
 
-    @abstractmethod
     def check_options(self, options: ServerOptions) -> None:
-        """Raise :class:`~kvlab.core.errors.ConfigError` for a server setting the engine has no flag for."""
+        """Raise :class:`~kvlab.core.errors.ConfigError` for an engine setting that is set and that the engine has no
+        flag for (:attr:`setting_flags`), saying why (:attr:`lacks`)."""
+        for name in options.engine_settings_set():
+            if name not in self.setting_flags:
+                why = self.lacks.get(name, f"{self.title} has no flag for it (remove it)")
+                raise ConfigError(f"server.{name} = {str(getattr(options, name)).lower()}: {why}")
 
     @abstractmethod
     def launch_args(self, model: str, kv_dtypes: tuple[str, str], options: ServerOptions, installed: Installed,

@@ -54,18 +54,6 @@ _POOL = re.compile(r"llama_kv_cache: size = +(\d+(?:\.\d+)?) MiB \( *(\d+) cells
 
 @dataclass(frozen=True)
 class LlamaCppEngine(ServingEngine):
-    def check_options(self, options: ServerOptions) -> None:
-        for name, value, instead in (
-                ("memory_fraction", options.memory_fraction, "its pool holds server.max_model_len tokens (n_ctx)"),
-                ("kv_cache_gib", options.kv_cache_gib, "its pool holds server.max_model_len tokens (n_ctx)"),
-                ("enforce_eager", options.enforce_eager, "it has no such option")):
-            if value is not None:
-                raise ConfigError(f"server.{name}: llama.cpp sizes its KV pool in tokens, not by memory; {instead} "
-                                  "(remove it)")
-        if not options.prefix_cache:
-            raise ConfigError("server.prefix_cache = false: llama-cpp-python's server always reuses the longest "
-                              "common prefix of the previous request; remove it")
-
     def launch_args(self, model: str, kv_dtypes: tuple[str, str], options: ServerOptions, installed: Installed,
                     dtype: str, served_model_name: str, seed: int) -> list[str]:
         # llama_cpp/server/settings.py ModelSettings (flags derived from field names by llama_cpp/server/cli.py
@@ -185,8 +173,13 @@ LLAMACPP = LlamaCppEngine(
     # llamacpp:requests_deferred; no pool usage and no preemptions (it has none).  llama-cpp-python's server has no
     # /metrics.
     metrics=MetricNames(running=("llamacpp:requests_processing",), waiting=("llamacpp:requests_deferred",)),
-    form=FormLabels(memory_flag=None, context_flag="--n_ctx (the pool's cells)",
-                    prefix_cache="Prefix reuse (always on)",
+    setting_flags={"max_model_len": "--n_ctx (the pool's cells)"},
+    lacks={**{name: "llama.cpp sizes its KV pool in tokens, not by memory; its pool holds server.max_model_len tokens "
+                    "(n_ctx): remove it" for name in ("memory_fraction", "kv_cache_gib")},
+           "enforce_eager": "llama.cpp has no such option; remove it",
+           "prefix_cache": "llama-cpp-python's server always reuses the longest common prefix of the previous "
+                           "request; remove it"},
+    form=FormLabels(prefix_cache="Prefix reuse (always on)",
                     python_help="kvlab starts `python -m llama_cpp.server` with it. Blank: the venv "
                                 "scripts/install_llamacpp.sh made, else `python`"),
     startup_faults=(

@@ -34,13 +34,6 @@ POOL_GIB_METRIC = "sglang:kv_cache_memory_usage_gb"
 
 @dataclass(frozen=True)
 class SGLangEngine(ServingEngine):
-    def check_options(self, options: ServerOptions) -> None:
-        if options.kv_cache_gib is not None:
-            raise ConfigError("server.kv_cache_gib: SGLang sizes its KV pool by a fraction of GPU memory, not "
-                              "bytes; set server.memory_fraction (--mem-fraction-static) instead")
-        if options.enforce_eager is not None:
-            raise ConfigError("server.enforce_eager is a vLLM flag; SGLang has no such option (remove it)")
-
     def launch_args(self, model: str, kv_dtypes: tuple[str, str], options: ServerOptions, installed: Installed,
                     dtype: str, served_model_name: str, seed: int) -> list[str]:
         kv_dtype = kv_dtypes[0]  # one --kv-cache-dtype: keys and values alike
@@ -237,6 +230,11 @@ SGLANG = SGLangEngine(
     scoring_api=SGLangGenerate(),
     # python/sglang/srt/sampling/sampling_params.py SamplingParams.ignore_eos, taken by its OpenAI completions
     load_fields={"ignore_eos": True},
-    form=FormLabels(memory_flag="--mem-fraction-static", context_flag="--context-length", prefix_cache="Radix cache",
+    setting_flags={"memory_fraction": "--mem-fraction-static", "max_model_len": "--context-length",
+                   "prefix_cache": "--disable-radix-cache"},
+    lacks={"kv_cache_gib": "SGLang sizes its KV pool by a fraction of GPU memory, not bytes; set "
+                           "server.memory_fraction (--mem-fraction-static) instead",
+           "enforce_eager": "SGLang has no such option (vLLM's --enforce-eager); remove it"},
+    form=FormLabels(prefix_cache="Radix cache",
                     python_help="kvlab starts `python -m ...` with it (pip install 'kvlab[sglang]' on a CUDA host)"),
 )

@@ -55,9 +55,6 @@ def _whole(text: str | None) -> int | None:
 
 @dataclass(frozen=True)
 class VLLMEngine(ServingEngine):
-    def check_options(self, options: ServerOptions) -> None:
-        pass  # every server setting has a vLLM flag
-
     def launch_args(self, model: str, kv_dtypes: tuple[str, str], options: ServerOptions, installed: Installed,
                     dtype: str, served_model_name: str, seed: int) -> list[str]:
         kv_dtype = kv_dtypes[0]  # one --kv-cache-dtype: keys and values alike
@@ -226,8 +223,11 @@ VLLM = VLLMEngine(
     metrics=MetricNames(usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
                         preemptions=("vllm:num_preemptions_total",), running=("vllm:num_requests_running",),
                         waiting=("vllm:num_requests_waiting",)),
-    form=FormLabels(memory_flag="--gpu-memory-utilization", context_flag="--max-model-len",
-                    prefix_cache="Prefix cache",
+    # every engine setting of kvlab's has a vLLM flag (launch_args cites where each is defined)
+    setting_flags={"memory_fraction": "--gpu-memory-utilization", "kv_cache_gib": "--kv-cache-memory-bytes",
+                   "max_model_len": "--max-model-len", "prefix_cache": "--no-enable-prefix-caching",
+                   "enforce_eager": "--enforce-eager"},
+    form=FormLabels(prefix_cache="Prefix cache",
                     pool_help="--kv-cache-memory-bytes (instead of the fraction). Default: 1 GiB on vLLM's CPU build, "
                               "whose default fraction of host memory fails at start-up; the engine's sizing on a GPU",
                     python_help="kvlab starts `python -m ...` with it. Blank: the venv scripts/install_vllm.sh made, "

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab.core.backends import Backend
-from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.engines.server_logs import KVPool
 from kvlab.engines.servers.base import FormLabels, MetricNames, ServingEngine
@@ -28,10 +27,6 @@ BACKEND = Backend("minimal", "Minimal engine", "kvlab.engines.launched",
 class MinimalEngine(ServingEngine):
     def entry(self) -> list[str]:
         return ["-m", "kvlab.cli", "serve"]
-
-    def check_options(self, options: ServerOptions) -> None:
-        if options.kv_cache_gib is not None or options.memory_fraction is not None:
-            raise ConfigError("the minimal engine has no pool to size")
 
     def launch_args(self, model: str, kv_dtypes: tuple[str, str], options: ServerOptions, installed: Installed,
                     dtype: str, served_model_name: str, seed: int) -> list[str]:
@@ -50,5 +45,5 @@ ENGINE = MinimalEngine(
     no_eviction="the minimal engine evicts no tokens", plain_fp8="it stores no fp8 cache",
     format_notes={}, own_flags={"--model": "the spec's model", "--quant": "the config's quant"}, key_flags={},
     metrics=MetricNames(), package="kvlab", distributions=("kvlab",),
-    form=FormLabels(memory_flag=None, context_flag="--max-model-len", prefix_cache="Prefix cache",
+    form=FormLabels(prefix_cache="Prefix cache",
                     python_help="an interpreter with kvlab installed"))
