@@ -49,7 +49,7 @@ from kvlab.core.urls import URL_USERINFO, url_credentials
 
 def _known_backend(kind: str) -> str:
     if kind not in BACKENDS:
-        raise ValueError(f"backend kind '{kind}': one of {', '.join(BACKENDS)} (`kvlab engines` lists them)")
+        raise ValueError(f"'{kind}' is not a backend; one of {', '.join(BACKENDS)} (`kvlab engines` lists them)")
     return kind
 
 

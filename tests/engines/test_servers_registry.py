@@ -81,3 +81,12 @@ def test_each_engine_declares_its_flag_for_each_setting_it_takes_and_refuses_the
                 with pytest.raises(ConfigError) as refused:
                     server.check_options(options)
                 assert str(refused.value) == f"server.{name} = {str(value).lower()}: {server.lacks[name]}"
+
+
+def test_a_spec_on_an_unknown_backend_is_refused_naming_the_registrys():
+    from kvlab.core.errors import ConfigError
+    from kvlab.core.experiment_spec import parse_spec
+
+    with pytest.raises(ConfigError, match="backend.kind: 'tgi' is not a backend; one of embedded, .*llamacpp "
+                                          "\\(`kvlab engines` lists them\\)"):
+        parse_spec({"name": "x", "tasks": [{"name": "passkey"}], "backend": {"kind": "tgi"}})
