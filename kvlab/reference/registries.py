@@ -91,7 +91,7 @@ def server_settings() -> list[str]:
 
     engines = list(SERVERS.values())
     rows = [(f"`{name}`", *(f"`{engine.setting_flags[name]}`" if name in engine.setting_flags
-                            else f"refused: {engine.lacks.get(name, 'no flag')}" for engine in engines))
+                            else f"refused: {engine.why_lacks(name)}" for engine in engines))
             for name in ServerOptions.ENGINE_SETTINGS]
     return ["## Server settings by engine", "", "The engine settings of `[backend.server]` ([spec reference]"
             "(spec.md#serveroptions)) and each launched engine's own flag for them; a setting an engine does not "

@@ -90,3 +90,14 @@ def test_a_spec_on_an_unknown_backend_is_refused_naming_the_registrys():
     with pytest.raises(ConfigError, match="backend.kind: 'tgi' is not a backend; one of embedded, .*llamacpp "
                                           "\\(`kvlab engines` lists them\\)"):
         parse_spec({"name": "x", "tasks": [{"name": "passkey"}], "backend": {"kind": "tgi"}})
+
+
+def test_a_server_backend_whose_engine_cannot_be_imported_is_one_line():
+    from kvlab.core.errors import ConfigError
+    from kvlab.engines.servers import _load
+
+    with pytest.raises(ConfigError, match="^backend 'x': its engine kvlab_no_such:ENGINE cannot be imported "
+                                          "\\(No module named 'kvlab_no_such'\\)$"):
+        _load("x", "kvlab_no_such:ENGINE")
+    with pytest.raises(ConfigError, match="^backend 'vllm': kvlab.engines.servers.sglang:SGLANG is not its "):
+        _load("vllm", "kvlab.engines.servers.sglang:SGLANG")

@@ -18,7 +18,10 @@ def _load(kind: str, path: str | None) -> ServingEngine:
     module, _, attribute = (path or "").partition(":")
     if not module or not attribute:
         raise ConfigError(f"backend '{kind}' launches a server but names no engine (server = 'module:attribute')")
-    engine = getattr(import_module(module), attribute, None)
+    try:
+        engine = getattr(import_module(module), attribute, None)
+    except ImportError as error:  # a plugin's engine module that is not installed here
+        raise ConfigError(f"backend '{kind}': its engine {path} cannot be imported ({error})") from None
     if not isinstance(engine, ServingEngine) or engine.kind != kind:
         raise ConfigError(f"backend '{kind}': {path} is not its ServingEngine (kind '{kind}')")
     return engine

@@ -188,8 +188,11 @@ class ServingEngine(ABC):
         flag for (:attr:`setting_flags`), saying why (:attr:`lacks`)."""
         for name in options.engine_settings_set():
             if name not in self.setting_flags:
-                why = self.lacks.get(name, f"{self.title} has no flag for it (remove it)")
-                raise ConfigError(f"server.{name} = {str(getattr(options, name)).lower()}: {why}")
+                raise ConfigError(f"server.{name} = {str(getattr(options, name)).lower()}: {self.why_lacks(name)}")
+
+    def why_lacks(self, setting: str) -> str:
+        """Why the engine does not take engine setting ``setting``, and what it has instead."""
+        return self.lacks.get(setting, f"{self.title} has no flag for it (remove it)")
 
     @abstractmethod
     def launch_args(self, model: str, kv_dtypes: tuple[str, str], options: ServerOptions, installed: Installed,
