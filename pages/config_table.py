@@ -9,12 +9,8 @@ from typing import Any
 import streamlit as st
 
 from kvlab.core.axes import CONFIG_COLUMNS, LEAVES, Leaf
-from kvlab.dashboard.spec_form import BUDGET_STEP, HEADS_HELP
+from kvlab.dashboard.spec_form import BUDGET_STEP
 
-#: Help a column shows beyond its field's own (the head budgets' is long, and the form shows it too).
-EXTRA_HELP = {"heads": HEADS_HELP,
-              "name": "The config's name in results, unique; filled from its settings (blank: derived from them). "
-                      "A name stays as it is when the settings change: rename the row, or clear its name."}
 #: The columns a reader looks for first, in view when the table opens: what a config is called, how it evicts
 #: and at what budget, and how it quantizes; the other settings follow, in the axes table's order.
 FIRST_COLUMNS = ("name", "evict", "ratio", "quant")
@@ -30,7 +26,7 @@ def column_order(with_name: bool = True) -> tuple[str, ...]:
 def _column(leaf: Leaf) -> Any:
     """The ``st.column_config`` of one leaf: a choice as a select box, a number with its bounds (strict
     bounds one step inside), yes/no as a checkbox, text and index lists as text."""
-    text = EXTRA_HELP.get(leaf.column, leaf.help)
+    text = (leaf.axis.form_help if leaf.column == leaf.axis.field else "") or leaf.help
     default = leaf.default if leaf.default not in (None, ()) else None
     if leaf.kind == "choice":
         return st.column_config.SelectboxColumn(leaf.title, options=list(leaf.choices), default=default, help=text)

@@ -10,12 +10,10 @@ from typing import Any
 import streamlit as st
 
 from kvlab.core.formats import FORMATS
-from kvlab.dashboard.spec_form import HEADS_HELP, VALUE_QUANT_HELP, GridWidget, grid_widgets
+from kvlab.dashboard.spec_form import GridWidget, grid_widgets
 
 #: Widgets per row.
 PER_ROW = 4
-#: Help a widget shows beyond its axis's own.
-EXTRA_HELP = {"heads": HEADS_HELP, "value_quant": VALUE_QUANT_HELP}
 
 
 def formats_reading(setting: str) -> str:
@@ -25,7 +23,7 @@ def formats_reading(setting: str) -> str:
 
 def _draw(widget: GridWidget, key: str) -> None:
     label = widget.title + (f" ({formats_reading(widget.axis.field)})" if widget.axis.applies == "setting" else "")
-    text = EXTRA_HELP.get(widget.axis.field, widget.axis.help)
+    text = widget.help
     if widget.kind == "multiselect":
         st.multiselect(label, list(widget.options), key=key, help=text)
     elif widget.kind == "numbers":

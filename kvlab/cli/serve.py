@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvlab.cli.options import MAX_INT, float_between, int_between, positive_int
-from kvlab.core.axes import LEAVES, Leaf, config_values
+from kvlab.core.axes import LEAVES, Leaf, config_values, nested_model
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import format_validation_error
 from kvlab.core.kv_config import KVCacheConfig
@@ -105,7 +105,7 @@ def _as_flag(problem: str) -> str:
         return message
     field, _, inner = path.partition(".")
     flag = next((leaf.flag for leaf in LEAVES if leaf.flag is not None and leaf.axis.field == field
-                 and (leaf.name == inner.partition(".")[0] if leaf.axis.nested is not None else True)),
+                 and (leaf.name == inner.partition(".")[0] if nested_model(leaf.axis) is not None else True)),
                 path.replace(".", "_"))
     return f"--{flag.replace('_', '-')}: {message}"
 

@@ -8,10 +8,11 @@ Terms (see DESIGN.md): ``ratio`` in an eviction config is kvpress's ``compressio
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from kvlab.core.axis import Axis, also_axis, choice_key, field_axes, grid_fields, plain
 from kvlab.core.formats import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_RESIDUAL_LENGTH,
@@ -75,16 +76,20 @@ class DecodePolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     interval: Annotated[int, Field(ge=1, le=MAX_DECODE_TOKENS)] = Field(
+        title="decode: every (passes)",
         description="Compress every this many forward passes after the prompt (the question's pass counts as one, "
         "each generated token as one).")
     target_tokens: Annotated[int, Field(ge=1, le=MAX_DECODE_TOKENS)] | None = Field(
-        default=None, description="Tokens each layer keeps after a compression (kvpress's target_size); or give "
+        default=None, title="decode: to (tokens)",
+        description="Tokens each layer keeps after a compression (kvpress's target_size); or give "
         "ratio.")
     ratio: Fraction | None = Field(
-        default=None, description="Fraction of all tokens seen so far removed at each compression "
+        default=None, title="decode: ratio (removed)",
+        description="Fraction of all tokens seen so far removed at each compression "
         "(CompressionRatioDecodingPress); or give target_tokens.")
     buffer: Annotated[int, Field(ge=0, le=MAX_DECODE_TOKENS)] = Field(
-        default=DEFAULT_DECODE_BUFFER, description="Hidden states of the last passes the scorer reads "
+        default=DEFAULT_DECODE_BUFFER, title="decode: buffer (passes)",
+        description="Hidden states of the last passes the scorer reads "
         "(kvpress's hidden_states_buffer_size).")
 
     @model_validator(mode="after")
@@ -108,11 +113,13 @@ class SkipLayers(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    first: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description="Keep the first N layers "
-                                                                "16-bit.")
-    last: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, description="Keep the last N layers 16-bit.")
+    first: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, title="16-bit: first (layers)",
+                                                              description="Keep the first N layers 16-bit.")
+    last: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = Field(default=0, title="16-bit: last (layers)",
+                                                             description="Keep the last N layers 16-bit.")
     layers: tuple[Annotated[int, Field(ge=0, lt=MAX_LAYERS)], ...] = Field(
-        default=(), description="Keep these layers 16-bit, by index from 0.")
+        default=(), title="16-bit: layers (indices)", description="Keep these layers 16-bit, by index from 0 "
+        "(e.g. 0, 5).")
 
     @model_validator(mode="after")
     def _some(self) -> SkipLayers:
@@ -150,6 +157,25 @@ def _param(name: str) -> Any:
     return Annotated[int, Field(ge=param.low, le=param.high)]
 
 
+def _setting_axis(name: str) -> Axis:
+    """The axis of a format setting, from its entry in the settings registry."""
+    setting = SETTINGS[name]
+    return Axis(setting.title, setting.help, applies="setting", sweep=setting.sweep_key, tune=setting.tune_key,
+                column=setting.column)
+
+
+def _budget_axis(name: str) -> Axis:
+    """The axis of a budget kind, from its entry in the budget registry (a sweep lists ratios alone)."""
+    budget = BUDGETS[name]
+    return Axis(budget.title, budget.help, applies="evicts", sweep="ratios" if name == "ratio" else None,
+                grid_title="Ratios (fraction removed)")
+
+
+def _param_axis(name: str) -> Axis:
+    """The axis of a method parameter, from its entry in the parameter registry (not a column of the table)."""
+    return Axis(name.replace("_", " "), PARAMS[name].help, applies="evicts", column=False)
+
+
 class KVCacheConfig(BaseModel):
     """One KV-cache configuration: quantization of what is kept, after optional token eviction.
 
@@ -175,46 +201,89 @@ class KVCacheConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    name: str = Field(default="", description="The config's name in results; blank: derived from its settings "
-                      "(e.g. int4/g64/r64+snapkv:r0.75).")
-    quant: QuantDtype = Field(default="none", description="The storage format of keys and values (of keys alone "
-                              "when value_quant is set): the format registry's names.")
-    value_quant: QuantDtype | None = Field(
+    # Each field carries its axis (kvlab.core.axis): the table, the grids' lists, the form and `kvlab serve`
+    # are derived from these declarations, in this order.
+    name: Annotated[str, Axis(
+        "name", "optional; derived from the settings if blank", option=False,
+        form_help="The config's name in results, unique; filled from its settings (blank: derived from them). A "
+                  "name stays as it is when the settings change: rename the row, or clear its name.")] = Field(
+        default="", description="The config's name in results; blank: derived from its settings "
+        "(e.g. int4/g64/r64+snapkv:r0.75).")
+    quant: Annotated[QuantDtype, Axis(
+        "quant", "the keys' and values' format (the keys' alone when value quant is set)", sweep="quant",
+        tune="quant", grid_title="Quantization formats")] = Field(
+        default="none", description="The storage format of keys and values (of keys alone when value_quant is "
+        "set): the format registry's names.")
+    value_quant: Annotated[QuantDtype | None, Axis(
+        "value quant (if not quant)", "store values in another format than keys, e.g. keys int8 and values int4 "
+        "(KIVI: keys need more care); blank: as quant", sweep="value_quant", tune="value_quant",
+        grid_title="Value formats (also)")] = Field(
         default=None, description="The values' format where it differs from the keys' (K8V4: quant int8, "
         "value_quant int4); unset: as quant.")
-    skip_layers: SkipLayers | None = Field(
+    group_size: Annotated[GroupSize, _setting_axis("group_size")] = Field(
+        default=DEFAULT_GROUP_SIZE, description=SETTINGS["group_size"].help)
+    residual_length: Annotated[ResidualLength, _setting_axis("residual_length")] = Field(
+        default=DEFAULT_RESIDUAL_LENGTH, description=SETTINGS["residual_length"].help)
+    key_axis: Annotated[KeyAxis, _setting_axis("key_axis")] = Field(
+        default=KEY_AXES[0], description=SETTINGS["key_axis"].help)
+    skip_layers: Annotated[SkipLayers | None, also_axis(
+        "skip_layers", "16-bit layers", "layers whose cache stays 16-bit under the quantization (vLLM's "
+        "--kv-cache-dtype-skip-layers)", "16-bit layer patterns each quantizing config is also run with.",
+        label=lambda pattern: f"/{pattern.label}", column_prefix="skipped_", flag_prefix="skip_",
+        grid_title="16-bit layer patterns")] = Field(
         default=None, description="Layers whose cache stays 16-bit under the quantization (vLLM's "
         "--kv-cache-dtype-skip-layers).")
-    group_size: GroupSize = Field(default=DEFAULT_GROUP_SIZE, description=SETTINGS["group_size"].help)
-    residual_length: ResidualLength = Field(default=DEFAULT_RESIDUAL_LENGTH,
-                                            description=SETTINGS["residual_length"].help)
-    key_axis: KeyAxis = Field(default=KEY_AXES[0], description=SETTINGS["key_axis"].help)
-    evict: EvictionMethod = Field(default="none", description="The eviction method (a kvpress scorer; none keeps "
-                                  "every token): the method registry's names, `kvlab methods`.")
-    # The budget registry's kinds (kvlab.core.methods.BUDGETS), one field each:
-    ratio: Fraction | None = Field(default=None, description=BUDGETS["ratio"].help)
-    keep_fraction: Fraction | None = Field(default=None, description=BUDGETS["keep_fraction"].help)
-    threshold: Fraction | None = Field(default=None, description=BUDGETS["threshold"].help)
-    keep_tokens: Annotated[int, Field(ge=1, lt=MAX_KEEP_TOKENS)] | None = Field(
-        default=None, description=BUDGETS["keep_tokens"].help)
-    query_aware: bool = Field(default=False, description="The question is prefilled with the context and never "
-                              "evicted, so query-driven scorers see it (SnapKV's observation window).")
-    window_size: _param("window_size") = Field(  # type: ignore[valid-type]
-        default=PARAMS["window_size"].default, description=PARAMS["window_size"].help)
-    n_sink: _param("n_sink") = Field(  # type: ignore[valid-type]
-        default=PARAMS["n_sink"].default, description=PARAMS["n_sink"].help)
-    rotation: bool | None = Field(
+    rotation: Annotated[bool | None, also_axis(
+        "rotation", "rotation", "a Hadamard rotation of quantized keys and values: true rotates kvlab's own "
+        "formats, false turns a serving engine's off (llama.cpp's attn_rot); blank: the engine's default",
+        "Rotation settings each quantizing config is also run with on a server that rotates (llama.cpp: false "
+        "turns its Hadamard rotation of quantized keys and values off). Empty: the engine's default alone.",
+        label=lambda rotated: "/rot" if rotated else "/norot", grid_title="Rotation settings (also)")] = Field(
         default=None, description="A serving engine's Hadamard rotation of quantized keys and values before they are "
         "stored (llama.cpp's attn_rot_k / attn_rot_v, on by default where the head dimension allows): false turns it "
         "off; unset: the engine's default, recorded with every result.")
-    decode: DecodePolicy | None = Field(
-        default=None, description="Compress during generation too, scored by evict (kvpress's DecodingPress); "
-        "with it the prompt's budget is optional.")
-    heads: HeadBudgetName = Field(default=UNIFORM_HEADS, description="How a layer's budget is shared out across "
-                                  "its KV heads: the head-budget registry's names (adakv, critical_adakv).")
-    alpha_safeguard: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+    evict: Annotated[EvictionMethod, Axis(
+        "evict", "the eviction method; the budgets each accepts: `kvlab methods`", sweep="evict", tune="evict",
+        grid_title="Eviction methods")] = Field(
+        default="none", description="The eviction method (a kvpress scorer; none keeps every token): the method "
+        "registry's names, `kvlab methods`.")
+    # The budget registry's kinds (kvlab.core.methods.BUDGETS), one field each:
+    ratio: Annotated[Fraction | None, _budget_axis("ratio")] = Field(default=None, description=BUDGETS["ratio"].help)
+    keep_fraction: Annotated[Fraction | None, _budget_axis("keep_fraction")] = Field(
+        default=None, description=BUDGETS["keep_fraction"].help)
+    threshold: Annotated[Fraction | None, _budget_axis("threshold")] = Field(
+        default=None, description=BUDGETS["threshold"].help)
+    keep_tokens: Annotated[Annotated[int, Field(ge=1, lt=MAX_KEEP_TOKENS)] | None, _budget_axis("keep_tokens")] = (
+        Field(default=None, description=BUDGETS["keep_tokens"].help))
+    query_aware: Annotated[bool, Axis(
+        "query-aware", "the question is in the scorer's window (SnapKV's paper); the server sets it itself",
+        applies="evicts", sweep="query_aware", tune="query_aware", option=False,
+        grid_title="Query-aware eviction")] = Field(
+        default=False, description="The question is prefilled with the context and never evicted, so query-driven "
+        "scorers see it (SnapKV's observation window).")
+    window_size: Annotated[_param("window_size"), _param_axis("window_size")] = Field(  # type: ignore[valid-type]
+        default=PARAMS["window_size"].default, description=PARAMS["window_size"].help)
+    n_sink: Annotated[_param("n_sink"), _param_axis("n_sink")] = Field(  # type: ignore[valid-type]
+        default=PARAMS["n_sink"].default, description=PARAMS["n_sink"].help)
+    heads: Annotated[HeadBudgetName, Axis(
+        "heads (budget shared by)", "share each layer's budget out across its KV heads (adakv, critical_adakv; "
+        "default uniform)", applies="evicts", sweep="heads", tune="heads", grid_title="Head budgets",
+        form_help="uniform: every head of a layer keeps the same count; adakv / critical_adakv (kvpress's "
+                  "AdaKVPress, CriticalAdaKVPress): a layer's budget goes to the best-scored tokens of all its "
+                  "heads, each head keeping at least alpha_safeguard of an equal share. Methods whose scores are "
+                  "the same in every head (streaming_llm, tova) keep uniform heads: `kvlab methods`.")] = Field(
+        default=UNIFORM_HEADS, description="How a layer's budget is shared out across its KV heads: the head-budget "
+        "registry's names (adakv, critical_adakv).")
+    alpha_safeguard: Annotated[float, Field(ge=0.0, le=1.0), Axis(
+        "head safeguard", "with a head-wise budget: the least share of an equal split each head keeps (kvpress's "
+        "alpha_safeguard)", applies="evicts")] = Field(
         default=DEFAULT_ALPHA_SAFEGUARD, description="With a head-wise budget: the least share of an equal split "
         "each head keeps (kvpress's alpha_safeguard).")
+    decode: Annotated[DecodePolicy | None, Axis(
+        "decode", "compress during generation too (kvpress's DecodingPress)", applies="given", sweep="decode",
+        tune="decode", column_prefix="decode_", flag_prefix="decode_", grid_title="Decode policies")] = Field(
+        default=None, description="Compress during generation too, scored by evict (kvpress's DecodingPress); "
+        "with it the prompt's budget is optional.")
 
     @field_validator("name")
     @classmethod
@@ -231,12 +300,10 @@ class KVCacheConfig(BaseModel):
         if self.value_quant is not None and self.value_quant == self.quant:
             raise ValueError(f"value_quant = '{self.value_quant}' is quant's format already: give value_quant only "
                              f"when values are stored in another format than keys")
-        if self.skip_layers is not None and not self.quantizes:
-            raise ValueError(f"skip_layers ({self.skip_layers.label}) keeps layers 16-bit under a quantization: "
-                             f"set quant (or value_quant), or drop skip_layers")
-        if self.rotation is not None and not self.quantizes:
-            raise ValueError("rotation applies to quantized keys or values: set quant (or value_quant), or drop "
-                             "rotation")
+        for axis in also_axes():
+            if getattr(self, axis.field) is not None and not self.quantizes:
+                raise ValueError(f"{axis.field} applies to quantized keys or values ({axis.field} = "
+                                 f"{choice_key(getattr(self, axis.field))}): set quant (or value_quant), or drop it")
         return self
 
     @model_validator(mode="after")
@@ -364,10 +431,9 @@ def describe(config: KVCacheConfig) -> str:
     parts = []
     if config.quantizes:
         formats = config.quant if config.value_quant is None else f"k:{config.quant}/v:{config.value_quant}"
-        skipped = f"/{config.skip_layers.label}" if config.skip_layers is not None else ""
-        rotated = "" if config.rotation is None else "/rot" if config.rotation else "/norot"
-        parts.append(formats + "".join(s.label(getattr(config, s.field)) for s in config.settings) + skipped
-                     + rotated)
+        also = "".join(axis.value_label(value) for axis in also_axes()
+                       if (value := getattr(config, axis.field)) is not None)
+        parts.append(formats + "".join(s.label(getattr(config, s.field)) for s in config.settings) + also)
     if config.evict != "none":
         budget = "".join(f"{BUDGETS[name].label}{value if BUDGETS[name].integer else format(value, 'g')}"
                          for name, value in config.budgets_given.items())
@@ -383,6 +449,12 @@ def _heads_label(config: KVCacheConfig) -> str:
         return ""
     safeguard = f"{config.alpha_safeguard:g}" if config.alpha_safeguard != DEFAULT_ALPHA_SAFEGUARD else ""
     return f"/{HEAD_BUDGETS[config.heads].label}{safeguard}"
+
+
+def also_axes() -> tuple[Axis, ...]:
+    """The axes each quantizing config of a grid is also run with (16-bit layers, rotation): their
+    declarations' ``also``."""
+    return tuple(axis for axis in field_axes(KVCacheConfig) if axis.also)
 
 
 BASELINE = KVCacheConfig(name="baseline")
@@ -433,19 +505,23 @@ def check_query_aware_grid(methods: list[str], query_aware: bool) -> None:
                          f"having the model repeat it): run it in a grid without query_aware")
 
 
-def check_format_grid(quant: list[str], value_quant: list[str], skip_layers: list[SkipLayers]) -> None:
-    """A grid's value formats and 16-bit layer patterns: distinct, and patterns with a format that quantizes."""
+def check_value_grid(value_quant: list[str]) -> None:
+    """A grid's value formats: distinct."""
     if len(set(value_quant)) != len(value_quant):
         raise ValueError("value_quant lists a format twice: give each once")
-    if len(set(skip_layers)) != len(skip_layers):
-        raise ValueError("skip_layers lists a pattern twice: give each once")
-    if skip_layers and all(f == "none" for f in (*quant, *value_quant)):
-        raise ValueError("skip_layers keeps layers 16-bit under a quantization: add a format to quant or value_quant")
 
 
-def space_tables(skip_layers: list[SkipLayers]) -> tuple[dict[str, Any], ...]:
-    """16-bit layer patterns as a space's ``skip_layers`` dicts."""
-    return tuple(p.model_dump(exclude_defaults=True) for p in skip_layers)
+def check_also_grid(grid: BaseModel, quant: list[str], value_quant: list[str]) -> None:
+    """A grid's lists of the axes each quantizing config is also run with: distinct, and with a format that
+    quantizes."""
+    for axis in also_axes():
+        values = getattr(grid, axis.field)
+        keys = [choice_key(v) for v in values]
+        if twice := sorted({key for key in keys if keys.count(key) > 1}):
+            raise ValueError(f"{axis.field} lists {', '.join(twice)} twice: give each value once")
+        if values and all(f == "none" for f in (*quant, *value_quant)):
+            raise ValueError(f"{axis.field} applies to quantized keys or values: add a format to quant or "
+                             f"value_quant")
 
 
 def distinct(values: list[Any]) -> list[Any]:
@@ -456,13 +532,9 @@ def distinct(values: list[Any]) -> list[Any]:
     return values
 
 
-class GridAxes(BaseModel):
-    """The axes a sweep's grid and a tune's space list alike (:class:`SweepGrid`, :class:`~kvlab.core.tune_spec.
-    TuneSpec`): formats, methods, value formats, 16-bit layer patterns, decode policies and head budgets, each
-    list of distinct values, checked together, and walked by one :class:`ConfigSpace` (:meth:`config_space`).
-    They differ in how they give the budget (a sweep lists ratios, a tune a range on a step) and the format
-    settings (a sweep one value of each, a tune a list: the settings registry's ``sweep_key`` / ``tune_key``).
-    """
+class _GridCore(BaseModel):
+    """The axes of a grid whose walk is their own (formats, methods, value formats, decode policies, head
+    budgets); :class:`GridAxes` adds a list per axis each quantizing config is also run with."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -478,14 +550,8 @@ class GridAxes(BaseModel):
         default=[UNIFORM_HEADS], min_length=1, description="Head budgets each budget of a method whose scores may "
         "be shared out across heads is run with (`kvlab methods` lists them; the others keep uniform heads).")
     value_quant: list[QuantDtype] = Field(
-        default=[], description="Value formats each format of quant is also run with for its values (int4 with "
-        "int8 values: K4V8).")
-    skip_layers: list[SkipLayers] = Field(default=[], description="16-bit layer patterns each quantizing config is "
-                                          "also run with.")
-    rotation: list[bool] = Field(
-        default=[], description="Rotation settings each quantizing config is also run with on a server that rotates "
-        "(llama.cpp: false turns its Hadamard rotation of quantized keys and values off). Empty: the engine's "
-        "default alone.")
+        default=[], description="Value formats each format of quant is also run with for its values, its keys in "
+        "its own (int4 with int8 values: K4V8). KIVI's finding: keys need more care than values.")
 
     @field_validator("quant", "value_quant", "evict", "heads", mode="before")
     @classmethod
@@ -497,6 +563,28 @@ class GridAxes(BaseModel):
     def _distinct(cls, values: list[Any]) -> list[Any]:
         return distinct(values)
 
+
+if TYPE_CHECKING:
+    _GridLists = _GridCore
+else:  # a list field per `also` axis of KVCacheConfig, from its declaration
+    _GridLists = create_model("_GridLists", __base__=_GridCore, __module__=__name__,
+                              **grid_fields(KVCacheConfig, None))
+
+
+class GridAxes(_GridLists):
+    """The axes a sweep's grid and a tune's space list alike (:class:`SweepGrid`, :class:`~kvlab.core.tune_spec.
+    TuneSpec`): formats, methods, value formats, decode policies, head budgets, and a list per axis each
+    quantizing config is also run with (16-bit layer patterns, rotation: their ``KVCacheConfig`` fields'
+    declarations), each list of distinct values, checked together, and walked by one :class:`ConfigSpace`
+    (:meth:`config_space`).  They differ in how they give the budget (a sweep lists ratios, a tune a range on a
+    step) and the format settings (a sweep one value of each, a tune a list: the fields are derived from the
+    settings' axes, :func:`kvlab.core.axis.grid_fields`).
+    """
+
+    if TYPE_CHECKING:  # for the type checker, the generated lists that code reads by name (an engine's semantics)
+        skip_layers: list[SkipLayers] = Field(default_factory=list)
+        rotation: list[bool] = Field(default_factory=list)
+
     @property
     def budget_kind(self) -> str:
         """The budget kind the space's methods take."""
@@ -506,25 +594,30 @@ class GridAxes(BaseModel):
     def _check_axes(self) -> GridAxes:
         check_decode_grid(self.evict, self.decode)
         check_heads_grid(self.evict, self.heads, self.budget_kind)
-        check_format_grid(self.quant, self.value_quant, self.skip_layers)
+        check_value_grid(self.value_quant)
+        check_also_grid(self, self.quant, self.value_quant)
         check_query_aware_grid(self.evict, self.query_aware)
-        if len(set(self.rotation)) != len(self.rotation):
-            raise ValueError("rotation lists a setting twice: give each once")
-        if self.rotation and all(f == "none" for f in (*self.quant, *self.value_quant)):
-            raise ValueError("rotation applies to quantized keys or values: add a format to quant or value_quant")
         return self
 
     def config_space(self, budgets: tuple[float, ...], settings: dict[str, tuple[Any, ...]], *,
                      with_baseline: bool, budget_step: float | None = None) -> ConfigSpace:
         """This grid's axes with ``budgets`` of :attr:`budget_kind` and the format ``settings`` offered."""
+        also = {axis.field: tuple(plain(v) for v in values) for axis in also_axes()
+                if (values := getattr(self, axis.field))}
         return ConfigSpace(quant=tuple(self.quant), evict=tuple(self.evict), budget=self.budget_kind, budgets=budgets,
                            budget_step=budget_step, settings=settings, query_aware=self.query_aware,
                            with_baseline=with_baseline, decode=decode_options(self.decode), heads=tuple(self.heads),
-                           value_quant=tuple(self.value_quant), skip_layers=space_tables(self.skip_layers),
-                           rotation=tuple(self.rotation))
+                           value_quant=tuple(self.value_quant), also=also)
 
 
-class SweepGrid(GridAxes):
+if TYPE_CHECKING:
+    _SweepSettings = GridAxes
+else:  # one value per format setting the sweep lists, from the settings' axes
+    _SweepSettings = create_model("_SweepSettings", __base__=GridAxes, __module__=__name__,
+                                  **grid_fields(KVCacheConfig, "sweep"))
+
+
+class SweepGrid(_SweepSettings):
     """A grid over quantization x eviction method x ratio, expanded into configs (:meth:`space`).
 
     Each list holds at least one value and none twice, so the grid's points are distinct and
@@ -534,9 +627,6 @@ class SweepGrid(GridAxes):
 
     ratios: list[Fraction] = Field(default=[0.5], min_length=1, description="Budgets of every eviction method, "
                                    "as fractions of context tokens removed.")
-    group_size: GroupSize = Field(default=DEFAULT_GROUP_SIZE, description=SETTINGS["group_size"].help)
-    residual_length: ResidualLength = Field(default=DEFAULT_RESIDUAL_LENGTH,
-                                            description=SETTINGS["residual_length"].help)
 
     @field_validator("ratios")
     @classmethod

@@ -16,12 +16,12 @@ baseline is ``{}``).  Pure data: nothing here imports torch, optuna or :mod:`kvl
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvlab.core.axis import choice_key
 from kvlab.core.formats import QUANT_ALIASES, format_settings
 from kvlab.core.methods import HEADWISE_BUDGETS, METHOD_ALIASES, METHODS, UNIFORM_HEADS
 
@@ -39,25 +39,9 @@ HEADS_PARAM = "heads"
 #: The Optuna parameter of a proposal's value format, one per key format (``value_quant:int8``: the
 #: formats offered exclude the key's own, so each key format has its own choices), "same" for none.
 VALUE_PARAM = "value_quant"
-#: The Optuna parameter of a proposal's 16-bit layers (:func:`choice_key` of the pattern), asked only
-#: of a point that quantizes.
-SKIP_PARAM = "skip_layers"
-#: The Optuna parameter of a proposal's rotation setting (its choice_key: the engine's default, true or false).
-ROTATION_PARAM = "rotation"
 SAME_FORMAT = "same"
 
 Point = dict[str, Any]
-
-
-def choice_key(table: Point | None) -> str:
-    """A nested table (a decode policy, a 16-bit layer pattern) as an Optuna categorical value: ``"none"``
-    or its fields as sorted JSON."""
-    return "none" if table is None else json.dumps(table, sort_keys=True)
-
-
-def rotation_key(rotation: bool | None) -> str:
-    """A rotation setting as an Optuna categorical value: ``"none"`` (the engine's default), ``"true"``, ``"false"``."""
-    return "none" if rotation is None else str(rotation).lower()
 
 
 def canonical_name(value: Any) -> Any:
@@ -113,10 +97,10 @@ class ConfigSpace:
     #: Value formats (``KVCacheConfig.value_quant``) each format of ``quant`` is also tried with for
     #: its values (its keys in its own format); a format is never offered as its own value format.
     value_quant: tuple[str, ...] = ()
-    #: 16-bit layer patterns (``KVCacheConfig.skip_layers`` dicts) each point that quantizes is also tried with.
-    skip_layers: tuple[Point, ...] = ()
-    #: Rotation settings (``KVCacheConfig.rotation``) each point that quantizes is also tried with.
-    rotation: tuple[bool, ...] = ()
+    #: Values each point that quantizes is also tried with, by ``KVCacheConfig`` field: the ``also`` axes
+    #: (:mod:`kvlab.core.axis`: 16-bit layer patterns as dicts, rotation settings), in the config's field order.
+    #: An Optuna trial asks each under its field's name, its values as :func:`~kvlab.core.axis.choice_key`.
+    also: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def varied(self, quant: str, value: str | None = None) -> list[str]:
         """The settings the space varies for keys in ``quant`` and values in ``value`` (None: the same):
@@ -126,16 +110,15 @@ class ConfigSpace:
     def _values(self, quant: str) -> tuple[str | None, ...]:
         return (None, *(v for v in self.value_quant if v != quant))
 
-    def _skips(self, quant: str, value: str | None) -> tuple[Point | None, ...]:
-        return (None, *self.skip_layers) if _quantizes(quant, value) else (None,)
-
-    def _rotations(self, quant: str, value: str | None) -> tuple[bool | None, ...]:
-        return (None, *self.rotation) if _quantizes(quant, value) else (None,)
+    def _also(self, quant: str, value: str | None) -> dict[str, tuple[Any, ...]]:
+        """Each ``also`` axis's options (unset first) for keys in ``quant`` and values in ``value``: none where
+        nothing is quantized."""
+        return {name: (None, *values) for name, values in self.also.items()} if _quantizes(quant, value) else {}
 
     def size(self) -> int:
         """How many configs :meth:`points` lists, counted without listing them."""
         formats = sum(math.prod(len(self.settings[name]) for name in self.varied(quant, value))
-                      * len(self._skips(quant, value)) * len(self._rotations(quant, value))
+                      * math.prod(len(options) for options in self._also(quant, value).values())
                       for quant in self.quant for value in self._values(quant))
         evictions = ("none" in self.evict) + sum(len(self.budgets) * len(self._variants(method))
                                                   for method in self.evict if method != "none")
@@ -177,10 +160,7 @@ class ConfigSpace:
         params: dict[str, Any] = {}
         if len(self._values(quant)) > 1:
             params[f"{VALUE_PARAM}:{quant}"] = SAME_FORMAT
-        if len(self._skips(quant, None)) > 1:
-            params[SKIP_PARAM] = choice_key(None)
-        if len(self._rotations(quant, None)) > 1:
-            params[ROTATION_PARAM] = rotation_key(None)
+        params |= {name: choice_key(None) for name in self._also(quant, None)}
         if method != "none":
             heads = self._heads(method)
             if len(heads) > 1:
@@ -205,13 +185,10 @@ class ConfigSpace:
         point |= {"value_quant": value} if value is not None else {}
         for name in self.varied(quant, value):
             point[name] = trial.suggest_categorical(name, self.settings[name])
-        skips = {choice_key(p): p for p in self._skips(quant, value)}
-        if len(skips) > 1 and (skip := skips[trial.suggest_categorical(SKIP_PARAM, list(skips))]) is not None:
-            point["skip_layers"] = dict(skip)
-        rotations = {rotation_key(r): r for r in self._rotations(quant, value)}
-        if len(rotations) > 1 and (
-                rotation := rotations[trial.suggest_categorical(ROTATION_PARAM, list(rotations))]) is not None:
-            point["rotation"] = rotation
+        for name, options in self._also(quant, value).items():
+            keyed = {choice_key(option): option for option in options}
+            if (chosen := keyed[trial.suggest_categorical(name, list(keyed))]) is not None:
+                point[name] = chosen
         method = trial.suggest_categorical("evict", self.evict)
         if method != "none":
             offered = self._heads(method)
@@ -235,16 +212,16 @@ class ConfigSpace:
             [(None, h) for h in heads if h != UNIFORM_HEADS]
 
     def _formats(self, quant: str) -> list[Point]:
-        """Keys in ``quant``: values in the same format or another offered, with each 16-bit layer pattern
-        offered where it quantizes, by the settings the formats read."""
+        """Keys in ``quant``: values in the same format or another offered, with each value of an ``also``
+        axis offered where it quantizes, by the settings the formats read."""
         points = []
         for value in self._values(quant):
             names = self.varied(quant, value)
             head: Point = ({"quant": quant} if quant != "none" else {}) | (
                 {"value_quant": value} if value is not None else {})
-            for skip, rotation in itertools.product(self._skips(quant, value), self._rotations(quant, value)):
-                tail: Point = ({"skip_layers": dict(skip)} if skip is not None else {}) | (
-                    {"rotation": rotation} if rotation is not None else {})
+            also = self._also(quant, value)
+            for chosen in itertools.product(*also.values()):
+                tail: Point = {name: option for name, option in zip(also, chosen, strict=True) if option is not None}
                 points += [head | dict(zip(names, values, strict=True)) | tail
                            for values in itertools.product(*(self.settings[name] for name in names))]
         return points

@@ -14,24 +14,14 @@ Pure data and validation: nothing here imports torch or optuna (``kvlab show`` r
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
+from kvlab.core.axis import grid_fields
 from kvlab.core.backends import BACKENDS, launched_kinds
-from kvlab.core.formats import (
-    DEFAULT_GROUP_SIZE,
-    DEFAULT_RESIDUAL_LENGTH,
-    FORMATS,
-    GROUP_SIZES,
-    MAX_RESIDUAL_LENGTH,
-    QUANT_NAMES,
-    SETTINGS,
-)
-from kvlab.core.kv_config import (
-    GridAxes,
-    distinct,
-)
+from kvlab.core.formats import FORMATS, QUANT_NAMES, SETTINGS
+from kvlab.core.kv_config import GridAxes, KVCacheConfig, distinct
 from kvlab.core.limits import TUNE_POINTS
 from kvlab.core.methods import BUDGETS, FRACTION_COUNT_BUDGETS, METHOD_NAMES, METHODS
 from kvlab.core.space import ConfigSpace
@@ -44,7 +34,17 @@ Sampler = Literal["tpe", "gp"]
 MIN_BUDGET_STEP = 0.001
 
 
-class TuneSpec(GridAxes):
+#: The [tune] keys that list a format setting's values (``group_sizes``, ...), from the settings' axes.
+TUNE_SETTINGS: tuple[str, ...] = tuple(key for s in SETTINGS.values() if (key := s.tune_key) is not None)
+
+if TYPE_CHECKING:
+    _TuneSettings = GridAxes
+else:  # a list per format setting the tune searches, from the settings' axes
+    _TuneSettings = create_model("_TuneSettings", __base__=GridAxes, __module__=__name__,
+                                 **grid_fields(KVCacheConfig, "tune"))
+
+
+class TuneSpec(_TuneSettings):
     """What ``kvlab tune`` searches, under which constraints, for how long.
 
     Objectives: physical KV bytes (minimise) and accuracy (maximise).  Constraints: accuracy
@@ -62,12 +62,6 @@ class TuneSpec(GridAxes):
 
     quant: list[QuantName] = Field(default_factory=lambda: ["none", "int8", "int4", "int2"], min_length=1,
                                    description="Quantization formats the search may pick.")
-    group_sizes: list[Literal[GROUP_SIZES]] = Field(  # type: ignore[valid-type]
-        default_factory=lambda: [DEFAULT_GROUP_SIZE], min_length=1,
-        description="Group sizes the search may pick for the formats that read one.")
-    residual_lengths: list[Annotated[int, Field(ge=0, le=MAX_RESIDUAL_LENGTH)]] = Field(
-        default_factory=lambda: [DEFAULT_RESIDUAL_LENGTH], min_length=1,
-        description="Residual windows (tokens kept 16-bit) the search may pick for the formats that read one.")
     budget: Literal[FRACTION_COUNT_BUDGETS] = Field(  # type: ignore[valid-type]
         default="ratio", description="The budget kind of every eviction candidate (a fraction of the context).")
     budget_range: tuple[float, float] = Field(default=(0.25, 0.875), description="The lowest and highest budget, "
@@ -94,7 +88,7 @@ class TuneSpec(GridAxes):
     max_tpot_ms: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="Constraint: a candidate's median TPOT in milliseconds at most this.")
 
-    @field_validator("group_sizes", "residual_lengths")
+    @field_validator(*TUNE_SETTINGS)
     @classmethod
     def _distinct_settings(cls, values: list[Any]) -> list[Any]:
         return distinct(values)
@@ -200,9 +194,9 @@ def backend_space(tune: TuneSpec, backend_kind: str) -> tuple[TuneSpec, list[str
                          f"{', '.join(backend.kv_dtypes)}; "
                          "put one of them in [tune] quant")
     # The engine's own KV dtype has neither kvlab's block size nor its residual window: one value each.
+    defaults = {s.tune_key: [s.default] for s in SETTINGS.values() if s.tune_key is not None}
     narrowed = tune.model_copy(update={"quant": formats, "value_quant": values, "evict": ["none"], "rotation": rotation,
-                                       "group_sizes": [DEFAULT_GROUP_SIZE],
-                                       "residual_lengths": [DEFAULT_RESIDUAL_LENGTH], "query_aware": False})
+                                       "query_aware": False} | defaults)
     return narrowed, notes
 
 

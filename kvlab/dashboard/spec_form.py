@@ -18,7 +18,8 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
-from kvlab.core.axes import AXES, CONFIG_LABELS, LEAVES, NESTED_COLUMNS, Axis, shape
+from kvlab.core.axes import AXES, CONFIG_LABELS, LEAVES, NESTED_COLUMNS, Axis
+from kvlab.core.axis import shape
 from kvlab.core.backends import BACKENDS, server_kinds
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, parse_spec, spec_to_dict
@@ -56,14 +57,6 @@ TUNE_LABELS = {"max_trials": "Max candidates", "max_minutes": "Max minutes", "ma
 TUNE_OPTIONAL = tuple(TUNE_LABELS)
 TUNE_COUNTS = ("max_trials", "max_item_evals")  # whole numbers; the others are minutes and milliseconds
 TUNE_BUDGETS = ("max_trials", "max_minutes", "max_item_evals")  # the search stops at the first one reached
-#: What a value format is, for the widgets that pick them.
-VALUE_QUANT_HELP = ("Each format is also run with its values stored in these formats (its keys in its own): "
-                    "quant int8 with value int4 is K8V4. KIVI's finding: keys need more care than values.")
-#: What a head budget is, for the widgets that pick one.
-HEADS_HELP = ("uniform: every head of a layer keeps the same count; adakv / critical_adakv (kvpress's AdaKVPress, "
-              "CriticalAdaKVPress): a layer's budget goes to the best-scored tokens of all its heads, each head "
-              "keeping at least alpha_safeguard of an equal share. Methods whose scores are the same in every "
-              "head (streaming_llm, tova) keep uniform heads: `kvlab methods`.")
 #: Fields the form shows as a table, one row per entry: a message about an entry says its row (from 1) and column.
 TABLES = {"configs": CONFIG_LABELS}
 
@@ -85,6 +78,7 @@ class GridWidget:
     options: tuple[Any, ...] = ()
     item: type = float  # a number list's items
     required: bool = False  # at least one value
+    help: str = ""  # the grid field's description, then the axis's longer help
 
 
 def grid_widgets(table: str) -> tuple[GridWidget, ...]:
@@ -115,7 +109,8 @@ def grid_widgets(table: str) -> tuple[GridWidget, ...]:
             kind, options = "select", get_args(annotation)
         else:
             kind = "checkbox" if annotation is bool else "number"
-        widgets.append(GridWidget(key, axis.grid_heading, axis, kind, options, item, required))
+        text = " ".join(part for part in (info.description, axis.form_help) if part)
+        widgets.append(GridWidget(key, axis.grid_heading, axis, kind, options, item, required, text))
     return tuple(widgets)
 
 

@@ -21,8 +21,6 @@ from kvlab.core.space import (
     BUDGET_PARAM,
     DECODE_PARAM,
     HEADS_PARAM,
-    ROTATION_PARAM,
-    SKIP_PARAM,
     VALUE_PARAM,
     ConfigSpace,
     canonical_name,
@@ -147,8 +145,8 @@ def test_suggestions_and_the_initial_design_are_points(space):
         config = KVCacheConfig(**space.suggest(ReplayTrial(params)))
         assert config in points and not config.is_baseline
         # the study's parameter names (the conditional ones answered plainly: the format or the method alone)
-        assert set(params) <= {"quant", "evict", BUDGET_PARAM, *space.settings, HEADS_PARAM, DECODE_PARAM, SKIP_PARAM,
-                               ROTATION_PARAM, *(f"{VALUE_PARAM}:{quant}" for quant in space.quant)}
+        assert set(params) <= {"quant", "evict", BUDGET_PARAM, *space.settings, HEADS_PARAM, DECODE_PARAM, *space.also,
+                               *(f"{VALUE_PARAM}:{quant}" for quant in space.quant)}
         assert config.value_quant is None and config.skip_layers is None and config.decode is None
         assert config.rotation is None  # the engine's default first
         assert config.heads == "uniform" or "uniform" not in space.heads
@@ -199,7 +197,7 @@ def test_rotation_is_an_axis_of_the_servers_that_rotate_and_of_no_other():
     assert [c.label for c in grid.expand()] == ["baseline", "q4_0", "q4_0/norot", "q8_0", "q8_0/norot"]
     with pytest.raises(ValueError, match="rotation applies to quantized keys or values"):
         SweepGrid(quant=["none"], evict=["snapkv"], rotation=[False])
-    with pytest.raises(ValueError, match="rotation lists a setting twice"):
+    with pytest.raises(ValueError, match="rotation lists false twice"):
         SweepGrid(quant=["q4_0"], rotation=[False, False])
     tune = TuneSpec(quant=["q4_0", "int4"], rotation=[False])
     on_llamacpp, notes = backend_space(tune, "llamacpp")
