@@ -18,6 +18,7 @@ from kvlab.core.axes import CONFIG_COLUMNS
 from kvlab.core.backends import BACKENDS
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ExperimentSpec, dump_spec, parse_spec, spec_text
+from kvlab.core.margin_inputs import MARGIN_FORMAT, MARGIN_INPUTS
 from kvlab.core.methods import BUDGETS
 from kvlab.core.tasks import DEFAULT_NUM_ITEMS, TASKS
 from kvlab.dashboard import estimate, executor_form, formatting, page_table
@@ -302,29 +303,11 @@ with device_col:
 with tags_col:
     st.text_input("Tags (comma-separated)", key=P + "tags")
     slot("tags")
-margin_col, kl_col, agreement_col = st.columns(3)  # the sweet-spot rule's margins, a sweep's and a tune's
-with margin_col:
-    st.number_input(formatting.MARGIN_LABEL, min_value=formatting.MARGIN_MIN, max_value=formatting.MARGIN_MAX,
-                    step=formatting.MARGIN_STEP, format=formatting.MARGIN_FORMAT, key=P + "max_drop",
-                    help="Accuracy a config may lose against the baseline, as a fraction of the items like the "
-                    "accuracy itself (0.05: 5 items in 100). On a task where fidelity decides, its accuracy must not "
-                    "be shown to drop by more than this; elsewhere a paired test (Holm-corrected across configs) "
-                    "must show it within this.")
-    slot("max_drop")
-with kl_col:
-    st.number_input("Max KL (nats; 0: off)", min_value=0.0, max_value=10.0, step=0.01, format="%.3f",
-                    key=P + "max_kl", help="Fidelity margin: where fidelity is measured (the embedded engine), a "
-                    "config whose mean KL(baseline || config) per token, teacher-forced on the baseline's output, is "
-                    "certified below this many nats (the upper end of its 95% t interval over items, Holm-corrected "
-                    "across configs) is acceptable on a task unless its accuracy is shown to drop by more than "
-                    "max_drop. 0 turns it off: accuracy non-inferiority decides.")
-    slot("max_kl")
-with agreement_col:
-    st.number_input("Min top-1 agreement (0: off)", min_value=0.0, max_value=0.999, step=0.01, format="%.3f",
-                    key=P + "min_agreement", help="Fidelity margin: a config must also have its agreement with the "
-                    "baseline's top-1 token (the mean over items of each item's share of tokens) certified above this "
-                    "(0.9 = 90%), on every task. 0 turns it off.")
-    slot("min_agreement")
+for column, margin in zip(st.columns(len(MARGIN_INPUTS)), MARGIN_INPUTS.values(), strict=True):
+    with column:  # the sweet-spot rule's margins, a sweep's and a tune's: the spec's fields
+        st.number_input(margin.label, min_value=margin.form_low, max_value=margin.form_high, step=margin.step,
+                        format=MARGIN_FORMAT, key=P + margin.name, help=margin.help)
+        slot(margin.name)
 if not BACKENDS[backend].loads_model_here:
     backend_options(backend)
 

@@ -23,6 +23,7 @@ from kvlab.core.backends import BACKENDS
 from kvlab.core.experiment_spec import dump_spec, parse_spec
 from kvlab.core.limits import MAX_NOTES_CHARS
 from kvlab.core.load_spec import stored_load_target
+from kvlab.core.margin_inputs import MARGIN_FORMAT, MARGIN_INPUTS
 from kvlab.core.margins import Margins
 from kvlab.core.tasks import TASKS
 from kvlab.dashboard import (
@@ -67,6 +68,8 @@ LIVE_EVERY_S = 2.0
 TELEMETRY_LIMIT = 3000
 #: Sections that use the config filter and the margin.
 ANALYSED = ("Tradeoff", "Latency", "Breakdown", "Needles", "Failed items", "Export")
+#: The accuracy margin the page re-decides at (the spec's max_drop, a fraction like accuracy: fmt_margin writes it).
+MAX_DROP = MARGIN_INPUTS["max_drop"]
 #: Under "Hide configs": what hiding does to the decision (nothing: docs/decisions.md).
 HIDE_NOTE = ("Hiding is display only: the sweet spot and every verdict are decided on all configs, Holm-corrected "
              "across all of them, whatever is hidden.")
@@ -377,10 +380,10 @@ def kept_margin(default: float) -> float:
     except ValueError:
         value = math.nan
     value = value / 100 if value > 1 else value
-    if not formatting.MARGIN_MIN <= value <= formatting.MARGIN_MAX:
+    if not MAX_DROP.form_low <= value <= MAX_DROP.form_high:
         st.warning(f"The link's margin {formatting.md(repr(raw[:40]))} is not a fraction from "
-                   f"{formatting.MARGIN_MIN:g} to "
-                   f"{formatting.MARGIN_MAX:g}: left at the spec's, {formatting.fmt_margin(default)}.")
+                   f"{MAX_DROP.form_low:g} to {MAX_DROP.form_high:g}: left at the spec's, "
+                   f"{formatting.fmt_margin(default)}.")
         return default
     return value
 
@@ -436,15 +439,8 @@ def view_state(section: str, default_section: str, spec_margin: float) -> experi
             st.caption(HIDE_NOTE)
             seed("margin", margin)
             margin = st.number_input(
-                formatting.MARGIN_LABEL, min_value=formatting.MARGIN_MIN, max_value=formatting.MARGIN_MAX,
-                step=formatting.MARGIN_STEP,
-                format=formatting.MARGIN_FORMAT, key="margin", persist_state="page",
-                help="How much accuracy a config may lose against the baseline, as a fraction of the items like "
-                     "the accuracy itself (the spec's max_drop: 0.05 is 5 items in 100). Where "
-                     "fidelity is measured and a fidelity margin is set (the spec's max_kl, min_agreement), a "
-                     "config whose fidelity is certified is acceptable unless its accuracy is shown to drop by "
-                     "more than this; elsewhere a paired test on the same items must show it non-inferior within "
-                     "it. Task by task, Holm-corrected across configs.")
+                MAX_DROP.label, min_value=MAX_DROP.form_low, max_value=MAX_DROP.form_high, step=MAX_DROP.step,
+                format=MARGIN_FORMAT, key="margin", persist_state="page", help=MAX_DROP.help)
     axis, metric = kept("x", formatting.X_AXES), kept("y", list(formatting.Y_METRICS))
     if section == "Tradeoff":
         x_col, y_col = st.columns(2)

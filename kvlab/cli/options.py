@@ -47,10 +47,12 @@ def positive_float(text: str) -> float:
     return float_between(0.0, math.inf, inclusive_low=False)(text)
 
 
-def float_between(low: float, high: float, inclusive_low: bool = True) -> Callable[[str], float]:
-    """A converter for a finite number in [low, high] (or (low, high] with ``inclusive_low=False``)."""
+def float_between(low: float, high: float, inclusive_low: bool = True,
+                  inclusive_high: bool = True) -> Callable[[str], float]:
+    """A converter for a finite number in [low, high] (an end open with ``inclusive_low`` / ``inclusive_high``
+    false)."""
     if math.isfinite(high):
-        shown = f"in {'[' if inclusive_low else '('}{low:g}, {high:g}]"
+        shown = f"in {'[' if inclusive_low else '('}{low:g}, {high:g}{']' if inclusive_high else ')'}"
     else:
         shown = f">= {low:g}" if inclusive_low else f"> {low:g}"
 
@@ -60,7 +62,8 @@ def float_between(low: float, high: float, inclusive_low: bool = True) -> Callab
         except ValueError:
             value = math.nan
         above_low = value >= low if inclusive_low else value > low
-        if not (math.isfinite(value) and above_low and value <= high):
+        below_high = value <= high if inclusive_high else value < high
+        if not (math.isfinite(value) and above_low and below_high):
             raise argparse.ArgumentTypeError(f"must be a number {shown}, got {text!r}")
         return value
 
@@ -78,26 +81,21 @@ def add_executor_options(parser: argparse.ArgumentParser, local: str) -> None:
                              "RAY_ADDRESS, else a cluster on this machine, else a new local one)")
 
 
-#: The sweet-spot rule's margins, as options of `kvlab run`, `kvlab tune` and `kvlab show`.
-MARGIN_OPTIONS = ("max_drop", "max_kl", "min_agreement")
-
-
 def add_margin_options(parser: argparse.ArgumentParser, whose: str = "the spec's") -> None:
-    """``--max-drop``, ``--max-kl``, ``--min-agreement``; each defaults to ``whose`` value."""
-    from kvlab.core.margins import DEFAULT_MAX_DROP, DEFAULT_MAX_KL
+    """The sweet-spot rule's margins as options of `kvlab run`, `kvlab tune` and `kvlab show`: ``--max-drop``,
+    ``--max-kl``, ``--min-agreement`` (:data:`kvlab.core.margin_inputs.MARGIN_INPUTS`: the spec's bounds and
+    help); each defaults to ``whose`` value."""
+    from kvlab.core.margin_inputs import MARGIN_INPUTS
 
-    parser.add_argument("--max-drop", type=float_between(0.0, 0.5, inclusive_low=False), metavar="FRACTION",
-                        help="accuracy margin of the sweet spot: accuracy a config may lose against the baseline "
-                             f"(default: {whose} max_drop, {DEFAULT_MAX_DROP})")
-    parser.add_argument("--max-kl", type=float_between(0.0, 10.0), metavar="NATS",
-                        help="fidelity margin: a config whose mean KL(baseline || config) per token is certified "
-                             "below this is acceptable unless its accuracy is shown to drop by more than max_drop "
-                             f"(0: off; default: {whose} max_kl, {DEFAULT_MAX_KL})")
-    parser.add_argument("--min-agreement", type=float_between(0.0, 0.999), metavar="FRACTION",
-                        help="fidelity margin: top-1 agreement with the baseline certified above this "
-                             f"(0: off; default: {whose} min_agreement, 0)")
+    for margin in MARGIN_INPUTS.values():
+        said = f"{margin.help} (default: {whose} {margin.name}, {margin.default:g})"
+        parser.add_argument(margin.flag, metavar=margin.metavar, help=said.replace("%", "%%"),  # argparse's format
+                            type=float_between(margin.low, margin.high, inclusive_low=not margin.low_open,
+                                               inclusive_high=not margin.high_open))
 
 
 def margin_overrides(args: argparse.Namespace) -> dict[str, float]:
     """The margins given on the command line, by spec field."""
-    return {name: value for name in MARGIN_OPTIONS if (value := getattr(args, name, None)) is not None}
+    from kvlab.core.margin_inputs import MARGIN_INPUTS
+
+    return {name: value for name in MARGIN_INPUTS if (value := getattr(args, name, None)) is not None}

@@ -51,7 +51,7 @@ def _spec(args: argparse.Namespace) -> tuple[ExperimentSpec | None, list[str]]:
     if tune is None:
         raise cli_exit.UserError(f"{args.spec}: no [tune] table: `kvlab run` runs a fixed list of configs; "
                                  "examples/tune.toml shows a search space")
-    spec = spec.model_copy(update=margin_overrides(args))  # the margins (MARGIN_OPTIONS), never the tune table
+    spec = spec.model_copy(update=margin_overrides(args))  # the margins (MARGIN_INPUTS), never the tune table
     if args.max_trials is not None:
         spec = spec.model_copy(update={"tune": tune.model_copy(update={"max_trials": args.max_trials})})
     return spec, warnings

@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
-from kvlab.core.axis import Axis, field_axes, shape
+from kvlab.core.axis import Axis, bounds, field_axes, shape
 from kvlab.core.kv_config import KVCacheConfig
 
 #: How a leaf is entered: one of ``choices``, a whole number, a number, yes/no, text, or whole numbers.
@@ -70,17 +70,6 @@ class Leaf:
 _KINDS: dict[Any, LeafKind] = {bool: "bool", int: "int", float: "float"}
 
 
-def _bounds(metadata: list[Any]) -> dict[str, Any]:
-    """``low``/``high`` (and whether each is strict) from pydantic's bounds metadata (``Ge``, ``Gt``, ...)."""
-    bounds: dict[str, Any] = {}
-    for item in metadata:
-        for name, key, strict in (("ge", "low", False), ("gt", "low", True), ("le", "high", False),
-                                  ("lt", "high", True)):
-            if getattr(item, name, None) is not None:
-                bounds |= {key: getattr(item, name), f"{key}_open": strict}
-    return bounds
-
-
 def _leaf(axis: Axis, model: type[BaseModel], name: str, column: str, flag: str | None,
           title: str, help_text: str) -> Leaf:
     info = model.model_fields[name]
@@ -96,7 +85,7 @@ def _leaf(axis: Axis, model: type[BaseModel], name: str, column: str, flag: str 
     else:
         kind = _KINDS.get(annotation, "text")
     default = None if info.is_required() else info.default
-    return Leaf(axis, name, column, flag, title, help_text, kind, choices, default=default, **_bounds(metadata))
+    return Leaf(axis, name, column, flag, title, help_text, kind, choices, default=default, **bounds(metadata))
 
 
 def leaves() -> tuple[Leaf, ...]:

@@ -120,6 +120,18 @@ def shape(annotation: Any) -> tuple[Any, list[Any]]:
             return annotation, metadata
 
 
+def bounds(metadata: list[Any]) -> dict[str, Any]:
+    """``low``/``high`` (and whether each is strict: ``low_open``/``high_open``) from pydantic's bounds metadata
+    (``Ge``, ``Gt``, ...)."""
+    found: dict[str, Any] = {}
+    for item in metadata:
+        for name, key, strict in (("ge", "low", False), ("gt", "low", True), ("le", "high", False),
+                                  ("lt", "high", True)):
+            if getattr(item, name, None) is not None:
+                found |= {key: getattr(item, name), f"{key}_open": strict}
+    return found
+
+
 def _value_type(info: FieldInfo) -> Any:
     """A field's value type with its bounds, without ``None`` and without its axis."""
     annotation, metadata = shape(info.annotation)

@@ -25,13 +25,6 @@ from kvlab.core.units import MIB
 
 #: Memory is in MiB (2^20 bytes) on every page, export and CLI table: :func:`fmt_mib`.
 
-#: The accuracy margin (the spec's ``max_drop``) wherever a page asks for it (/new, the experiment page): a
-#: fraction of the items, as the spec stores it, ``--max-drop`` takes it and accuracy is shown (0-1), so that
-#: the margin reads against the accuracy intervals beside it.  :func:`fmt_margin` writes it.
-MARGIN_LABEL = "Margin max_drop (accuracy, 0-1)"
-MARGIN_MIN, MARGIN_MAX, MARGIN_STEP = 0.005, 0.5, 0.005
-MARGIN_FORMAT = "%.3f"
-
 MAX_ID = 2**63 - 1  # the largest id a database column holds
 
 X_AXES = ("bytes", "ratio")
@@ -115,7 +108,8 @@ def fmt_mib(n_bytes: float | None, spec: str = ".3f") -> str:
 
 
 def fmt_margin(max_drop: float) -> str:
-    """The accuracy margin as pages write it: a fraction (``0.05``), as accuracy is (see MARGIN_LABEL)."""
+    """The accuracy margin as pages write it: a fraction (``0.05``), as accuracy is and the spec stores it (its
+    inputs: :mod:`kvlab.core.margin_inputs`)."""
     return f"{max_drop:g}"
 
 

@@ -15,6 +15,7 @@ from kvlab.analysis.decision import items_needed
 from kvlab.analysis.summary import decide, summarize
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.margin_inputs import MARGIN_FORMAT, MARGIN_INPUTS
 from kvlab.core.margins import DEFAULT_MAX_DROP, DEFAULT_MAX_KL, Margins
 from kvlab.core.tasks import VariableTrackingParams
 from kvlab.core.units import MIB
@@ -123,9 +124,10 @@ def test_durations_count_from_the_queue():
 def test_one_unit_for_memory_and_for_the_margin():
     """Memory in MiB and the accuracy margin as a fraction (as accuracy is) wherever the pages write them."""
     assert formatting.fmt_mib(3 * MIB) == "3.000 MiB" and formatting.fmt_mib(None) == "-"
-    assert formatting.fmt_margin(0.05) == "0.05" and formatting.MARGIN_FORMAT % DEFAULT_MAX_DROP == "0.050"
-    assert formatting.MARGIN_MIN <= DEFAULT_MAX_DROP <= formatting.MARGIN_MAX < 1  # a fraction, never points
-    assert "0-1" in formatting.MARGIN_LABEL and "points" not in formatting.MARGIN_LABEL
+    margin = MARGIN_INPUTS["max_drop"]
+    assert formatting.fmt_margin(0.05) == "0.05" and MARGIN_FORMAT % DEFAULT_MAX_DROP == "0.050"
+    assert margin.form_low <= DEFAULT_MAX_DROP <= margin.form_high < 1  # a fraction, never points
+    assert "0-1" in margin.label and "points" not in margin.label
     summaries = summarize(_fidelity_results(), "baseline", Margins(max_drop=0.5))
     text = experiment_view.decision_text(decide(summaries))
     assert " MiB)" in text and " MB" not in text

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from kvlab.core.experiment_spec import parse_spec
+from kvlab.core.margin_inputs import MARGIN_FORMAT, MARGIN_INPUTS
 from kvlab.dashboard import experiments_list, formatting, page_table
 from kvlab.store import Store
 from tests.dashboard_data import SPEC, item_result, populate
@@ -132,11 +133,11 @@ def _verdict(page) -> str:
 def test_the_margin_reads_alike_on_the_form_and_the_experiment_page(server, browser):
     """The spec's default max_drop (0.05) on /new and an experiment at 0.05: the same label, the same number."""
     new = _open(browser, f"{server.base}/{page_table.NEW.url_path}")
-    on_form = new.get_by_label(formatting.MARGIN_LABEL, exact=True)
-    expect(on_form).to_have_value(formatting.MARGIN_FORMAT % 0.05)
+    on_form = new.get_by_label(MARGIN_INPUTS["max_drop"].label, exact=True)
+    expect(on_form).to_have_value(MARGIN_FORMAT % 0.05)
     page = _open(browser, _experiment(server, server.two))
     page.get_by_role("button", name="Configs and margin").click()  # a popover: drawn when opened
-    expect(page.get_by_label(formatting.MARGIN_LABEL, exact=True)).to_have_value(formatting.MARGIN_FORMAT % 0.05)
+    expect(page.get_by_label(MARGIN_INPUTS["max_drop"].label, exact=True)).to_have_value(MARGIN_FORMAT % 0.05)
     assert "MB" not in re.findall(r"\bMB\b", page.get_by_test_id("stMain").inner_text())
     expect(page.get_by_test_id("stMain").get_by_text(re.compile(r"^Sweet spot: .* MiB\), decided by"))).to_be_visible()
     _assert_clean(page)

@@ -15,7 +15,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from kvlab.dashboard import experiment_view, formatting, page_table
+from kvlab.core.margin_inputs import MARGIN_INPUTS
+from kvlab.dashboard import experiment_view, page_table
 from kvlab.store import Store
 from tests.dashboard_data import populate
 from tests.e2e.browsing import wait_idle
@@ -84,7 +85,7 @@ def test_the_share_link_reproduces_the_view_and_its_verdict(server, browser):
     assert "Sweet spot: int4" in at_the_spec_margin and "decided by passkey: fidelity" in at_the_spec_margin
 
     page.get_by_role("button", name="Configs and margin").click()  # a popover: drawn when opened
-    margin = page.get_by_label(formatting.MARGIN_LABEL, exact=True)
+    margin = page.get_by_label(MARGIN_INPUTS["max_drop"].label, exact=True)
     margin.fill("0.2")
     margin.press("Enter")
     wait_idle(page)
