@@ -39,7 +39,8 @@ from kvlab.core.limits import (
     check_text,
 )
 from kvlab.core.load_spec import LoadSpec
-from kvlab.core.margins import DEFAULT_MAX_DROP, DEFAULT_MAX_KL, Margins
+from kvlab.core.margin_inputs import MARGIN_INPUTS
+from kvlab.core.margins import Margins
 from kvlab.core.model_registry import context_limit, model_depth
 from kvlab.core.tasks import MAX_PATH_CHARS, STORED, TaskSpec
 from kvlab.core.tasks import TASKS as TASK_REGISTRY
@@ -191,6 +192,11 @@ class Resources(BaseModel):
         default=None, description="GPUs each Ray worker holds; unset: 1 for vllm/sglang or device cuda, else 0.")
 
 
+def _margin(name: str) -> Any:
+    """A margin's type: a finite number within its declared bounds."""
+    return Annotated[float, Field(allow_inf_nan=False, **MARGIN_INPUTS[name].bounds)]
+
+
 class ExperimentSpec(BaseModel):
     """A whole experiment: one model and backend, a task suite, and the configs to compare."""
 
@@ -216,21 +222,13 @@ class ExperimentSpec(BaseModel):
         "candidates.")
     max_context_length: Annotated[int, Field(ge=128)] | None = Field(
         default=None, description="Refuse context lengths above this (the model's own limit applies too).")
-    max_drop: Annotated[float, Field(gt=0, le=0.5, allow_inf_nan=False)] = Field(
-        default=DEFAULT_MAX_DROP, description="The sweet spot's accuracy margin: the accuracy a config may lose "
-        "against the baseline, as a fraction of the items like the accuracy itself (0.05: 5 items in 100). On a task "
-        "where fidelity decides, its accuracy must not be shown to drop by more than this; elsewhere a paired test "
-        "(Holm-corrected across configs) must show it within this.")
-    max_kl: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] = Field(
-        default=DEFAULT_MAX_KL, description="Fidelity margin, where fidelity is measured (the embedded engine): a "
-        "config whose mean KL(baseline || config) per token, teacher-forced on the baseline's output, is certified "
-        "below this many nats (the upper end of its 95% t interval over items, Holm-corrected across configs) is "
-        "acceptable on a task unless its accuracy is shown to drop by more than max_drop. 0 turns it off: accuracy "
-        "non-inferiority decides.")
-    min_agreement: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = Field(
-        default=0.0, description="Fidelity margin: a config must also have its agreement with the baseline's top-1 "
-        "token (the mean over items of each item's share of tokens) certified above this (0.9 = 90%), on every "
-        "task. 0 turns it off.")
+    # The sweet-spot rule's margins: bounds, default and help declared in kvlab.core.margin_inputs.
+    max_drop: _margin("max_drop") = Field(  # type: ignore[valid-type]
+        default=MARGIN_INPUTS["max_drop"].default, description=MARGIN_INPUTS["max_drop"].help)
+    max_kl: _margin("max_kl") = Field(  # type: ignore[valid-type]
+        default=MARGIN_INPUTS["max_kl"].default, description=MARGIN_INPUTS["max_kl"].help)
+    min_agreement: _margin("min_agreement") = Field(  # type: ignore[valid-type]
+        default=MARGIN_INPUTS["min_agreement"].default, description=MARGIN_INPUTS["min_agreement"].help)
     tags: list[str] = Field(default=[], description="Labels to find the experiment by (kvlab ls --tag).")
     notes: str = Field(default="", description="Free text shown with the experiment.")
     resources: Resources | None = Field(default=None, description="What each Ray worker holds ([resources]; "

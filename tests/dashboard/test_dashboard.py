@@ -496,7 +496,7 @@ def test_a_link_margin_in_hundredths_or_out_of_range_is_read_or_left_at_the_spec
     for raw in ("7000", "abc", "0"):
         at = open_page(VIEW, id=str(done_id), margin=raw)
         assert_clean(at)
-        assert f"The link's margin '{raw}' is not a fraction from 0.005 to 0.5: left at the spec's, 0.5." in \
+        assert f"The link's margin '{raw}' is not a fraction from 0.001 to 0.5: left at the spec's, 0.5." in \
             texts(at.warning).replace("\\", "")
         assert at.number_input(key="margin").value == 0.5 and _address_bar(at) == f"?id={done_id}"
 
