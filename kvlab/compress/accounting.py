@@ -13,14 +13,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from kvlab.core.axis import choice_key
 from kvlab.core.backends import BACKENDS, rotating_kinds
 from kvlab.core.formats import FORMATS, FP8_MAX, INT_BITS, KVLAB_QUANT_NAMES
 from kvlab.core.geometry import BASELINE_BITS, CacheGeometry
-
-if TYPE_CHECKING:  # annotations only
-    from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig, also_axes
 
 BASELINE_BYTES_PER_ELEMENT = BASELINE_BITS // 8  # the 16-bit reference
 STORAGE_BYTES_PER_ELEMENT = 2  # unquantized parts (residual window, sliding layers) are kept 16-bit
@@ -75,8 +73,18 @@ def key_group(config: KVCacheConfig, head_dim: int) -> int:
     return value_group_size(config, head_dim)
 
 
+#: The axes each quantizing config may also be run with that kvlab's cache stores (:func:`also_axes`): the 16-bit
+#: layers (:meth:`KVCacheConfig.for_layer`) and its own Hadamard rotation (``rotation = true``).  An axis declared
+#: later is refused until its storage lands here.
+STORED_ALSO = frozenset({"skip_layers", "rotation"})
+
+
 def check_fits(config: KVCacheConfig, geometry: CacheGeometry) -> str | None:
     """Why ``config`` cannot be stored in ``geometry``'s layers by kvlab's cache, or None if it can."""
+    for axis in also_axes():
+        if (value := getattr(config, axis.field)) is not None and axis.field not in STORED_ALSO:
+            return (f"{axis.field} = {choice_key(value)}: kvlab's engine does not store it (the axis is declared, its "
+                    f"storage is not): drop it")
     if config.rotation is False:
         return (f"rotation = false: kvlab's engine stores its formats unrotated unless rotation = true; false turns "
                 f"a serving engine's own rotation off: run it with backend kind {rotating_kinds()}")

@@ -11,11 +11,12 @@ names what the engine does support: a GPU start-up takes minutes, a wrong flag c
 
 from __future__ import annotations
 
+from kvlab.core.axis import choice_key
 from kvlab.core.backends import rotating_kinds
 from kvlab.core.errors import ConfigError
 from kvlab.core.experiment_spec import ServerOptions
 from kvlab.core.formats import FORMATS
-from kvlab.core.kv_config import KVCacheConfig
+from kvlab.core.kv_config import KVCacheConfig, also_axes
 from kvlab.engines.servers import SERVERS, serving_engine
 from kvlab.engines.servers.installs import Installed
 from kvlab.threads import beside_others
@@ -43,6 +44,11 @@ def check_config(kind: str, config: KVCacheConfig) -> None:
     if config.skip_layers is not None and server.skip_layers_flag is None:
         raise ConfigError(f"config '{label}': skip_layers ({config.skip_layers.label}) cannot run on {engine}: it "
                           "has no flag that keeps some layers' cache 16-bit. Run it with backend kind 'embedded'.")
+    for axis in also_axes():
+        if (value := getattr(config, axis.field)) is not None and not server.honours(axis.field):
+            raise ConfigError(f"config '{label}': {axis.field} = {choice_key(value)} cannot run on {engine}: kvlab "
+                              f"does not set it there. Drop it, or run it with backend kind 'embedded' where "
+                              f"kvlab's cache stores it.")
     if config.quant in server.kv_dtypes and config.value_format in server.kv_dtypes:
         return
     if config.quant == "fp8":  # only reachable by bypassing validation: KVCacheConfig maps fp8 -> fp8_e4m3

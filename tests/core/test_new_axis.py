@@ -1,7 +1,8 @@
 """A new axis is one field of KVCacheConfig, declared once with its Axis: in a copy of kvlab whose only change
 is that field, the axis shows in every face -- the config's check and label, the [sweep] and [tune] lists
 (through the spec's JSON round trip), the config space's walk and its Optuna question, the configs table,
-the grid widgets, `kvlab serve`'s option and the recommendation's command."""
+the grid widgets, `kvlab serve`'s option and the recommendation's command -- and no engine stores it until
+its code says so (kvlab's cache and a launched server refuse it)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,16 @@ FACES = textwrap.dedent('''
     faces["asked"] = trial.asked.get("dither")
     faces["tune_size"] = tune.space().size()
     faces["widgets"] = [(w.key, w.kind) for w in grid_widgets("tune") if w.key == "dither"]
+    # No engine stores it until its code says so: kvlab's cache and a launched server refuse it, in one line.
+    from kvlab.compress.accounting import check_fits
+    from kvlab.core.errors import ConfigError
+    from kvlab.core.geometry import CacheGeometry
+    from kvlab.engines.server_flags import check_config
+    faces["embedded"] = check_fits(config, CacheGeometry(num_layers=30, num_kv_heads=3, head_dim=64))
+    try:
+        check_config("llamacpp", KVCacheConfig(quant="q4_0", dither=True))
+    except ConfigError as error:
+        faces["llamacpp"] = str(error)
     print(json.dumps(faces))
 ''')
 
@@ -93,3 +104,6 @@ def test_a_new_axis_is_one_field_and_shows_in_every_face(tmp_path):
     assert faces["asked"] == ["none", "true", "false"] and faces["suggested"]["dither"] is False
     assert faces["tune_size"] == 3
     assert faces["widgets"] == [["dither", "multiselect"]]
+    assert faces["embedded"] == "dither = true: kvlab's engine does not store it (the axis is declared, its storage " \
+        "is not): drop it"
+    assert faces["llamacpp"].startswith("config 'q4_0/dither=true': dither = true cannot run on llama.cpp")

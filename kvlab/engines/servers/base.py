@@ -165,6 +165,13 @@ class ServingEngine(ABC):
     def title(self) -> str:
         return BACKENDS[self.kind].title
 
+    def honours(self, axis: str) -> bool:
+        """Whether the engine stores a config's value of ``axis``, an axis each quantizing config may also be run
+        with (:func:`kvlab.core.kv_config.also_axes`): the 16-bit layers with its flag, rotation with its switch.
+        An axis declared later is refused until its engine code says otherwise."""
+        return {"skip_layers": self.skip_layers_flag is not None,
+                "rotation": self.rotation_off_env is not None}.get(axis, False)
+
     @property
     def kv_dtypes(self) -> Mapping[str, str]:
         """kvlab format -> the engine's ``--kv-cache-dtype`` value, for the formats it stores."""
