@@ -188,7 +188,7 @@ class ConfigSpace:
         for name, options in self._also(quant, value).items():
             keyed = {choice_key(option): option for option in options}
             if (chosen := keyed[trial.suggest_categorical(name, list(keyed))]) is not None:
-                point[name] = chosen
+                point[name] = _own(chosen)
         method = trial.suggest_categorical("evict", self.evict)
         if method != "none":
             offered = self._heads(method)
@@ -221,7 +221,8 @@ class ConfigSpace:
                 {"value_quant": value} if value is not None else {})
             also = self._also(quant, value)
             for chosen in itertools.product(*also.values()):
-                tail: Point = {name: option for name, option in zip(also, chosen, strict=True) if option is not None}
+                tail: Point = {name: _own(option) for name, option in zip(also, chosen, strict=True)
+                               if option is not None}
                 points += [head | dict(zip(names, values, strict=True)) | tail
                            for values in itertools.product(*(self.settings[name] for name in names))]
         return points
@@ -237,6 +238,11 @@ class ConfigSpace:
         if self.budget_step is None:
             return trial.suggest_categorical(BUDGET_PARAM, self.budgets)
         return round(trial.suggest_float(BUDGET_PARAM, self.budgets[0], self.budgets[-1], step=self.budget_step), 6)
+
+
+def _own(option: Any) -> Any:
+    """An option as a point holds it: a nested table copied, so that no two points share one dict."""
+    return dict(option) if isinstance(option, Mapping) else option
 
 
 def _quantizes(quant: str, value: str | None) -> bool:
